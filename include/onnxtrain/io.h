@@ -1,0 +1,82 @@
+// Reading and writing models and tensors.
+//
+// Models: ONNX ModelProto files (.onnx), with external data (onnx.proto "External Tensor
+// Data": `location` relative to the model's folder, `offset`, `length`). Tensors: NumPy
+// .npy (format 1.0-3.0, C order, little-endian) and .npz archives, and serialized
+// TensorProto (.pb) files as used by the ONNX backend test data.
+//
+// Every function throws onnxtrain::Error naming the file (and tensor) on bad input: a missing
+// or unreadable file, truncated or invalid content, an unsupported element type. Writers are
+// atomic: they write a temporary file in the target folder, fsync it, and rename it over the
+// target, so a crash or a full disk never leaves a half-written file behind.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "onnxtrain/tensor.h"
+
+namespace onnx {
+class ModelProto;
+class TensorProto;
+}  // namespace onnx
+
+namespace onnxtrain::io {
+
+// Serialized protobuf messages are limited to 2 GiB; larger models keep tensors in external
+// data files.
+inline constexpr uint64_t kMaxProtoBytes = (uint64_t{1} << 31) - 1;
+
+// Loads a model. Checks: the file exists and is at most kMaxProtoBytes, parses as a
+// ModelProto, has a graph and an ir_version, and declares an opset for ai.onnx when
+// ir_version >= 3. Tensors stored as external data are not read here: they stay references,
+// resolved against the model's folder when a tensor is made from them (tensor_from_proto).
+onnx::ModelProto load_model(const std::filesystem::path& path);
+// Parses a model from memory; `source` names it in errors.
+onnx::ModelProto parse_model(const std::string& bytes, const std::string& source);
+
+struct SaveOptions {
+  // Tensors stored as external data in `model` are read from this folder (usually the folder
+  // the model was loaded from) and written inline or to the new external data file.
+  std::filesystem::path source_dir;
+  // When the serialized model would exceed this many bytes, initializers of at least
+  // `external_min_bytes` are moved to "<file name>.data" beside the model. The default is the
+  // protobuf limit; tests lower it.
+  uint64_t external_threshold = kMaxProtoBytes;
+  uint64_t external_min_bytes = 1024;
+};
+// Writes a model atomically (see the file comment). Throws Error naming `path` when the
+// folder is not writable or the disk is full; the previous file, if any, is left intact.
+void save_model(const onnx::ModelProto& model, const std::filesystem::path& path,
+                const SaveOptions& options = {});
+
+// TensorProto <-> Tensor. `base_dir` resolves external data; `what` names the tensor in errors.
+// Paths in external data must be relative and stay inside base_dir.
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::filesystem::path& base_dir,
+                         const std::string& what);
+// Fills `proto` (dims, data_type, raw_data, name) from `tensor`.
+void tensor_to_proto(const Tensor& tensor, const std::string& name, onnx::TensorProto& proto);
+
+// A serialized TensorProto file. read returns the tensor and its name (may be empty).
+std::pair<std::string, Tensor> read_tensor_pb(const std::filesystem::path& path);
+void write_tensor_pb(const Tensor& tensor, const std::string& name,
+                     const std::filesystem::path& path);
+
+// NumPy files. Fortran-order arrays, big-endian data and object arrays are rejected.
+Tensor read_npy(const std::filesystem::path& path);
+Tensor parse_npy(const std::string& bytes, const std::string& source);
+void write_npy(const Tensor& tensor, const std::filesystem::path& path);
+std::string serialize_npy(const Tensor& tensor);
+// Every array of an .npz archive (stored or deflated), in archive order, named without the
+// ".npy" suffix.
+std::vector<std::pair<std::string, Tensor>> read_npz(const std::filesystem::path& path);
+
+// Reads a whole file; throws Error naming the path when it cannot.
+std::string read_file(const std::filesystem::path& path);
+// Atomically replaces `path` with `bytes` (temporary file, fsync, rename, fsync folder).
+void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+
+}  // namespace onnxtrain::io

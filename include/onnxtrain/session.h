@@ -1,0 +1,73 @@
+// runtime::Session — runs the inference graph (ModelProto.graph) of an ONNX model on the CPU.
+//
+//   onnxtrain::runtime::Session session("model.onnx");
+//   auto outputs = session.run({{"x", x}});       // name -> Tensor
+//
+// Plans are made once per input-shape signature and reused: kernel instances with parsed
+// attributes and cached oneDNN primitives. A Session is not safe to run from several threads
+// at once; use one Session per thread.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/tensor.h"
+
+namespace onnx {
+class ModelProto;
+}
+
+namespace onnxtrain::runtime {
+
+struct SessionOptions {
+  // Threads for OpenMP kernels and oneDNN primitives; 0 keeps the OpenMP default
+  // (OMP_NUM_THREADS, else one per core). Applies process-wide.
+  int threads = 0;
+};
+
+// A graph input or output as the model declares it. dims: -1 where unknown or symbolic
+// (dim_params holds the name, e.g. "N"); rank_known false when the model gives no shape.
+struct ValueInfo {
+  std::string name;
+  DataType dtype = DataType::Undefined;
+  bool rank_known = false;
+  std::vector<int64_t> dims;
+  std::vector<std::string> dim_params;
+  std::string type_string() const;  // "float32[N,784]"
+};
+
+using NamedTensors = std::map<std::string, Tensor>;
+
+class Session {
+ public:
+  // Loads the model at `path` (external data resolved against its folder). Throws Error for a
+  // file that cannot be read or parsed, an invalid graph, an unsupported opset or operator.
+  explicit Session(const std::filesystem::path& path, SessionOptions options = {});
+  // From a ModelProto in memory. `source` names it in errors; external data is resolved
+  // against `base_dir`.
+  Session(const onnx::ModelProto& model, SessionOptions options = {},
+          const std::filesystem::path& base_dir = {}, const std::string& source = "model");
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+
+  // Inputs the caller must feed (graph inputs without an initializer); graph inputs with an
+  // initializer (IR < 4 models) may be fed to override it and are listed by optional_inputs.
+  const std::vector<ValueInfo>& inputs() const;
+  const std::vector<ValueInfo>& optional_inputs() const;
+  const std::vector<ValueInfo>& outputs() const;
+
+  // Runs the graph. Every required input must be fed with the declared element type, rank
+  // and fixed dims; unknown names are rejected. Returns every graph output by name.
+  // Throws Error naming the model, node and tensor on bad feeds or a failing node.
+  NamedTensors run(const NamedTensors& feeds);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace onnxtrain::runtime

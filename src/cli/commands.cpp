@@ -1,0 +1,195 @@
+#include "cli/commands.h"
+
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "core/dispatch.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
+
+namespace onnxtrain::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string type_string(const onnx::TypeProto& type) {
+  if (!type.has_tensor_type()) return "(non-tensor type)";
+  const auto& t = type.tensor_type();
+  const auto dtype = static_cast<DataType>(t.elem_type());
+  std::string s(dtype_name(dtype));
+  if (!t.has_shape()) return s + "[...]";
+  s += "[";
+  for (int i = 0; i < t.shape().dim_size(); ++i) {
+    const auto& d = t.shape().dim(i);
+    if (i) s += ",";
+    s += d.has_dim_value() ? std::to_string(d.dim_value()) : (d.has_dim_param() ? d.dim_param() : "?");
+  }
+  return s + "]";
+}
+
+std::string domain_label(const std::string& domain) { return domain.empty() ? "ai.onnx" : domain; }
+
+uint64_t tensor_bytes(const onnx::TensorProto& t) {
+  int64_t n = 1;
+  for (int64_t d : t.dims()) n *= d;
+  return static_cast<uint64_t>(n) * dtype_size(static_cast<DataType>(t.data_type()));
+}
+
+std::string with_commas(uint64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+void print_graph_summary(const onnx::GraphProto& g, const std::string& indent) {
+  std::map<std::string, int> op_counts;
+  for (const auto& n : g.node()) op_counts[(n.domain().empty() ? "" : n.domain() + ".") + n.op_type()]++;
+  uint64_t bytes = 0;
+  for (const auto& t : g.initializer()) bytes += tensor_bytes(t);
+  std::cout << indent << "nodes: " << g.node_size() << ", initializers: " << g.initializer_size()
+            << " (" << with_commas(bytes) << " bytes)\n";
+  if (!op_counts.empty()) {
+    std::cout << indent << "ops:";
+    for (const auto& [op, count] : op_counts) std::cout << " " << op << " x" << count;
+    std::cout << "\n";
+  }
+}
+
+// Letters, digits, '.', '_' and '-' are kept; anything else becomes '_'.
+std::string safe_file_name(const std::string& name) {
+  std::string s = name;
+  for (char& c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) c = '_';
+  }
+  if (s.empty() || s == "." || s == "..") s = "_" + s;
+  return s;
+}
+
+std::string preview(const Tensor& t, size_t count = 6) {
+  std::ostringstream out;
+  out << std::setprecision(6) << "[";
+  const int64_t n = t.numel();
+  visit_dtype<AllTypes>(t.dtype(), "output", [&]<class T>() {
+    const T* p = t.data<T>();
+    for (int64_t i = 0; i < n && i < static_cast<int64_t>(count); ++i) {
+      if (i) out << ", ";
+      if constexpr (std::is_same_v<T, bool>) out << (p[i] ? "true" : "false");
+      else if constexpr (sizeof(T) == 1) out << static_cast<int>(p[i]);
+      else out << convert<double>(p[i]);
+    }
+  });
+  if (n > static_cast<int64_t>(count)) out << ", ... (" << n << " values)";
+  out << "]";
+  return out.str();
+}
+
+}  // namespace
+
+int info(const std::string& model_path) {
+  const onnx::ModelProto model = io::load_model(model_path);
+  std::error_code ec;
+  std::cout << "model: " << model_path << " (" << with_commas(fs::file_size(model_path, ec)) << " bytes)\n";
+  std::cout << "ir_version: " << model.ir_version();
+  if (!model.producer_name().empty()) {
+    std::cout << ", producer: " << model.producer_name() << " " << model.producer_version();
+  }
+  std::cout << "\nopsets:";
+  for (const auto& o : model.opset_import()) std::cout << " " << domain_label(o.domain()) << " " << o.version();
+  const auto& g = model.graph();
+  std::cout << "\ngraph '" << g.name() << "'\n";
+  print_graph_summary(g, "  ");
+  std::set<std::string> initializers;
+  for (const auto& t : g.initializer()) initializers.insert(t.name());
+  std::cout << "inputs:\n";
+  for (const auto& v : g.input()) {
+    std::cout << "  " << v.name() << "  " << type_string(v.type())
+              << (initializers.contains(v.name()) ? "  (has initializer)" : "") << "\n";
+  }
+  std::cout << "outputs:\n";
+  for (const auto& v : g.output()) std::cout << "  " << v.name() << "  " << type_string(v.type()) << "\n";
+  if (model.training_info_size() == 0) {
+    std::cout << "training_info: none\n";
+    return 0;
+  }
+  std::cout << "training_info: " << model.training_info_size() << " entr"
+            << (model.training_info_size() == 1 ? "y" : "ies") << "\n";
+  for (int i = 0; i < model.training_info_size(); ++i) {
+    const auto& t = model.training_info(i);
+    std::cout << "  [" << i << "] initialization:";
+    if (t.has_initialization()) {
+      std::cout << "\n";
+      print_graph_summary(t.initialization(), "      ");
+    } else {
+      std::cout << " none\n";
+    }
+    for (const auto& b : t.initialization_binding()) {
+      std::cout << "      initialization_binding " << b.key() << " <- " << b.value() << "\n";
+    }
+    std::cout << "  [" << i << "] algorithm:\n";
+    print_graph_summary(t.algorithm(), "      ");
+    for (const auto& b : t.update_binding()) {
+      std::cout << "      update_binding " << b.key() << " <- " << b.value() << "\n";
+    }
+  }
+  return 0;
+}
+
+int check(const std::string& model_path) {
+  const onnx::ModelProto model = io::load_model(model_path);
+  try {
+    onnx::checker::check_model(model_path);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << model_path << ": the ONNX checker rejects the model: " << e.what() << "\n";
+    return 2;
+  }
+  runtime::Session session(model, {}, fs::path(model_path).parent_path(), model_path);
+  std::cout << "ok: " << model_path << " is valid (" << model.graph().node_size() << " nodes";
+  for (const auto& o : model.opset_import()) std::cout << ", " << domain_label(o.domain()) << " opset " << o.version();
+  std::cout << ")\n";
+  return 0;
+}
+
+int run(const RunArgs& args) {
+  runtime::SessionOptions options;
+  options.threads = args.threads;
+  runtime::Session session(fs::path(args.model), options);
+  runtime::NamedTensors feeds;
+  for (const std::string& spec : args.inputs) {
+    const auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      throw Error("--input '" + spec + "': expected NAME=FILE");
+    }
+    const std::string name = spec.substr(0, eq);
+    const fs::path file = spec.substr(eq + 1);
+    const std::string ext = file.extension().string();
+    if (ext == ".npy") feeds[name] = io::read_npy(file);
+    else if (ext == ".pb") feeds[name] = io::read_tensor_pb(file).second;
+    else throw Error("--input '" + spec + "': the file must be .npy or .pb");
+  }
+  const runtime::NamedTensors outputs = session.run(feeds);
+  if (!args.output_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(args.output_dir, ec);
+    if (ec) throw Error(args.output_dir + ": cannot create the output folder: " + ec.message());
+  }
+  for (const auto& info : session.outputs()) {
+    const Tensor& t = outputs.at(info.name);
+    std::cout << info.name << ": " << t.description() << " = " << preview(t) << "\n";
+    if (!args.output_dir.empty()) {
+      io::write_npy(t, fs::path(args.output_dir) / (safe_file_name(info.name) + ".npy"));
+    }
+  }
+  return 0;
+}
+
+}  // namespace onnxtrain::cli

@@ -1,0 +1,21 @@
+// The `onnxtrain` subcommands. Each returns the process exit status: 0 success, 2 bad input
+// (an onnxtrain::Error was reported), 1 internal failure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace onnxtrain::cli {
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> inputs;  // NAME=FILE
+  std::string output_dir;
+  int threads = 0;
+};
+
+int info(const std::string& model_path);
+int check(const std::string& model_path);
+int run(const RunArgs& args);
+
+}  // namespace onnxtrain::cli

@@ -1,0 +1,125 @@
+// Loading and saving ModelProto files.
+#include <onnx/onnx_pb.h>
+
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+
+namespace onnxtrain::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_structure(const onnx::ModelProto& model, const std::string& source) {
+  if (!model.has_ir_version() || model.ir_version() <= 0) {
+    throw Error(source + ": ir_version is not set (is this an ONNX model?)");
+  }
+  if (!model.has_graph()) throw Error(source + ": the model has no graph");
+  if (model.ir_version() >= 3) {
+    bool has_default_domain = false;
+    for (const auto& opset : model.opset_import()) {
+      if (opset.domain().empty() || opset.domain() == "ai.onnx") has_default_domain = true;
+    }
+    if (!has_default_domain && model.graph().node_size() > 0) {
+      throw Error(source + ": opset_import declares no version of the ai.onnx domain");
+    }
+  }
+}
+
+}  // namespace
+
+onnx::ModelProto parse_model(const std::string& bytes, const std::string& source) {
+  if (bytes.empty()) throw Error(source + ": the file is empty");
+  if (bytes.size() > kMaxProtoBytes) {
+    throw Error(source + ": " + std::to_string(bytes.size()) +
+                " bytes is over protobuf's 2 GiB limit; store large tensors as external data");
+  }
+  onnx::ModelProto model;
+  if (!model.ParseFromString(bytes)) {
+    throw Error(source + ": not a valid ONNX model (the protobuf data is truncated or corrupt)");
+  }
+  check_structure(model, source);
+  return model;
+}
+
+onnx::ModelProto load_model(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (!ec && size > kMaxProtoBytes) {
+    throw Error(path.string() + ": " + std::to_string(size) +
+                " bytes is over protobuf's 2 GiB limit; store large tensors as external data");
+  }
+  return parse_model(read_file(path), path.string());
+}
+
+namespace {
+
+// Every TensorProto in the graph (initializers and tensor attributes), recursively.
+void collect_tensors(onnx::GraphProto& graph, std::vector<onnx::TensorProto*>& out) {
+  for (auto& t : *graph.mutable_initializer()) out.push_back(&t);
+  for (auto& node : *graph.mutable_node()) {
+    for (auto& attr : *node.mutable_attribute()) {
+      if (attr.has_t()) out.push_back(attr.mutable_t());
+      for (auto& t : *attr.mutable_tensors()) out.push_back(&t);
+      if (attr.has_g()) collect_tensors(*attr.mutable_g(), out);
+      for (auto& g : *attr.mutable_graphs()) collect_tensors(g, out);
+    }
+  }
+}
+
+}  // namespace
+
+void save_model(const onnx::ModelProto& model_in, const fs::path& path, const SaveOptions& options) {
+  onnx::ModelProto model = model_in;
+  std::vector<onnx::TensorProto*> tensors;
+  collect_tensors(*model.mutable_graph(), tensors);
+  for (auto& info : *model.mutable_training_info()) {
+    collect_tensors(*info.mutable_initialization(), tensors);
+    collect_tensors(*info.mutable_algorithm(), tensors);
+  }
+  // Bring external data in, so the saved model does not depend on the source folder.
+  for (onnx::TensorProto* t : tensors) {
+    if (t->data_location() != onnx::TensorProto::EXTERNAL) continue;
+    const Tensor value = tensor_from_proto(*t, options.source_dir, "initializer");
+    const std::string name = t->name();
+    tensor_to_proto(value, name, *t);
+  }
+  std::string external;
+  const std::string external_name = path.filename().string() + ".data";
+  if (model.ByteSizeLong() > options.external_threshold) {
+    for (onnx::TensorProto* t : tensors) {
+      if (!t->has_raw_data() || t->raw_data().size() < options.external_min_bytes) continue;
+      // Keep each tensor 64-byte aligned in the data file, as onnx's own writer does with 4 KiB.
+      external.append((64 - external.size() % 64) % 64, '\0');
+      const size_t offset = external.size();
+      const size_t length = t->raw_data().size();
+      external += t->raw_data();
+      t->clear_raw_data();
+      t->set_data_location(onnx::TensorProto::EXTERNAL);
+      t->clear_external_data();
+      auto add = [&](const char* key, const std::string& value) {
+        auto* entry = t->add_external_data();
+        entry->set_key(key);
+        entry->set_value(value);
+      };
+      add("location", external_name);
+      add("offset", std::to_string(offset));
+      add("length", std::to_string(length));
+    }
+  }
+  if (model.ByteSizeLong() > kMaxProtoBytes) {
+    throw Error(path.string() + ": the model is over protobuf's 2 GiB limit even with its "
+                "large tensors in external data");
+  }
+  std::string bytes;
+  if (!model.SerializeToString(&bytes)) throw Error(path.string() + ": serializing the model failed");
+  // The data file first: a model never refers to external data that is not fully written.
+  if (!external.empty()) {
+    const fs::path data_path = path.has_parent_path() ? path.parent_path() / external_name
+                                                      : fs::path(external_name);
+    write_file_atomic(data_path, external);
+  }
+  write_file_atomic(path, bytes);
+}
+
+}  // namespace onnxtrain::io

@@ -1,0 +1,202 @@
+// TensorProto <-> Tensor, including external data (onnx.proto, "External Tensor Data").
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <fstream>
+#include <limits>
+
+#include "core/dispatch.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+
+namespace onnxtrain::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Element count of `dims`, with an Error for negative dims or an overflowing product.
+int64_t checked_numel(const Shape& dims, const std::string& what) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d < 0) throw Error(what + ": negative dim in shape " + dims.to_string());
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 8 / d) {
+      throw Error(what + ": shape " + dims.to_string() + " has too many elements");
+    }
+    n *= d;
+  }
+  return n;
+}
+
+// Resolves an external data location against base_dir, rejecting paths that leave it.
+fs::path resolve_location(const std::string& location, const fs::path& base_dir,
+                          const std::string& what) {
+  if (base_dir.empty()) {
+    throw Error(what + ": tensor data is stored in external file '" + location +
+                "' but the model's folder is unknown");
+  }
+  const fs::path rel(location);
+  if (location.empty() || rel.is_absolute()) {
+    throw Error(what + ": external data location '" + location +
+                "' must be a path relative to the model's folder");
+  }
+  std::error_code ec;
+  const fs::path base = fs::weakly_canonical(base_dir, ec);
+  const fs::path full = fs::weakly_canonical(base / rel, ec);
+  const auto [base_end, full_it] = std::mismatch(base.begin(), base.end(), full.begin(), full.end());
+  if (ec || base_end != base.end()) {
+    throw Error(what + ": external data location '" + location + "' points outside the folder '" +
+                base_dir.string() + "'");
+  }
+  return full;
+}
+
+std::string read_external(const onnx::TensorProto& proto, const fs::path& base_dir,
+                          uint64_t expected_bytes, const std::string& what) {
+  std::string location;
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;
+  for (const auto& entry : proto.external_data()) {
+    try {
+      if (entry.key() == "location") location = entry.value();
+      else if (entry.key() == "offset") offset = std::stoull(entry.value());
+      else if (entry.key() == "length") length = std::stoull(entry.value());
+    } catch (const std::exception&) {
+      throw Error(what + ": external data field '" + entry.key() + "' has a bad value '" +
+                  entry.value() + "'");
+    }
+  }
+  if (location.empty()) throw Error(what + ": external data has no 'location'");
+  const fs::path file = resolve_location(location, base_dir, what);
+  std::error_code ec;
+  const uint64_t file_size = fs::file_size(file, ec);
+  if (ec) throw Error(what + ": external data file '" + file.string() + "' cannot be read");
+  const uint64_t bytes = length.value_or(file_size >= offset ? file_size - offset : 0);
+  if (bytes != expected_bytes) {
+    throw Error(what + ": external data length " + std::to_string(bytes) + " does not match the " +
+                std::to_string(expected_bytes) + " bytes its shape and type need");
+  }
+  if (offset > file_size || bytes > file_size - offset) {
+    throw Error(what + ": external data file '" + file.string() + "' has " +
+                std::to_string(file_size) + " bytes, fewer than offset " + std::to_string(offset) +
+                " + length " + std::to_string(bytes));
+  }
+  std::ifstream in(file, std::ios::binary);
+  std::string data(bytes, '\0');
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(data.data(), static_cast<std::streamsize>(bytes));
+  if (!in) throw Error(what + ": reading external data file '" + file.string() + "' failed");
+  return data;
+}
+
+template <class T, class Field>
+void copy_field(const Field& field, Tensor& t) {
+  T* out = t.data<T>();
+  for (int i = 0; i < field.size(); ++i) out[i] = static_cast<T>(field[i]);
+}
+
+[[noreturn]] void count_mismatch(const std::string& what, int64_t got, int64_t need,
+                                 const char* field) {
+  throw Error(what + ": " + field + " holds " + std::to_string(got) + " values but the shape needs " +
+              std::to_string(need));
+}
+
+}  // namespace
+
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_dir,
+                         const std::string& what_in) {
+  const std::string what = proto.name().empty() ? what_in : what_in + " '" + proto.name() + "'";
+  if (!proto.has_data_type() || proto.data_type() == 0) throw Error(what + ": data_type is not set");
+  const DataType dtype = dtype_from_onnx(proto.data_type(), what);
+  if (proto.has_segment()) throw Error(what + ": segmented tensors are not supported");
+  Shape shape;
+  for (int64_t d : proto.dims()) shape.push_back(d);
+  const int64_t n = checked_numel(shape, what);
+  const uint64_t nbytes = static_cast<uint64_t>(n) * dtype_size(dtype);
+
+  if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
+    const std::string data = read_external(proto, base_dir, nbytes, what);
+    Tensor t(dtype, shape);
+    std::memcpy(t.raw_data(), data.data(), nbytes);
+    return t;
+  }
+  if (proto.has_raw_data()) {
+    if (proto.raw_data().size() != nbytes) {
+      throw Error(what + ": raw_data has " + std::to_string(proto.raw_data().size()) +
+                  " bytes but " + std::string(dtype_name(dtype)) + shape.to_string() + " needs " +
+                  std::to_string(nbytes));
+    }
+    Tensor t(dtype, shape);
+    std::memcpy(t.raw_data(), proto.raw_data().data(), nbytes);
+    return t;
+  }
+  Tensor t(dtype, shape);
+  switch (dtype) {
+    case DataType::Float32:
+      if (proto.float_data_size() != n) count_mismatch(what, proto.float_data_size(), n, "float_data");
+      copy_field<float>(proto.float_data(), t);
+      break;
+    case DataType::Float64:
+      if (proto.double_data_size() != n) count_mismatch(what, proto.double_data_size(), n, "double_data");
+      copy_field<double>(proto.double_data(), t);
+      break;
+    case DataType::Int64:
+      if (proto.int64_data_size() != n) count_mismatch(what, proto.int64_data_size(), n, "int64_data");
+      copy_field<int64_t>(proto.int64_data(), t);
+      break;
+    case DataType::UInt32:
+    case DataType::UInt64:
+      if (proto.uint64_data_size() != n) count_mismatch(what, proto.uint64_data_size(), n, "uint64_data");
+      if (dtype == DataType::UInt32) copy_field<uint32_t>(proto.uint64_data(), t);
+      else copy_field<uint64_t>(proto.uint64_data(), t);
+      break;
+    default: {
+      // int32_data carries int32 and every narrower type; float16/bfloat16 as bit patterns.
+      if (proto.int32_data_size() != n) count_mismatch(what, proto.int32_data_size(), n, "int32_data");
+      const auto& field = proto.int32_data();
+      switch (dtype) {
+        case DataType::Int32: copy_field<int32_t>(field, t); break;
+        case DataType::Int16: copy_field<int16_t>(field, t); break;
+        case DataType::Int8: copy_field<int8_t>(field, t); break;
+        case DataType::UInt16: copy_field<uint16_t>(field, t); break;
+        case DataType::UInt8: copy_field<uint8_t>(field, t); break;
+        case DataType::Bool: {
+          bool* out = t.data<bool>();
+          for (int i = 0; i < field.size(); ++i) out[i] = field[i] != 0;
+          break;
+        }
+        case DataType::Float16:
+        case DataType::BFloat16: copy_field<uint16_t>(field, t); break;  // same bits
+        default: throw_unsupported_dtype(dtype, what);
+      }
+    }
+  }
+  return t;
+}
+
+void tensor_to_proto(const Tensor& tensor, const std::string& name, onnx::TensorProto& proto) {
+  proto.Clear();
+  if (!name.empty()) proto.set_name(name);
+  proto.set_data_type(static_cast<int32_t>(tensor.dtype()));
+  for (int64_t d : tensor.shape()) proto.add_dims(d);
+  proto.set_raw_data(tensor.raw_data(), tensor.nbytes());
+}
+
+std::pair<std::string, Tensor> read_tensor_pb(const fs::path& path) {
+  const std::string bytes = read_file(path);
+  onnx::TensorProto proto;
+  if (!proto.ParseFromString(bytes)) {
+    throw Error(path.string() + ": not a valid serialized TensorProto");
+  }
+  return {proto.name(), tensor_from_proto(proto, path.parent_path(), path.string())};
+}
+
+void write_tensor_pb(const Tensor& tensor, const std::string& name, const fs::path& path) {
+  onnx::TensorProto proto;
+  tensor_to_proto(tensor, name, proto);
+  write_file_atomic(path, proto.SerializeAsString());
+}
+
+}  // namespace onnxtrain::io

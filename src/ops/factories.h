@@ -1,0 +1,87 @@
+// Kernel factories, one block per op-family file. The registry table (registry.cpp) maps
+// (domain, op type, opset range) to these. A factory reads the node's attributes once and
+// returns the kernel; factories serving several ops switch on init.op_type(), and factories
+// serving several opsets on init.opset().
+#pragma once
+
+#include "ops/kernel.h"
+
+namespace onnxtrain::ops {
+
+// elementwise_unary.cpp: one-input math and activations.
+std::unique_ptr<Kernel> make_unary(const KernelInit& init);       // Neg, Abs, Sqrt, ..., Not, IsNaN
+std::unique_ptr<Kernel> make_activation(const KernelInit& init);  // LeakyRelu, Elu, ..., IsInf
+std::unique_ptr<Kernel> make_clip(const KernelInit& init);
+std::unique_ptr<Kernel> make_cast(const KernelInit& init);
+std::unique_ptr<Kernel> make_cast_like(const KernelInit& init);
+std::unique_ptr<Kernel> make_identity(const KernelInit& init);
+
+// elementwise_binary.cpp: numpy-broadcast binary and variadic ops.
+std::unique_ptr<Kernel> make_binary(const KernelInit& init);    // Add ... PRelu, comparisons, logic
+std::unique_ptr<Kernel> make_variadic(const KernelInit& init);  // Min, Max, Sum, Mean
+std::unique_ptr<Kernel> make_where(const KernelInit& init);
+
+// matmul.cpp
+std::unique_ptr<Kernel> make_matmul(const KernelInit& init);
+std::unique_ptr<Kernel> make_gemm(const KernelInit& init);
+
+// conv.cpp
+std::unique_ptr<Kernel> make_conv(const KernelInit& init);
+std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init);
+
+// pool.cpp
+std::unique_ptr<Kernel> make_pool(const KernelInit& init);         // MaxPool, AveragePool
+std::unique_ptr<Kernel> make_global_pool(const KernelInit& init);  // GlobalAveragePool, GlobalMaxPool
+
+// normalization.cpp
+std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_dropout(const KernelInit& init);
+
+// softmax.cpp
+std::unique_ptr<Kernel> make_softmax(const KernelInit& init);  // Softmax, LogSoftmax, Hardmax
+
+// reduce.cpp
+std::unique_ptr<Kernel> make_reduce(const KernelInit& init);      // Reduce*
+std::unique_ptr<Kernel> make_arg_reduce(const KernelInit& init);  // ArgMax, ArgMin
+std::unique_ptr<Kernel> make_cumsum(const KernelInit& init);
+std::unique_ptr<Kernel> make_topk(const KernelInit& init);
+
+// loss.cpp
+std::unique_ptr<Kernel> make_softmax_cross_entropy_loss(const KernelInit& init);
+std::unique_ptr<Kernel> make_nll_loss(const KernelInit& init);
+
+// shape_ops.cpp: ops that move or view data without arithmetic.
+std::unique_ptr<Kernel> make_reshape(const KernelInit& init);
+std::unique_ptr<Kernel> make_flatten(const KernelInit& init);
+std::unique_ptr<Kernel> make_squeeze(const KernelInit& init);
+std::unique_ptr<Kernel> make_unsqueeze(const KernelInit& init);
+std::unique_ptr<Kernel> make_transpose(const KernelInit& init);
+std::unique_ptr<Kernel> make_concat(const KernelInit& init);
+std::unique_ptr<Kernel> make_split(const KernelInit& init);
+std::unique_ptr<Kernel> make_expand(const KernelInit& init);
+std::unique_ptr<Kernel> make_tile(const KernelInit& init);
+std::unique_ptr<Kernel> make_pad(const KernelInit& init);
+std::unique_ptr<Kernel> make_shape(const KernelInit& init);
+std::unique_ptr<Kernel> make_size(const KernelInit& init);
+std::unique_ptr<Kernel> make_depth_to_space(const KernelInit& init);
+std::unique_ptr<Kernel> make_space_to_depth(const KernelInit& init);
+
+// indexing.cpp
+std::unique_ptr<Kernel> make_slice(const KernelInit& init);
+std::unique_ptr<Kernel> make_gather(const KernelInit& init);
+std::unique_ptr<Kernel> make_gather_elements(const KernelInit& init);
+std::unique_ptr<Kernel> make_gather_nd(const KernelInit& init);
+std::unique_ptr<Kernel> make_scatter_elements(const KernelInit& init);
+std::unique_ptr<Kernel> make_scatter_nd(const KernelInit& init);
+std::unique_ptr<Kernel> make_one_hot(const KernelInit& init);
+std::unique_ptr<Kernel> make_trilu(const KernelInit& init);
+
+// generators.cpp: ops that make tensors from attributes or shapes.
+std::unique_ptr<Kernel> make_constant(const KernelInit& init);
+std::unique_ptr<Kernel> make_constant_of_shape(const KernelInit& init);
+std::unique_ptr<Kernel> make_range(const KernelInit& init);
+std::unique_ptr<Kernel> make_eye_like(const KernelInit& init);
+
+}  // namespace onnxtrain::ops

@@ -1,0 +1,107 @@
+#include "ops/kernel.h"
+
+namespace onnxtrain::ops {
+
+void fail(const std::string& message) { throw Error(message); }
+
+namespace {
+const char* type_name(ir::AttributeType t) {
+  switch (t) {
+    case ir::AttributeType::Float: return "float";
+    case ir::AttributeType::Int: return "int";
+    case ir::AttributeType::String: return "string";
+    case ir::AttributeType::Tensor: return "tensor";
+    case ir::AttributeType::Graph: return "graph";
+    case ir::AttributeType::Floats: return "floats";
+    case ir::AttributeType::Ints: return "ints";
+    case ir::AttributeType::Strings: return "strings";
+    case ir::AttributeType::Tensors: return "tensors";
+    case ir::AttributeType::Graphs: return "graphs";
+    default: return "unsupported";
+  }
+}
+}  // namespace
+
+const ir::TensorType& KernelInit::input_type(int i) const {
+  static const ir::TensorType unknown;
+  if (!has_input(i)) return unknown;
+  return graph_.value(node_.inputs[static_cast<size_t>(i)]).type;
+}
+
+const ir::Attribute& KernelInit::typed(std::string_view name, ir::AttributeType type) const {
+  const ir::Attribute* a = node_.find_attribute(name);
+  if (!a) throw Error("required attribute '" + std::string(name) + "' is missing");
+  if (a->type != type) {
+    throw Error("attribute '" + std::string(name) + "' has type " + type_name(a->type) +
+                ", expected " + type_name(type));
+  }
+  return *a;
+}
+
+int64_t KernelInit::attr_int(std::string_view name, int64_t fallback) const {
+  return has_attr(name) ? typed(name, ir::AttributeType::Int).i : fallback;
+}
+
+int64_t KernelInit::required_int(std::string_view name) const {
+  return typed(name, ir::AttributeType::Int).i;
+}
+
+float KernelInit::attr_float(std::string_view name, float fallback) const {
+  return has_attr(name) ? typed(name, ir::AttributeType::Float).f : fallback;
+}
+
+std::string KernelInit::attr_string(std::string_view name, const std::string& fallback) const {
+  return has_attr(name) ? typed(name, ir::AttributeType::String).s : fallback;
+}
+
+std::vector<int64_t> KernelInit::attr_ints(std::string_view name, std::vector<int64_t> fallback) const {
+  return has_attr(name) ? typed(name, ir::AttributeType::Ints).ints : fallback;
+}
+
+std::optional<std::vector<int64_t>> KernelInit::optional_ints(std::string_view name) const {
+  if (!has_attr(name)) return std::nullopt;
+  return typed(name, ir::AttributeType::Ints).ints;
+}
+
+std::vector<float> KernelInit::attr_floats(std::string_view name, std::vector<float> fallback) const {
+  return has_attr(name) ? typed(name, ir::AttributeType::Floats).floats : fallback;
+}
+
+const Tensor* KernelInit::attr_tensor(std::string_view name) const {
+  return has_attr(name) ? &typed(name, ir::AttributeType::Tensor).t : nullptr;
+}
+
+const Tensor& KernelContext::input(int i) const {
+  if (!has_input(i)) throw Error("input " + std::to_string(i) + " is required but missing");
+  const Tensor& t = values_[static_cast<size_t>(node_.inputs[static_cast<size_t>(i)])];
+  if (!t.defined()) throw Error("input " + input_name(i) + " has no value");
+  return t;
+}
+
+std::string KernelContext::input_name(int i) const {
+  if (!has_input(i)) return "input " + std::to_string(i);
+  return "'" + graph_.value(node_.inputs[static_cast<size_t>(i)]).name + "'";
+}
+
+std::string KernelContext::output_name(int i) const {
+  if (!has_output(i)) return "output " + std::to_string(i);
+  return "'" + graph_.value(node_.outputs[static_cast<size_t>(i)]).name + "'";
+}
+
+Tensor& KernelContext::allocate_output(int i, DataType dtype, const Shape& shape) {
+  Tensor t(dtype, shape);
+  if (!has_output(i)) {
+    scratch_ = std::move(t);
+    return scratch_;
+  }
+  Tensor& slot = values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])];
+  slot = std::move(t);
+  return slot;
+}
+
+void KernelContext::set_output(int i, Tensor tensor) {
+  if (!has_output(i)) return;
+  values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])] = std::move(tensor);
+}
+
+}  // namespace onnxtrain::ops

@@ -1,0 +1,126 @@
+// The kernel interface: what every operator implementation sees.
+//
+// A kernel is created once per node when a plan is made (KernelInit: the node, its attributes,
+// the model's opset for the node's domain) and run many times (KernelContext: the input
+// tensors of this run and a place for the outputs). Parse attributes in the factory, not in
+// run(). run() throws onnxtrain::Error for bad input, naming tensors by ctx.input_name(i);
+// the executor adds the model, graph and node to the message. Never throw from inside an
+// OpenMP parallel region: validate first, then compute.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain::ops {
+
+class KernelInit {
+ public:
+  KernelInit(const ir::Graph& graph, const ir::Node& node, int opset)
+      : graph_(graph), node_(node), opset_(opset) {}
+
+  const ir::Node& node() const { return node_; }
+  const ir::Graph& graph() const { return graph_; }
+  const std::string& op_type() const { return node_.op_type; }
+  // The version of the node's domain the model imports (opset_import).
+  int opset() const { return opset_; }
+  int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
+  int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
+  bool has_input(int i) const { return i < num_inputs() && node_.inputs[static_cast<size_t>(i)] != ir::kNoValue; }
+  bool has_output(int i) const { return i < num_outputs() && node_.outputs[static_cast<size_t>(i)] != ir::kNoValue; }
+  // The declared type of input i (dtype Undefined when the model does not say).
+  const ir::TensorType& input_type(int i) const;
+
+  // Attributes. The typed getters throw Error when the attribute has another type; the
+  // `required_` variants also when it is absent.
+  bool has_attr(std::string_view name) const { return node_.find_attribute(name) != nullptr; }
+  const ir::Attribute* attr(std::string_view name) const { return node_.find_attribute(name); }
+  int64_t attr_int(std::string_view name, int64_t fallback) const;
+  int64_t required_int(std::string_view name) const;
+  float attr_float(std::string_view name, float fallback) const;
+  std::string attr_string(std::string_view name, const std::string& fallback) const;
+  std::vector<int64_t> attr_ints(std::string_view name, std::vector<int64_t> fallback = {}) const;
+  std::optional<std::vector<int64_t>> optional_ints(std::string_view name) const;
+  std::vector<float> attr_floats(std::string_view name, std::vector<float> fallback = {}) const;
+  // nullptr when absent.
+  const Tensor* attr_tensor(std::string_view name) const;
+
+ private:
+  const ir::Attribute& typed(std::string_view name, ir::AttributeType type) const;
+
+  const ir::Graph& graph_;
+  const ir::Node& node_;
+  int opset_;
+};
+
+class KernelContext {
+ public:
+  KernelContext(const ir::Graph& graph, const ir::Node& node, std::vector<Tensor>& values)
+      : graph_(graph), node_(node), values_(values) {}
+
+  int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
+  // False for an omitted optional input.
+  bool has_input(int i) const {
+    return i < num_inputs() && node_.inputs[static_cast<size_t>(i)] != ir::kNoValue;
+  }
+  // Input i; has_input(i) must be true (an Error names the input otherwise).
+  const Tensor& input(int i) const;
+  // The ONNX name of input i, for messages ("'X'"), or "input i" when omitted.
+  std::string input_name(int i) const;
+
+  int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
+  // False when the graph does not ask for output i (an omitted optional output).
+  bool has_output(int i) const {
+    return i < num_outputs() && node_.outputs[static_cast<size_t>(i)] != ir::kNoValue;
+  }
+  // Allocates output i (uninitialized) and returns it for the kernel to fill. For an output the
+  // graph does not ask for, returns a scratch tensor that is dropped after the node.
+  Tensor& allocate_output(int i, DataType dtype, const Shape& shape);
+  // Sets output i to an existing tensor (a view of an input, for Reshape-like ops).
+  void set_output(int i, Tensor tensor);
+  std::string output_name(int i) const;
+
+  const ir::Node& node() const { return node_; }
+
+ private:
+  const ir::Graph& graph_;
+  const ir::Node& node_;
+  std::vector<Tensor>& values_;
+  Tensor scratch_;
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void run(KernelContext& ctx) = 0;
+};
+
+using KernelFactory = std::unique_ptr<Kernel> (*)(const KernelInit&);
+
+// Kernels that are one function of the context need no class of their own:
+//   return make_kernel([](KernelContext& ctx) { ... });
+template <class F>
+class FunctionKernel final : public Kernel {
+ public:
+  explicit FunctionKernel(F f) : f_(std::move(f)) {}
+  void run(KernelContext& ctx) override { f_(ctx); }
+
+ private:
+  F f_;
+};
+template <class F>
+std::unique_ptr<Kernel> make_kernel(F f) {
+  return std::make_unique<FunctionKernel<F>>(std::move(f));
+}
+
+// Shorthand for kernel errors: "input 'X' <message>".
+[[noreturn]] void fail(const std::string& message);
+
+}  // namespace onnxtrain::ops

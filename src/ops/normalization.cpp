@@ -1,0 +1,22 @@
+// Placeholder: replaced by the real kernels of this family.
+#include "ops/factories.h"
+
+namespace onnxtrain::ops {
+
+std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init) {
+  throw Error(init.op_type() + " is not implemented yet");
+}
+
+std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init) {
+  throw Error(init.op_type() + " is not implemented yet");
+}
+
+std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
+  throw Error(init.op_type() + " is not implemented yet");
+}
+
+std::unique_ptr<Kernel> make_dropout(const KernelInit& init) {
+  throw Error(init.op_type() + " is not implemented yet");
+}
+
+}  // namespace onnxtrain::ops

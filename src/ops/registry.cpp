@@ -1,0 +1,222 @@
+// The kernel table. One row per (domain, op type, opset range); read it top to bottom to see
+// what onnxtrain runs. Opsets are those of the model's opset_import for the node's domain.
+// Where an op's semantics changed (an attribute became an input, a default changed), the
+// rows split at that opset and the factory reads init.opset() to pick the behaviour.
+#include "ops/registry.h"
+
+#include "ops/factories.h"
+
+namespace onnxtrain::ops {
+
+namespace {
+
+constexpr int kMaxOnnx = 17;  // the newest ai.onnx opset libonnx 1.12 defines
+
+constexpr OpsetRange kOpsets[] = {
+    {"", 1, kMaxOnnx},
+};
+
+// clang-format off
+const KernelDef kKernels[] = {
+  // domain, op type,          since, until,     input types,      factory,   type input
+  // --- element-wise math (elementwise_unary.cpp) ---
+  {"", "Abs",                   1, kMaxOnnx, kNumeric,          make_unary},
+  {"", "Neg",                   1, kMaxOnnx, kSignedNumeric,    make_unary},
+  {"", "Sqrt",                  1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Reciprocal",            1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Exp",                   1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Log",                   1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Erf",                   9, kMaxOnnx, kFloat,            make_unary},
+  {"", "Tanh",                  1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Sigmoid",               1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Relu",                  1, kMaxOnnx, kSignedNumeric,    make_unary},
+  {"", "Softplus",              1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Softsign",              1, kMaxOnnx, kFloat,            make_unary},
+  {"", "HardSwish",            14, kMaxOnnx, kFloat,            make_unary},
+  {"", "Sin",                   7, kMaxOnnx, kFloat,            make_unary},
+  {"", "Cos",                   7, kMaxOnnx, kFloat,            make_unary},
+  {"", "Tan",                   7, kMaxOnnx, kFloat,            make_unary},
+  {"", "Asin",                  7, kMaxOnnx, kFloat,            make_unary},
+  {"", "Acos",                  7, kMaxOnnx, kFloat,            make_unary},
+  {"", "Atan",                  7, kMaxOnnx, kFloat,            make_unary},
+  {"", "Sinh",                  9, kMaxOnnx, kFloat,            make_unary},
+  {"", "Cosh",                  9, kMaxOnnx, kFloat,            make_unary},
+  {"", "Asinh",                 9, kMaxOnnx, kFloat,            make_unary},
+  {"", "Acosh",                 9, kMaxOnnx, kFloat,            make_unary},
+  {"", "Atanh",                 9, kMaxOnnx, kFloat,            make_unary},
+  {"", "Floor",                 1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Ceil",                  1, kMaxOnnx, kFloat,            make_unary},
+  {"", "Round",                11, kMaxOnnx, kFloat,            make_unary},
+  {"", "Sign",                  9, kMaxOnnx, kNumeric,          make_unary},
+  {"", "Not",                   1, kMaxOnnx, kBool,             make_unary},
+  {"", "IsNaN",                 9, kMaxOnnx, kFloat,            make_unary},
+  {"", "IsInf",                10, kMaxOnnx, kFloat,            make_activation},
+  {"", "LeakyRelu",             1, kMaxOnnx, kFloat,            make_activation},
+  {"", "Elu",                   1, kMaxOnnx, kFloat,            make_activation},
+  {"", "Selu",                  1, kMaxOnnx, kFloat,            make_activation},
+  {"", "Celu",                 12, kMaxOnnx, kFloat,            make_activation},
+  {"", "HardSigmoid",           1, kMaxOnnx, kFloat,            make_activation},
+  {"", "ThresholdedRelu",      10, kMaxOnnx, kFloat,            make_activation},
+  {"", "Shrink",                9, kMaxOnnx, kNumeric,          make_activation},
+  {"", "Clip",                  1, 10,       kFloat,            make_clip},  // min/max attributes
+  {"", "Clip",                 11, kMaxOnnx, kNumeric,          make_clip},  // min/max inputs
+  {"", "Cast",                  1, kMaxOnnx, kAll,              make_cast},
+  {"", "CastLike",             15, kMaxOnnx, kAll,              make_cast_like},
+  {"", "Identity",              1, kMaxOnnx, kAll,              make_identity},
+
+  // --- broadcasting binary and variadic ops (elementwise_binary.cpp) ---
+  // Before opset 7 these broadcast only with the `broadcast`/`axis` attributes.
+  {"", "Add",                   1, 6,        kNumeric,          make_binary},
+  {"", "Add",                   7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Sub",                   1, 6,        kNumeric,          make_binary},
+  {"", "Sub",                   7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Mul",                   1, 6,        kNumeric,          make_binary},
+  {"", "Mul",                   7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Div",                   1, 6,        kNumeric,          make_binary},
+  {"", "Div",                   7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Pow",                   1, 6,        kFloat,            make_binary},
+  {"", "Pow",                   7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Mod",                  10, kMaxOnnx, kNumeric,          make_binary},
+  {"", "PRelu",                 1, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Equal",                 1, 6,        kAll,              make_binary},
+  {"", "Equal",                 7, kMaxOnnx, kAll,              make_binary},
+  {"", "Greater",               1, 6,        kNumeric,          make_binary},
+  {"", "Greater",               7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "Less",                  1, 6,        kNumeric,          make_binary},
+  {"", "Less",                  7, kMaxOnnx, kNumeric,          make_binary},
+  {"", "GreaterOrEqual",       12, kMaxOnnx, kNumeric,          make_binary},
+  {"", "LessOrEqual",          12, kMaxOnnx, kNumeric,          make_binary},
+  {"", "And",                   1, 6,        kBool,             make_binary},
+  {"", "And",                   7, kMaxOnnx, kBool,             make_binary},
+  {"", "Or",                    1, 6,        kBool,             make_binary},
+  {"", "Or",                    7, kMaxOnnx, kBool,             make_binary},
+  {"", "Xor",                   1, 6,        kBool,             make_binary},
+  {"", "Xor",                   7, kMaxOnnx, kBool,             make_binary},
+  {"", "Min",                   1, kMaxOnnx, kNumeric,          make_variadic},
+  {"", "Max",                   1, kMaxOnnx, kNumeric,          make_variadic},
+  {"", "Sum",                   1, kMaxOnnx, kNumeric,          make_variadic},
+  {"", "Mean",                  1, kMaxOnnx, kFloat,            make_variadic},
+  {"", "Where",                 9, kMaxOnnx, kAll,              make_where, 1},
+
+  // --- linear algebra (matmul.cpp) ---
+  {"", "MatMul",                1, kMaxOnnx, kNumeric,          make_matmul},
+  {"", "Gemm",                  1, kMaxOnnx, kNumeric,          make_gemm},
+
+  // --- convolution and pooling (conv.cpp, pool.cpp) ---
+  {"", "Conv",                  1, kMaxOnnx, kFloat,            make_conv},
+  {"", "ConvTranspose",         1, kMaxOnnx, kFloat,            make_conv_transpose},
+  {"", "MaxPool",               1, kMaxOnnx, kFloat | kInt,     make_pool},
+  {"", "AveragePool",           1, kMaxOnnx, kFloat,            make_pool},
+  {"", "GlobalAveragePool",     1, kMaxOnnx, kFloat,            make_global_pool},
+  {"", "GlobalMaxPool",         1, kMaxOnnx, kFloat,            make_global_pool},
+
+  // --- normalization and regularization (normalization.cpp) ---
+  {"", "BatchNormalization",    1, 13,       kFloat,            make_batch_norm},  // is_test/outputs
+  {"", "BatchNormalization",   14, kMaxOnnx, kFloat,            make_batch_norm},  // training_mode
+  {"", "InstanceNormalization", 1, kMaxOnnx, kFloat,            make_instance_norm},
+  {"", "LayerNormalization",   17, kMaxOnnx, kFloat,            make_layer_norm},
+  {"", "Dropout",               1, 11,       kFloat,            make_dropout},  // ratio attribute
+  {"", "Dropout",              12, kMaxOnnx, kFloat,            make_dropout},  // ratio, training_mode inputs
+
+  // --- softmax family (softmax.cpp): before opset 13 the input is coerced to 2-D at `axis` ---
+  {"", "Softmax",               1, 12,       kFloat,            make_softmax},
+  {"", "Softmax",              13, kMaxOnnx, kFloat,            make_softmax},
+  {"", "LogSoftmax",            1, 12,       kFloat,            make_softmax},
+  {"", "LogSoftmax",           13, kMaxOnnx, kFloat,            make_softmax},
+  {"", "Hardmax",               1, 12,       kFloat,            make_softmax},
+  {"", "Hardmax",              13, kMaxOnnx, kFloat,            make_softmax},
+
+  // --- reductions (reduce.cpp): ReduceSum takes axes as an input from opset 13 ---
+  {"", "ReduceSum",             1, 12,       kNumeric,          make_reduce},
+  {"", "ReduceSum",            13, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceMean",            1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceMax",             1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceMin",             1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceProd",            1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceL1",              1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceL2",              1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceSumSquare",       1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceLogSum",          1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ReduceLogSumExp",       1, kMaxOnnx, kNumeric,          make_reduce},
+  {"", "ArgMax",                1, kMaxOnnx, kNumeric,          make_arg_reduce},
+  {"", "ArgMin",                1, kMaxOnnx, kNumeric,          make_arg_reduce},
+  {"", "CumSum",               11, kMaxOnnx, kNumeric,          make_cumsum},
+  {"", "TopK",                  1, 9,        kNumeric,          make_topk},  // k attribute
+  {"", "TopK",                 10, kMaxOnnx, kNumeric,          make_topk},  // k input
+
+  // --- losses (loss.cpp) ---
+  {"", "SoftmaxCrossEntropyLoss",   12, kMaxOnnx, kFloat,       make_softmax_cross_entropy_loss},
+  {"", "NegativeLogLikelihoodLoss", 12, kMaxOnnx, kFloat,       make_nll_loss},
+
+  // --- shape and data movement (shape_ops.cpp) ---
+  {"", "Reshape",               1, 4,        kAll,              make_reshape},  // shape attribute
+  {"", "Reshape",               5, kMaxOnnx, kAll,              make_reshape},  // shape input
+  {"", "Flatten",               1, kMaxOnnx, kAll,              make_flatten},
+  {"", "Squeeze",               1, 12,       kAll,              make_squeeze},    // axes attribute
+  {"", "Squeeze",              13, kMaxOnnx, kAll,              make_squeeze},    // axes input
+  {"", "Unsqueeze",             1, 12,       kAll,              make_unsqueeze},  // axes attribute
+  {"", "Unsqueeze",            13, kMaxOnnx, kAll,              make_unsqueeze},  // axes input
+  {"", "Transpose",             1, kMaxOnnx, kAll,              make_transpose},
+  {"", "Concat",                1, kMaxOnnx, kAll,              make_concat},
+  {"", "Split",                 1, 12,       kAll,              make_split},  // split attribute
+  {"", "Split",                13, kMaxOnnx, kAll,              make_split},  // split input
+  {"", "Expand",                8, kMaxOnnx, kAll,              make_expand},
+  {"", "Tile",                  6, kMaxOnnx, kAll,              make_tile},
+  {"", "Pad",                   1, 10,       kAll,              make_pad},  // pads/value attributes
+  {"", "Pad",                  11, kMaxOnnx, kAll,              make_pad},  // pads/value inputs
+  {"", "Shape",                 1, kMaxOnnx, kAll,              make_shape},
+  {"", "Size",                  1, kMaxOnnx, kAll,              make_size},
+  {"", "DepthToSpace",          1, kMaxOnnx, kAll,              make_depth_to_space},
+  {"", "SpaceToDepth",          1, kMaxOnnx, kAll,              make_space_to_depth},
+
+  // --- indexing (indexing.cpp) ---
+  {"", "Slice",                 1, 9,        kAll,              make_slice},  // starts/ends attributes
+  {"", "Slice",                10, kMaxOnnx, kAll,              make_slice},  // starts/ends inputs
+  {"", "Gather",                1, kMaxOnnx, kAll,              make_gather},
+  {"", "GatherElements",       11, kMaxOnnx, kAll,              make_gather_elements},
+  {"", "GatherND",             11, kMaxOnnx, kAll,              make_gather_nd},
+  {"", "ScatterElements",      11, kMaxOnnx, kAll,              make_scatter_elements},
+  {"", "ScatterND",            11, kMaxOnnx, kAll,              make_scatter_nd},
+  {"", "OneHot",                9, kMaxOnnx, kNumeric,          make_one_hot},
+  {"", "Trilu",                14, kMaxOnnx, kAll,              make_trilu},
+
+  // --- tensor generators (generators.cpp) ---
+  {"", "Constant",              1, kMaxOnnx, DTypeSet{},        make_constant},
+  {"", "ConstantOfShape",       9, kMaxOnnx, kIndex,            make_constant_of_shape},
+  {"", "Range",                11, kMaxOnnx, kNumeric,          make_range},
+  {"", "EyeLike",               9, kMaxOnnx, kAll,              make_eye_like},
+};
+// clang-format on
+
+}  // namespace
+
+std::string DTypeSet::to_string() const {
+  std::string s;
+  for (int t = 0; t <= static_cast<int>(DataType::BFloat16); ++t) {
+    if (!contains(static_cast<DataType>(t))) continue;
+    if (!s.empty()) s += ", ";
+    s += dtype_name(static_cast<DataType>(t));
+  }
+  return s;
+}
+
+std::span<const KernelDef> kernel_table() { return kKernels; }
+std::span<const OpsetRange> supported_opsets() { return kOpsets; }
+
+const KernelDef* find_kernel(std::string_view domain, std::string_view op_type, int opset) {
+  for (const KernelDef& def : kKernels) {
+    if (def.domain == domain && def.op_type == op_type && def.since <= opset && opset <= def.until) {
+      return &def;
+    }
+  }
+  return nullptr;
+}
+
+const OpsetRange* find_opset_range(std::string_view domain) {
+  for (const OpsetRange& range : kOpsets) {
+    if (range.domain == domain) return &range;
+  }
+  return nullptr;
+}
+
+}  // namespace onnxtrain::ops

@@ -1,0 +1,118 @@
+#include "runtime/plan.h"
+
+#include <new>
+
+#include "onnxtrain/error.h"
+
+namespace onnxtrain::runtime {
+
+namespace {
+
+std::string domain_label(const std::string& domain) { return domain.empty() ? "ai.onnx" : domain; }
+
+const ops::KernelDef& resolve(const ir::Graph& graph, const ir::Node& node, const OpsetMap& opsets,
+                              int& opset) {
+  const std::string where = graph.description() + ", " + node.description();
+  auto it = opsets.find(node.domain);
+  if (it == opsets.end()) {
+    throw Error(where + ": the model's opset_import has no entry for domain '" +
+                domain_label(node.domain) + "'");
+  }
+  opset = it->second;
+  if (const ops::KernelDef* def = ops::find_kernel(node.domain, node.op_type, opset)) return *def;
+  std::string versions;
+  for (const ops::KernelDef& def : ops::kernel_table()) {
+    if (def.domain != node.domain || def.op_type != node.op_type) continue;
+    if (!versions.empty()) versions += ", ";
+    versions += std::to_string(def.since) + "-" + std::to_string(def.until);
+  }
+  if (versions.empty()) {
+    throw Error(where + ": unknown operator " + domain_label(node.domain) + "." + node.op_type +
+                " (not implemented by onnxtrain; see docs/ops.md)");
+  }
+  throw Error(where + ": " + node.op_type + " is implemented for " + domain_label(node.domain) +
+              " opsets " + versions + ", but the model imports opset " + std::to_string(opset));
+}
+
+}  // namespace
+
+void check_opsets(const OpsetMap& opsets, const std::string& source) {
+  for (const auto& [domain, version] : opsets) {
+    const ops::OpsetRange* range = ops::find_opset_range(domain);
+    if (!range) continue;  // unknown domains fail only if a node uses them
+    if (version < range->min || version > range->max) {
+      throw Error(source + ": opset " + std::to_string(version) + " of domain " +
+                  domain_label(domain) + " is not supported (onnxtrain supports " +
+                  std::to_string(range->min) + " to " + std::to_string(range->max) + ")");
+    }
+  }
+}
+
+Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
+  const auto& order = graph.topological_order();
+  std::vector<int> last_use(graph.values().size(), -1);
+  steps_.reserve(order.size());
+  for (size_t s = 0; s < order.size(); ++s) {
+    const ir::Node& node = graph.node(order[s]);
+    int opset = 0;
+    const ops::KernelDef& def = resolve(graph, node, opsets, opset);
+    std::unique_ptr<ops::Kernel> kernel;
+    try {
+      kernel = def.make(ops::KernelInit(graph, node, opset));
+    } catch (const Error& e) {
+      throw e.with_context(graph.description() + ", " + node.description());
+    }
+    steps_.push_back(Step{order[s], &def, std::move(kernel), {}});
+    for (ir::ValueId v : node.inputs) {
+      if (v != ir::kNoValue) last_use[static_cast<size_t>(v)] = static_cast<int>(s);
+    }
+    for (ir::ValueId v : node.implicit_inputs) last_use[static_cast<size_t>(v)] = static_cast<int>(s);
+    for (ir::ValueId v : node.outputs) {
+      // An output nobody reads dies right after its producer.
+      if (v != ir::kNoValue && last_use[static_cast<size_t>(v)] < 0) {
+        last_use[static_cast<size_t>(v)] = static_cast<int>(s);
+      }
+    }
+  }
+  std::vector<bool> keep(graph.values().size(), false);
+  for (ir::ValueId v : graph.outputs()) keep[static_cast<size_t>(v)] = true;
+  for (size_t v = 0; v < last_use.size(); ++v) {
+    if (last_use[v] >= 0 && !keep[v]) {
+      steps_[static_cast<size_t>(last_use[v])].release.push_back(static_cast<ir::ValueId>(v));
+    }
+  }
+}
+
+void Plan::run(std::vector<Tensor>& values) {
+  for (Step& step : steps_) {
+    const ir::Node& node = graph_.node(step.node);
+    ops::KernelContext ctx(graph_, node, values);
+    try {
+      const int ti = step.def->type_input;
+      if (!step.def->types.empty() && ctx.has_input(ti)) {
+        const DataType dt = ctx.input(ti).dtype();
+        if (!step.def->types.contains(dt)) {
+          throw Error("input " + ctx.input_name(ti) + " has element type " +
+                      std::string(dtype_name(dt)) + ", which " + node.op_type +
+                      " does not support (supported: " + step.def->types.to_string() + ")");
+        }
+      }
+      step.kernel->run(ctx);
+      for (ir::ValueId v : node.outputs) {
+        if (v != ir::kNoValue && !values[static_cast<size_t>(v)].defined()) {
+          throw std::logic_error("the kernel did not produce output '" + graph_.value(v).name + "'");
+        }
+      }
+    } catch (const Error& e) {
+      throw e.with_context(graph_.description() + ", " + node.description());
+    } catch (const std::bad_alloc&) {
+      throw Error(graph_.description() + ", " + node.description() + ": out of memory");
+    } catch (const std::exception& e) {
+      throw std::runtime_error(graph_.description() + ", " + node.description() +
+                               ": internal error: " + e.what());
+    }
+    for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Tensor();
+  }
+}
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,265 @@
+// Conformance runner over the official ONNX backend test data (Debian libonnx-testdata).
+//
+// For every <folder>/<test>/model.onnx and each test_data_set_*: feeds input_<i>.pb to the
+// i-th graph input without an initializer, runs the model, and compares output_<i>.pb with
+// the i-th graph output: shapes and element types equal; floats within the ONNX runner's
+// tolerance |got - expected| <= atol + rtol * |expected| (rtol 1e-3, atol 1e-7), NaN matching
+// NaN; everything else exactly. Prints failures, then `conformance: N passed, M failed`.
+//
+// --manifest FILE: the allow-list; exit 1 when a listed test fails (or does not exist).
+// --ops-doc FILE: writes the operator table (docs/ops.md) from the registry and the results.
+#include <onnx/onnx_pb.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "core/dispatch.h"
+#include "ops/registry.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
+
+namespace fs = std::filesystem;
+using namespace onnxtrain;
+
+namespace {
+
+constexpr double kRtol = 1e-3;
+constexpr double kAtol = 1e-7;
+
+struct TestResult {
+  std::string id;  // "node/test_abs"
+  bool passed = false;
+  std::string reason;
+  std::set<std::string> ops;  // "Abs", "ai.onnx.preview.training.Adam"
+  int opset = 0;
+};
+
+void collect_ops(const onnx::GraphProto& g, std::set<std::string>& ops) {
+  for (const auto& n : g.node()) {
+    ops.insert(n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type());
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) collect_ops(a.g(), ops);
+      for (const auto& sub : a.graphs()) collect_ops(sub, ops);
+    }
+  }
+}
+
+// Empty when equal within tolerance, else what differs.
+std::string compare(const Tensor& got, const Tensor& expected) {
+  if (got.dtype() != expected.dtype() || !(got.shape() == expected.shape())) {
+    return "expected " + expected.description() + ", got " + got.description();
+  }
+  std::string diff;
+  visit_dtype<AllTypes>(expected.dtype(), "output", [&]<class T>() {
+    const T* g = got.data<T>();
+    const T* e = expected.data<T>();
+    for (int64_t i = 0; i < expected.numel() && diff.empty(); ++i) {
+      if constexpr (is_float_v<T>) {
+        const double a = convert<double>(g[i]);
+        const double b = convert<double>(e[i]);
+        const bool ok = (std::isnan(a) && std::isnan(b)) || a == b ||
+                        std::abs(a - b) <= kAtol + kRtol * std::abs(b);
+        if (!ok) diff = "element " + std::to_string(i) + ": expected " + std::to_string(b) + ", got " + std::to_string(a);
+      } else {
+        if (!(g[i] == e[i])) {
+          diff = "element " + std::to_string(i) + ": expected " + std::to_string(convert<double>(e[i])) +
+                 ", got " + std::to_string(convert<double>(g[i]));
+        }
+      }
+    }
+  });
+  return diff;
+}
+
+std::vector<fs::path> sorted_entries(const fs::path& dir, const std::string& prefix) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with(prefix)) out.push_back(e.path());
+  }
+  // input_10 after input_9: sort by the number after the last '_'.
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
+    auto num = [](const fs::path& p) {
+      const std::string s = p.stem().string();
+      return std::stoi(s.substr(s.rfind('_') + 1));
+    };
+    return num(a) < num(b);
+  });
+  return out;
+}
+
+TestResult run_test(const fs::path& dir, const std::string& id) {
+  TestResult r;
+  r.id = id;
+  try {
+    const onnx::ModelProto model = io::load_model(dir / "model.onnx");
+    collect_ops(model.graph(), r.ops);
+    for (const auto& o : model.opset_import()) {
+      if (o.domain().empty() || o.domain() == "ai.onnx") r.opset = static_cast<int>(o.version());
+    }
+    runtime::Session session(model, {}, dir, (dir / "model.onnx").string());
+    const auto data_sets = sorted_entries(dir, "test_data_set_");
+    if (data_sets.empty()) throw Error("no test_data_set_* folders");
+    for (const fs::path& data : data_sets) {
+      runtime::NamedTensors feeds;
+      const auto inputs = sorted_entries(data, "input_");
+      const auto& required = session.inputs();
+      if (inputs.size() > required.size()) {
+        throw Error(data.filename().string() + " has " + std::to_string(inputs.size()) +
+                    " inputs, the model takes " + std::to_string(required.size()));
+      }
+      for (size_t i = 0; i < inputs.size(); ++i) feeds[required[i].name] = io::read_tensor_pb(inputs[i]).second;
+      const runtime::NamedTensors outputs = session.run(feeds);
+      const auto expected = sorted_entries(data, "output_");
+      const auto& declared = session.outputs();
+      for (size_t i = 0; i < expected.size(); ++i) {
+        if (i >= declared.size()) throw Error("more expected outputs than graph outputs");
+        const Tensor want = io::read_tensor_pb(expected[i]).second;
+        const std::string diff = compare(outputs.at(declared[i].name), want);
+        if (!diff.empty()) {
+          throw Error(data.filename().string() + ", output '" + declared[i].name + "': " + diff);
+        }
+      }
+    }
+    r.passed = true;
+  } catch (const std::exception& e) {
+    r.reason = e.what();
+  }
+  return r;
+}
+
+std::set<std::string> read_manifest(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path.string() + ": cannot read the manifest");
+  std::set<std::string> ids;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    line.erase(0, line.find_first_not_of(" \t"));
+    line.erase(line.find_last_not_of(" \t\r") + 1);
+    if (!line.empty()) ids.insert(line);
+  }
+  return ids;
+}
+
+void write_ops_doc(const fs::path& path, const std::vector<TestResult>& results) {
+  std::map<std::string, std::pair<int, int>> per_op;  // passed, total
+  for (const auto& r : results) {
+    for (const auto& op : r.ops) {
+      per_op[op].second++;
+      if (r.passed) per_op[op].first++;
+    }
+  }
+  std::ostringstream out;
+  out << "# Operators\n\n"
+      << "Generated by `onnxtrain-conformance --ops-doc docs/ops.md` from the kernel registry\n"
+      << "(`src/ops/registry.cpp`) and the official ONNX backend tests (Debian `libonnx-testdata`).\n"
+      << "Opsets are versions of the model's `opset_import` for the op's domain. \"Tests\" counts the\n"
+      << "backend tests whose model uses the op, passed/total; a test can fail because of another op\n"
+      << "it uses, or because it is not listed in `tests/conformance/expected_pass.txt`.\n\n"
+      << "| operator | opsets | element types | tests |\n|---|---|---|---|\n";
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const ops::KernelDef*>> rows;
+  for (const auto& def : ops::kernel_table()) {
+    const std::string name = def.domain.empty() ? std::string(def.op_type)
+                                                : std::string(def.domain) + "." + std::string(def.op_type);
+    if (!rows.contains(name)) order.push_back(name);
+    rows[name].push_back(&def);
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& name : order) {
+    std::string opsets, types;
+    for (const auto* def : rows[name]) {
+      if (!opsets.empty()) opsets += ", ";
+      opsets += std::to_string(def->since) + "-" + std::to_string(def->until);
+    }
+    types = rows[name].back()->types.empty() ? "(from attribute)" : rows[name].back()->types.to_string();
+    const auto counts = per_op.contains(name) ? per_op[name] : std::pair<int, int>{0, 0};
+    out << "| " << name << " | " << opsets << " | " << types << " | "
+        << (counts.second ? std::to_string(counts.first) + "/" + std::to_string(counts.second) : "-") << " |\n";
+  }
+  out << "\n## Used by the backend tests but not implemented\n\n| operator | tests |\n|---|---|\n";
+  for (const auto& [op, counts] : per_op) {
+    if (!rows.contains(op)) out << "| " << op << " | " << counts.second << " |\n";
+  }
+  io::write_file_atomic(path, out.str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Runs the ONNX backend conformance tests"};
+  std::string data_root = "/usr/share/libonnx-testdata/data";
+  std::vector<std::string> folders = {"node", "simple", "pytorch-converted", "pytorch-operator"};
+  std::string filter, manifest_path, ops_doc;
+  bool verbose = false, list_passing = false;
+  app.add_option("--data", data_root, "root of the test data");
+  app.add_option("--folders", folders, "folders under the root")->delimiter(',');
+  app.add_option("--filter", filter, "run only tests whose id (folder/test) matches this regex");
+  app.add_option("--manifest", manifest_path, "allow-list of tests that must pass");
+  app.add_option("--ops-doc", ops_doc, "write the operator table (markdown) here");
+  app.add_flag("-v,--verbose", verbose, "print every test, not only failures");
+  app.add_flag("--list-passing", list_passing, "print the ids of passing tests (for the manifest)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::set<std::string> manifest;
+    if (!manifest_path.empty()) manifest = read_manifest(manifest_path);
+    const std::regex pattern(filter.empty() ? ".*" : filter);
+    std::vector<TestResult> results;
+    for (const auto& folder : folders) {
+      const fs::path dir = fs::path(data_root) / folder;
+      if (!fs::is_directory(dir)) throw Error(dir.string() + ": no such folder (install libonnx-testdata)");
+      std::vector<fs::path> tests;
+      for (const auto& e : fs::directory_iterator(dir)) tests.push_back(e.path());
+      std::sort(tests.begin(), tests.end());
+      for (const auto& t : tests) {
+        const std::string id = folder + "/" + t.filename().string();
+        if (!std::regex_search(id, pattern)) continue;
+        const auto start = std::chrono::steady_clock::now();
+        results.push_back(run_test(t, id));
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        const auto& r = results.back();
+        if (verbose || !r.passed) {
+          std::cout << (r.passed ? "PASS " : "FAIL ") << r.id << (r.passed ? "" : ": " + r.reason);
+          if (verbose) std::cout << " (" << static_cast<int>(ms) << " ms)";
+          std::cout << "\n";
+        }
+      }
+    }
+    int passed = 0;
+    std::vector<std::string> regressions;
+    std::set<std::string> seen;
+    for (const auto& r : results) {
+      seen.insert(r.id);
+      if (r.passed) ++passed;
+      if (list_passing && r.passed) std::cout << r.id << "\n";
+      if (!r.passed && manifest.contains(r.id)) regressions.push_back(r.id);
+    }
+    if (filter.empty()) {
+      for (const auto& id : manifest) {
+        const std::string folder = id.substr(0, id.find('/'));
+        if (std::find(folders.begin(), folders.end(), folder) != folders.end() && !seen.contains(id)) {
+          regressions.push_back(id + " (not found)");
+        }
+      }
+    }
+    if (!ops_doc.empty()) write_ops_doc(ops_doc, results);
+    for (const auto& id : regressions) std::cout << "REGRESSION (listed in the manifest): " << id << "\n";
+    std::cout << "conformance: " << passed << " passed, " << results.size() - static_cast<size_t>(passed)
+              << " failed\n";
+    return regressions.empty() ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,76 @@
+#include "test_util.h"
+
+#include <cmath>
+
+#include "onnxtrain/io.h"
+
+namespace onnxtrain::testing {
+
+onnx::ModelProto node_model(const NodeSpec& spec, const std::vector<Tensor>& inputs) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  auto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(spec.domain.empty() ? spec.opset : 17);
+  if (!spec.domain.empty()) {
+    auto* other = model.add_opset_import();
+    other->set_domain(spec.domain);
+    other->set_version(spec.opset);
+  }
+  auto* graph = model.mutable_graph();
+  graph->set_name("test");
+  auto* node = graph->add_node();
+  node->set_op_type(spec.op_type);
+  node->set_domain(spec.domain);
+  node->set_name("node");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      node->add_input("");
+      continue;
+    }
+    const std::string name = "in" + std::to_string(i);
+    node->add_input(name);
+    auto* input = graph->add_input();
+    input->set_name(name);
+    auto* type = input->mutable_type()->mutable_tensor_type();
+    type->set_elem_type(static_cast<int32_t>(inputs[i].dtype()));
+    auto* shape = type->mutable_shape();
+    for (int64_t d : inputs[i].shape()) shape->add_dim()->set_dim_value(d);
+  }
+  for (int i = 0; i < spec.num_outputs; ++i) {
+    const std::string name = "out" + std::to_string(i);
+    node->add_output(name);
+    graph->add_output()->set_name(name);
+  }
+  for (const auto& a : spec.attributes) *node->add_attribute() = a;
+  return model;
+}
+
+std::vector<Tensor> run_node(const NodeSpec& spec, const std::vector<Tensor>& inputs) {
+  runtime::Session session(node_model(spec, inputs));
+  runtime::NamedTensors feeds;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined()) feeds["in" + std::to_string(i)] = inputs[i];
+  }
+  auto outputs = session.run(feeds);
+  std::vector<Tensor> result;
+  for (int i = 0; i < spec.num_outputs; ++i) result.push_back(outputs.at("out" + std::to_string(i)));
+  return result;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << got.description() << " vs " << want.description();
+  ASSERT_EQ(got.shape(), want.shape()) << got.description() << " vs " << want.description();
+  const auto g = got.to_double_vector();
+  const auto w = want.to_double_vector();
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(w[i])) {
+      EXPECT_TRUE(std::isnan(g[i])) << "element " << i;
+      continue;
+    }
+    EXPECT_LE(std::abs(g[i] - w[i]), atol + rtol * std::abs(w[i]))
+        << "element " << i << ": got " << g[i] << ", want " << w[i];
+  }
+}
+
+}  // namespace onnxtrain::testing

@@ -1,0 +1,69 @@
+// Helpers for unit tests: build and run one-node models, compare tensors.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <vector>
+
+#include "onnxtrain/session.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain::testing {
+
+inline onnx::AttributeProto attr(const std::string& name, int64_t value) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::INT);
+  a.set_i(value);
+  return a;
+}
+inline onnx::AttributeProto attr(const std::string& name, float value) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::FLOAT);
+  a.set_f(value);
+  return a;
+}
+inline onnx::AttributeProto attr(const std::string& name, const std::string& value) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::STRING);
+  a.set_s(value);
+  return a;
+}
+inline onnx::AttributeProto attr(const std::string& name, const std::vector<int64_t>& values) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values) a.add_ints(v);
+  return a;
+}
+inline onnx::AttributeProto attr(const std::string& name, const std::vector<float>& values) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::FLOATS);
+  for (float v : values) a.add_floats(v);
+  return a;
+}
+
+struct NodeSpec {
+  std::string op_type;
+  std::string domain;  // "" for ai.onnx
+  int opset = 17;
+  std::vector<onnx::AttributeProto> attributes;
+  int num_outputs = 1;
+};
+
+// A model with one node reading graph inputs "in0", "in1", ... (typed and shaped like
+// `inputs`; an undefined tensor gives an omitted optional input) and producing "out0", ...
+onnx::ModelProto node_model(const NodeSpec& spec, const std::vector<Tensor>& inputs);
+
+// Runs node_model(spec, inputs) and returns its outputs in order.
+std::vector<Tensor> run_node(const NodeSpec& spec, const std::vector<Tensor>& inputs);
+
+// Element-wise comparison with |got - want| <= atol + rtol * |want|; shapes and dtypes equal.
+void expect_close(const Tensor& got, const Tensor& want, double rtol = 1e-5, double atol = 1e-6);
+
+}  // namespace onnxtrain::testing
