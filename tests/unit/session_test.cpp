@@ -1,0 +1,100 @@
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include "onnxtrain/error.h"
+#include "onnxtrain/session.h"
+#include "test_util.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+using testing::NodeSpec;
+
+// Relu over float32[N,3] with a symbolic batch dim.
+onnx::ModelProto relu_model() {
+  onnx::ModelProto m = testing::node_model(NodeSpec{.op_type = "Relu"}, {Tensor::zeros(DataType::Float32, {1, 3})});
+  auto* dim = m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0);
+  dim->set_dim_param("N");
+  return m;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Session, RunsAndReportsInputsAndOutputs) {
+  Session session(relu_model(), {}, {}, "relu.onnx");
+  ASSERT_EQ(session.inputs().size(), 1u);
+  EXPECT_EQ(session.inputs()[0].type_string(), "float32[N,3]");
+  auto out = session.run({{"in0", Tensor::from_vector<float>({2, 3}, {-1, 2, -3, 4, -5, 6})}});
+  EXPECT_EQ(out.at("out0").to_double_vector(), (std::vector<double>{0, 2, 0, 4, 0, 6}));
+  // Another batch size gets its own plan; the first is reused afterwards.
+  EXPECT_EQ(session.run({{"in0", Tensor::zeros(DataType::Float32, {5, 3})}}).at("out0").shape(), (Shape{5, 3}));
+  EXPECT_EQ(session.run({{"in0", Tensor::zeros(DataType::Float32, {2, 3})}}).at("out0").shape(), (Shape{2, 3}));
+}
+
+TEST(Session, RejectsBadFeedsWithClearErrors) {
+  Session session(relu_model(), {}, {}, "relu.onnx");
+  auto contains = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
+  std::string e = error_of([&] { session.run({}); });
+  EXPECT_TRUE(contains(e, "missing feed for input 'in0'")) << e;
+  EXPECT_TRUE(contains(e, "relu.onnx")) << e;
+  e = error_of([&] { session.run({{"in0", Tensor::zeros(DataType::Float64, {2, 3})}}); });
+  EXPECT_TRUE(contains(e, "float32[N,3]") && contains(e, "float64[2,3]")) << e;
+  e = error_of([&] { session.run({{"in0", Tensor::zeros(DataType::Float32, {6})}}); });
+  EXPECT_TRUE(contains(e, "rank 2")) << e;
+  e = error_of([&] { session.run({{"in0", Tensor::zeros(DataType::Float32, {2, 4})}}); });
+  EXPECT_TRUE(contains(e, "dim 1")) << e;
+  e = error_of([&] {
+    session.run({{"in0", Tensor::zeros(DataType::Float32, {2, 3})}, {"typo", Tensor::zeros(DataType::Float32, {1})}});
+  });
+  EXPECT_TRUE(contains(e, "'typo' is not an input")) << e;
+}
+
+TEST(Session, RejectsUnknownOpsAndOpsets) {
+  auto contains = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
+  std::string e = error_of([] { Session(testing::node_model(NodeSpec{.op_type = "Frobnicate"}, {Tensor::zeros(DataType::Float32, {1})}), {}, {}, "m.onnx"); });
+  EXPECT_TRUE(contains(e, "unknown operator ai.onnx.Frobnicate") && contains(e, "'node'")) << e;
+  e = error_of([] { Session(testing::node_model(NodeSpec{.op_type = "Relu", .opset = 18}, {Tensor::zeros(DataType::Float32, {1})})); });
+  EXPECT_TRUE(contains(e, "opset 18")) << e;
+  e = error_of([] { Session(testing::node_model(NodeSpec{.op_type = "LayerNormalization", .opset = 16}, {Tensor::zeros(DataType::Float32, {1})})); });
+  EXPECT_TRUE(contains(e, "opsets 17-17")) << e;
+  e = error_of([] { Session(testing::node_model(NodeSpec{.op_type = "Thing", .domain = "com.example", .opset = 1}, {Tensor::zeros(DataType::Float32, {1})})); });
+  EXPECT_TRUE(contains(e, "com.example.Thing")) << e;
+  onnx::ModelProto no_domain = testing::node_model(NodeSpec{.op_type = "Relu"}, {Tensor::zeros(DataType::Float32, {1})});
+  no_domain.mutable_graph()->mutable_node(0)->set_domain("com.example");
+  e = error_of([&] { Session s(no_domain); });
+  EXPECT_TRUE(contains(e, "no entry for domain 'com.example'")) << e;
+}
+
+TEST(Session, RejectsUnsupportedElementTypesNamingTheInput) {
+  Session session(testing::node_model(NodeSpec{.op_type = "Sqrt"}, {Tensor::zeros(DataType::Int32, {2})}), {}, {}, "m.onnx");
+  const std::string e = error_of([&] { session.run({{"in0", Tensor::zeros(DataType::Int32, {2})}}); });
+  EXPECT_NE(e.find("input 'in0' has element type int32"), std::string::npos) << e;
+}
+
+TEST(Session, InitializerInputsAreOptionalFeeds) {
+  // IR 3 style: an initializer that is also a graph input is a default the caller may override.
+  onnx::ModelProto m = testing::node_model(NodeSpec{.op_type = "Add", .opset = 13},
+                                           {Tensor::zeros(DataType::Float32, {2}), Tensor::zeros(DataType::Float32, {2})});
+  auto* w = m.mutable_graph()->add_initializer();
+  w->set_name("in1");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(2);
+  w->add_float_data(10);
+  w->add_float_data(20);
+  Session session(m);
+  ASSERT_EQ(session.inputs().size(), 1u);
+  ASSERT_EQ(session.optional_inputs().size(), 1u);
+  const Tensor x = Tensor::from_vector<float>({2}, {1, 2});
+  EXPECT_EQ(session.run({{"in0", x}}).at("out0").to_double_vector(), (std::vector<double>{11, 22}));
+  EXPECT_EQ(session.run({{"in0", x}, {"in1", x}}).at("out0").to_double_vector(), (std::vector<double>{2, 4}));
+}
+
+}  // namespace
+}  // namespace onnxtrain::runtime
