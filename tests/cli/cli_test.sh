@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Command-line behaviour of `onnxtrain`: exit codes (0 ok, 2 bad input) and messages.
+# Usage: cli_test.sh PATH/TO/onnxtrain
+set -uo pipefail
+bin=$1
+data=/usr/share/libonnx-testdata/data
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect STATUS PATTERN -- command...: runs the command, checks its exit status and that its
+# combined output matches the extended regex PATTERN.
+expect() {
+  local status=$1 pattern=$2
+  shift 3
+  local out
+  out=$("$@" 2>&1)
+  local got=$?
+  if [[ $got -ne $status ]] || ! grep -Eq -- "$pattern" <<<"$out"; then
+    echo "FAIL: $* -> exit $got (want $status), output:"
+    echo "$out" | head -20
+    failures=$((failures + 1))
+  else
+    echo "ok: $*"
+  fi
+}
+
+relu=$data/node/test_relu
+expect 0 'opsets: ai.onnx' -- "$bin" info "$relu/model.onnx"
+expect 0 'x  float32\[3,4,5\]' -- "$bin" info "$relu/model.onnx"
+expect 0 '^ok: .*valid' -- "$bin" check "$relu/model.onnx"
+
+printf 'not a model' >"$tmp/garbage.onnx"
+expect 2 "error: .*garbage.onnx.*not a valid ONNX model" -- "$bin" check "$tmp/garbage.onnx"
+expect 2 "error: .*missing.onnx: no such file" -- "$bin" info "$tmp/missing.onnx"
+
+expect 0 'y: float32\[3,4,5\]' -- "$bin" run "$relu/model.onnx" --input "x=$relu/test_data_set_0/input_0.pb" --output-dir "$tmp/out"
+[[ -f $tmp/out/y.npy ]] || { echo "FAIL: run did not write y.npy"; failures=$((failures + 1)); }
+expect 2 "missing feed for input 'x'" -- "$bin" run "$relu/model.onnx"
+expect 2 "expected NAME=FILE" -- "$bin" run "$relu/model.onnx" --input "x"
+expect 2 "'z' is not an input" -- "$bin" run "$relu/model.onnx" --input "x=$relu/test_data_set_0/input_0.pb" --input "z=$relu/test_data_set_0/input_0.pb"
+expect 2 "must be .npy or .pb" -- "$bin" run "$relu/model.onnx" --input "x=$tmp/garbage.onnx"
+expect 2 "." -- "$bin" frobnicate
+
+if ((failures > 0)); then
+  echo "$failures CLI check(s) failed"
+  exit 1
+fi
+echo "all CLI checks passed"
