@@ -31,8 +31,7 @@ namespace onnxtrain::io {
 inline constexpr uint64_t kMaxProtoBytes = (uint64_t{1} << 31) - 1;
 
 // Loads a model. Checks: the file exists and is at most kMaxProtoBytes, parses as a
-// ModelProto, has a graph and an ir_version, and declares an opset for ai.onnx when
-// ir_version >= 3. Tensors stored as external data are not read here: they stay references,
+// ModelProto, has a graph and an ir_version. Tensors stored as external data are not read here: they stay references,
 // resolved against the model's folder when a tensor is made from them (tensor_from_proto).
 onnx::ModelProto load_model(const std::filesystem::path& path);
 // Parses a model from memory; `source` names it in errors.

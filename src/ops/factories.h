@@ -84,4 +84,9 @@ std::unique_ptr<Kernel> make_constant_of_shape(const KernelInit& init);
 std::unique_ptr<Kernel> make_range(const KernelInit& init);
 std::unique_ptr<Kernel> make_eye_like(const KernelInit& init);
 
+// optimizers.cpp: ai.onnx.preview.training optimizers.
+std::unique_ptr<Kernel> make_adagrad(const KernelInit& init);
+std::unique_ptr<Kernel> make_momentum(const KernelInit& init);
+std::unique_ptr<Kernel> make_adam(const KernelInit& init);
+
 }  // namespace onnxtrain::ops

@@ -12,9 +12,14 @@ namespace {
 
 constexpr int kMaxOnnx = 17;  // the newest ai.onnx opset libonnx 1.12 defines
 
+constexpr std::string_view kTraining = "ai.onnx.preview.training";
+
 constexpr OpsetRange kOpsets[] = {
     {"", 1, kMaxOnnx},
+    {kTraining, 1, 1},
 };
+
+constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
 
 // clang-format off
 const KernelDef kKernels[] = {
@@ -185,6 +190,11 @@ const KernelDef kKernels[] = {
   {"", "ConstantOfShape",       9, kMaxOnnx, kIndex,            make_constant_of_shape},
   {"", "Range",                11, kMaxOnnx, kNumeric,          make_range},
   {"", "EyeLike",               9, kMaxOnnx, kAll,              make_eye_like},
+
+  // --- ai.onnx.preview.training optimizers (optimizers.cpp); the type is that of R ---
+  {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},
+  {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
+  {kTraining, "Adam",           1, 1,        kFloat32And64,     make_adam},
 };
 // clang-format on
 

@@ -1,0 +1,206 @@
+// Optimizers of the ai.onnx.preview.training domain, opset 1: Adagrad, Momentum, Adam.
+//
+// Each op updates n tensors at once. Inputs: R (learning rate, float or double scalar),
+// T (update count, int64 scalar), then the n tensors X, the n gradients G, then the n tensors
+// of each optimizer state (Adagrad: H; Momentum: V; Adam: V, H). Outputs: the n new X, then
+// the n new values of each state. X, G and the states of one tensor must have the same
+// shape and element type (float32 or float64). The arithmetic is the pseudo code of each op's
+// schema doc, quoted above its kernel; scalars are computed in float64, element-wise math in
+// the tensors' type.
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "core/parallel.h"
+#include "ops/factories.h"
+
+namespace onnxtrain::ops {
+
+namespace {
+
+struct Scalars {
+  double r;
+  int64_t t;
+};
+
+// Checks the input layout and returns R and T. `states` is the number of state tensors per X.
+Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n) {
+  const int per_tensor = 2 + states;
+  if (ctx.num_inputs() < 2 + per_tensor || (ctx.num_inputs() - 2) % per_tensor != 0) {
+    fail("expected inputs R, T, then " + std::to_string(per_tensor) +
+         " tensors per optimized tensor (X..., G..., state...), got " +
+         std::to_string(ctx.num_inputs()) + " inputs");
+  }
+  n = (ctx.num_inputs() - 2) / per_tensor;
+  if (ctx.num_outputs() != n * (1 + states)) {
+    fail("expected " + std::to_string(n * (1 + states)) + " outputs for " + std::to_string(n) +
+         " optimized tensors, got " + std::to_string(ctx.num_outputs()));
+  }
+  const Tensor& r = ctx.input(0);
+  const Tensor& t = ctx.input(1);
+  if (r.numel() != 1 || (r.dtype() != DataType::Float32 && r.dtype() != DataType::Float64)) {
+    fail("learning rate R " + ctx.input_name(0) + " must be a float32 or float64 scalar, got " + r.description());
+  }
+  if (t.numel() != 1 || t.dtype() != DataType::Int64) {
+    fail("update count T " + ctx.input_name(1) + " must be an int64 scalar, got " + t.description());
+  }
+  const double rv = r.dtype() == DataType::Float32 ? r.data<float>()[0] : r.data<double>()[0];
+  for (int i = 0; i < n; ++i) {
+    const Tensor& x = ctx.input(2 + i);
+    if (x.dtype() != DataType::Float32 && x.dtype() != DataType::Float64) {
+      fail("X " + ctx.input_name(2 + i) + " must be float32 or float64, got " + x.description());
+    }
+    for (int k = 1; k < per_tensor; ++k) {
+      const int j = 2 + k * n + i;
+      const Tensor& other = ctx.input(j);
+      if (other.dtype() != x.dtype() || !(other.shape() == x.shape())) {
+        fail("input " + ctx.input_name(j) + " (" + other.description() + ") must match X " +
+             ctx.input_name(2 + i) + " (" + x.description() + ")");
+      }
+    }
+  }
+  return {rv, t.data<int64_t>()[0]};
+}
+
+// Applies `update(index, x, g, states_in..., outputs...)` element-wise to optimized tensor i.
+template <class T, int States, class F>
+void update_tensor(KernelContext& ctx, int n, int i, F&& update) {
+  const Tensor& x = ctx.input(2 + i);
+  const T* xs = x.data<T>();
+  const T* gs = ctx.input(2 + n + i).data<T>();
+  std::array<const T*, States> in{};
+  std::array<T*, States + 1> out{};
+  for (int s = 0; s < States; ++s) in[static_cast<size_t>(s)] = ctx.input(2 + (2 + s) * n + i).data<T>();
+  for (int s = 0; s <= States; ++s) {
+    out[static_cast<size_t>(s)] = ctx.allocate_output(s * n + i, x.dtype(), x.shape()).template data<T>();
+  }
+  parallel_for(x.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) update(e, xs[e], gs[e], in, out);
+  });
+}
+
+class Adagrad final : public Kernel {
+ public:
+  explicit Adagrad(const KernelInit& init)
+      : decay_factor_(init.attr_float("decay_factor", 0.0f)),
+        epsilon_(init.attr_float("epsilon", 1e-6f)),
+        norm_coefficient_(init.attr_float("norm_coefficient", 0.0f)) {}
+
+  // r = R / (1 + T * decay_factor)
+  // G_regularized = norm_coefficient * X + G
+  // H_new = H + G_regularized * G_regularized
+  // X_new = X - r * G_regularized / (Sqrt(H_new) + epsilon)
+  void run(KernelContext& ctx) override {
+    int n = 0;
+    const Scalars s = read_scalars_and_check(ctx, 1, n);
+    const double r = s.r / (1.0 + static_cast<double>(s.t) * decay_factor_);
+    for (int i = 0; i < n; ++i) {
+      visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Adagrad X", [&]<class T>() {
+        const T rr = static_cast<T>(r), eps = static_cast<T>(epsilon_), norm = static_cast<T>(norm_coefficient_);
+        update_tensor<T, 1>(ctx, n, i, [=](int64_t e, T x, T g, const auto& in, const auto& out) {
+          const T gr = norm * x + g;
+          const T h = in[0][e] + gr * gr;
+          out[1][e] = h;
+          out[0][e] = x - rr * gr / (std::sqrt(h) + eps);
+        });
+      });
+    }
+  }
+
+ private:
+  float decay_factor_, epsilon_, norm_coefficient_;
+};
+
+class Momentum final : public Kernel {
+ public:
+  explicit Momentum(const KernelInit& init)
+      : alpha_(init.attr_float("alpha", 0.0f)),
+        beta_(init.attr_float("beta", 0.0f)),
+        norm_coefficient_(init.attr_float("norm_coefficient", 0.0f)) {
+    for (const char* required : {"alpha", "beta", "mode", "norm_coefficient"}) {
+      if (!init.has_attr(required)) fail("required attribute '" + std::string(required) + "' is missing");
+    }
+    const std::string mode = init.attr_string("mode", "standard");
+    if (mode != "standard" && mode != "nesterov") {
+      fail("attribute 'mode' is '" + mode + "', expected 'standard' or 'nesterov'");
+    }
+    nesterov_ = mode == "nesterov";
+  }
+
+  // G_regularized = norm_coefficient * X + G
+  // beta_adjusted = T > 0 ? beta : 1
+  // V_new = alpha * V + beta_adjusted * G_regularized
+  // standard: X_new = X - R * V_new;  nesterov: X_new = X - R * (G_regularized + alpha * V_new)
+  void run(KernelContext& ctx) override {
+    int n = 0;
+    const Scalars s = read_scalars_and_check(ctx, 1, n);
+    const double beta_adjusted = s.t > 0 ? beta_ : 1.0;
+    for (int i = 0; i < n; ++i) {
+      visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Momentum X", [&]<class T>() {
+        const T r = static_cast<T>(s.r), a = static_cast<T>(alpha_), b = static_cast<T>(beta_adjusted);
+        const T norm = static_cast<T>(norm_coefficient_);
+        const bool nesterov = nesterov_;
+        update_tensor<T, 1>(ctx, n, i, [=](int64_t e, T x, T g, const auto& in, const auto& out) {
+          const T gr = norm * x + g;
+          const T v = a * in[0][e] + b * gr;
+          out[1][e] = v;
+          out[0][e] = nesterov ? x - r * (gr + a * v) : x - r * v;
+        });
+      });
+    }
+  }
+
+ private:
+  float alpha_, beta_, norm_coefficient_;
+  bool nesterov_ = false;
+};
+
+class Adam final : public Kernel {
+ public:
+  explicit Adam(const KernelInit& init)
+      : alpha_(init.attr_float("alpha", 0.9f)),
+        beta_(init.attr_float("beta", 0.999f)),
+        epsilon_(init.attr_float("epsilon", 1e-6f)),
+        norm_coefficient_(init.attr_float("norm_coefficient", 0.0f)),
+        norm_coefficient_post_(init.attr_float("norm_coefficient_post", 0.0f)) {}
+
+  // G_regularized = norm_coefficient * X + G
+  // V_new = alpha * V + (1 - alpha) * G_regularized
+  // H_new = beta * H + (1 - beta) * G_regularized * G_regularized
+  // H_sqrt = Sqrt(H_new) + epsilon
+  // R_adjusted = T > 0 ? R * Sqrt(1 - beta**T) / (1 - alpha**T) : R
+  // X_new = X - R_adjusted * V_new / H_sqrt
+  // X_final = (1 - norm_coefficient_post) * X_new
+  void run(KernelContext& ctx) override {
+    int n = 0;
+    const Scalars s = read_scalars_and_check(ctx, 2, n);
+    const double t = static_cast<double>(s.t);
+    const double r_adjusted =
+        s.t > 0 ? s.r * std::sqrt(1.0 - std::pow(double{beta_}, t)) / (1.0 - std::pow(double{alpha_}, t)) : s.r;
+    for (int i = 0; i < n; ++i) {
+      visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Adam X", [&]<class T>() {
+        const T r = static_cast<T>(r_adjusted), a = static_cast<T>(alpha_), b = static_cast<T>(beta_);
+        const T eps = static_cast<T>(epsilon_), norm = static_cast<T>(norm_coefficient_);
+        const T keep = static_cast<T>(1.0 - double{norm_coefficient_post_});
+        update_tensor<T, 2>(ctx, n, i, [=](int64_t e, T x, T g, const auto& in, const auto& out) {
+          const T gr = norm * x + g;
+          const T v = a * in[0][e] + (T(1) - a) * gr;
+          const T h = b * in[1][e] + (T(1) - b) * gr * gr;
+          out[1][e] = v;
+          out[2][e] = h;
+          out[0][e] = keep * (x - r * v / (std::sqrt(h) + eps));
+        });
+      });
+    }
+  }
+
+ private:
+  float alpha_, beta_, epsilon_, norm_coefficient_, norm_coefficient_post_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_adagrad(const KernelInit& init) { return std::make_unique<Adagrad>(init); }
+std::unique_ptr<Kernel> make_momentum(const KernelInit& init) { return std::make_unique<Momentum>(init); }
+std::unique_ptr<Kernel> make_adam(const KernelInit& init) { return std::make_unique<Adam>(init); }
+
+}  // namespace onnxtrain::ops
