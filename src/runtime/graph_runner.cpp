@@ -1,0 +1,129 @@
+#include "runtime/graph_runner.h"
+
+#include <onnx/onnx_pb.h>
+
+#include "onnxtrain/error.h"
+
+namespace onnxtrain::runtime {
+
+ValueInfo value_info(const ir::Value& v) {
+  ValueInfo info;
+  info.name = v.name;
+  info.dtype = v.type.dtype;
+  if (v.type.dims) {
+    info.rank_known = true;
+    for (const ir::Dim& d : *v.type.dims) {
+      info.dims.push_back(d.value);
+      info.dim_params.push_back(d.param);
+    }
+  }
+  return info;
+}
+
+OpsetMap opsets_of(const onnx::ModelProto& model, const std::string& source) {
+  OpsetMap opsets;
+  for (const auto& opset : model.opset_import()) {
+    const std::string domain = opset.domain() == "ai.onnx" ? "" : opset.domain();
+    opsets[domain] = static_cast<int>(opset.version());
+  }
+  check_opsets(opsets, source);
+  return opsets;
+}
+
+namespace {
+
+void check_feed(const ValueInfo& info, const Tensor& t, const std::string& source) {
+  const std::string what = source + ": input '" + info.name + "'";
+  if (!t.defined()) throw Error(what + " is fed an undefined tensor");
+  if (info.dtype != DataType::Undefined && t.dtype() != info.dtype) {
+    throw Error(what + " expects " + info.type_string() + " but was fed " + t.description());
+  }
+  if (!info.rank_known) return;
+  if (t.rank() != info.dims.size()) {
+    throw Error(what + " expects rank " + std::to_string(info.dims.size()) + " (" +
+                info.type_string() + ") but was fed " + t.description());
+  }
+  for (size_t i = 0; i < info.dims.size(); ++i) {
+    if (info.dims[i] >= 0 && info.dims[i] != t.dim(i)) {
+      throw Error(what + " expects " + info.type_string() + " but was fed " + t.description() +
+                  " (dim " + std::to_string(i) + " differs)");
+    }
+  }
+}
+
+void append_shape(std::vector<int64_t>& signature, const Tensor& t) {
+  signature.push_back(static_cast<int64_t>(t.rank()));
+  signature.insert(signature.end(), t.shape().begin(), t.shape().end());
+}
+
+}  // namespace
+
+GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source)
+    : source_(std::move(source)), graph_(std::move(graph)), opsets_(std::move(opsets)) {
+  for (ir::ValueId id : graph_.inputs()) {
+    const ir::Value& v = graph_.value(id);
+    if (v.is_initializer) {
+      optional_inputs_.push_back(value_info(v));
+      optional_ids_.push_back(id);
+    } else {
+      inputs_.push_back(value_info(v));
+      input_ids_.push_back(id);
+    }
+  }
+  for (ir::ValueId id : graph_.outputs()) outputs_.push_back(value_info(graph_.value(id)));
+  unused_plan_ = std::make_unique<Plan>(graph_, opsets_);
+}
+
+Plan& GraphRunner::plan_for_signature() {
+  auto it = plans_.find(signature_);
+  if (it != plans_.end()) return *it->second;
+  auto plan = unused_plan_ ? std::move(unused_plan_) : std::make_unique<Plan>(graph_, opsets_);
+  return *plans_.emplace(signature_, std::move(plan)).first->second;
+}
+
+NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Override> overrides) {
+  for (const auto& [name, tensor] : feeds) {
+    const ir::ValueId id = graph_.find(name);
+    if (id == ir::kNoValue || !graph_.value(id).is_graph_input) {
+      std::string names;
+      for (const auto& info : inputs_) names += (names.empty() ? "" : ", ") + info.name;
+      throw Error(source_ + ": '" + name + "' is not an input of the model (inputs: " + names + ")");
+    }
+  }
+  values_.assign(graph_.values().size(), Tensor());
+  for (const auto& [id, tensor] : graph_.initializers()) values_[static_cast<size_t>(id)] = tensor;
+  for (const Override& o : overrides) values_[static_cast<size_t>(o.id)] = *o.value;
+  signature_.clear();
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    auto it = feeds.find(inputs_[i].name);
+    if (it == feeds.end()) {
+      throw Error(source_ + ": missing feed for input '" + inputs_[i].name + "' (" +
+                  inputs_[i].type_string() + ")");
+    }
+    check_feed(inputs_[i], it->second, source_);
+    values_[static_cast<size_t>(input_ids_[i])] = it->second;
+    append_shape(signature_, it->second);
+  }
+  for (size_t i = 0; i < optional_inputs_.size(); ++i) {
+    auto it = feeds.find(optional_inputs_[i].name);
+    if (it == feeds.end()) {
+      signature_.push_back(-1);
+      continue;
+    }
+    check_feed(optional_inputs_[i], it->second, source_);
+    values_[static_cast<size_t>(optional_ids_[i])] = it->second;
+    append_shape(signature_, it->second);
+  }
+  try {
+    plan_for_signature().run(values_);
+  } catch (...) {
+    values_.assign(values_.size(), Tensor());
+    throw;
+  }
+  NamedTensors result;
+  for (ir::ValueId id : graph_.outputs()) result[graph_.value(id).name] = values_[static_cast<size_t>(id)];
+  values_.assign(values_.size(), Tensor());  // release every reference held for this run
+  return result;
+}
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,61 @@
+// runtime::GraphRunner — runs one ir::Graph: checks feeds, keeps a Plan per input-shape
+// signature, fills initializers (or their current values, for training state) and returns
+// the graph outputs. Session and TrainingSession are built on it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.h"
+#include "onnxtrain/session.h"
+#include "runtime/plan.h"
+
+namespace onnxtrain::runtime {
+
+// The ValueInfo of a graph value, as the model declares it.
+ValueInfo value_info(const ir::Value& value);
+
+// An initializer whose value for one run replaces the graph's own (a training variable).
+struct Override {
+  ir::ValueId id;
+  const Tensor* value;
+};
+
+class GraphRunner {
+ public:
+  // Makes the first plan (so unknown ops and bad attributes are reported now). `source` names
+  // the model in errors.
+  GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source);
+
+  const ir::Graph& graph() const { return graph_; }
+  const std::string& source() const { return source_; }
+  const std::vector<ValueInfo>& inputs() const { return inputs_; }
+  const std::vector<ValueInfo>& optional_inputs() const { return optional_inputs_; }
+  const std::vector<ValueInfo>& outputs() const { return outputs_; }
+
+  // Runs the graph; see Session::run for the feed rules. `overrides` replace initializer
+  // values for this run. Returns every graph output by name.
+  NamedTensors run(const NamedTensors& feeds, std::span<const Override> overrides = {});
+
+ private:
+  Plan& plan_for_signature();
+
+  std::string source_;
+  ir::Graph graph_;
+  OpsetMap opsets_;
+  std::vector<ValueInfo> inputs_, optional_inputs_, outputs_;
+  std::vector<ir::ValueId> input_ids_, optional_ids_;
+  std::unique_ptr<Plan> unused_plan_;  // made at construction; serves the first signature
+  std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
+  std::vector<int64_t> signature_;
+  std::vector<Tensor> values_;
+};
+
+// Domain -> version from ModelProto.opset_import ("ai.onnx" becomes ""), checked.
+OpsetMap opsets_of(const onnx::ModelProto& model, const std::string& source);
+
+}  // namespace onnxtrain::runtime
