@@ -1,0 +1,104 @@
+// training::TrainingSession — executes ModelProto.training_info (TrainingInfoProto) as the
+// ONNX spec defines it (onnx.proto "TrainingInfoProto", IR.md "Training Related Information").
+//
+// Mutable variables (the state) are the initializers named as keys of any update_binding or
+// initialization_binding; they start at their initializer values. Every other initializer is
+// a constant.
+//
+//   initialize()  for each TrainingInfoProto in order: evaluate `initialization` (a graph
+//                 without inputs) and assign its outputs through `initialization_binding`.
+//   step(feeds)   for each TrainingInfoProto in order: evaluate the combined graph
+//                 (ModelProto.graph followed by `algorithm`: inputs, initializers, nodes,
+//                 outputs concatenated) with the current state, then assign every
+//                 `update_binding` value to its key at once.
+//   infer(feeds)  ModelProto.graph alone with the current state.
+//
+// A call that fails (a missing feed, a shape error, a bound value whose element type or
+// shape differs from its variable's, NaN/Inf in a bound value with the NaN guard on) throws
+// onnxtrain::Error and changes no variable. Plans are made once and reused across steps.
+// Not safe to use from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/session.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnx {
+class ModelProto;
+}
+
+namespace onnxtrain::training {
+
+struct TrainingOptions {
+  // Threads for kernels (see runtime::SessionOptions::threads).
+  int threads = 0;
+  // Reject a step or initialization whose bound values hold NaN or Inf.
+  bool nan_guard = true;
+};
+
+class TrainingSession {
+ public:
+  // Loads and validates the model (validate_training_info) and plans every graph. Throws
+  // Error for an unreadable model, an invalid training_info, or an unsupported operator.
+  explicit TrainingSession(const std::filesystem::path& path, TrainingOptions options = {});
+  // From a model in memory; `base_dir` resolves external data, `source` names it in errors.
+  TrainingSession(const onnx::ModelProto& model, TrainingOptions options = {},
+                  const std::filesystem::path& base_dir = {}, const std::string& source = "model");
+  ~TrainingSession();
+  TrainingSession(TrainingSession&&) noexcept;
+  TrainingSession& operator=(TrainingSession&&) noexcept;
+
+  // Number of TrainingInfoProto entries.
+  size_t num_algorithms() const;
+  // Inputs the caller feeds to step(i, ...) and the outputs it returns (those of the
+  // inference graph, then those of the algorithm).
+  const std::vector<runtime::ValueInfo>& step_inputs(size_t i) const;
+  const std::vector<runtime::ValueInfo>& step_outputs(size_t i) const;
+  // Inputs and outputs of the inference graph.
+  const std::vector<runtime::ValueInfo>& inference_inputs() const;
+  const std::vector<runtime::ValueInfo>& inference_outputs() const;
+
+  // Runs every initialization graph in order (see the file comment).
+  void initialize();
+  // One training step over every TrainingInfoProto in order. Each algorithm receives the feeds
+  // named after its inputs; a feed no algorithm takes is an Error. Returns the outputs of
+  // every combined graph by name (a later algorithm's output replaces an earlier one of the
+  // same name).
+  runtime::NamedTensors step(const runtime::NamedTensors& feeds);
+  // One step of the i-th TrainingInfoProto only (IR.md allows invoking one algorithm).
+  runtime::NamedTensors step(size_t i, const runtime::NamedTensors& feeds);
+  // The inference graph with the current state.
+  runtime::NamedTensors infer(const runtime::NamedTensors& feeds);
+
+  // Every mutable variable by name.
+  const runtime::NamedTensors& state() const;
+  // Replaces a variable's value. Throws Error for an unknown name or a value whose element
+  // type or shape differs from the variable's.
+  void set_state(const std::string& name, const Tensor& value);
+  // Writes the model with every initializer that is a variable replaced by its current value
+  // (inference graph and algorithms), training_info preserved, atomically (io::save_model).
+  void save(const std::filesystem::path& path) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Checks what the spec requires of ModelProto.training_info, throwing Error with the entry,
+// binding and tensor named: update_binding keys unique across all entries; keys are
+// initializers of ModelProto.graph or of that entry's algorithm; update_binding values are
+// outputs of the algorithm or of ModelProto.graph; initialization has no inputs;
+// initialization_binding keys obey the key rule and its values are outputs of that
+// initialization; an initialization is present when there are initialization_bindings; each
+// combined graph is valid SSA with every input defined; inference nodes read no algorithm
+// input or output; the ONNX checker passes on the inference graph and on each combined graph.
+// `base_dir` resolves external data of initializers.
+void validate_training_info(const onnx::ModelProto& model, const std::string& source,
+                            const std::filesystem::path& base_dir = {});
+
+}  // namespace onnxtrain::training

@@ -1,0 +1,267 @@
+#include <omp.h>
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/dispatch.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/training.h"
+#include "runtime/graph_runner.h"
+#include "training/combined_graph.h"
+#include "training/validate.h"
+
+namespace onnxtrain::training {
+
+namespace {
+
+struct Binding {
+  std::string key;    // the variable
+  std::string value;  // the graph output assigned to it
+};
+
+// A graph run by the session and the variables it reads as initializers.
+struct BoundGraph {
+  std::unique_ptr<runtime::GraphRunner> runner;
+  std::vector<runtime::Override> overrides;  // point into Impl::state
+  std::vector<Binding> bindings;             // update_binding or initialization_binding
+  std::string label;                          // names the graph in errors
+};
+
+bool all_finite(const Tensor& t) {
+  bool finite = true;
+  visit_dtype<AllTypes>(t.dtype(), "bound value", [&]<class T>() {
+    if constexpr (is_float_v<T>) {
+      const T* p = t.data<T>();
+      for (int64_t i = 0; i < t.numel() && finite; ++i) finite = std::isfinite(static_cast<compute_t<T>>(p[i]));
+    }
+  });
+  return finite;
+}
+
+}  // namespace
+
+struct TrainingSession::Impl {
+  onnx::ModelProto model;
+  std::filesystem::path base_dir;
+  std::string source;
+  TrainingOptions options;
+  runtime::NamedTensors state;
+  BoundGraph inference;
+  std::vector<BoundGraph> algorithms;
+  std::vector<std::optional<BoundGraph>> initializations;
+
+  Impl(const onnx::ModelProto& m, TrainingOptions opts, std::filesystem::path dir, std::string src)
+      : model(m), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
+    if (options.threads > 0) omp_set_num_threads(options.threads);
+    check_bindings(model, source);
+    const runtime::OpsetMap opsets = runtime::opsets_of(model, source);
+    // The variables: every key of any binding, valued by its initializer.
+    std::set<std::string> keys;
+    for (const auto& info : model.training_info()) {
+      for (const auto& b : info.update_binding()) keys.insert(b.key());
+      for (const auto& b : info.initialization_binding()) keys.insert(b.key());
+    }
+    inference = make_bound(model.graph(), source + ", inference graph", opsets, keys);
+    for (int i = 0; i < model.training_info_size(); ++i) {
+      const auto& info = model.training_info(i);
+      BoundGraph algorithm = make_bound(combine_graphs(model.graph(), info.algorithm()),
+                                        combined_label(source, i), opsets, keys);
+      for (const auto& b : info.update_binding()) algorithm.bindings.push_back({b.key(), b.value()});
+      algorithms.push_back(std::move(algorithm));
+      if (info.has_initialization()) {
+        BoundGraph init = make_bound(info.initialization(), initialization_label(source, i), opsets, {});
+        for (const auto& b : info.initialization_binding()) init.bindings.push_back({b.key(), b.value()});
+        initializations.emplace_back(std::move(init));
+      } else {
+        initializations.emplace_back();
+      }
+    }
+    // Overrides point into `state`, whose entries exist now and are never erased.
+    for (BoundGraph* g : all_graphs()) {
+      for (auto& o : g->overrides) o.value = &state.at(g->runner->graph().value(o.id).name);
+    }
+  }
+
+  std::vector<BoundGraph*> all_graphs() {
+    std::vector<BoundGraph*> graphs{&inference};
+    for (auto& a : algorithms) graphs.push_back(&a);
+    return graphs;
+  }
+
+  // Builds and plans `proto`, records which of its initializers are variables, and adds
+  // variables seen for the first time to the state with their initializer values.
+  BoundGraph make_bound(const onnx::GraphProto& proto, const std::string& label,
+                        const runtime::OpsetMap& opsets, const std::set<std::string>& keys) {
+    run_checker(model, proto, label);
+    BoundGraph bound;
+    bound.label = label;
+    bound.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(proto, label, base_dir),
+                                                          opsets, label);
+    const ir::Graph& graph = bound.runner->graph();
+    for (const auto& [id, tensor] : graph.initializers()) {
+      const std::string& name = graph.value(id).name;
+      if (!keys.contains(name)) continue;
+      state.try_emplace(name, tensor);
+      bound.overrides.push_back({id, nullptr});
+    }
+    return bound;
+  }
+
+  // Checks the bound outputs of one run and writes them into `staged`.
+  void stage(const BoundGraph& g, const runtime::NamedTensors& outputs, runtime::NamedTensors& staged) const {
+    for (const Binding& b : g.bindings) {
+      const Tensor& value = outputs.at(b.value);
+      const Tensor& variable = state.at(b.key);
+      if (value.dtype() != variable.dtype() || !(value.shape() == variable.shape())) {
+        throw Error(g.label + ": binding " + b.key + " <- " + b.value + ": the value is " +
+                    value.description() + " but the variable is " + variable.description() +
+                    "; no variable was changed");
+      }
+      if (options.nan_guard && !all_finite(value)) {
+        throw Error(g.label + ": binding " + b.key + " <- " + b.value +
+                    ": the value contains NaN or Inf (NaN guard); no variable was changed");
+      }
+      staged[b.key] = value;
+    }
+  }
+
+  // Applies staged values to the state all at once.
+  void commit(runtime::NamedTensors& staged) {
+    for (auto& [name, value] : staged) state.at(name) = std::move(value);
+    staged.clear();
+  }
+
+  runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
+    BoundGraph& g = algorithms[i];
+    runtime::NamedTensors outputs = g.runner->run(feeds, g.overrides);
+    runtime::NamedTensors staged;
+    stage(g, outputs, staged);
+    commit(staged);
+    return outputs;
+  }
+
+  // The feeds that are inputs of algorithm i.
+  runtime::NamedTensors feeds_for(size_t i, const runtime::NamedTensors& feeds, std::set<std::string>& used) const {
+    runtime::NamedTensors selected;
+    const ir::Graph& graph = algorithms[i].runner->graph();
+    for (const auto& [name, tensor] : feeds) {
+      const ir::ValueId id = graph.find(name);
+      if (id != ir::kNoValue && graph.value(id).is_graph_input) {
+        selected.emplace(name, tensor);
+        used.insert(name);
+      }
+    }
+    return selected;
+  }
+};
+
+TrainingSession::TrainingSession(const std::filesystem::path& path, TrainingOptions options) {
+  const onnx::ModelProto model = io::load_model(path);
+  impl_ = std::make_unique<Impl>(model, options, path.parent_path().empty() ? "." : path.parent_path(),
+                                 path.string());
+}
+
+TrainingSession::TrainingSession(const onnx::ModelProto& model, TrainingOptions options,
+                                 const std::filesystem::path& base_dir, const std::string& source)
+    : impl_(std::make_unique<Impl>(model, options, base_dir, source)) {}
+
+TrainingSession::~TrainingSession() = default;
+TrainingSession::TrainingSession(TrainingSession&&) noexcept = default;
+TrainingSession& TrainingSession::operator=(TrainingSession&&) noexcept = default;
+
+size_t TrainingSession::num_algorithms() const { return impl_->algorithms.size(); }
+
+const std::vector<runtime::ValueInfo>& TrainingSession::step_inputs(size_t i) const {
+  return impl_->algorithms.at(i).runner->inputs();
+}
+const std::vector<runtime::ValueInfo>& TrainingSession::step_outputs(size_t i) const {
+  return impl_->algorithms.at(i).runner->outputs();
+}
+const std::vector<runtime::ValueInfo>& TrainingSession::inference_inputs() const {
+  return impl_->inference.runner->inputs();
+}
+const std::vector<runtime::ValueInfo>& TrainingSession::inference_outputs() const {
+  return impl_->inference.runner->outputs();
+}
+
+void TrainingSession::initialize() {
+  runtime::NamedTensors staged;
+  for (auto& init : impl_->initializations) {
+    if (!init) continue;
+    // Later initializations see the values of earlier ones only through the state, which is
+    // committed once all of them succeeded; an initialization graph reads no variables.
+    impl_->stage(*init, init->runner->run({}), staged);
+  }
+  impl_->commit(staged);
+}
+
+runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) {
+  // Each algorithm commits atomically; with several, a failure of a later one rolls back the
+  // earlier ones.
+  runtime::NamedTensors before;
+  if (impl_->algorithms.size() > 1) before = impl_->state;
+  std::set<std::string> used;
+  runtime::NamedTensors outputs;
+  try {
+    for (size_t i = 0; i < impl_->algorithms.size(); ++i) {
+      runtime::NamedTensors result = impl_->run_algorithm(i, impl_->feeds_for(i, feeds, used));
+      for (auto& [name, value] : result) outputs[name] = std::move(value);
+    }
+    for (const auto& [name, tensor] : feeds) {
+      if (!used.contains(name)) {
+        throw Error(impl_->source + ": feed '" + name + "' is not an input of any training algorithm");
+      }
+    }
+  } catch (...) {
+    if (impl_->algorithms.size() > 1) {
+      for (const auto& [name, value] : before) impl_->state.at(name) = value;
+    }
+    throw;
+  }
+  return outputs;
+}
+
+runtime::NamedTensors TrainingSession::step(size_t i, const runtime::NamedTensors& feeds) {
+  if (i >= impl_->algorithms.size()) {
+    throw Error(impl_->source + ": step(" + std::to_string(i) + "): the model has " +
+                std::to_string(impl_->algorithms.size()) + " training_info entries");
+  }
+  return impl_->run_algorithm(i, feeds);
+}
+
+runtime::NamedTensors TrainingSession::infer(const runtime::NamedTensors& feeds) {
+  return impl_->inference.runner->run(feeds, impl_->inference.overrides);
+}
+
+const runtime::NamedTensors& TrainingSession::state() const { return impl_->state; }
+
+void TrainingSession::set_state(const std::string& name, const Tensor& value) {
+  auto it = impl_->state.find(name);
+  if (it == impl_->state.end()) {
+    throw Error(impl_->source + ": '" + name + "' is not a mutable variable of the model");
+  }
+  if (value.dtype() != it->second.dtype() || !(value.shape() == it->second.shape())) {
+    throw Error(impl_->source + ": variable '" + name + "' is " + it->second.description() +
+                ", cannot set it to " + value.description());
+  }
+  it->second = value;
+}
+
+void TrainingSession::save(const std::filesystem::path& path) const {
+  onnx::ModelProto copy = impl_->model;
+  auto update = [&](onnx::GraphProto& g) {
+    for (auto& t : *g.mutable_initializer()) {
+      auto it = impl_->state.find(t.name());
+      if (it != impl_->state.end()) io::tensor_to_proto(it->second, t.name(), t);
+    }
+  };
+  update(*copy.mutable_graph());
+  for (auto& info : *copy.mutable_training_info()) update(*info.mutable_algorithm());
+  io::SaveOptions options;
+  options.source_dir = impl_->base_dir;
+  io::save_model(copy, path, options);
+}
+
+}  // namespace onnxtrain::training
