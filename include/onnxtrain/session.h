@@ -26,6 +26,9 @@ struct SessionOptions {
   // Threads for OpenMP kernels and oneDNN primitives; 0 keeps the OpenMP default
   // (OMP_NUM_THREADS, else one per core). Applies process-wide.
   int threads = 0;
+  // Seed of random ops (RandomNormal, Dropout in training mode, ...) that have no `seed`
+  // attribute. The same seed gives the same numbers, run after run of a new Session.
+  uint64_t seed = 0;
 };
 
 // A graph input or output as the model declares it. dims: -1 where unknown or symbolic

@@ -39,6 +39,10 @@ struct TrainingOptions {
   int threads = 0;
   // Reject a step or initialization whose bound values hold NaN or Inf.
   bool nan_guard = true;
+  // Seed of random ops without a `seed` attribute (RandomNormal in an initialization graph,
+  // Dropout in training mode). Random numbers depend only on the seed, the node and the
+  // number of earlier steps (or initializations), so runs are reproducible.
+  uint64_t seed = 0;
 };
 
 class TrainingSession {

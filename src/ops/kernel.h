@@ -60,10 +60,19 @@ class KernelInit {
   int opset_;
 };
 
+// What a run shares with its kernels: the seed of random ops and which run this is.
+// Random kernels draw from Philox keyed by (seed, node) and counted by run_index
+// (core/rng.h), so a run is reproducible from these two numbers.
+struct RunContext {
+  uint64_t seed = 0;
+  uint64_t run_index = 0;
+};
+
 class KernelContext {
  public:
-  KernelContext(const ir::Graph& graph, const ir::Node& node, std::vector<Tensor>& values)
-      : graph_(graph), node_(node), values_(values) {}
+  KernelContext(const ir::Graph& graph, const ir::Node& node, std::vector<Tensor>& values,
+                const RunContext& run)
+      : graph_(graph), node_(node), values_(values), run_(run) {}
 
   int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
   // False for an omitted optional input.
@@ -88,11 +97,13 @@ class KernelContext {
   std::string output_name(int i) const;
 
   const ir::Node& node() const { return node_; }
+  const RunContext& run_context() const { return run_; }
 
  private:
   const ir::Graph& graph_;
   const ir::Node& node_;
   std::vector<Tensor>& values_;
+  const RunContext& run_;
   Tensor scratch_;
 };
 

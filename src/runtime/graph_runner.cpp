@@ -58,8 +58,9 @@ void append_shape(std::vector<int64_t>& signature, const Tensor& t) {
 
 }  // namespace
 
-GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source)
+GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed)
     : source_(std::move(source)), graph_(std::move(graph)), opsets_(std::move(opsets)) {
+  own_context_.seed = seed;
   for (ir::ValueId id : graph_.inputs()) {
     const ir::Value& v = graph_.value(id);
     if (v.is_initializer) {
@@ -81,7 +82,8 @@ Plan& GraphRunner::plan_for_signature() {
   return *plans_.emplace(signature_, std::move(plan)).first->second;
 }
 
-NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Override> overrides) {
+NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Override> overrides,
+                              const ops::RunContext* run_context) {
   for (const auto& [name, tensor] : feeds) {
     const ir::ValueId id = graph_.find(name);
     if (id == ir::kNoValue || !graph_.value(id).is_graph_input) {
@@ -115,7 +117,8 @@ NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Overrid
     append_shape(signature_, it->second);
   }
   try {
-    plan_for_signature().run(values_);
+    plan_for_signature().run(values_, run_context ? *run_context : own_context_);
+    if (!run_context) ++own_context_.run_index;
   } catch (...) {
     values_.assign(values_.size(), Tensor());
     throw;

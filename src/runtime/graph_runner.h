@@ -29,7 +29,7 @@ class GraphRunner {
  public:
   // Makes the first plan (so unknown ops and bad attributes are reported now). `source` names
   // the model in errors.
-  GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source);
+  GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed = 0);
 
   const ir::Graph& graph() const { return graph_; }
   const std::string& source() const { return source_; }
@@ -38,8 +38,10 @@ class GraphRunner {
   const std::vector<ValueInfo>& outputs() const { return outputs_; }
 
   // Runs the graph; see Session::run for the feed rules. `overrides` replace initializer
-  // values for this run. Returns every graph output by name.
-  NamedTensors run(const NamedTensors& feeds, std::span<const Override> overrides = {});
+  // values for this run. Random ops use `run_context` when given, else the runner's seed and
+  // its count of earlier runs. Returns every graph output by name.
+  NamedTensors run(const NamedTensors& feeds, std::span<const Override> overrides = {},
+                   const ops::RunContext* run_context = nullptr);
 
  private:
   Plan& plan_for_signature();
@@ -52,6 +54,7 @@ class GraphRunner {
   std::unique_ptr<Plan> unused_plan_;  // made at construction; serves the first signature
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
   std::vector<int64_t> signature_;
+  ops::RunContext own_context_;
   std::vector<Tensor> values_;
 };
 

@@ -83,10 +83,10 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
   }
 }
 
-void Plan::run(std::vector<Tensor>& values) {
+void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) {
   for (Step& step : steps_) {
     const ir::Node& node = graph_.node(step.node);
-    ops::KernelContext ctx(graph_, node, values);
+    ops::KernelContext ctx(graph_, node, values, run_context);
     try {
       const int ti = step.def->type_input;
       if (!step.def->types.empty() && ctx.has_input(ti)) {

@@ -21,8 +21,9 @@ std::string ValueInfo::type_string() const {
 
 struct Session::Impl {
   GraphRunner runner;
-  Impl(const onnx::ModelProto& model, const std::filesystem::path& base_dir, const std::string& source)
-      : runner(ir::Graph::from_proto(model.graph(), source, base_dir), opsets_of(model, source), source) {}
+  Impl(const onnx::ModelProto& model, const std::filesystem::path& base_dir, const std::string& source,
+       uint64_t seed)
+      : runner(ir::Graph::from_proto(model.graph(), source, base_dir), opsets_of(model, source), source, seed) {}
 };
 
 namespace {
@@ -34,13 +35,14 @@ void apply(const SessionOptions& options) {
 Session::Session(const std::filesystem::path& path, SessionOptions options) {
   apply(options);
   const onnx::ModelProto model = io::load_model(path);
-  impl_ = std::make_unique<Impl>(model, path.parent_path().empty() ? "." : path.parent_path(), path.string());
+  impl_ = std::make_unique<Impl>(model, path.parent_path().empty() ? "." : path.parent_path(), path.string(),
+                                 options.seed);
 }
 
 Session::Session(const onnx::ModelProto& model, SessionOptions options,
                  const std::filesystem::path& base_dir, const std::string& source) {
   apply(options);
-  impl_ = std::make_unique<Impl>(model, base_dir, source);
+  impl_ = std::make_unique<Impl>(model, base_dir, source, options.seed);
 }
 
 Session::~Session() = default;

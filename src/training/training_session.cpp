@@ -51,6 +51,8 @@ struct TrainingSession::Impl {
   BoundGraph inference;
   std::vector<BoundGraph> algorithms;
   std::vector<std::optional<BoundGraph>> initializations;
+  uint64_t steps_done = 0;            // successful steps: the run index of random ops
+  uint64_t initializations_done = 0;  // successful initialize() calls
 
   Impl(const onnx::ModelProto& m, TrainingOptions opts, std::filesystem::path dir, std::string src)
       : model(m), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
@@ -135,7 +137,8 @@ struct TrainingSession::Impl {
 
   runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
     BoundGraph& g = algorithms[i];
-    runtime::NamedTensors outputs = g.runner->run(feeds, g.overrides);
+    const ops::RunContext context{options.seed, steps_done};
+    runtime::NamedTensors outputs = g.runner->run(feeds, g.overrides, &context);
     runtime::NamedTensors staged;
     stage(g, outputs, staged);
     commit(staged);
@@ -188,13 +191,14 @@ const std::vector<runtime::ValueInfo>& TrainingSession::inference_outputs() cons
 
 void TrainingSession::initialize() {
   runtime::NamedTensors staged;
+  const ops::RunContext context{impl_->options.seed, impl_->initializations_done};
   for (auto& init : impl_->initializations) {
-    if (!init) continue;
-    // Later initializations see the values of earlier ones only through the state, which is
-    // committed once all of them succeeded; an initialization graph reads no variables.
-    impl_->stage(*init, init->runner->run({}), staged);
+    // An initialization graph reads no variables, so the order of commits does not matter;
+    // all are committed once every graph succeeded.
+    if (init) impl_->stage(*init, init->runner->run({}, {}, &context), staged);
   }
   impl_->commit(staged);
+  ++impl_->initializations_done;
 }
 
 runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) {
@@ -214,6 +218,7 @@ runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) 
         throw Error(impl_->source + ": feed '" + name + "' is not an input of any training algorithm");
       }
     }
+    ++impl_->steps_done;
   } catch (...) {
     if (impl_->algorithms.size() > 1) {
       for (const auto& [name, value] : before) impl_->state.at(name) = value;
@@ -228,7 +233,9 @@ runtime::NamedTensors TrainingSession::step(size_t i, const runtime::NamedTensor
     throw Error(impl_->source + ": step(" + std::to_string(i) + "): the model has " +
                 std::to_string(impl_->algorithms.size()) + " training_info entries");
   }
-  return impl_->run_algorithm(i, feeds);
+  runtime::NamedTensors outputs = impl_->run_algorithm(i, feeds);
+  ++impl_->steps_done;
+  return outputs;
 }
 
 runtime::NamedTensors TrainingSession::infer(const runtime::NamedTensors& feeds) {

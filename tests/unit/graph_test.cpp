@@ -125,7 +125,7 @@ TEST(Plan, ReleasesValuesAfterTheirLastUse) {
   runtime::Plan plan(graph, {{"", 17}});
   std::vector<Tensor> values(graph.values().size());
   values[static_cast<size_t>(graph.find("x"))] = Tensor::from_vector<float>({2}, {1, -2});
-  plan.run(values);
+  plan.run(values, ops::RunContext{});
   EXPECT_FALSE(values[static_cast<size_t>(graph.find("a"))].defined());
   EXPECT_FALSE(values[static_cast<size_t>(graph.find("b"))].defined());
   EXPECT_FALSE(values[static_cast<size_t>(graph.find("x"))].defined());

@@ -135,3 +135,32 @@ TEST(Dispatch, VisitsListedTypesOnly) {
 
 }  // namespace
 }  // namespace onnxtrain
+
+#include "core/rng.h"
+
+namespace onnxtrain {
+namespace {
+
+// Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
+TEST(Philox, MatchesKnownAnswers) {
+  EXPECT_EQ(Philox::philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(Philox::philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+            (std::array<uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(Philox::philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+            (std::array<uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(Philox, StreamsAndRunsDiffer) {
+  Philox a(1, stream_id("node_a")), b(1, stream_id("node_b")), c(2, stream_id("node_a"));
+  EXPECT_NE(a.block(0, 0), b.block(0, 0));
+  EXPECT_NE(a.block(0, 0), c.block(0, 0));
+  EXPECT_NE(a.block(0, 0), a.block(1, 0));
+  EXPECT_EQ(a.block(5, 7), Philox(1, stream_id("node_a")).block(5, 7));
+  const float u = Philox::to_unit_float(0xffffffffu);
+  EXPECT_LT(u, 1.0f);
+  EXPECT_GE(Philox::to_unit_float(0), 0.0f);
+}
+
+}  // namespace
+}  // namespace onnxtrain
