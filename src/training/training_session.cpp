@@ -207,16 +207,18 @@ runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) 
   runtime::NamedTensors before;
   if (impl_->algorithms.size() > 1) before = impl_->state;
   std::set<std::string> used;
+  std::vector<runtime::NamedTensors> selected;
+  for (size_t i = 0; i < impl_->algorithms.size(); ++i) selected.push_back(impl_->feeds_for(i, feeds, used));
+  for (const auto& [name, tensor] : feeds) {
+    if (!used.contains(name)) {
+      throw Error(impl_->source + ": feed '" + name + "' is not an input of any training algorithm");
+    }
+  }
   runtime::NamedTensors outputs;
   try {
     for (size_t i = 0; i < impl_->algorithms.size(); ++i) {
-      runtime::NamedTensors result = impl_->run_algorithm(i, impl_->feeds_for(i, feeds, used));
+      runtime::NamedTensors result = impl_->run_algorithm(i, selected[i]);
       for (auto& [name, value] : result) outputs[name] = std::move(value);
-    }
-    for (const auto& [name, tensor] : feeds) {
-      if (!used.contains(name)) {
-        throw Error(impl_->source + ": feed '" + name + "' is not an input of any training algorithm");
-      }
     }
     ++impl_->steps_done;
   } catch (...) {
