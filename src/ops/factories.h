@@ -84,6 +84,10 @@ std::unique_ptr<Kernel> make_constant_of_shape(const KernelInit& init);
 std::unique_ptr<Kernel> make_range(const KernelInit& init);
 std::unique_ptr<Kernel> make_eye_like(const KernelInit& init);
 
+// random.cpp: RandomNormal, RandomUniform, RandomNormalLike, RandomUniformLike; Bernoulli.
+std::unique_ptr<Kernel> make_random(const KernelInit& init);
+std::unique_ptr<Kernel> make_bernoulli(const KernelInit& init);
+
 // optimizers.cpp: ai.onnx.preview.training optimizers.
 std::unique_ptr<Kernel> make_adagrad(const KernelInit& init);
 std::unique_ptr<Kernel> make_momentum(const KernelInit& init);

@@ -191,6 +191,13 @@ const KernelDef kKernels[] = {
   {"", "Range",                11, kMaxOnnx, kNumeric,          make_range},
   {"", "EyeLike",               9, kMaxOnnx, kAll,              make_eye_like},
 
+  // --- random generators (random.cpp) ---
+  {"", "RandomNormal",          1, kMaxOnnx, DTypeSet{},        make_random},
+  {"", "RandomUniform",         1, kMaxOnnx, DTypeSet{},        make_random},
+  {"", "RandomNormalLike",      1, kMaxOnnx, kAll,              make_random},
+  {"", "RandomUniformLike",     1, kMaxOnnx, kAll,              make_random},
+  {"", "Bernoulli",            15, kMaxOnnx, kFloat,            make_bernoulli},
+
   // --- ai.onnx.preview.training optimizers (optimizers.cpp); the type is that of R ---
   {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},
   {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
