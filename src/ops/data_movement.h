@@ -1,0 +1,192 @@
+// Helpers shared by the data-movement kernels of shape_ops.cpp and indexing.cpp.
+//
+// These ops move elements without looking at them, so they dispatch on the element size
+// (1, 2, 4 or 8 bytes) instead of the dtype: one instantiation serves int8, uint8 and bool,
+// another float, int32 and uint32, and so on.
+//
+// copy_strided is the one copy loop behind Transpose, Slice, Expand, Tile, DepthToSpace and
+// SpaceToDepth: each of them describes its output as a strided view of its input (a shape,
+// and per output dim the input stride in elements, 0 to repeat, any sign to step backwards).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/shape.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain::ops {
+
+// Calls f.template operator()<U>() with U the unsigned integer of `size` bytes.
+template <class F>
+void visit_elem_size(size_t size, F&& f) {
+  switch (size) {
+    case 1: f.template operator()<uint8_t>(); break;
+    case 2: f.template operator()<uint16_t>(); break;
+    case 4: f.template operator()<uint32_t>(); break;
+    case 8: f.template operator()<uint64_t>(); break;
+    default: throw Error("unsupported element size " + std::to_string(size));
+  }
+}
+
+// A scalar input (rank 0, or rank 1 with one element, as several ops allow) as int64.
+inline int64_t scalar_int64(const Tensor& t, const std::string& what) {
+  if (t.numel() != 1 || t.rank() > 1) {
+    throw Error(what + " must be a scalar (or a 1-element 1-D tensor), got " + t.description());
+  }
+  return t.to_int64_vector(what)[0];
+}
+
+// A 1-D int64 input (a shape, pads, repeats, axes).
+inline std::vector<int64_t> int64_list(const Tensor& t, const std::string& what) {
+  if (t.dtype() != DataType::Int64) throw Error(what + " must be int64, got " + t.description());
+  if (t.rank() != 1) throw Error(what + " must be 1-D, got " + t.description());
+  return t.to_int64_vector(what);
+}
+
+namespace detail {
+
+// One dim of a strided copy: its size and the element strides of source and destination.
+struct CopyDim {
+  int64_t size;
+  int64_t src_stride;
+  int64_t dst_stride;
+};
+
+// Walks the multi-indices of `dims` in row-major order, tracking both offsets.
+class Odometer {
+ public:
+  Odometer(std::span<const CopyDim> dims, int64_t start) : dims_(dims), index_(dims.size()) {
+    for (size_t d = dims.size(); d-- > 0;) {
+      index_[d] = start % dims[d].size;
+      start /= dims[d].size;
+      src_ += index_[d] * dims[d].src_stride;
+      dst_ += index_[d] * dims[d].dst_stride;
+    }
+  }
+  int64_t src() const { return src_; }
+  int64_t dst() const { return dst_; }
+  void next() {
+    for (size_t d = dims_.size(); d-- > 0;) {
+      src_ += dims_[d].src_stride;
+      dst_ += dims_[d].dst_stride;
+      if (++index_[d] < dims_[d].size) return;
+      src_ -= index_[d] * dims_[d].src_stride;
+      dst_ -= index_[d] * dims_[d].dst_stride;
+      index_[d] = 0;
+    }
+  }
+
+ private:
+  std::span<const CopyDim> dims_;
+  std::vector<int64_t> index_;
+  int64_t src_ = 0;
+  int64_t dst_ = 0;
+};
+
+// Rows along the innermost dim: contiguous (memcpy), repeated (fill) or strided.
+template <class U>
+void copy_rows(const U* src, U* dst, std::span<const CopyDim> dims) {
+  const CopyDim in = dims.back();
+  const auto outer = dims.first(dims.size() - 1);
+  int64_t rows = 1;
+  for (const CopyDim& d : outer) rows *= d.size;
+  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / in.size), [&](int64_t begin, int64_t end) {
+    Odometer od(outer, begin);
+    for (int64_t r = begin; r < end; ++r, od.next()) {
+      const U* s = src + od.src();
+      U* d = dst + od.dst();
+      if (in.src_stride == 1) {
+        std::memcpy(d, s, static_cast<size_t>(in.size) * sizeof(U));
+      } else if (in.src_stride == 0) {
+        std::fill(d, d + in.size, *s);
+      } else {
+        for (int64_t j = 0; j < in.size; ++j) d[j] = s[j * in.src_stride];
+      }
+    }
+  });
+}
+
+// A transpose of two dims: `t` reads the source contiguously, the innermost dim writes the
+// destination contiguously. Copy tile by tile so both sides stay in cache.
+template <class U>
+void copy_transposed(const U* src, U* dst, std::span<const CopyDim> dims, size_t t) {
+  constexpr int64_t kTile = 32;
+  const CopyDim a = dims[t];
+  const CopyDim b = dims.back();
+  std::vector<CopyDim> outer;
+  for (size_t d = 0; d + 1 < dims.size(); ++d) {
+    if (d != t) outer.push_back(dims[d]);
+  }
+  int64_t outer_count = 1;
+  for (const CopyDim& d : outer) outer_count *= d.size;
+  const int64_t a_tiles = (a.size + kTile - 1) / kTile;
+  const int64_t tasks = outer_count * a_tiles;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / (kTile * b.size));
+  parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const Odometer od(outer, task / a_tiles);
+      const int64_t i0 = (task % a_tiles) * kTile;
+      const int64_t i1 = std::min(a.size, i0 + kTile);
+      for (int64_t j0 = 0; j0 < b.size; j0 += kTile) {
+        const int64_t j1 = std::min(b.size, j0 + kTile);
+        for (int64_t i = i0; i < i1; ++i) {
+          const U* s = src + od.src() + i * a.src_stride;
+          U* d = dst + od.dst() + i * a.dst_stride;
+          for (int64_t j = j0; j < j1; ++j) d[j] = s[j * b.src_stride];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace detail
+
+// dst (contiguous, row-major, `shape`) receives the elements of the strided view of src:
+// dst[i_0, ..., i_n-1] = src[sum_d i_d * src_strides[d]]. `src` points at the view's first
+// element; strides are in elements and may be 0 (repeat) or negative (reverse).
+inline void copy_strided(const void* src, void* dst, size_t elem_size, const Shape& shape,
+                         std::span<const int64_t> src_strides) {
+  if (shape.numel() == 0) return;
+  // Drop size-1 dims, then merge each dim into its outer neighbour where the source is
+  // contiguous across them (the destination always is).
+  const Shape dst_strides = contiguous_strides(shape);
+  std::vector<detail::CopyDim> dims;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    const detail::CopyDim cur{shape[d], src_strides[d], dst_strides[d]};
+    if (!dims.empty() && dims.back().src_stride == cur.src_stride * cur.size) {
+      dims.back() = {dims.back().size * cur.size, cur.src_stride, cur.dst_stride};
+    } else {
+      dims.push_back(cur);
+    }
+  }
+  if (dims.empty()) dims.push_back({1, 1, 1});
+  // A dim other than the innermost that reads the source contiguously: a transpose.
+  size_t transposed = dims.size();
+  if (dims.back().src_stride != 1 && dims.back().src_stride != 0) {
+    for (size_t d = 0; d + 1 < dims.size(); ++d) {
+      if (dims[d].src_stride == 1 && dims[d].size >= 8) transposed = d;
+    }
+  }
+  visit_elem_size(elem_size, [&]<class U>() {
+    const U* s = static_cast<const U*>(src);
+    U* d = static_cast<U*>(dst);
+    if (transposed < dims.size() && dims.back().size >= 8) {
+      detail::copy_transposed(s, d, dims, transposed);
+    } else {
+      detail::copy_rows(s, d, dims);
+    }
+  });
+}
+
+// Row-major strides of `t` in elements, as a vector.
+inline std::vector<int64_t> strides_of(const Shape& shape) { return contiguous_strides(shape).to_vector(); }
+
+}  // namespace onnxtrain::ops
