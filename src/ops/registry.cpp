@@ -180,6 +180,7 @@ const KernelDef kKernels[] = {
   {"", "Gather",                1, kMaxOnnx, kAll,              make_gather},
   {"", "GatherElements",       11, kMaxOnnx, kAll,              make_gather_elements},
   {"", "GatherND",             11, kMaxOnnx, kAll,              make_gather_nd},
+  {"", "Scatter",               9, 10,       kAll,              make_scatter_elements},  // ScatterElements' old name
   {"", "ScatterElements",      11, kMaxOnnx, kAll,              make_scatter_elements},
   {"", "ScatterND",            11, kMaxOnnx, kAll,              make_scatter_nd},
   {"", "OneHot",                9, kMaxOnnx, kNumeric,          make_one_hot},
