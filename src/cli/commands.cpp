@@ -13,6 +13,7 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
+#include "onnxtrain/training.h"
 
 namespace onnxtrain::cli {
 
@@ -93,6 +94,24 @@ std::string preview(const Tensor& t, size_t count = 6) {
   return out.str();
 }
 
+// --input NAME=FILE values; FILE is .npy or a TensorProto .pb.
+runtime::NamedTensors read_feeds(const std::vector<std::string>& specs) {
+  runtime::NamedTensors feeds;
+  for (const std::string& spec : specs) {
+    const auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      throw Error("--input '" + spec + "': expected NAME=FILE");
+    }
+    const std::string name = spec.substr(0, eq);
+    const fs::path file = spec.substr(eq + 1);
+    const std::string ext = file.extension().string();
+    if (ext == ".npy") feeds[name] = io::read_npy(file);
+    else if (ext == ".pb") feeds[name] = io::read_tensor_pb(file).second;
+    else throw Error("--input '" + spec + "': the file must be .npy or .pb");
+  }
+  return feeds;
+}
+
 }  // namespace
 
 int info(const std::string& model_path) {
@@ -121,24 +140,37 @@ int info(const std::string& model_path) {
     std::cout << "training_info: none\n";
     return 0;
   }
+  // Where each initializer lives, for the variables' types.
+  std::map<std::string, const onnx::TensorProto*> tensors;
+  for (const auto& t : g.initializer()) tensors[t.name()] = &t;
   std::cout << "training_info: " << model.training_info_size() << " entr"
             << (model.training_info_size() == 1 ? "y" : "ies") << "\n";
   for (int i = 0; i < model.training_info_size(); ++i) {
     const auto& t = model.training_info(i);
-    std::cout << "  [" << i << "] initialization:";
-    if (t.has_initialization()) {
-      std::cout << "\n";
-      print_graph_summary(t.initialization(), "      ");
-    } else {
-      std::cout << " none\n";
-    }
-    for (const auto& b : t.initialization_binding()) {
-      std::cout << "      initialization_binding " << b.key() << " <- " << b.value() << "\n";
-    }
-    std::cout << "  [" << i << "] algorithm:\n";
+    std::map<std::string, const onnx::TensorProto*> visible = tensors;
+    for (const auto& init : t.algorithm().initializer()) visible[init.name()] = &init;
+    auto variable = [&](const std::string& key) {
+      auto it = visible.find(key);
+      if (it == visible.end()) return key + " (not an initializer!)";
+      std::string dims;
+      for (int64_t d : it->second->dims()) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+      return key + " " + std::string(dtype_name(static_cast<DataType>(it->second->data_type()))) + "[" + dims + "]";
+    };
+    std::cout << "  [" << i << "] algorithm '" << t.algorithm().name() << "'\n";
     print_graph_summary(t.algorithm(), "      ");
+    for (const auto& v : t.algorithm().input()) std::cout << "      input  " << v.name() << "  " << type_string(v.type()) << "\n";
+    for (const auto& v : t.algorithm().output()) std::cout << "      output " << v.name() << "  " << type_string(v.type()) << "\n";
     for (const auto& b : t.update_binding()) {
-      std::cout << "      update_binding " << b.key() << " <- " << b.value() << "\n";
+      std::cout << "      update_binding " << variable(b.key()) << " <- " << b.value() << "\n";
+    }
+    if (t.has_initialization()) {
+      std::cout << "  [" << i << "] initialization '" << t.initialization().name() << "'\n";
+      print_graph_summary(t.initialization(), "      ");
+      for (const auto& b : t.initialization_binding()) {
+        std::cout << "      initialization_binding " << variable(b.key()) << " <- " << b.value() << "\n";
+      }
+    } else {
+      std::cout << "  [" << i << "] initialization: none\n";
     }
   }
   return 0;
@@ -152,9 +184,16 @@ int check(const std::string& model_path) {
     std::cerr << "error: " << model_path << ": the ONNX checker rejects the model: " << e.what() << "\n";
     return 2;
   }
-  runtime::Session session(model, {}, fs::path(model_path).parent_path(), model_path);
+  const fs::path base_dir = fs::path(model_path).parent_path();
+  if (model.training_info_size() > 0) {
+    training::validate_training_info(model, model_path, base_dir);
+    training::TrainingSession session(model, {}, base_dir, model_path);  // plans every graph
+  } else {
+    runtime::Session session(model, {}, base_dir, model_path);
+  }
   std::cout << "ok: " << model_path << " is valid (" << model.graph().node_size() << " nodes";
   for (const auto& o : model.opset_import()) std::cout << ", " << domain_label(o.domain()) << " opset " << o.version();
+  if (model.training_info_size() > 0) std::cout << ", " << model.training_info_size() << " training_info";
   std::cout << ")\n";
   return 0;
 }
@@ -163,19 +202,7 @@ int run(const RunArgs& args) {
   runtime::SessionOptions options;
   options.threads = args.threads;
   runtime::Session session(fs::path(args.model), options);
-  runtime::NamedTensors feeds;
-  for (const std::string& spec : args.inputs) {
-    const auto eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
-      throw Error("--input '" + spec + "': expected NAME=FILE");
-    }
-    const std::string name = spec.substr(0, eq);
-    const fs::path file = spec.substr(eq + 1);
-    const std::string ext = file.extension().string();
-    if (ext == ".npy") feeds[name] = io::read_npy(file);
-    else if (ext == ".pb") feeds[name] = io::read_tensor_pb(file).second;
-    else throw Error("--input '" + spec + "': the file must be .npy or .pb");
-  }
+  const runtime::NamedTensors feeds = read_feeds(args.inputs);
   const runtime::NamedTensors outputs = session.run(feeds);
   if (!args.output_dir.empty()) {
     std::error_code ec;
@@ -189,6 +216,29 @@ int run(const RunArgs& args) {
       io::write_npy(t, fs::path(args.output_dir) / (safe_file_name(info.name) + ".npy"));
     }
   }
+  return 0;
+}
+
+int step(const StepArgs& args) {
+  training::TrainingOptions options;
+  options.threads = args.threads;
+  training::TrainingSession session(fs::path(args.model), options);
+  const runtime::NamedTensors feeds = read_feeds(args.inputs);
+  if (args.initialize) session.initialize();
+  for (int k = 1; k <= args.steps; ++k) {
+    const runtime::NamedTensors outputs = session.step(feeds);
+    // Report the algorithms' scalar outputs (the loss, usually).
+    std::cout << "step " << k;
+    for (size_t i = 0; i < session.num_algorithms(); ++i) {
+      for (const auto& info : session.step_outputs(i)) {
+        const Tensor& t = outputs.at(info.name);
+        if (t.numel() == 1) std::cout << "  " << info.name << "=" << std::setprecision(7) << t.to_double_vector()[0];
+      }
+    }
+    std::cout << "\n";
+  }
+  session.save(args.output);
+  std::cout << "saved " << args.output << "\n";
   return 0;
 }
 

@@ -14,8 +14,18 @@ struct RunArgs {
   int threads = 0;
 };
 
+struct StepArgs {
+  std::string model;
+  std::vector<std::string> inputs;  // NAME=FILE
+  bool initialize = false;
+  int steps = 1;
+  std::string output;
+  int threads = 0;
+};
+
 int info(const std::string& model_path);
 int check(const std::string& model_path);
 int run(const RunArgs& args);
+int step(const StepArgs& args);
 
 }  // namespace onnxtrain::cli

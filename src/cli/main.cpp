@@ -25,6 +25,15 @@ int main(int argc, char** argv) {
   run->add_option("-o,--output-dir", run_args.output_dir, "write every graph output as DIR/NAME.npy");
   run->add_option("--threads", run_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
 
+  onnxtrain::cli::StepArgs step_args;
+  auto* step = app.add_subcommand("step", "Run training steps of the model's TrainingInfoProto on fixed feeds and save the result");
+  step->add_option("model", step_args.model, "the .onnx file with training_info")->required();
+  step->add_option("-i,--input", step_args.inputs, "NAME=FILE for each algorithm input (FILE: .npy or TensorProto .pb)");
+  step->add_flag("--initialize", step_args.initialize, "run the initialization graphs first");
+  step->add_option("--steps", step_args.steps, "number of steps (default 1)")->check(CLI::PositiveNumber);
+  step->add_option("-o,--output", step_args.output, "where to write the updated model")->required();
+  step->add_option("--threads", step_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -35,6 +44,7 @@ int main(int argc, char** argv) {
     if (*info) return onnxtrain::cli::info(model);
     if (*check) return onnxtrain::cli::check(model);
     if (*run) return onnxtrain::cli::run(run_args);
+    if (*step) return onnxtrain::cli::step(step_args);
   } catch (const onnxtrain::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
