@@ -42,13 +42,6 @@ onnx::NodeProto* node(onnx::GraphProto& g, const std::string& op, std::vector<st
   return n;
 }
 
-void ints_attr(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t x : v) a->add_ints(x);
-}
-
 void int_attr(onnx::NodeProto* n, const std::string& name, int64_t v) {
   auto* a = n->add_attribute();
   a->set_name(name);
