@@ -1,14 +1,413 @@
-// Placeholder: replaced by the real kernels of this family.
+// MatMul and Gemm (ONNX operator docs "MatMul" and "Gemm").
+//
+// MatMul follows numpy.matmul: a 1-D first operand is a row vector [1, K], a 1-D second operand
+// a column vector [K, 1], and the added dim is removed from the result; dims before the last two
+// are batch dims and broadcast by numpy rules.
+// Gemm computes Y = alpha * A' * B' + beta * C, A' = transA ? A^T : A of shape [M, K] and
+// B' = transB ? B^T : B of shape [K, N]; C (optional from opset 11) is unidirectionally
+// broadcast to [M, N]. Opsets before 7 have a `broadcast` attribute; C broadcasts the same way
+// whatever its value. beta == 0 ignores C (as BLAS does).
+//
+// float32 runs through oneDNN's matmul primitive, made once per input shape and cached in the
+// kernel; float16/bfloat16 are converted to float32 and back; float64 and integers use the
+// reference loops of gemm_ref.h (integers wrap on overflow, as in numpy).
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "core/dispatch.h"
+#include "ops/broadcast.h"
+#include "ops/dnnl_util.h"
 #include "ops/factories.h"
+#include "ops/gemm_ref.h"
 
 namespace onnxtrain::ops {
 
-std::unique_ptr<Kernel> make_matmul(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+namespace {
+
+namespace du = dnnl_util;
+
+// oneDNN memory descriptors have at most this many dims.
+constexpr size_t kDnnlMaxRank = DNNL_MAX_NDIMS;
+
+// A primitive with the memory objects of its arguments, rebound to new buffers on every run.
+struct MatMulEntry {
+  bool use_reference = false;  // oneDNN has no implementation for these shapes
+  dnnl::matmul primitive;
+  dnnl::memory src, weights, dst;
+  std::unordered_map<int, dnnl::memory> args;  // the memories above by role
+};
+
+MatMulEntry make_entry(const dnnl::memory::desc& src, const dnnl::memory::desc& weights,
+                       const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr) {
+  MatMulEntry entry;
+  const dnnl::engine& engine = du::cpu_engine();
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, dst), attr, engine);
+    entry.primitive = dnnl::matmul(pd);
+  } catch (const dnnl::error&) {  // no implementation for these shapes: use the reference
+    entry.use_reference = true;
+    return entry;
+  }
+  du::checked("prepare matmul memories", [&] {
+    entry.src = dnnl::memory(src, engine, nullptr);
+    entry.weights = dnnl::memory(weights, engine, nullptr);
+    entry.dst = dnnl::memory(dst, engine, nullptr);
+  });
+  entry.args = {
+      {DNNL_ARG_SRC, entry.src}, {DNNL_ARG_WEIGHTS, entry.weights}, {DNNL_ARG_DST, entry.dst}};
+  return entry;
 }
 
+void execute(MatMulEntry& entry, const float* a, const float* b, float* y) {
+  dnnl::stream& stream = du::cpu_stream();
+  du::checked("run a matmul", [&] {
+    entry.src.set_data_handle(const_cast<float*>(a));
+    entry.weights.set_data_handle(const_cast<float*>(b));
+    entry.dst.set_data_handle(y);
+    entry.primitive.execute(stream, entry.args);
+    stream.wait();
+  });
+}
+
+Shape concat(const Shape& a, std::initializer_list<int64_t> tail) {
+  Shape s = a;
+  for (int64_t d : tail) s.push_back(d);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MatMul
+
+// The numpy.matmul reading of two operand shapes.
+struct MatMulShape {
+  Shape batch;             // broadcast batch dims of the output
+  Shape a_batch, b_batch;  // each operand's batch dims, left-padded with 1 to batch's rank
+  int64_t M = 0, K = 0, N = 0;
+  Shape out;
+};
+
+Shape left_padded(const Shape& s, size_t rank) {
+  Shape r = Shape::filled(rank - s.size(), 1);
+  for (int64_t d : s) r.push_back(d);
+  return r;
+}
+
+MatMulShape matmul_shape(const KernelContext& ctx, const Shape& a, const Shape& b) {
+  for (int i = 0; i < 2; ++i) {
+    if (ctx.input(i).rank() == 0) {
+      fail("input " + ctx.input_name(i) + " is a scalar; MatMul needs rank >= 1");
+    }
+  }
+  MatMulShape s;
+  s.M = a.size() == 1 ? 1 : a[a.size() - 2];
+  s.K = a.back();
+  const int64_t b_rows = b.size() == 1 ? b[0] : b[b.size() - 2];
+  s.N = b.size() == 1 ? 1 : b.back();
+  if (b_rows != s.K) {
+    fail("inputs " + ctx.input_name(0) + " " + a.to_string() + " and " + ctx.input_name(1) + " " +
+         b.to_string() + " cannot be multiplied: " + std::to_string(s.K) + " columns against " +
+         std::to_string(b_rows) + " rows");
+  }
+  const Shape a_batch(a.dims().first(a.size() - std::min<size_t>(2, a.size())));
+  const Shape b_batch(b.dims().first(b.size() - std::min<size_t>(2, b.size())));
+  try {
+    s.batch = broadcast_shapes(a_batch, b_batch);
+  } catch (const Error& e) {
+    fail("batch dims of " + ctx.input_name(0) + " " + a.to_string() + " and " + ctx.input_name(1) +
+         " " + b.to_string() + " do not broadcast: " + e.what());
+  }
+  s.a_batch = left_padded(a_batch, s.batch.size());
+  s.b_batch = left_padded(b_batch, s.batch.size());
+  s.out = s.batch;
+  if (a.size() > 1) s.out.push_back(s.M);
+  if (b.size() > 1) s.out.push_back(s.N);
+  return s;
+}
+
+// For each output batch (row-major over `batch`): the element offset of an operand's matrix,
+// whose batch dims `operand` are those of `batch` or 1 (broadcast).
+std::vector<int64_t> batch_offsets(const Shape& operand, const Shape& batch, int64_t matrix_size) {
+  const size_t rank = batch.size();
+  std::vector<int64_t> stride(rank);
+  int64_t running = matrix_size;
+  for (size_t d = rank; d-- > 0;) {
+    stride[d] = operand[d] == 1 ? 0 : running;
+    running *= operand[d];
+  }
+  std::vector<int64_t> offsets(static_cast<size_t>(batch.numel()));
+  std::vector<int64_t> index(rank, 0);
+  int64_t offset = 0;
+  for (auto& o : offsets) {
+    o = offset;
+    for (size_t d = rank; d-- > 0;) {  // odometer step
+      offset += stride[d];
+      if (++index[d] < batch[d]) break;
+      offset -= stride[d] * batch[d];
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
+template <class T>
+void matmul_reference(const MatMulShape& s, const T* a, const T* b, T* y) {
+  const auto a_off = batch_offsets(s.a_batch, s.batch, s.M * s.K);
+  const auto b_off = batch_offsets(s.b_batch, s.batch, s.K * s.N);
+  batched_matmul_ref<T>(a, a_off, b, b_off, y, s.M, s.K, s.N);
+}
+
+class MatMulKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    if (a.dtype() != b.dtype()) {
+      fail("inputs " + ctx.input_name(0) + " (" + a.description() + ") and " + ctx.input_name(1) +
+           " (" + b.description() + ") must have the same element type");
+    }
+    const MatMulShape s = matmul_shape(ctx, a.shape(), b.shape());
+    visit_dtype<NumericTypes>(a.dtype(), "MatMul input " + ctx.input_name(0), [&]<class T>() {
+      if constexpr (is_half_v<T>) {
+        Tensor y(DataType::Float32, s.out);
+        compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), y);
+        ctx.set_output(0, y.cast(a.dtype()));
+      } else {
+        compute<T>(s, a, b, ctx.allocate_output(0, a.dtype(), s.out));
+      }
+    });
+  }
+
+ private:
+  template <class T>
+  void compute(const MatMulShape& s, const Tensor& a, const Tensor& b, Tensor& y) {
+    if (y.numel() == 0) return;
+    if (s.K == 0) {
+      std::memset(y.raw_data(), 0, y.nbytes());
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      MatMulEntry& entry =
+          cache_.get(du::CacheKey().add(a.shape()).add(b.shape()), [&] { return plan(s); });
+      if (!entry.use_reference) {
+        execute(entry, a.data<float>(), b.data<float>(), y.data<float>());
+        return;
+      }
+    }
+    matmul_reference<T>(s, a.data<T>(), b.data<T>(), y.data<T>());
+  }
+
+  // The oneDNN problem for these shapes: one 2-D product when B has no batch (A's batch folds
+  // into its rows), a 3-D batch when both batches are equal, else oneDNN's batch broadcasting.
+  static MatMulEntry plan(const MatMulShape& s) {
+    const int64_t batches = s.batch.numel();
+    dnnl::memory::dims src, weights, dst;
+    if (s.b_batch.numel() == 1) {
+      src = {batches * s.M, s.K};
+      weights = {s.K, s.N};
+      dst = {batches * s.M, s.N};
+    } else if (s.a_batch == s.b_batch) {
+      src = {batches, s.M, s.K};
+      weights = {batches, s.K, s.N};
+      dst = {batches, s.M, s.N};
+    } else if (s.batch.size() + 2 <= kDnnlMaxRank) {
+      src = du::to_dims(concat(s.a_batch, {s.M, s.K}));
+      weights = du::to_dims(concat(s.b_batch, {s.K, s.N}));
+      dst = du::to_dims(concat(s.batch, {s.M, s.N}));
+    } else {
+      MatMulEntry entry;
+      entry.use_reference = true;
+      return entry;
+    }
+    return make_entry(du::plain_f32(src), du::plain_f32(weights), du::plain_f32(dst), {});
+  }
+
+  du::PrimitiveCache<MatMulEntry> cache_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Gemm
+
+struct GemmAttrs {
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 1.0f;
+};
+
+struct GemmShape {
+  int64_t M = 0, K = 0, N = 0;
+  bool use_c = false;  // C is present and beta != 0
+  int64_t c_rows = 1;  // C seen as [c_rows, c_cols], each 1 (broadcast) or M / N
+  int64_t c_cols = 1;
+};
+
+GemmShape gemm_shape(const KernelContext& ctx, const GemmAttrs& attrs) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  for (int i = 0; i < 2; ++i) {
+    if (ctx.input(i).rank() != 2) {
+      fail("input " + ctx.input_name(i) + " has shape " + ctx.input(i).shape().to_string() +
+           ", expected rank 2");
+    }
+  }
+  GemmShape s;
+  s.M = attrs.trans_a ? a.dim(1) : a.dim(0);
+  s.K = attrs.trans_a ? a.dim(0) : a.dim(1);
+  const int64_t b_rows = attrs.trans_b ? b.dim(1) : b.dim(0);
+  s.N = attrs.trans_b ? b.dim(0) : b.dim(1);
+  if (b_rows != s.K) {
+    fail("inputs " + ctx.input_name(0) + " " + a.shape().to_string() +
+         " (transA=" + std::to_string(attrs.trans_a) + ") and " + ctx.input_name(1) + " " +
+         b.shape().to_string() + " (transB=" + std::to_string(attrs.trans_b) +
+         ") cannot be multiplied: " + std::to_string(s.K) + " columns against " +
+         std::to_string(b_rows) + " rows");
+  }
+  for (int i = 1; i < 3; ++i) {
+    if (ctx.has_input(i) && ctx.input(i).dtype() != a.dtype()) {
+      fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected " +
+           std::string(dtype_name(a.dtype())) + " like " + ctx.input_name(0));
+    }
+  }
+  if (ctx.has_input(2)) {
+    const Shape& c = ctx.input(2).shape();
+    s.c_rows = c.size() == 2 ? c[0] : 1;
+    s.c_cols = c.empty() ? 1 : c.back();
+    if (c.size() > 2 || (s.c_rows != 1 && s.c_rows != s.M) || (s.c_cols != 1 && s.c_cols != s.N)) {
+      fail("input " + ctx.input_name(2) + " has shape " + c.to_string() +
+           ", which does not broadcast to [M, N] = [" + std::to_string(s.M) + "," +
+           std::to_string(s.N) + "]");
+    }
+    s.use_c = attrs.beta != 0.0f;
+  }
+  return s;
+}
+
+// y [M, N] = C broadcast to [M, N].
+template <class T>
+void fill_with_c(const GemmShape& s, const T* c, T* y) {
+  parallel_for(s.M, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, s.N)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t i = begin; i < end; ++i) {
+                   const T* c_row = c + (s.c_rows == 1 ? 0 : i * s.c_cols);
+                   T* y_row = y + i * s.N;
+                   if (s.c_cols == 1) {
+                     std::fill(y_row, y_row + s.N, c_row[0]);
+                   } else {
+                     std::copy(c_row, c_row + s.N, y_row);
+                   }
+                 }
+               });
+}
+
+// y = alpha * y + beta * C (broadcast), after y = A' B' (reference path).
+template <class T>
+void gemm_epilogue(const GemmShape& s, const GemmAttrs& attrs, const T* c, T* y) {
+  const bool plain_sum = attrs.alpha == 1.0f && attrs.beta == 1.0f;
+  if (!s.use_c && attrs.alpha == 1.0f) return;
+  for (int64_t i = 0; i < s.M; ++i) {
+    T* y_row = y + i * s.N;
+    const T* c_row = s.use_c ? c + (s.c_rows == 1 ? 0 : i * s.c_cols) : nullptr;
+    for (int64_t j = 0; j < s.N; ++j) {
+      const T cv = c_row ? c_row[s.c_cols == 1 ? 0 : j] : T(0);
+      if constexpr (std::is_integral_v<T>) {
+        using Acc = gemm_acc_t<T>;
+        y_row[j] = plain_sum ? static_cast<T>(static_cast<Acc>(y_row[j]) + static_cast<Acc>(cv))
+                             : convert<T>(attrs.alpha * static_cast<double>(y_row[j]) +
+                                          attrs.beta * static_cast<double>(cv));
+      } else {
+        y_row[j] = static_cast<T>(attrs.alpha) * y_row[j] +
+                   (c_row ? static_cast<T>(attrs.beta) * cv : T(0));
+      }
+    }
+  }
+}
+
+class GemmKernel final : public Kernel {
+ public:
+  explicit GemmKernel(GemmAttrs attrs) : attrs_(attrs) {}
+
+  void run(KernelContext& ctx) override {
+    const GemmShape s = gemm_shape(ctx, attrs_);
+    const Tensor& a = ctx.input(0);
+    const Shape out{s.M, s.N};
+    visit_dtype<NumericTypes>(a.dtype(), "Gemm input " + ctx.input_name(0), [&]<class T>() {
+      const Tensor& b = ctx.input(1);
+      const Tensor c = ctx.has_input(2) ? ctx.input(2) : Tensor();
+      if constexpr (is_half_v<T>) {
+        Tensor y(DataType::Float32, out);
+        const Tensor c32 = c.defined() ? c.cast(DataType::Float32) : Tensor();
+        compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), c32, y);
+        ctx.set_output(0, y.cast(a.dtype()));
+      } else {
+        compute<T>(s, a, b, c, ctx.allocate_output(0, a.dtype(), out));
+      }
+    });
+  }
+
+ private:
+  template <class T>
+  void compute(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y) {
+    if (y.numel() == 0) return;
+    const T* c_data = s.use_c ? c.data<T>() : nullptr;
+    if (s.K == 0) {  // A' B' is all zeros
+      std::memset(y.raw_data(), 0, y.nbytes());
+      gemm_epilogue<T>(s, attrs_, c_data, y.data<T>());
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      MatMulEntry& entry = cache_.get(du::CacheKey().add(a.shape()).add(b.shape()).add(s.use_c),
+                                      [&] { return plan(s); });
+      if (!entry.use_reference) {
+        if (s.use_c) fill_with_c<float>(s, c_data, y.data<float>());
+        execute(entry, a.data<float>(), b.data<float>(), y.data<float>());
+        return;
+      }
+    }
+    // Transposed operands are copied row-major so that the product runs i-k-j.
+    const T* a_data = a.data<T>();
+    const T* b_data = b.data<T>();
+    std::vector<T> a_t, b_t;
+    if (attrs_.trans_a) a_data = (a_t = transposed(a_data, s.K, s.M)).data();
+    if (attrs_.trans_b) b_data = (b_t = transposed(b_data, s.N, s.K)).data();
+    matmul_ref<T>(a_data, b_data, y.data<T>(), s.M, s.K, s.N);
+    gemm_epilogue<T>(s, attrs_, c_data, y.data<T>());
+  }
+
+  // dst = alpha * A' B' (+ beta * dst, dst prefilled with C): alpha is the output scale, beta
+  // a sum post-op; transposes are expressed by the operands' strides.
+  MatMulEntry plan(const GemmShape& s) const {
+    const auto a =
+        attrs_.trans_a ? du::strided_f32({s.M, s.K}, {1, s.M}) : du::plain_f32({s.M, s.K});
+    const auto b =
+        attrs_.trans_b ? du::strided_f32({s.K, s.N}, {1, s.K}) : du::plain_f32({s.K, s.N});
+    dnnl::primitive_attr attr;
+    du::checked("set Gemm's alpha and beta", [&] {
+      if (attrs_.alpha != 1.0f) attr.set_output_scales(0, {attrs_.alpha});
+      if (s.use_c) {
+        dnnl::post_ops ops;
+        ops.append_sum(attrs_.beta);
+        attr.set_post_ops(ops);
+      }
+    });
+    return make_entry(a, b, du::plain_f32({s.M, s.N}), attr);
+  }
+
+  GemmAttrs attrs_;
+  du::PrimitiveCache<MatMulEntry> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_matmul(const KernelInit&) { return std::make_unique<MatMulKernel>(); }
+
 std::unique_ptr<Kernel> make_gemm(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  GemmAttrs attrs;
+  attrs.trans_a = init.attr_int("transA", 0) != 0;
+  attrs.trans_b = init.attr_int("transB", 0) != 0;
+  attrs.alpha = init.attr_float("alpha", 1.0f);
+  attrs.beta = init.attr_float("beta", 1.0f);
+  return std::make_unique<GemmKernel>(attrs);
 }
 
 }  // namespace onnxtrain::ops

@@ -1,14 +1,392 @@
-// Placeholder: replaced by the real kernels of this family.
+// MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool (ONNX operator docs).
+//
+// X [N, C, D1..Dn] -> Y [N, C, O1..On]. Per spatial dim, with extent = (k - 1) * dilation + 1:
+//   NOTSET:  O = floor((D + pad_begin + pad_end - extent) / stride + 1), or ceil with
+//            ceil_mode (opset 10+), dropping a last window that would start in the right
+//            padding (start >= D + pad_begin);
+//   VALID:   O = ceil((D - extent + 1) / stride), no padding;
+//   SAME_*:  O = ceil(D / stride), total padding (O - 1) * stride + extent - D split with the
+//            odd element at the end (SAME_UPPER) or beginning (SAME_LOWER).
+// Padding never takes part in a maximum. AveragePool divides by the number of input elements in
+// the window, or with count_include_pad = 1 (opset 7+) by the number of window elements inside
+// the padded input (in ceil mode a window may reach past it). MaxPool's optional second output
+// Indices (opset 8+, int64) holds the flattened index of each maximum in X: (n * C + c) * D1*..*Dn
+// plus the spatial offset in row-major (storage_order 0) or column-major (storage_order 1)
+// order. A NaN in a window makes its maximum NaN. Pooling runs in parallel over N * C.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/factories.h"
+#include "ops/spatial_attrs.h"
 
 namespace onnxtrain::ops {
 
+namespace {
+
+struct PoolAttrs {
+  bool is_max = true;
+  AutoPad auto_pad = AutoPad::NotSet;
+  std::vector<int64_t> kernel;
+  std::vector<int64_t> strides, dilations, pads;
+  bool ceil_mode = false;
+  bool count_include_pad = false;
+  bool column_major = false;  // storage_order 1
+};
+
+// The taps of one window along one dim: input coords start + k * dilation for k in [lo, hi)
+// lie inside the input; `padded` taps (k from 0) lie inside the padded input.
+struct Taps {
+  int64_t start = 0, lo = 0, hi = 0, padded = 0;
+};
+
+template <class V>
+bool is_nan(V v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    return std::isnan(v);
+  } else {
+    return false;
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -(-a / b); }
+
+// Everything about the windows that does not depend on the channel, made once per input shape.
+struct PoolPlan {
+  int64_t channels = 0;  // N * C
+  size_t rank = 0;
+  std::vector<int64_t> in, out;
+  int64_t in_size = 1, out_size = 1;
+  std::vector<Taps> last_taps;  // per output coord of the last dim
+  int64_t last_column_stride = 1;
+  // Along the last dim, kernel tap k of output ol reads input ol * stride + shift[k], inside the
+  // input for ol in [first[k], last[k]).
+  int64_t last_stride = 1;
+  std::vector<int64_t> last_shift, last_first, last_last;
+  // Per output line (all coords but the last fixed): the valid window positions over the other
+  // dims as row-major and column-major offsets, in [line_begin[l], line_begin[l + 1]), and the
+  // product of their `padded` tap counts.
+  std::vector<int64_t> line_begin, row_base, column_base, line_padded;
+};
+
+// Output dims and per-dim taps; throws when a window does not fit.
+std::vector<std::vector<Taps>> dim_taps(const KernelContext& ctx, const PoolAttrs& a, PoolPlan& p) {
+  const size_t nd = p.rank;
+  std::vector<std::vector<Taps>> taps(nd);
+  p.out.resize(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t in = p.in[d], stride = a.strides[d], dilation = a.dilations[d];
+    const int64_t extent = (a.kernel[d] - 1) * dilation + 1;
+    int64_t begin = a.pads[d], end = a.pads[d + nd], out = 0;
+    if (a.auto_pad == AutoPad::SameUpper || a.auto_pad == AutoPad::SameLower) {
+      out = ceil_div(in, stride);
+      split_padding(std::max<int64_t>(0, (out - 1) * stride + extent - in),
+                    a.auto_pad == AutoPad::SameUpper, begin, end);
+    } else {
+      if (a.auto_pad == AutoPad::Valid) begin = end = 0;
+      const int64_t span = in + begin + end - extent;
+      if (span < 0) {
+        fail("the pooling window spans " + std::to_string(extent) + " elements along spatial dim " +
+             std::to_string(d) + " (kernel " + std::to_string(a.kernel[d]) + ", dilation " +
+             std::to_string(dilation) + "), more than the padded size " +
+             std::to_string(in + begin + end) + " of input " + ctx.input_name(0));
+      }
+      out =
+          (a.ceil_mode && a.auto_pad == AutoPad::NotSet ? ceil_div(span, stride) : span / stride) +
+          1;
+      if (a.ceil_mode && (out - 1) * stride >= in + begin) --out;
+    }
+    p.out[d] = out;
+    for (int64_t o = 0; o < out; ++o) {
+      Taps t;
+      t.start = o * stride - begin;
+      t.lo = t.start >= 0 ? 0 : ceil_div(-t.start, dilation);
+      t.hi = std::min(a.kernel[d], std::max<int64_t>(0, ceil_div(in - t.start, dilation)));
+      t.hi = std::max(t.hi, t.lo);
+      t.padded =
+          std::min(a.kernel[d], std::max<int64_t>(0, ceil_div(in + end - t.start, dilation)));
+      taps[d].push_back(t);
+    }
+  }
+  return taps;
+}
+
+PoolPlan make_plan(const KernelContext& ctx, const PoolAttrs& a) {
+  const Tensor& x = ctx.input(0);
+  const size_t nd = a.kernel.size();
+  if (x.rank() != nd + 2) {
+    fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() + ", expected rank " +
+         std::to_string(nd + 2) + " ([N, C] and the " + std::to_string(nd) +
+         " spatial dims of kernel_shape " + ints_to_string(a.kernel) + ")");
+  }
+  PoolPlan p;
+  p.rank = nd;
+  p.channels = x.dim(0) * x.dim(1);
+  const auto dims = x.shape().to_vector();
+  p.in.assign(dims.begin() + 2, dims.end());
+  const auto taps = dim_taps(ctx, a, p);
+  std::vector<int64_t> row_stride(nd, 1), column_stride(nd, 1);
+  for (size_t d = nd; d-- > 1;) row_stride[d - 1] = row_stride[d] * p.in[d];
+  for (size_t d = 1; d < nd; ++d) column_stride[d] = column_stride[d - 1] * p.in[d - 1];
+  for (size_t d = 0; d < nd; ++d) {
+    p.in_size *= p.in[d];
+    p.out_size *= p.out[d];
+  }
+  p.last_taps = taps[nd - 1];
+  p.last_column_stride = column_stride[nd - 1];
+  p.last_stride = a.strides[nd - 1];
+  const int64_t out_last = p.out[nd - 1], in_last = p.in[nd - 1];
+  const int64_t pad_last = p.out[nd - 1] > 0 ? -p.last_taps[0].start : 0;
+  for (int64_t k = 0; k < a.kernel[nd - 1]; ++k) {
+    const int64_t shift = k * a.dilations[nd - 1] - pad_last;
+    const int64_t first = std::clamp<int64_t>(ceil_div(-shift, p.last_stride), 0, out_last);
+    p.last_shift.push_back(shift);
+    p.last_first.push_back(first);
+    p.last_last.push_back(
+        std::clamp<int64_t>(ceil_div(in_last - shift, p.last_stride), first, out_last));
+  }
+  if (p.out_size == 0) return p;
+  // Walk the output lines with an odometer over the outer dims.
+  const int64_t lines = p.out_size / p.out[nd - 1];
+  std::vector<int64_t> o(nd, 0);
+  p.line_begin.push_back(0);
+  for (int64_t l = 0; l < lines; ++l) {
+    const size_t first = p.row_base.size();
+    p.row_base.push_back(0);
+    p.column_base.push_back(0);
+    int64_t padded = 1;
+    for (size_t d = 0; d + 1 < nd; ++d) {  // extend every partial position by this dim's taps
+      const Taps& t = taps[d][static_cast<size_t>(o[d])];
+      padded *= t.padded;
+      const size_t count = p.row_base.size() - first;
+      for (size_t b = 0; b < count; ++b) {
+        const int64_t row = p.row_base[first + b], column = p.column_base[first + b];
+        for (int64_t k = t.lo; k < t.hi; ++k) {
+          const int64_t i = t.start + k * a.dilations[d];
+          p.row_base.push_back(row + i * row_stride[d]);
+          p.column_base.push_back(column + i * column_stride[d]);
+        }
+      }
+      p.row_base.erase(p.row_base.begin() + static_cast<std::ptrdiff_t>(first),
+                       p.row_base.begin() + static_cast<std::ptrdiff_t>(first + count));
+      p.column_base.erase(p.column_base.begin() + static_cast<std::ptrdiff_t>(first),
+                          p.column_base.begin() + static_cast<std::ptrdiff_t>(first + count));
+    }
+    p.line_begin.push_back(static_cast<int64_t>(p.row_base.size()));
+    p.line_padded.push_back(padded);
+    for (size_t d = nd - 1; d-- > 0;) {
+      if (++o[d] < p.out[d]) break;
+      o[d] = 0;
+    }
+  }
+  return p;
+}
+
+int64_t grain_for(const PoolPlan& p, int64_t window) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, p.out_size * window));
+}
+
+// Both pools work one output line of one channel at a time: for every window position over
+// the outer dims and every kernel tap along the last dim, a contiguous loop over the line's
+// outputs (vectorizable), so taps are visited in row-major window order for each output.
+
+// y = max over each window; indices (when kIndices) = the flattened position of the first maximum.
+template <class T, bool kIndices>
+void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, T* y,
+              int64_t* indices) {
+  using V = compute_t<T>;
+  const int64_t out_last = p.out.back();
+  const V lowest = std::numeric_limits<V>::has_infinity ? -std::numeric_limits<V>::infinity()
+                                                        : std::numeric_limits<V>::lowest();
+  parallel_for(p.channels, grain_for(p, window), [&](int64_t begin, int64_t end) {
+    std::vector<V> best(static_cast<size_t>(out_last));
+    std::vector<int64_t> best_b(kIndices ? static_cast<size_t>(out_last) : 0);
+    std::vector<int64_t> best_i(best_b.size());
+    for (int64_t c = begin; c < end; ++c) {
+      const T* xc = x + c * p.in_size;
+      for (size_t l = 0; l + 1 < p.line_begin.size(); ++l) {
+        std::fill(best.begin(), best.end(), lowest);
+        std::fill(best_b.begin(), best_b.end(), -1);
+        for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
+          const T* row = xc + p.row_base[static_cast<size_t>(b)];
+          for (size_t k = 0; k < p.last_shift.size(); ++k) {
+            for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
+              const int64_t i = o * p.last_stride + p.last_shift[k];
+              const V v = static_cast<V>(row[i]);
+              V& m = best[static_cast<size_t>(o)];
+              if constexpr (kIndices) {  // first maximum; the first NaN beats everything
+                auto& bb = best_b[static_cast<size_t>(o)];
+                if (v > m || bb < 0 || (is_nan(v) && !is_nan(m))) {
+                  m = v;
+                  bb = b;
+                  best_i[static_cast<size_t>(o)] = i;
+                }
+              } else {
+                m = v > m || is_nan(v) ? v : m;
+              }
+            }
+          }
+        }
+        T* yl = y + c * p.out_size + static_cast<int64_t>(l) * out_last;
+        for (int64_t o = 0; o < out_last; ++o) yl[o] = static_cast<T>(best[static_cast<size_t>(o)]);
+        if constexpr (kIndices) {
+          int64_t* il = indices + c * p.out_size + static_cast<int64_t>(l) * out_last;
+          for (size_t o = 0; o < best_b.size(); ++o) {
+            const int64_t b = best_b[o];
+            const auto bb = static_cast<size_t>(std::max<int64_t>(b, 0));
+            il[o] = b < 0 ? -1  // a window with no input element
+                    : column_major
+                        ? c * p.in_size + p.column_base[bb] + best_i[o] * p.last_column_stride
+                        : c * p.in_size + p.row_base[bb] + best_i[o];
+          }
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void average_pool(const PoolPlan& p, int64_t window, bool count_include_pad, const T* x, T* y) {
+  using V = compute_t<T>;
+  const int64_t out_last = p.out.back();
+  parallel_for(p.channels, grain_for(p, window), [&](int64_t begin, int64_t end) {
+    std::vector<V> sum(static_cast<size_t>(out_last));
+    for (int64_t c = begin; c < end; ++c) {
+      const T* xc = x + c * p.in_size;
+      for (size_t l = 0; l + 1 < p.line_begin.size(); ++l) {
+        std::fill(sum.begin(), sum.end(), V(0));
+        for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
+          const T* row = xc + p.row_base[static_cast<size_t>(b)];
+          for (size_t k = 0; k < p.last_shift.size(); ++k) {
+            for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
+              sum[static_cast<size_t>(o)] +=
+                  static_cast<V>(row[o * p.last_stride + p.last_shift[k]]);
+            }
+          }
+        }
+        const int64_t positions = p.line_begin[l + 1] - p.line_begin[l];
+        T* yl = y + c * p.out_size + static_cast<int64_t>(l) * out_last;
+        for (int64_t o = 0; o < out_last; ++o) {
+          const Taps& t = p.last_taps[static_cast<size_t>(o)];
+          const int64_t count =
+              count_include_pad ? p.line_padded[l] * t.padded : positions * (t.hi - t.lo);
+          yl[o] = static_cast<T>(sum[static_cast<size_t>(o)] / static_cast<V>(count));
+        }
+      }
+    }
+  });
+}
+
+class PoolKernel final : public Kernel {
+ public:
+  explicit PoolKernel(PoolAttrs attrs) : a_(std::move(attrs)) {}
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (!plan_ || !(plan_shape_ == x.shape())) {
+      plan_ = make_plan(ctx, a_);
+      plan_shape_ = x.shape();
+    }
+    const PoolPlan& p = *plan_;
+    Shape out{x.dim(0), x.dim(1)};
+    for (int64_t d : p.out) out.push_back(d);
+    int64_t window = 1;
+    for (int64_t k : a_.kernel) window *= k;
+    const std::string what = ctx.node().op_type + " input " + ctx.input_name(0);
+    if (a_.is_max) {
+      visit_dtype<NumericTypes>(x.dtype(), what, [&]<class T>() {
+        Tensor& y = ctx.allocate_output(0, x.dtype(), out);
+        if (ctx.has_output(1)) {
+          int64_t* indices = ctx.allocate_output(1, DataType::Int64, out).data<int64_t>();
+          max_pool<T, true>(p, window, a_.column_major, x.data<T>(), y.data<T>(), indices);
+        } else {
+          max_pool<T, false>(p, window, a_.column_major, x.data<T>(), y.data<T>(), nullptr);
+        }
+      });
+    } else {
+      visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
+        Tensor& y = ctx.allocate_output(0, x.dtype(), out);
+        average_pool<T>(p, window, a_.count_include_pad, x.data<T>(), y.data<T>());
+      });
+    }
+  }
+
+ private:
+  PoolAttrs a_;
+  Shape plan_shape_;  // the input shape plan_ was made for
+  std::optional<PoolPlan> plan_;
+};
+
+// GlobalMaxPool / GlobalAveragePool: X [N, C, D...] -> Y [N, C, 1, ...], over all spatial dims.
+template <class T>
+void global_pool(bool is_max, int64_t channels, int64_t size, const T* x, T* y) {
+  using V = compute_t<T>;
+  parallel_for(channels, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, size)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t c = begin; c < end; ++c) {
+                   const T* xc = x + c * size;
+                   if (is_max) {
+                     V best = -std::numeric_limits<V>::infinity();
+                     for (int64_t i = 0; i < size; ++i) {
+                       const V v = static_cast<V>(xc[i]);
+                       best = v > best || std::isnan(v) ? v : best;
+                     }
+                     y[c] = static_cast<T>(best);
+                   } else {
+                     V sum = 0;
+                     for (int64_t i = 0; i < size; ++i) sum += static_cast<V>(xc[i]);
+                     y[c] = static_cast<T>(sum / static_cast<V>(size));
+                   }
+                 }
+               });
+}
+
+}  // namespace
+
 std::unique_ptr<Kernel> make_pool(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  PoolAttrs a;
+  a.is_max = init.op_type() == "MaxPool";
+  a.auto_pad = parse_auto_pad(init);
+  if (!init.has_attr("kernel_shape")) throw Error("required attribute 'kernel_shape' is missing");
+  a.kernel = *ints_at_least(init, "kernel_shape", 1);
+  const size_t nd = a.kernel.size();
+  if (nd == 0) throw Error("attribute 'kernel_shape' is empty, expected one value per spatial dim");
+  a.strides = spatial_values(ints_at_least(init, "strides", 1), "strides", nd, 1);
+  a.dilations = spatial_values(ints_at_least(init, "dilations", 1), "dilations", nd, 1);
+  a.pads = spatial_values(ints_at_least(init, "pads", 0), "pads", nd, 0, 2);
+  a.ceil_mode = init.attr_int("ceil_mode", 0) != 0;
+  a.count_include_pad = init.attr_int("count_include_pad", 0) != 0;
+  const int64_t storage_order = init.attr_int("storage_order", 0);
+  if (storage_order != 0 && storage_order != 1) {
+    throw Error("attribute 'storage_order' is " + std::to_string(storage_order) +
+                ", expected 0 (row major) or 1 (column major)");
+  }
+  a.column_major = storage_order == 1;
+  return std::make_unique<PoolKernel>(std::move(a));
 }
 
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  const bool is_max = init.op_type() == "GlobalMaxPool";
+  return make_kernel([is_max](KernelContext& ctx) {
+    const Tensor& x = ctx.input(0);
+    if (x.rank() < 2) {
+      fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() +
+           ", expected rank >= 2 ([N, C, spatial...])");
+    }
+    Shape out = Shape::filled(x.rank(), 1);
+    out[0] = x.dim(0);
+    out[1] = x.dim(1);
+    const int64_t channels = x.dim(0) * x.dim(1);
+    const int64_t size = x.shape().numel(2, x.rank());
+    const std::string what = ctx.node().op_type + " input " + ctx.input_name(0);
+    visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
+      Tensor& y = ctx.allocate_output(0, x.dtype(), out);
+      global_pool<T>(is_max, channels, size, x.data<T>(), y.data<T>());
+    });
+  });
 }
 
 }  // namespace onnxtrain::ops

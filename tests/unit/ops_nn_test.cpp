@@ -1,1 +1,777 @@
+// Unit tests for MatMul, Gemm, Conv, ConvTranspose and the pools: what the ONNX backend tests
+// miss (dtypes, older opsets, broadcasting corners, error cases), and the float32 oneDNN paths
+// against the float64 reference loops and against direct loops written here from the op docs.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <random>
+
+#include "onnxtrain/error.h"
+#include "ops/dnnl_util.h"
 #include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+using testing::expect_close;
+using testing::NodeSpec;
+using testing::run_node;
+using Attrs = std::vector<onnx::AttributeProto>;
+using Ints = std::vector<int64_t>;
+
+Tensor run1(const std::string& op, const std::vector<Tensor>& inputs, Attrs attrs = {},
+            int opset = 17) {
+  return run_node(NodeSpec{op, "", opset, std::move(attrs), 1}, inputs)[0];
+}
+
+Tensor f64(const Shape& shape, const std::vector<double>& v) {
+  return Tensor::from_vector<double>(shape, v);
+}
+Tensor f32(const Shape& shape, const std::vector<float>& v) {
+  return Tensor::from_vector<float>(shape, v);
+}
+
+// Uniform values in [-1, 1), float64.
+Tensor random(const Shape& shape, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (auto& x : v) x = dist(gen);
+  return f64(shape, v);
+}
+
+// Runs op on float64 inputs and on the same inputs as float32 (the oneDNN path); checks both
+// against `want` (float64) and returns nothing.
+void expect_both_paths(const std::string& op, const std::vector<Tensor>& inputs64,
+                       const Attrs& attrs, const Tensor& want, int opset = 17) {
+  expect_close(run1(op, inputs64, attrs, opset), want, 1e-10, 1e-10);
+  std::vector<Tensor> inputs32;
+  for (const Tensor& t : inputs64)
+    inputs32.push_back(t.defined() ? t.cast(DataType::Float32) : Tensor());
+  const Tensor got32 = run1(op, inputs32, attrs, opset);
+  ASSERT_EQ(got32.dtype(), DataType::Float32);
+  expect_close(got32.cast(DataType::Float64), want, 1e-4, 1e-5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// MatMul
+
+// numpy.matmul for operands of rank 2..4 (batch dims broadcast), float64.
+Tensor naive_matmul(const Tensor& a, const Tensor& b) {
+  auto dims4 = [](const Shape& s) {
+    Ints d(4 - s.size(), 1);
+    for (int64_t x : s) d.push_back(x);
+    return d;
+  };
+  const Ints da = dims4(a.shape()), db = dims4(b.shape());
+  const int64_t M = da[2], K = da[3], N = db[3];
+  Ints out{std::max(da[0], db[0]), std::max(da[1], db[1]), M, N};
+  std::vector<double> y;
+  const auto av = a.values<double>();
+  const auto bv = b.values<double>();
+  for (int64_t i0 = 0; i0 < out[0]; ++i0) {
+    for (int64_t i1 = 0; i1 < out[1]; ++i1) {
+      const int64_t ao = ((da[0] == 1 ? 0 : i0) * da[1] + (da[1] == 1 ? 0 : i1)) * M * K;
+      const int64_t bo = ((db[0] == 1 ? 0 : i0) * db[1] + (db[1] == 1 ? 0 : i1)) * K * N;
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0;
+          for (int64_t k = 0; k < K; ++k)
+            s += av[static_cast<size_t>(ao + i * K + k)] * bv[static_cast<size_t>(bo + k * N + j)];
+          y.push_back(s);
+        }
+      }
+    }
+  }
+  const size_t rank = std::max(a.rank(), b.rank());
+  Shape shape(Ints(out.end() - static_cast<std::ptrdiff_t>(rank), out.end()));
+  return f64(shape, y);
+}
+
+TEST(MatMulTest, HandComputed) {
+  const Tensor a = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor b = f32({3, 2}, {1, 0, 0, 1, 1, 1});
+  expect_close(run1("MatMul", {a, b}), f32({2, 2}, {4, 5, 10, 11}));
+}
+
+TEST(MatMulTest, OneDimOperandsArePromotedAndTheDimRemoved) {
+  const Tensor v = f64({3}, {1, 2, 3});
+  const Tensor m = f64({3, 2}, {1, 0, 0, 1, 1, 1});
+  expect_both_paths("MatMul", {v, m}, {}, f64({2}, {4, 5}));  // [3]x[3,2]
+  expect_both_paths("MatMul", {f64({2, 3}, {1, 0, 1, 0, 1, 0}), v}, {},
+                    f64({2}, {4, 2}));                     // [2,3]x[3]
+  expect_both_paths("MatMul", {v, v}, {}, f64({}, {14}));  // [3]x[3]
+  const Tensor batch = random({2, 3, 4}, 1);
+  const Tensor want = naive_matmul(v.view({1, 3}), batch);  // [2,1,4]
+  expect_both_paths("MatMul", {v, batch}, {}, want.view({2, 4}));
+}
+
+TEST(MatMulTest, Float32MatchesFloat64AndDirectLoops) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{7, 5}, {5, 9}},
+      {{1, 1}, {1, 1}},
+      {{3, 4, 5}, {3, 5, 6}},
+      {{2, 3, 4, 5}, {5, 6}},
+      {{2, 1, 4, 5}, {3, 5, 2}},
+      {{4, 5}, {2, 3, 5, 6}},
+      {{2, 3, 4, 5}, {2, 3, 5, 6}},
+      {{1, 3, 2, 8}, {2, 1, 8, 3}},
+      {{33, 70}, {70, 65}},
+  };
+  uint32_t seed = 10;
+  for (const auto& [sa, sb] : cases) {
+    SCOPED_TRACE(sa.to_string() + " x " + sb.to_string());
+    const Tensor a = random(sa, seed++), b = random(sb, seed++);
+    expect_both_paths("MatMul", {a, b}, {}, naive_matmul(a, b));
+  }
+}
+
+TEST(MatMulTest, IntegersWrapLikeNumpy) {
+  const Tensor a = Tensor::from_vector<int8_t>({1, 2}, {100, 100});
+  const Tensor b = Tensor::from_vector<int8_t>({2, 1}, {2, 1});
+  expect_close(run1("MatMul", {a, b}), Tensor::from_vector<int8_t>({1, 1}, {44}));  // 300 - 256
+  const Tensor c = Tensor::from_vector<int32_t>({2, 2}, {1, -2, 3, 4});
+  expect_close(run1("MatMul", {c, c}), Tensor::from_vector<int32_t>({2, 2}, {-5, -10, 15, 10}));
+  const Tensor u = Tensor::from_vector<uint64_t>({1, 2}, {1ull << 40, 3});
+  const Tensor w = Tensor::from_vector<uint64_t>({2, 1}, {2, 5});
+  expect_close(run1("MatMul", {u, w}), Tensor::from_vector<uint64_t>({1, 1}, {(1ull << 41) + 15}));
+}
+
+TEST(MatMulTest, HalfTypesComputeThroughFloat) {
+  const Tensor a = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor b = f32({3, 1}, {0.5f, 0.25f, 2});
+  for (DataType t : {DataType::Float16, DataType::BFloat16}) {
+    const Tensor y = run1("MatMul", {a.cast(t), b.cast(t)});
+    EXPECT_EQ(y.dtype(), t);
+    expect_close(y.cast(DataType::Float32), f32({2, 1}, {7, 15.25f}));
+  }
+}
+
+TEST(MatMulTest, EmptyAndZeroInnerDim) {
+  EXPECT_EQ(run1("MatMul", {random({0, 3}, 1), random({3, 4}, 2)}).shape(), Shape({0, 4}));
+  const Tensor z = Tensor::zeros(DataType::Float32, {2, 0});
+  expect_close(run1("MatMul", {z, Tensor::zeros(DataType::Float32, {0, 3})}),
+               Tensor::zeros(DataType::Float32, {2, 3}));
+}
+
+TEST(MatMulTest, Errors) {
+  EXPECT_THROW(run1("MatMul", {random({2, 3}, 1), random({4, 2}, 2)}), Error);
+  EXPECT_THROW(run1("MatMul", {random({}, 1), random({1, 2}, 2)}), Error);
+  EXPECT_THROW(run1("MatMul", {random({2, 3, 4}, 1), random({3, 4, 5}, 2)}), Error);
+  EXPECT_THROW(run1("MatMul", {random({2, 3}, 1), random({3, 2}, 2).cast(DataType::Float32)}),
+               Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gemm
+
+// alpha * A' B' + beta * C, C of shape [M|1, N|1] or rank < 2 (right-aligned), float64.
+Tensor naive_gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool ta, bool tb, double alpha,
+                  double beta) {
+  const int64_t M = ta ? a.dim(1) : a.dim(0), K = ta ? a.dim(0) : a.dim(1),
+                N = tb ? b.dim(0) : b.dim(1);
+  const auto av = a.values<double>(), bv = b.values<double>();
+  std::vector<double> y;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        s += av[static_cast<size_t>(ta ? k * M + i : i * K + k)] *
+             bv[static_cast<size_t>(tb ? j * K + k : k * N + j)];
+      }
+      double cv = 0;
+      if (c.defined()) {
+        const int64_t rows = c.rank() == 2 ? c.dim(0) : 1,
+                      cols = c.rank() >= 1 ? c.shape().back() : 1;
+        cv = c.values<double>()[static_cast<size_t>((rows == 1 ? 0 : i) * cols +
+                                                    (cols == 1 ? 0 : j))];
+      }
+      y.push_back(alpha * s + beta * cv);
+    }
+  }
+  return f64({M, N}, y);
+}
+
+TEST(GemmTest, EveryTransposeAndBiasShape) {
+  const int64_t M = 5, K = 7, N = 4;
+  const std::vector<Shape> c_shapes = {{N}, {1, N}, {M, 1}, {M, N}, {}, {1}};
+  uint32_t seed = 100;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const Tensor a = random(ta ? Shape{K, M} : Shape{M, K}, seed++);
+      const Tensor b = random(tb ? Shape{N, K} : Shape{K, N}, seed++);
+      const Attrs attrs = {attr("transA", int64_t{ta}), attr("transB", int64_t{tb}),
+                           attr("alpha", 0.5f), attr("beta", 2.0f)};
+      SCOPED_TRACE("transA " + std::to_string(ta) + " transB " + std::to_string(tb));
+      expect_both_paths("Gemm", {a, b}, attrs, naive_gemm(a, b, Tensor(), ta, tb, 0.5, 2.0));
+      for (const Shape& cs : c_shapes) {
+        SCOPED_TRACE("C " + cs.to_string());
+        const Tensor c = random(cs, seed++);
+        expect_both_paths("Gemm", {a, b, c}, attrs, naive_gemm(a, b, c, ta, tb, 0.5, 2.0));
+      }
+    }
+  }
+}
+
+TEST(GemmTest, DefaultsAndOpset6BroadcastAttribute) {
+  const Tensor a = random({3, 6}, 1), b = random({4, 6}, 2), c = random({4}, 3);
+  const Tensor want = naive_gemm(a, b, c, false, true, 1.0, 1.0);
+  expect_both_paths("Gemm", {a, b, c}, {attr("transB", int64_t{1}), attr("broadcast", int64_t{1})},
+                    want, 6);
+  expect_both_paths("Gemm", {a, b, c}, {attr("transB", int64_t{1})}, want, 11);
+}
+
+TEST(GemmTest, BetaZeroIgnoresC) {
+  const Tensor a = random({2, 3}, 1), b = random({3, 2}, 2);
+  const Tensor c = f64({1}, {std::numeric_limits<double>::infinity()});
+  expect_both_paths("Gemm", {a, b, c}, {attr("beta", 0.0f)},
+                    naive_gemm(a, b, Tensor(), false, false, 1, 0));
+}
+
+TEST(GemmTest, IntegersAndHalf) {
+  const Tensor a = Tensor::from_vector<int32_t>({2, 2}, {1, 2, 3, 4});
+  const Tensor c = Tensor::from_vector<int32_t>({2}, {10, 20});
+  expect_close(run1("Gemm", {a, a, c}), Tensor::from_vector<int32_t>({2, 2}, {17, 30, 25, 42}));
+  const Tensor l = Tensor::from_vector<int64_t>({1, 2}, {1, 2});
+  const Tensor r = Tensor::from_vector<int64_t>({2, 1}, {3, 4});
+  expect_close(run1("Gemm", {l, r}, {attr("alpha", 2.0f)}),
+               Tensor::from_vector<int64_t>({1, 1}, {22}));
+  const Tensor h = f32({2, 2}, {1, 2, 3, 4}).cast(DataType::Float16);
+  expect_close(run1("Gemm", {h, h}, {attr("transA", int64_t{1})}).cast(DataType::Float32),
+               f32({2, 2}, {10, 14, 14, 20}));
+}
+
+TEST(GemmTest, ZeroInnerDim) {
+  const Tensor a = Tensor::zeros(DataType::Float32, {2, 0}),
+               b = Tensor::zeros(DataType::Float32, {0, 3});
+  expect_close(run1("Gemm", {a, b, f32({3}, {1, 2, 3})}, {attr("beta", 2.0f)}),
+               f32({2, 3}, {2, 4, 6, 2, 4, 6}));
+}
+
+TEST(GemmTest, Errors) {
+  EXPECT_THROW(run1("Gemm", {random({2, 3, 1}, 1), random({3, 2}, 2)}), Error);
+  EXPECT_THROW(run1("Gemm", {random({2, 3}, 1), random({2, 2}, 2)}), Error);
+  EXPECT_THROW(run1("Gemm", {random({2, 3}, 1), random({3, 2}, 2), random({3, 2}, 3)}), Error);
+  EXPECT_THROW(run1("Gemm", {random({2, 3}, 1), random({3, 2}, 2), random({2, 2, 1}, 3)}), Error);
+  EXPECT_THROW(
+      run1("Gemm", {random({2, 3}, 1), random({3, 2}, 2), random({2}, 3).cast(DataType::Float32)}),
+      Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conv
+
+struct Conv2dCase {
+  int64_t n, c, m, group, h, w, kh, kw;
+  Ints strides, pads, dilations;  // pads: top, left, bottom, right
+  bool bias;
+};
+
+Attrs conv_attrs(const Conv2dCase& k) {
+  return {attr("strides", k.strides), attr("pads", k.pads), attr("dilations", k.dilations),
+          attr("group", k.group)};
+}
+
+// Conv straight from the ONNX doc: y[n,m,oh,ow] = B[m] + sum over the group's input channels and
+// the kernel of x[n, c, oh*s - pad + a*d, ...] * w[m, c', a, b], padding reading zero.
+Tensor naive_conv2d(const Conv2dCase& k, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t oh =
+      (k.h + k.pads[0] + k.pads[2] - ((k.kh - 1) * k.dilations[0] + 1)) / k.strides[0] + 1;
+  const int64_t ow =
+      (k.w + k.pads[1] + k.pads[3] - ((k.kw - 1) * k.dilations[1] + 1)) / k.strides[1] + 1;
+  const int64_t cg = k.c / k.group, mg = k.m / k.group;
+  const auto xv = x.values<double>(), wv = w.values<double>();
+  std::vector<double> y;
+  for (int64_t n = 0; n < k.n; ++n) {
+    for (int64_t m = 0; m < k.m; ++m) {
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          double s = b.defined() ? b.values<double>()[static_cast<size_t>(m)] : 0.0;
+          for (int64_t ci = 0; ci < cg; ++ci) {
+            const int64_t c = m / mg * cg + ci;
+            for (int64_t a = 0; a < k.kh; ++a) {
+              for (int64_t e = 0; e < k.kw; ++e) {
+                const int64_t ih = i * k.strides[0] - k.pads[0] + a * k.dilations[0];
+                const int64_t iw = j * k.strides[1] - k.pads[1] + e * k.dilations[1];
+                if (ih < 0 || ih >= k.h || iw < 0 || iw >= k.w) continue;
+                s += xv[static_cast<size_t>(((n * k.c + c) * k.h + ih) * k.w + iw)] *
+                     wv[static_cast<size_t>(((m * cg + ci) * k.kh + a) * k.kw + e)];
+              }
+            }
+          }
+          y.push_back(s);
+        }
+      }
+    }
+  }
+  return f64({k.n, k.m, oh, ow}, y);
+}
+
+TEST(ConvTest, HandComputedPadded) {
+  const Tensor x = f32({1, 1, 2, 2}, {1, 2, 3, 4});
+  const Tensor w = f32({1, 1, 2, 2}, {1, 0, 0, 1});
+  expect_close(run1("Conv", {x, w}, {attr("pads", Ints{1, 1, 1, 1})}),
+               f32({1, 1, 3, 3}, {1, 2, 0, 3, 5, 2, 0, 3, 4}));
+}
+
+TEST(ConvTest, Random2dMatchesDirectLoops) {
+  const std::vector<Conv2dCase> cases = {
+      {1, 3, 4, 1, 7, 6, 3, 3, {1, 1}, {0, 0, 0, 0}, {1, 1}, true},
+      {2, 4, 6, 2, 9, 8, 3, 2, {2, 1}, {1, 0, 2, 1}, {1, 2}, true},   // groups, asymmetric pads
+      {2, 6, 6, 6, 8, 8, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, false},  // depthwise
+      {1, 4, 8, 4, 10, 7, 3, 3, {1, 2}, {2, 2, 2, 2}, {2, 1}, true},  // depthwise x2, dilation
+      {3, 5, 2, 1, 6, 11, 1, 4, {3, 2}, {0, 3, 0, 0}, {1, 3}, false},
+      {1, 2, 3, 1, 4, 4, 5, 5, {1, 1}, {1, 1, 0, 0}, {1, 1}, true},  // kernel as big as padded
+                                                                     // input
+  };
+  uint32_t seed = 200;
+  for (const auto& k : cases) {
+    SCOPED_TRACE("case with c " + std::to_string(k.c) + " group " + std::to_string(k.group));
+    const Tensor x = random({k.n, k.c, k.h, k.w}, seed++);
+    const Tensor w = random({k.m, k.c / k.group, k.kh, k.kw}, seed++);
+    const Tensor b = k.bias ? random({k.m}, seed++) : Tensor();
+    std::vector<Tensor> in = {x, w};
+    if (k.bias) in.push_back(b);
+    expect_both_paths("Conv", in, conv_attrs(k), naive_conv2d(k, x, w, b));
+  }
+}
+
+TEST(ConvTest, OneAndThreeSpatialDimsFloat32MatchesFloat64) {
+  struct Case {
+    Shape x, w;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 17}, {4, 3, 3}, {attr("strides", Ints{2}), attr("pads", Ints{1, 2})}},
+      {{1, 4, 9},
+       {4, 1, 2},
+       {attr("group", int64_t{4}), attr("dilations", Ints{3}),
+        attr("auto_pad", std::string("SAME_UPPER"))}},
+      {{1, 2, 5, 6, 4},
+       {3, 2, 2, 3, 2},
+       {attr("pads", Ints{1, 0, 1, 0, 2, 1}), attr("strides", Ints{1, 2, 1})}},
+      {{2, 4, 4, 5, 6},
+       {4, 2, 3, 1, 2},
+       {attr("group", int64_t{2}), attr("dilations", Ints{1, 2, 2}),
+        attr("auto_pad", std::string("SAME_LOWER"))}},
+  };
+  uint32_t seed = 300;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("X " + c.x.to_string() + " W " + c.w.to_string());
+    const Tensor x = random(c.x, seed++), w = random(c.w, seed++), b = random({c.w[0]}, seed++);
+    const Tensor want = run1("Conv", {x, w, b}, c.attrs);
+    expect_both_paths("Conv", {x, w, b}, c.attrs, want);
+  }
+}
+
+TEST(ConvTest, AutoPadSplitsPadding) {
+  const Tensor x = f32({1, 1, 4}, {1, 2, 3, 4});
+  const Tensor w = f32({1, 1, 2}, {1, 1});
+  const auto run = [&](const char* mode) {
+    return run1("Conv", {x, w}, {attr("auto_pad", std::string(mode))});
+  };
+  expect_close(run("SAME_UPPER"), f32({1, 1, 4}, {3, 5, 7, 4}));
+  expect_close(run("SAME_LOWER"), f32({1, 1, 4}, {1, 3, 5, 7}));
+  expect_close(run("VALID"), f32({1, 1, 3}, {3, 5, 7}));
+  expect_close(
+      run1("Conv", {x, w}, {attr("auto_pad", std::string("SAME_UPPER")), attr("strides", Ints{3})}),
+      f32({1, 1, 2}, {3, 4}));  // out = ceil(4 / 3) = 2, total pad (2-1)*3+2-4 = 1 at the end
+}
+
+TEST(ConvTest, FourSpatialDimsUseTheReference) {
+  const Tensor x = Tensor::from_vector<float>({1, 1, 3, 3, 3, 3}, std::vector<float>(81, 1.0f));
+  const Tensor w = Tensor::from_vector<float>({2, 1, 2, 2, 2, 2}, std::vector<float>(32, 1.0f));
+  const Tensor b = f32({2}, {0, 1});
+  const Tensor y = run1("Conv", {x, w, b});
+  ASSERT_EQ(y.shape(), Shape({1, 2, 2, 2, 2, 2}));
+  for (int64_t i = 0; i < 32; ++i)
+    EXPECT_EQ(y.values<float>()[static_cast<size_t>(i)], i < 16 ? 16.0f : 17.0f);
+}
+
+TEST(ConvTest, HalfAndKernelShapeAttribute) {
+  const Tensor x = f32({1, 1, 2, 2}, {1, 2, 3, 4});
+  const Tensor w = f32({1, 1, 1, 1}, {0.5f});
+  const Tensor y = run1("Conv", {x.cast(DataType::Float16), w.cast(DataType::Float16)},
+                        {attr("kernel_shape", Ints{1, 1})});
+  EXPECT_EQ(y.dtype(), DataType::Float16);
+  expect_close(y.cast(DataType::Float32), f32({1, 1, 2, 2}, {0.5f, 1, 1.5f, 2}));
+}
+
+TEST(ConvTest, EmptyBatchAndNoInputChannels) {
+  EXPECT_EQ(run1("Conv", {random({0, 2, 3, 3}, 1), random({4, 2, 2, 2}, 2)}).shape(),
+            Shape({0, 4, 2, 2}));
+  const Tensor y = run1("Conv", {Tensor::zeros(DataType::Float32, {1, 0, 2}),
+                                 Tensor::zeros(DataType::Float32, {2, 0, 1}), f32({2}, {3, 4})});
+  expect_close(y, f32({1, 2, 2}, {3, 3, 4, 4}));
+}
+
+TEST(ConvTest, Errors) {
+  const Tensor x = random({1, 4, 5, 5}, 1);
+  EXPECT_THROW(run1("Conv", {x, random({2, 3, 3, 3}, 2)}), Error);  // channel mismatch
+  EXPECT_THROW(run1("Conv", {x, random({3, 2, 3, 3}, 2)}, {attr("group", int64_t{2})}),
+               Error);                                                        // 3 % 2
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3}, 2)}), Error);               // W rank
+  EXPECT_THROW(run1("Conv", {random({4, 5}, 1), random({2, 4}, 2)}), Error);  // X rank
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 6, 3}, 2)}), Error);            // kernel > input
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2)}, {attr("dilations", Ints{3, 1})}),
+               Error);  // dilated 7 > 5
+  EXPECT_NO_THROW(run1("Conv", {x, random({2, 4, 6, 3}, 2)}, {attr("pads", Ints{1, 0, 0, 0})}));
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2)}, {attr("kernel_shape", Ints{2, 2})}),
+               Error);
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2), random({3}, 3)}), Error);  // bias size
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2)}, {attr("auto_pad", std::string("SAME"))}),
+               Error);
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2)}, {attr("strides", Ints{0, 1})}), Error);
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2)}, {attr("pads", Ints{1, 1})}), Error);
+  EXPECT_THROW(run1("Conv", {x, random({2, 4, 3, 3}, 2).cast(DataType::Float32)}), Error);  // dtype
+}
+
+// ---------------------------------------------------------------------------------------------
+// ConvTranspose
+
+struct Deconv2dCase {
+  int64_t n, c, m, group, h, w, kh, kw;
+  Ints strides, pads, dilations, output_padding;
+  bool bias;
+};
+
+// ConvTranspose straight from the ONNX doc: every x[n, c, i, j] adds x * w[c, m', a, b] to
+// y[n, m, i*s + a*d - pad_begin, ...] for the output channels m of c's group.
+Tensor naive_deconv2d(const Deconv2dCase& k, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t oh = k.strides[0] * (k.h - 1) + k.output_padding[0] + (k.kh - 1) * k.dilations[0] +
+                     1 - k.pads[0] - k.pads[2];
+  const int64_t ow = k.strides[1] * (k.w - 1) + k.output_padding[1] + (k.kw - 1) * k.dilations[1] +
+                     1 - k.pads[1] - k.pads[3];
+  const int64_t cg = k.c / k.group, mg = k.m / k.group;
+  std::vector<double> y(static_cast<size_t>(k.n * k.m * oh * ow));
+  for (int64_t n = 0; n < k.n; ++n) {
+    for (int64_t m = 0; m < k.m; ++m) {
+      for (int64_t o = 0; o < oh * ow; ++o)
+        y[static_cast<size_t>((n * k.m + m) * oh * ow + o)] =
+            b.defined() ? b.values<double>()[static_cast<size_t>(m)] : 0;
+    }
+  }
+  const auto xv = x.values<double>(), wv = w.values<double>();
+  for (int64_t n = 0; n < k.n; ++n) {
+    for (int64_t c = 0; c < k.c; ++c) {
+      for (int64_t i = 0; i < k.h; ++i) {
+        for (int64_t j = 0; j < k.w; ++j) {
+          const double xval = xv[static_cast<size_t>(((n * k.c + c) * k.h + i) * k.w + j)];
+          for (int64_t mi = 0; mi < mg; ++mi) {
+            const int64_t m = c / cg * mg + mi;
+            for (int64_t a = 0; a < k.kh; ++a) {
+              for (int64_t e = 0; e < k.kw; ++e) {
+                const int64_t r = i * k.strides[0] + a * k.dilations[0] - k.pads[0];
+                const int64_t s = j * k.strides[1] + e * k.dilations[1] - k.pads[1];
+                if (r < 0 || r >= oh || s < 0 || s >= ow) continue;
+                y[static_cast<size_t>(((n * k.m + m) * oh + r) * ow + s)] +=
+                    xval * wv[static_cast<size_t>(((c * mg + mi) * k.kh + a) * k.kw + e)];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return f64({k.n, k.m, oh, ow}, y);
+}
+
+TEST(ConvTransposeTest, Random2dMatchesDirectLoops) {
+  const std::vector<Deconv2dCase> cases = {
+      {1, 3, 2, 1, 4, 5, 3, 3, {1, 1}, {0, 0, 0, 0}, {1, 1}, {0, 0}, true},
+      {2, 4, 6, 2, 3, 4, 3, 2, {2, 3}, {1, 0, 1, 1}, {1, 2}, {1, 2}, true},   // groups,
+                                                                              // output_padding
+      {1, 6, 6, 6, 5, 5, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, {1, 1}, false},  // depthwise
+      {2, 2, 3, 1, 3, 3, 2, 3, {3, 2}, {0, 1, 0, 0}, {2, 1}, {2, 1}, true},  // output_padding > pad
+                                                                             // end
+      {1, 4, 4, 2, 2, 6, 4, 1, {1, 2}, {2, 0, 1, 0}, {1, 1}, {0, 1}, false},
+  };
+  uint32_t seed = 400;
+  for (const auto& k : cases) {
+    SCOPED_TRACE("case with c " + std::to_string(k.c) + " group " + std::to_string(k.group));
+    const Tensor x = random({k.n, k.c, k.h, k.w}, seed++);
+    const Tensor w = random({k.c, k.m / k.group, k.kh, k.kw}, seed++);
+    const Tensor b = k.bias ? random({k.m}, seed++) : Tensor();
+    std::vector<Tensor> in = {x, w};
+    if (k.bias) in.push_back(b);
+    const Attrs attrs = {attr("strides", k.strides), attr("pads", k.pads),
+                         attr("dilations", k.dilations), attr("group", k.group),
+                         attr("output_padding", k.output_padding)};
+    expect_both_paths("ConvTranspose", in, attrs, naive_deconv2d(k, x, w, b));
+  }
+}
+
+TEST(ConvTransposeTest, OutputShapeAndAutoPadSetThePads) {
+  // Full output of x = [1, 2, 3], kernel [1, 1], stride 2: [1, 1, 2, 2, 3, 3].
+  const Tensor x = f64({1, 1, 3}, {1, 2, 3});
+  const Tensor w = f64({1, 1, 2}, {1, 1});
+  const Tensor b = f64({1}, {10});
+  const Attrs stride = {attr("strides", Ints{2})};
+  auto with = [&](Attrs more) {
+    Attrs a = stride;
+    for (auto& m : more) a.push_back(m);
+    return a;
+  };
+  // total padding 1: NOTSET puts the odd one at the beginning, SAME_UPPER at the end.
+  expect_both_paths("ConvTranspose", {x, w}, with({attr("output_shape", Ints{5})}),
+                    f64({1, 1, 5}, {1, 2, 2, 3, 3}));
+  expect_both_paths(
+      "ConvTranspose", {x, w},
+      with({attr("output_shape", Ints{5}), attr("auto_pad", std::string("SAME_UPPER"))}),
+      f64({1, 1, 5}, {1, 1, 2, 2, 3}));
+  expect_both_paths("ConvTranspose", {x, w}, with({attr("auto_pad", std::string("SAME_LOWER"))}),
+                    f64({1, 1, 6}, {1, 1, 2, 2, 3, 3}));
+  // Larger than the full output: the extra element sees only the bias. Full [N, C, W] form too.
+  expect_both_paths("ConvTranspose", {x, w, b}, with({attr("output_shape", Ints{1, 1, 7})}),
+                    f64({1, 1, 7}, {11, 11, 12, 12, 13, 13, 10}));
+  expect_both_paths("ConvTranspose", {x, w},
+                    with({attr("output_padding", Ints{1}), attr("pads", Ints{0, 2})}),
+                    f64({1, 1, 5}, {1, 1, 2, 2, 3}));
+  // Every output beyond the full output: only the bias.
+  expect_both_paths("ConvTranspose", {x, w, b},
+                    with({attr("output_padding", Ints{3}), attr("pads", Ints{7, 0})}),
+                    f64({1, 1, 2}, {10, 10}));
+}
+
+TEST(ConvTransposeTest, OneAndThreeSpatialDimsFloat32MatchesFloat64) {
+  struct Case {
+    Shape x, w;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 7},
+       {3, 2, 3},
+       {attr("strides", Ints{3}), attr("pads", Ints{1, 0}), attr("output_padding", Ints{2})}},
+      {{1, 4, 5}, {4, 1, 2}, {attr("group", int64_t{2}), attr("dilations", Ints{2})}},
+      {{1, 2, 3, 2, 4},
+       {2, 3, 2, 3, 2},
+       {attr("strides", Ints{2, 1, 2}), attr("pads", Ints{1, 0, 0, 0, 1, 1})}},
+      {{2, 4, 2, 3, 3},
+       {4, 1, 3, 2, 2},
+       {attr("group", int64_t{4}), attr("auto_pad", std::string("SAME_UPPER")),
+        attr("strides", Ints{2, 2, 1})}},
+  };
+  uint32_t seed = 500;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("X " + c.x.to_string() + " W " + c.w.to_string());
+    const Tensor x = random(c.x, seed++), w = random(c.w, seed++);
+    int64_t group = 1;
+    for (const auto& a : c.attrs) {
+      if (a.name() == "group") group = a.i();
+    }
+    const Tensor b = random({c.w[1] * group}, seed++);
+    const Tensor want = run1("ConvTranspose", {x, w, b}, c.attrs);
+    expect_both_paths("ConvTranspose", {x, w, b}, c.attrs, want);
+  }
+}
+
+TEST(ConvTransposeTest, Errors) {
+  const Tensor x = random({1, 4, 3, 3}, 1);
+  EXPECT_THROW(run1("ConvTranspose", {x, random({3, 2, 2, 2}, 2)}), Error);  // W[0] != C
+  EXPECT_THROW(run1("ConvTranspose", {x, random({4, 2, 2, 2}, 2)}, {attr("group", int64_t{3})}),
+               Error);  // 4 % 3
+  EXPECT_THROW(run1("ConvTranspose", {x, random({4, 2, 2}, 2)}), Error);
+  EXPECT_THROW(run1("ConvTranspose", {x, random({4, 2, 2, 2}, 2)}, {attr("output_shape", Ints{5})}),
+               Error);
+  EXPECT_THROW(
+      run1("ConvTranspose", {x, random({4, 2, 2, 2}, 2)}, {attr("pads", Ints{3, 3, 3, 3})}), Error);
+  EXPECT_THROW(
+      run1("ConvTranspose", {x, random({4, 2, 2, 2}, 2)}, {attr("output_padding", Ints{1})}),
+      Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools
+
+TEST(MaxPoolTest, IndicesInBothStorageOrders) {
+  std::vector<float> v = {1, 9, 3, 4, 5, 6, 12, 8, 2, 10, 11, 7};
+  for (int i = 0; i < 12; ++i) v.push_back(v[static_cast<size_t>(i)] + 100);  // second channel
+  const Tensor x = f32({1, 2, 3, 4}, v);
+  const NodeSpec row{"MaxPool", "", 12, {attr("kernel_shape", Ints{2, 2})}, 2};
+  const auto r = run_node(row, {x});
+  expect_close(r[0], f32({1, 2, 2, 3}, {9, 12, 12, 10, 12, 12, 109, 112, 112, 110, 112, 112}));
+  expect_close(
+      r[1], Tensor::from_vector<int64_t>({1, 2, 2, 3}, {1, 6, 6, 9, 6, 6, 13, 18, 18, 21, 18, 18}));
+  NodeSpec column = row;
+  column.attributes.push_back(attr("storage_order", int64_t{1}));
+  // Column-major spatial offset of (h, w) is h + w * 3.
+  expect_close(
+      run_node(column, {x})[1],
+      Tensor::from_vector<int64_t>({1, 2, 2, 3}, {3, 7, 7, 5, 7, 7, 15, 19, 19, 17, 19, 19}));
+}
+
+TEST(MaxPoolTest, DilationPaddingAndIndicesMatchTorch) {
+  std::vector<float> v;
+  for (int i = 0; i < 60; ++i) v.push_back(static_cast<float>(i * 7 % 11));
+  const Tensor x = f32({1, 2, 5, 6}, v);
+  const NodeSpec spec{"MaxPool",
+                      "",
+                      12,
+                      {attr("kernel_shape", Ints{2, 3}), attr("strides", Ints{2, 1}),
+                       attr("pads", Ints{1, 1, 1, 1}), attr("dilations", Ints{2, 2})},
+                      2};
+  const auto r = run_node(spec, {x});
+  // torch.nn.functional.max_pool2d(x, (2,3), (2,1), padding=(1,1), dilation=(2,2),
+  // return_indices=True)
+  expect_close(r[0], f32({1, 2, 3, 4}, {8, 9,  8, 4, 8, 9,  8, 8, 4, 8, 7, 8,
+                                        9, 10, 9, 5, 9, 10, 9, 9, 5, 9, 8, 9}));
+  std::vector<int64_t> idx = {9, 6, 9, 10, 9, 6, 9, 20, 21, 20, 23, 20};
+  for (int i = 0; i < 12; ++i) idx.push_back(idx[static_cast<size_t>(i)] + 30);  // channel offset
+  expect_close(r[1], Tensor::from_vector<int64_t>({1, 2, 3, 4}, idx));
+}
+
+TEST(MaxPoolTest, CeilModeDropsAWindowStartingInThePadding) {
+  const Tensor x = f32({1, 1, 5}, {1, 2, 3, 4, 5});
+  const Attrs attrs = {attr("kernel_shape", Ints{2}), attr("strides", Ints{2}),
+                       attr("pads", Ints{1, 1}), attr("ceil_mode", int64_t{1})};
+  expect_close(run1("MaxPool", {x}, attrs, 12), f32({1, 1, 3}, {1, 3, 5}));  // as torch
+  const Attrs floor = {attr("kernel_shape", Ints{2}), attr("strides", Ints{2}),
+                       attr("pads", Ints{1, 1})};
+  expect_close(run1("MaxPool", {x}, floor, 12), f32({1, 1, 3}, {1, 3, 5}));
+  const Tensor six = f32({1, 1, 6}, {1, 2, 3, 4, 5, 6});
+  expect_close(run1("MaxPool", {six}, attrs, 12), f32({1, 1, 4}, {1, 3, 5, 6}));
+}
+
+TEST(MaxPoolTest, IntegersHalfAndNaN) {
+  const Tensor i8 = Tensor::from_vector<int8_t>({1, 1, 4}, {-5, -3, -128, 7});
+  expect_close(run1("MaxPool", {i8}, {attr("kernel_shape", Ints{2})}, 12),
+               Tensor::from_vector<int8_t>({1, 1, 3}, {-3, -3, 7}));
+  const Tensor u8 = Tensor::from_vector<uint8_t>({1, 1, 3}, {0, 255, 1});
+  expect_close(run1("MaxPool", {u8}, {attr("kernel_shape", Ints{2}), attr("pads", Ints{1, 0})}, 12),
+               Tensor::from_vector<uint8_t>({1, 1, 3}, {0, 255, 255}));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor x = f32({1, 1, 4}, {1, nan, 2, 3});
+  expect_close(run1("MaxPool", {x}, {attr("kernel_shape", Ints{2})}),
+               f32({1, 1, 3}, {nan, nan, 3}));
+  const Tensor h = x.cast(DataType::Float16);
+  expect_close(run1("MaxPool", {h}, {attr("kernel_shape", Ints{2})}).cast(DataType::Float32),
+               f32({1, 1, 3}, {nan, nan, 3}));
+}
+
+TEST(AveragePoolTest, CeilModeDivisors) {
+  const Tensor x = f32({1, 1, 6}, {1, 2, 3, 4, 5, 6});
+  Attrs attrs = {attr("kernel_shape", Ints{3}), attr("strides", Ints{2}), attr("pads", Ints{1, 1}),
+                 attr("ceil_mode", int64_t{1})};
+  // The last window holds 6, one pad and one position past the padded input (torch agrees).
+  expect_close(run1("AveragePool", {x}, attrs), f32({1, 1, 4}, {1.5f, 3, 5, 6}));
+  attrs.push_back(attr("count_include_pad", int64_t{1}));
+  expect_close(run1("AveragePool", {x}, attrs), f32({1, 1, 4}, {1, 3, 5, 3}));
+}
+
+TEST(AveragePoolTest, ThreeDimsMatchTorch) {
+  std::vector<double> v;
+  for (int i = 0; i < 64; ++i) v.push_back(i * 5 % 13);
+  const Tensor x = f64({1, 1, 4, 4, 4}, v);
+  Attrs attrs = {attr("kernel_shape", Ints{2, 3, 2}), attr("strides", Ints{2, 2, 1}),
+                 attr("pads", Ints{1, 1, 0, 1, 1, 0}), attr("ceil_mode", int64_t{1})};
+  // torch.nn.functional.avg_pool3d(x, (2,3,2), (2,2,1), padding=(1,1,0), ceil_mode=True,
+  // count_include_pad=...)
+  const std::vector<double> exclude = {6.0,      7.75, 6.25, 17.0 / 3, 19.0 / 3, 7.0,  4.0,
+                                       2.5,      7.5,  5.75, 5.875,    6.0,      6.5,  5.0,
+                                       17.0 / 3, 7.0,  5.5,  7.25,     5.5,      7.25, 5.75,
+                                       31.0 / 6, 8.0,  6.5,  3.5,      8.5,      7.0};
+  const std::vector<double> include = {
+      2.0,      31.0 / 12, 25.0 / 12, 17.0 / 6,  19.0 / 6, 3.5,      1.0,   0.625, 1.875,
+      23.0 / 6, 47.0 / 12, 4.0,       6.5,       5.0,      17.0 / 3, 3.5,   2.75,  3.625,
+      11.0 / 6, 29.0 / 12, 23.0 / 12, 31.0 / 12, 4.0,      3.25,     0.875, 2.125, 1.75};
+  expect_close(run1("AveragePool", {x}, attrs), f64({1, 1, 3, 3, 3}, exclude), 1e-12, 1e-12);
+  expect_close(run1("AveragePool", {x.cast(DataType::Float32)}, attrs),
+               f64({1, 1, 3, 3, 3}, exclude).cast(DataType::Float32));
+  attrs.push_back(attr("count_include_pad", int64_t{1}));
+  expect_close(run1("AveragePool", {x}, attrs), f64({1, 1, 3, 3, 3}, include), 1e-12, 1e-12);
+}
+
+TEST(AveragePoolTest, AutoPadAndOldOpsets) {
+  const Tensor x = f32({1, 1, 5}, {1, 2, 3, 4, 5});
+  const Attrs k2 = {attr("kernel_shape", Ints{2}), attr("strides", Ints{2})};
+  auto with = [&](const char* mode) {
+    Attrs a = k2;
+    a.push_back(attr("auto_pad", std::string(mode)));
+    return a;
+  };
+  // out = ceil(5 / 2) = 3, total pad 1 at the end (UPPER) or the beginning (LOWER).
+  expect_close(run1("AveragePool", {x}, with("SAME_UPPER")), f32({1, 1, 3}, {1.5f, 3.5f, 5}));
+  expect_close(run1("AveragePool", {x}, with("SAME_LOWER")), f32({1, 1, 3}, {1, 2.5f, 4.5f}));
+  expect_close(run1("AveragePool", {x}, with("VALID")), f32({1, 1, 2}, {1.5f, 3.5f}));
+  expect_close(run1("AveragePool", {x}, k2, 1), f32({1, 1, 2}, {1.5f, 3.5f}));
+  expect_close(run1("MaxPool", {x}, k2, 1), f32({1, 1, 2}, {2, 4}));
+}
+
+TEST(PoolTest, Errors) {
+  const Tensor x = random({1, 2, 4, 4}, 1).cast(DataType::Float32);
+  EXPECT_THROW(run1("MaxPool", {x}), Error);                                      // no kernel_shape
+  EXPECT_THROW(run1("MaxPool", {x}, {attr("kernel_shape", Ints{2})}), Error);     // rank
+  EXPECT_THROW(run1("MaxPool", {x}, {attr("kernel_shape", Ints{5, 2})}), Error);  // window > input
+  EXPECT_THROW(
+      run1("AveragePool", {x}, {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{1})}),
+      Error);
+  EXPECT_THROW(
+      run1("MaxPool", {x}, {attr("kernel_shape", Ints{2, 2}), attr("storage_order", int64_t{2})}),
+      Error);
+  EXPECT_THROW(run1("AveragePool", {Tensor::from_vector<int32_t>({1, 1, 2}, {1, 2})},
+                    {attr("kernel_shape", Ints{2})}),
+               Error);
+  EXPECT_NO_THROW(
+      run1("MaxPool", {x}, {attr("kernel_shape", Ints{5, 2}), attr("pads", Ints{1, 0, 0, 0})}));
+}
+
+TEST(GlobalPoolTest, AverageAndMax) {
+  const Tensor x = f32({1, 2, 2, 3}, {1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -9});
+  expect_close(run1("GlobalAveragePool", {x}), f32({1, 2, 1, 1}, {3.5f, -4}));
+  expect_close(run1("GlobalMaxPool", {x}), f32({1, 2, 1, 1}, {6, -1}));
+  const Tensor x3 = f64({2, 1, 1, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 9});
+  expect_close(run1("GlobalAveragePool", {x3}), f64({2, 1, 1, 1, 1}, {2.5, 6.75}));
+  expect_close(run1("GlobalMaxPool", {x3.cast(DataType::Float16)}).cast(DataType::Float64),
+               f64({2, 1, 1, 1, 1}, {4, 9}));
+  EXPECT_THROW(run1("GlobalMaxPool", {f32({3}, {1, 2, 3})}), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN plumbing
+
+TEST(PrimitiveCacheTest, KeysOnShapesAndThreadCount) {
+  using ops::dnnl_util::CacheKey;
+  ops::dnnl_util::PrimitiveCache<int> cache;
+  int made = 0;
+  const auto make = [&] { return ++made; };
+  EXPECT_EQ(cache.get(CacheKey().add(Shape{2, 3}).add(Shape{4}), make), 1);
+  EXPECT_EQ(cache.get(CacheKey().add(Shape{2, 3}).add(Shape{4}), make), 1);
+  EXPECT_EQ(cache.get(CacheKey().add(Shape{2}).add(Shape{3, 4}), make), 2);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(threads + 1);
+  EXPECT_EQ(cache.get(CacheKey().add(Shape{2, 3}).add(Shape{4}), make), 3);
+  omp_set_num_threads(threads);
+  for (int64_t i = 0; i < 10; ++i) cache.get(CacheKey().add(i), make);
+  EXPECT_EQ(cache.size(), decltype(cache)::kCapacity);
+  EXPECT_EQ(cache.get(CacheKey().add(Shape{2, 3}).add(Shape{4}), make), 14);  // evicted, made again
+}
+
+int thread_count() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// With one OpenMP thread, oneDNN and the reference loops start no other thread (checked in a
+// fresh process, where no earlier test has started OpenMP's pool).
+TEST(ThreadsDeathTest, OneOmpThreadRunsOnOneThread) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        omp_set_num_threads(1);
+        run1("Conv", {random({4, 16, 32, 32}, 1).cast(DataType::Float32),
+                      random({32, 16, 3, 3}, 2).cast(DataType::Float32)});
+        run1("MatMul", {random({256, 256}, 3).cast(DataType::Float32),
+                        random({256, 256}, 4).cast(DataType::Float32)});
+        run1("MaxPool", {random({4, 16, 64, 64}, 5)}, {attr("kernel_shape", Ints{3, 3})});
+        std::exit(thread_count() == 1 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace onnxtrain
