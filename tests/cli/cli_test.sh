@@ -42,6 +42,23 @@ expect 2 "'z' is not an input" -- "$bin" run "$relu/model.onnx" --input "x=$relu
 expect 2 "must be .npy or .pb" -- "$bin" run "$relu/model.onnx" --input "x=$tmp/garbage.onnx"
 expect 2 "." -- "$bin" frobnicate
 
+# Training from the command line: the linear-regression example.
+examples=$(cd "$(dirname "$0")/../../examples" && pwd)
+/usr/bin/python3 "$examples/linear_regression/make_model.py" "$tmp/lr" >/dev/null
+expect 0 'update_binding W float32\[3,1\] <- W_new' -- "$bin" info "$tmp/lr/model.onnx"
+expect 0 'ok: .*1 training_info' -- "$bin" check "$tmp/lr/model.onnx"
+expect 0 'step 20  loss=' -- "$bin" step "$tmp/lr/model.onnx" --input "X=$tmp/lr/x.npy" --input "Y_true=$tmp/lr/y.npy" --initialize --steps 20 -o "$tmp/lr/trained.onnx"
+losses=$("$bin" step "$tmp/lr/model.onnx" --input "X=$tmp/lr/x.npy" --input "Y_true=$tmp/lr/y.npy" --steps 20 -o "$tmp/lr/trained.onnx" | sed -n 's/.*loss=\([^ ]*\).*/\1/p')
+first=$(head -1 <<<"$losses"); last=$(tail -1 <<<"$losses")
+if ! awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 10) }'; then
+  echo "FAIL: step: the loss did not fall tenfold in 20 steps ($first -> $last)"
+  failures=$((failures + 1))
+else
+  echo "ok: step: loss $first -> $last"
+fi
+expect 2 "missing feed for input 'Y_true'" -- "$bin" step "$tmp/lr/model.onnx" --input "X=$tmp/lr/x.npy" -o "$tmp/lr/t.onnx"
+[[ ! -e $tmp/lr/t.onnx ]] || { echo "FAIL: a failed step wrote a model"; failures=$((failures + 1)); }
+
 if ((failures > 0)); then
   echo "$failures CLI check(s) failed"
   exit 1
