@@ -130,7 +130,7 @@ TEST(Plan, ReleasesValuesAfterTheirLastUse) {
   EXPECT_FALSE(values[static_cast<size_t>(graph.find("b"))].defined());
   EXPECT_FALSE(values[static_cast<size_t>(graph.find("x"))].defined());
   ASSERT_TRUE(values[static_cast<size_t>(graph.find("c"))].defined());
-  EXPECT_EQ(values[static_cast<size_t>(graph.find("c"))].to_double_vector(), (std::vector<double>{0, 0}));
+  EXPECT_EQ(values[static_cast<size_t>(graph.find("c"))].to_double_vector(), (std::vector<double>{1, 2}));  // Relu(Abs(Neg(x)))
 }
 
 }  // namespace
