@@ -132,29 +132,27 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
     std::memcpy(t.raw_data(), proto.raw_data().data(), nbytes);
     return t;
   }
+  // The typed field that carries this dtype; its length must match before anything is
+  // allocated, so a corrupt shape cannot ask for terabytes.
+  int field_size = 0;
+  const char* field_name = "int32_data";
+  switch (dtype) {
+    case DataType::Float32: field_size = proto.float_data_size(), field_name = "float_data"; break;
+    case DataType::Float64: field_size = proto.double_data_size(), field_name = "double_data"; break;
+    case DataType::Int64: field_size = proto.int64_data_size(), field_name = "int64_data"; break;
+    case DataType::UInt32:
+    case DataType::UInt64: field_size = proto.uint64_data_size(), field_name = "uint64_data"; break;
+    default: field_size = proto.int32_data_size(); break;  // every narrower type, and float16 bits
+  }
+  if (field_size != n) count_mismatch(what, field_size, n, field_name);
   Tensor t(dtype, shape);
   switch (dtype) {
-    case DataType::Float32:
-      if (proto.float_data_size() != n) count_mismatch(what, proto.float_data_size(), n, "float_data");
-      copy_field<float>(proto.float_data(), t);
-      break;
-    case DataType::Float64:
-      if (proto.double_data_size() != n) count_mismatch(what, proto.double_data_size(), n, "double_data");
-      copy_field<double>(proto.double_data(), t);
-      break;
-    case DataType::Int64:
-      if (proto.int64_data_size() != n) count_mismatch(what, proto.int64_data_size(), n, "int64_data");
-      copy_field<int64_t>(proto.int64_data(), t);
-      break;
-    case DataType::UInt32:
-    case DataType::UInt64:
-      if (proto.uint64_data_size() != n) count_mismatch(what, proto.uint64_data_size(), n, "uint64_data");
-      if (dtype == DataType::UInt32) copy_field<uint32_t>(proto.uint64_data(), t);
-      else copy_field<uint64_t>(proto.uint64_data(), t);
-      break;
+    case DataType::Float32: copy_field<float>(proto.float_data(), t); break;
+    case DataType::Float64: copy_field<double>(proto.double_data(), t); break;
+    case DataType::Int64: copy_field<int64_t>(proto.int64_data(), t); break;
+    case DataType::UInt32: copy_field<uint32_t>(proto.uint64_data(), t); break;
+    case DataType::UInt64: copy_field<uint64_t>(proto.uint64_data(), t); break;
     default: {
-      // int32_data carries int32 and every narrower type; float16/bfloat16 as bit patterns.
-      if (proto.int32_data_size() != n) count_mismatch(what, proto.int32_data_size(), n, "int32_data");
       const auto& field = proto.int32_data();
       switch (dtype) {
         case DataType::Int32: copy_field<int32_t>(field, t); break;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -54,6 +55,15 @@ void collect_ops(const onnx::GraphProto& g, std::set<std::string>& ops) {
 }
 
 // Empty when equal within tolerance, else what differs.
+// The test data stores bfloat16 tensors as uint16 bit patterns (numpy has no bfloat16); read
+// them as the bfloat16 the model declares.
+Tensor as_bfloat16_if(const Tensor& t, bool wanted) {
+  if (!wanted || t.dtype() != DataType::UInt16) return t;
+  Tensor out(DataType::BFloat16, t.shape());
+  std::memcpy(out.raw_data(), t.raw_data(), t.nbytes());
+  return out;
+}
+
 std::string compare(const Tensor& got, const Tensor& expected) {
   if (got.dtype() != expected.dtype() || !(got.shape() == expected.shape())) {
     return "expected " + expected.description() + ", got " + got.description();
@@ -116,14 +126,19 @@ TestResult run_test(const fs::path& dir, const std::string& id) {
         throw Error(data.filename().string() + " has " + std::to_string(inputs.size()) +
                     " inputs, the model takes " + std::to_string(required.size()));
       }
-      for (size_t i = 0; i < inputs.size(); ++i) feeds[required[i].name] = io::read_tensor_pb(inputs[i]).second;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        feeds[required[i].name] = as_bfloat16_if(io::read_tensor_pb(inputs[i]).second,
+                                                 required[i].dtype == DataType::BFloat16);
+      }
       const runtime::NamedTensors outputs = session.run(feeds);
       const auto expected = sorted_entries(data, "output_");
       const auto& declared = session.outputs();
       for (size_t i = 0; i < expected.size(); ++i) {
         if (i >= declared.size()) throw Error("more expected outputs than graph outputs");
-        const Tensor want = io::read_tensor_pb(expected[i]).second;
-        const std::string diff = compare(outputs.at(declared[i].name), want);
+        const Tensor& got = outputs.at(declared[i].name);
+        const Tensor want = as_bfloat16_if(io::read_tensor_pb(expected[i]).second,
+                                           got.dtype() == DataType::BFloat16);
+        const std::string diff = compare(got, want);
         if (!diff.empty()) {
           throw Error(data.filename().string() + ", output '" + declared[i].name + "': " + diff);
         }
