@@ -13,6 +13,7 @@
 // trapping. Mod with fmod=0 takes the sign of the divisor (Python's %), fmod=1 the sign of the
 // dividend (C's fmod); floating-point Mod requires fmod=1, as its doc says. Pow-12+ accepts an
 // exponent of another numeric type; the result has the base's type. Min/Max propagate NaN.
+// PRelu-1/6 reads a 1-D slope of C values as one per channel (dim 1 of X).
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -215,9 +216,16 @@ std::unique_ptr<Kernel> make_binary(const KernelInit& init) {
   }
   const bool fmod = init.attr_int("fmod", 0) != 0;
   const bool mixed_pow = op == Binary::Pow && init.opset() >= 12;
+  const bool channel_slope = op == Binary::PRelu && init.opset() < 7;
   return make_kernel([=](KernelContext& ctx) {
     const Tensor& a = ctx.input(0);
-    const Tensor b = legacy.enabled ? legacy_align(legacy, ctx) : ctx.input(1);
+    Tensor b = legacy.enabled ? legacy_align(legacy, ctx) : ctx.input(1);
+    if (channel_slope && b.rank() == 1 && a.rank() >= 2 && b.numel() == a.shape()[1] && b.numel() != 1) {
+      // PRelu-1/6: a 1-D slope holds one value per channel (dim 1), as PyTorch exported it.
+      Shape per_channel = Shape::filled(a.rank() - 1, 1);
+      per_channel[0] = b.numel();
+      b = b.view(per_channel);
+    }
     const bool mixed = mixed_pow && a.dtype() != b.dtype();
     if (a.dtype() != b.dtype() && !mixed) {
       fail("inputs " + ctx.input_name(0) + " (" + std::string(dtype_name(a.dtype())) + ") and " +

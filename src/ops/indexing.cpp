@@ -58,7 +58,7 @@ struct SliceParams {
   std::string what;  // names the source of starts/ends in messages
 };
 
-void slice_copy(KernelContext& ctx, const SliceParams& p, int opset) {
+void slice_copy(KernelContext& ctx, const SliceParams& p, [[maybe_unused]] int opset) {
   const Tensor& x = ctx.input(0);
   const auto rank = static_cast<int64_t>(x.rank());
   const size_t n = p.starts.size();
@@ -78,9 +78,6 @@ void slice_copy(KernelContext& ctx, const SliceParams& p, int opset) {
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t raw_axis = p.axes.empty() ? static_cast<int64_t>(i) : p.axes[i];
-    if (raw_axis < 0 && opset < 11) {
-      throw Error(p.what + ": negative axis " + std::to_string(raw_axis) + " needs opset 11 or later");
-    }
     const auto axis = static_cast<size_t>(op_axis(raw_axis, rank, p.what + " axes"));
     if (seen[axis])
       throw Error(p.what + ": axes " + list_string(p.axes) + " name axis " + std::to_string(axis) + " twice");

@@ -29,13 +29,10 @@ std::string list_string(std::span<const int64_t> values) {
   return s + "]";
 }
 
-// Axes before opset 11 are non-negative: opset 11 added negative axes (counting from the back)
-// to the docs of Flatten, Squeeze, Unsqueeze, Concat and Split.
-int64_t resolve_axis(int64_t axis, int64_t rank, int opset, const std::string& what) {
-  if (axis < 0 && opset < 11) {
-    throw Error(what + ": negative axis " + std::to_string(axis) +
-                " needs opset 11 or later (model imports " + std::to_string(opset) + ")");
-  }
+// Opset 11 documented negative axes (counting from the back) for Flatten, Squeeze, Unsqueeze,
+// Concat and Split. Exporters wrote them into older opsets too (PyTorch's GLU at opset 6), and
+// their meaning is unambiguous, so every opset accepts them.
+int64_t resolve_axis(int64_t axis, int64_t rank, [[maybe_unused]] int opset, const std::string& what) {
   return normalize_axis(axis, rank, what);
 }
 
@@ -574,16 +571,15 @@ int64_t blocksize_of(const KernelInit& init) {
 std::unique_ptr<Kernel> make_reshape(const KernelInit& init) { return std::make_unique<Reshape>(init); }
 
 // Flatten (Flatten-1/9/11/13): [d_0 * ... * d_(axis-1), d_axis * ... * d_n]; axis in [0, r]
-// (from opset 11 also [-r, -1]).
+// (documented from opset 11, accepted in every opset: also [-r, -1]).
 std::unique_ptr<Kernel> make_flatten(const KernelInit& init) {
   const int64_t axis = init.attr_int("axis", 1);
-  const int opset = init.opset();
-  return make_kernel([axis, opset](KernelContext& ctx) {
+  return make_kernel([axis](KernelContext& ctx) {
     const Tensor& x = ctx.input(0);
     const auto rank = static_cast<int64_t>(x.rank());
-    if (axis < -rank || axis > rank || (axis < 0 && opset < 11)) {
+    if (axis < -rank || axis > rank) {
       throw Error("attribute 'axis' is " + std::to_string(axis) + ", expected [" +
-                  std::to_string(opset < 11 ? 0 : -rank) + ", " + std::to_string(rank) + "] for input " +
+                  std::to_string(-rank) + ", " + std::to_string(rank) + "] for input " +
                   ctx.input_name(0) + " " + x.description());
     }
     const auto a = static_cast<size_t>(axis < 0 ? axis + rank : axis);
