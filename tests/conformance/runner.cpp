@@ -6,7 +6,9 @@
 // tolerance |got - expected| <= atol + rtol * |expected| (rtol 1e-3, atol 1e-7), NaN matching
 // NaN; everything else exactly. Prints failures, then `conformance: N passed, M failed`.
 //
-// --manifest FILE: the allow-list; exit 1 when a listed test fails (or does not exist).
+// --manifest FILE: the allow-list; exit 1 when a listed test fails (or does not exist), or,
+// over a full run, when a test that uses only implemented operators fails without a
+// `# fails: ID  reason` line in the manifest saying why.
 // --ops-doc FILE: writes the operator table (docs/ops.md) from the registry and the results.
 #include <onnx/onnx_pb.h>
 
@@ -54,7 +56,6 @@ void collect_ops(const onnx::GraphProto& g, std::set<std::string>& ops) {
   }
 }
 
-// Empty when equal within tolerance, else what differs.
 // The test data stores bfloat16 tensors as uint16 bit patterns (numpy has no bfloat16); read
 // them as the bfloat16 the model declares.
 Tensor as_bfloat16_if(const Tensor& t, bool wanted) {
@@ -64,6 +65,7 @@ Tensor as_bfloat16_if(const Tensor& t, bool wanted) {
   return out;
 }
 
+// Empty when equal within tolerance, else what differs.
 std::string compare(const Tensor& got, const Tensor& expected) {
   if (got.dtype() != expected.dtype() || !(got.shape() == expected.shape())) {
     return "expected " + expected.description() + ", got " + got.description();
@@ -151,19 +153,48 @@ TestResult run_test(const fs::path& dir, const std::string& id) {
   return r;
 }
 
-std::set<std::string> read_manifest(const fs::path& path) {
+// The manifest: one test id per line must pass; a comment line `# fails: ID  reason` explains
+// why a test whose operators onnxtrain implements does not pass. Other comments are free text.
+struct Manifest {
+  std::set<std::string> must_pass;
+  std::map<std::string, std::string> known_failures;  // id -> reason
+};
+
+Manifest read_manifest(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw Error(path.string() + ": cannot read the manifest");
-  std::set<std::string> ids;
+  Manifest m;
   std::string line;
+  const std::string fails = "# fails:";
   while (std::getline(in, line)) {
+    if (line.rfind(fails, 0) == 0) {
+      std::istringstream rest(line.substr(fails.size()));
+      std::string id, reason;
+      rest >> id;
+      std::getline(rest, reason);
+      if (id.empty() || reason.find_first_not_of(" \t") == std::string::npos) {
+        throw Error(path.string() + ": '" + line + "' needs a test id and a reason");
+      }
+      m.known_failures[id] = reason.substr(reason.find_first_not_of(" \t"));
+      continue;
+    }
     const auto hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
     line.erase(0, line.find_first_not_of(" \t"));
     line.erase(line.find_last_not_of(" \t\r") + 1);
-    if (!line.empty()) ids.insert(line);
+    if (!line.empty()) m.must_pass.insert(line);
   }
-  return ids;
+  return m;
+}
+
+// True when every operator the test uses has a row in the kernel registry.
+bool uses_only_implemented_ops(const TestResult& r) {
+  std::set<std::string> implemented;
+  for (const auto& def : ops::kernel_table()) {
+    implemented.insert(def.domain.empty() ? std::string(def.op_type)
+                                          : std::string(def.domain) + "." + std::string(def.op_type));
+  }
+  return std::all_of(r.ops.begin(), r.ops.end(), [&](const std::string& op) { return implemented.contains(op); });
 }
 
 void write_ops_doc(const fs::path& path, const std::vector<TestResult>& results) {
@@ -216,7 +247,7 @@ int main(int argc, char** argv) {
   std::string data_root = "/usr/share/libonnx-testdata/data";
   std::vector<std::string> folders = {"node", "simple", "pytorch-converted", "pytorch-operator"};
   std::string filter, manifest_path, ops_doc;
-  bool verbose = false, list_passing = false;
+  bool verbose = false, list_passing = false, list_unexplained = false;
   app.add_option("--data", data_root, "root of the test data");
   app.add_option("--folders", folders, "folders under the root")->delimiter(',');
   app.add_option("--filter", filter, "run only tests whose id (folder/test) matches this regex");
@@ -224,10 +255,12 @@ int main(int argc, char** argv) {
   app.add_option("--ops-doc", ops_doc, "write the operator table (markdown) here");
   app.add_flag("-v,--verbose", verbose, "print every test, not only failures");
   app.add_flag("--list-passing", list_passing, "print the ids of passing tests (for the manifest)");
+  app.add_flag("--list-unexplained", list_unexplained,
+               "print failing tests that use only implemented operators and have no '# fails:' line");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    std::set<std::string> manifest;
+    Manifest manifest;
     if (!manifest_path.empty()) manifest = read_manifest(manifest_path);
     const std::regex pattern(filter.empty() ? ".*" : filter);
     std::vector<TestResult> results;
@@ -252,16 +285,23 @@ int main(int argc, char** argv) {
       }
     }
     int passed = 0;
-    std::vector<std::string> regressions;
+    std::vector<std::string> regressions, unexplained;
     std::set<std::string> seen;
     for (const auto& r : results) {
       seen.insert(r.id);
       if (r.passed) ++passed;
       if (list_passing && r.passed) std::cout << r.id << "\n";
-      if (!r.passed && manifest.contains(r.id)) regressions.push_back(r.id);
+      if (!r.passed && manifest.must_pass.contains(r.id)) regressions.push_back(r.id);
+      if (!r.passed && !manifest.must_pass.contains(r.id) && !manifest.known_failures.contains(r.id) &&
+          uses_only_implemented_ops(r)) {
+        unexplained.push_back(r.id + ": " + r.reason);
+      }
+    }
+    if (list_unexplained) {
+      for (const auto& line : unexplained) std::cout << "UNEXPLAINED " << line << "\n";
     }
     if (filter.empty()) {
-      for (const auto& id : manifest) {
+      for (const auto& id : manifest.must_pass) {
         const std::string folder = id.substr(0, id.find('/'));
         if (std::find(folders.begin(), folders.end(), folder) != folders.end() && !seen.contains(id)) {
           regressions.push_back(id + " (not found)");
@@ -270,9 +310,15 @@ int main(int argc, char** argv) {
     }
     if (!ops_doc.empty()) write_ops_doc(ops_doc, results);
     for (const auto& id : regressions) std::cout << "REGRESSION (listed in the manifest): " << id << "\n";
+    const bool check_unexplained = !manifest_path.empty() && filter.empty();
+    if (check_unexplained && !list_unexplained) {
+      for (const auto& line : unexplained) {
+        std::cout << "UNEXPLAINED (uses only implemented operators, no '# fails:' line): " << line << "\n";
+      }
+    }
     std::cout << "conformance: " << passed << " passed, " << results.size() - static_cast<size_t>(passed)
               << " failed\n";
-    return regressions.empty() ? 0 : 1;
+    return regressions.empty() && (!check_unexplained || unexplained.empty()) ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
