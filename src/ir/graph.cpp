@@ -23,6 +23,20 @@ std::string TensorType::to_string() const {
   return s + "]";
 }
 
+// Graph inputs and outputs must be tensors: sequence, map, optional and sparse types are
+// outside what onnxtrain runs. An absent type is allowed (it is optional in a GraphProto).
+void require_tensor_type(const onnx::ValueInfoProto& info, const char* kind, const std::string& where) {
+  const auto& type = info.type();
+  if (type.value_case() == onnx::TypeProto::VALUE_NOT_SET || type.has_tensor_type()) return;
+  const char* name = type.has_sequence_type() ? "a sequence"
+                     : type.has_map_type()    ? "a map"
+                     : type.has_optional_type() ? "an optional"
+                     : type.has_sparse_tensor_type() ? "a sparse tensor"
+                                                     : "a non-tensor";
+  throw Error(where + ": graph " + kind + " '" + info.name() + "' has " + name +
+              " type; onnxtrain runs graphs of dense tensors only");
+}
+
 TensorType tensor_type_from_proto(const onnx::TypeProto& type) {
   TensorType result;
   if (!type.has_tensor_type()) return result;
@@ -169,6 +183,7 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
     if (g.find(input.name()) != kNoValue) {
       throw Error(where + ": graph input '" + input.name() + "' is declared twice");
     }
+    require_tensor_type(input, "input", where);
     const ValueId id = g.intern(input.name());
     g.values_[id].is_graph_input = true;
     g.values_[id].type = tensor_type_from_proto(input.type());
@@ -237,6 +252,7 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
 
   for (const auto& output : proto.output()) {
     if (output.name().empty()) throw Error(where + ": a graph output has an empty name");
+    require_tensor_type(output, "output", where);
     const ValueId id = g.intern(output.name());
     g.values_[id].type = tensor_type_from_proto(output.type());
     g.outputs_.push_back(id);

@@ -113,6 +113,26 @@ TEST(Graph, RecordsSubgraphReadsAsImplicitInputs) {
   EXPECT_TRUE(sub.value(sub.find("x")).is_outer_scope);
 }
 
+TEST(Graph, RejectsNonTensorInputsAndOutputs) {
+  onnx::GraphProto g;
+  g.set_name("main");
+  auto* seq = g.add_input();
+  seq->set_name("s");
+  seq->mutable_type()->mutable_sequence_type()->mutable_elem_type()->mutable_tensor_type()->set_elem_type(
+      onnx::TensorProto::FLOAT);
+  add_node(g, "Identity", {"s"}, {"y"});
+  g.add_output()->set_name("y");
+  try {
+    Graph::from_proto(g, "m.onnx", {});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("graph input 's' has a sequence type"), std::string::npos) << e.what();
+  }
+  g.mutable_input(0)->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  g.mutable_output(0)->mutable_type()->mutable_optional_type();
+  EXPECT_THROW(Graph::from_proto(g, "m.onnx", {}), Error);
+}
+
 TEST(Plan, ReleasesValuesAfterTheirLastUse) {
   onnx::GraphProto g;
   g.set_name("main");
