@@ -1,22 +1,447 @@
-// Placeholder: replaced by the real kernels of this family.
+// BatchNormalization (opset 1+), InstanceNormalization (1+), LayerNormalization (17),
+// Dropout (1+), after the ONNX operator docs and changelog.
+//
+// BatchNormalization, X [N, C, D1..Dn] (a 1-D X of size N has C = 1), per channel c:
+//   inference: Y = (X - mean[c]) / sqrt(var[c] + epsilon) * scale[c] + B[c]
+//   training:  the same with the batch statistics over N, D1..Dn: current_mean and the
+//              population (biased) current_var; running = input * momentum + current * (1 - momentum).
+//   Training mode is: opset 1-6 is_test = 0 (the default); opset 7-13 any of the outputs
+//   1-4 (mean, var: running; saved_mean, saved_var: current_mean, current_var) asked for;
+//   opset 14+ training_mode = 1, outputs running_mean, running_var (typed like input_mean;
+//   asking for them with training_mode = 0 is an error, as the spec calls them invalid).
+//   Deliberate limit: spatial = 0 (opset 1-8, per-activation statistics) is rejected; the spec
+//   itself deprecated it in opset 9 in favour of flattening X to [N, C * D1 * .. * Dn].
+// InstanceNormalization: per (n, c) plane, Y = (X - mean) / sqrt(var + epsilon) * scale[c] + B[c].
+// LayerNormalization: X seen as [outer, inner] with inner = prod(dims[axis:]) (axis in [-r, r]);
+//   per row Mean, InvStdDev = 1 / sqrt(var + epsilon) and Y = (X - Mean) * InvStdDev * Scale + B,
+//   Scale and B broadcast against dims[axis:]. Mean and InvStdDev have shape
+//   [d0..d(axis-1), 1, .., 1] and type float32: stash_type 1 is the only one supported.
+// Dropout: opset 1-11 takes `ratio` as attribute and runs in training mode only before opset 7
+//   with is_test = 0; opset 12+ takes ratio (default 0.5) and training_mode (default false) as
+//   inputs. Outside training (or with ratio 0) the output is the input and the mask all true.
+//   In training an element is kept when a uniform draw u in [0, 1) has u >= ratio (probability
+//   1 - ratio) and scaled by 1 / (1 - ratio); ratio must be in [0, 1). The draws come from
+//   Philox (core/rng.h) as in random.cpp: key = the `seed` attribute or else the session seed,
+//   stream = the first output's name, counter = (run index, element / 4). The mask is bool
+//   from opset 10, typed like the data before.
+// Statistics accumulate in double; Float16/BFloat16 data is normalized in float.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/parallel.h"
+#include "core/rng.h"
 #include "ops/factories.h"
 
 namespace onnxtrain::ops {
 
+namespace {
+
+struct Moments {
+  double mean = 0, var = 0;
+};
+
+// Mean and population variance of `blocks` runs of `size` elements, `stride` apart.
+template <class T>
+Moments moments(const T* x, int64_t blocks, int64_t stride, int64_t size) {
+  double sum = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const T* p = x + b * stride;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < size; ++i) sum += convert<double>(p[i]);
+  }
+  const double count = static_cast<double>(blocks * size);
+  Moments m;
+  m.mean = sum / count;
+  double squares = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const T* p = x + b * stride;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < size; ++i) {
+      const double d = convert<double>(p[i]) - m.mean;
+      squares += d * d;
+    }
+  }
+  m.var = squares / count;
+  return m;
+}
+
+// Plane p (of `size` contiguous elements) gets y = (x - center[k]) * factor[k] + shift[k] with
+// k = p % period.
+struct Affine {
+  std::vector<double> center, factor, shift;
+};
+
+template <class T>
+void normalize_planes(const T* x, T* y, int64_t planes, int64_t size, const Affine& a) {
+  using V = compute_t<T>;
+  const std::vector<V> center(a.center.begin(), a.center.end()), factor(a.factor.begin(), a.factor.end()),
+      shift(a.shift.begin(), a.shift.end());
+  const int64_t period = static_cast<int64_t>(center.size());
+  if (planes == 0) return;
+  if (size == 1) {  // X [N, C]: rows of `period` elements, each with its own parameters
+    parallel_for(planes / period, std::max<int64_t>(1, kParallelGrain / period), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = x + r * period;
+        T* yr = y + r * period;
+        for (int64_t k = 0; k < period; ++k) {
+          const size_t i = static_cast<size_t>(k);
+          yr[k] = convert<T>((convert<V>(xr[k]) - center[i]) * factor[i] + shift[i]);
+        }
+      }
+    });
+    return;
+  }
+  parallel_for(planes, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(size, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const size_t k = static_cast<size_t>(p % period);
+      const V c = center[k], f = factor[k], s = shift[k];
+      const T* xp = x + p * size;
+      T* yp = y + p * size;
+      for (int64_t i = 0; i < size; ++i) yp[i] = convert<T>((convert<V>(xp[i]) - c) * f + s);
+    }
+  });
+}
+
+// The values of a [C] parameter input.
+std::vector<double> channel_param(const KernelContext& ctx, int i, int64_t channels) {
+  const Tensor& t = ctx.input(i);
+  if (t.rank() != 1 || t.dim(0) != channels) {
+    fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected shape [" +
+         std::to_string(channels) + "] (one value per channel of input " + ctx.input_name(0) + ")");
+  }
+  if (!is_floating(t.dtype())) fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected a floating type");
+  return t.to_double_vector();
+}
+
+Tensor tensor_from(DataType dtype, const Shape& shape, const std::vector<double>& values) {
+  Tensor t(dtype, shape);
+  visit_dtype<FloatTypes>(dtype, "output", [&]<class T>() {
+    T* p = t.data<T>();
+    for (size_t i = 0; i < values.size(); ++i) p[i] = convert<T>(values[i]);
+  });
+  return t;
+}
+
+double scalar_input(const KernelContext& ctx, int i) {
+  const Tensor& t = ctx.input(i);
+  if (t.numel() != 1) fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected a scalar");
+  return t.to_double_vector()[0];
+}
+
+// --- BatchNormalization ---
+
+struct BatchNormSpec {
+  double epsilon = 1e-5, momentum = 0.9;
+  bool training = false;
+  bool running_only = false;  // opset 14+: outputs Y, running_mean, running_var
+};
+
+void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() == 0) fail("input " + ctx.input_name(0) + " is a scalar, expected [N, C, D1..Dn] or [N]");
+  const int64_t batch = x.dim(0);
+  const int64_t channels = x.rank() == 1 ? 1 : x.dim(1);
+  const int64_t size = x.shape().numel(std::min<size_t>(2, x.rank()), x.rank());
+  const std::vector<double> scale = channel_param(ctx, 1, channels);
+  const std::vector<double> bias = channel_param(ctx, 2, channels);
+  const std::vector<double> mean = channel_param(ctx, 3, channels);
+  const std::vector<double> var = channel_param(ctx, 4, channels);
+  Affine a;
+  a.shift = bias;
+  a.factor.resize(static_cast<size_t>(channels));
+  std::vector<double> current_mean, current_var;
+  if (spec.training) {
+    if (batch * size == 0) fail("input " + ctx.input_name(0) + " is " + x.description() + ": no batch statistics in training mode");
+    current_mean.resize(static_cast<size_t>(channels));
+    current_var.resize(static_cast<size_t>(channels));
+    visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+      const T* px = x.data<T>();
+      parallel_for(channels, std::max<int64_t>(1, kParallelGrain / (batch * size)), [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          const Moments m = moments(px + c * size, batch, channels * size, size);
+          current_mean[static_cast<size_t>(c)] = m.mean;
+          current_var[static_cast<size_t>(c)] = m.var;
+        }
+      });
+    });
+    a.center = current_mean;
+  } else {
+    a.center = mean;
+  }
+  const std::vector<double>& used_var = spec.training ? current_var : var;
+  for (size_t c = 0; c < a.factor.size(); ++c) a.factor[c] = scale[c] / std::sqrt(used_var[c] + spec.epsilon);
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0),
+                          [&]<class T>() { normalize_planes(x.data<T>(), y.data<T>(), batch * channels, size, a); });
+  if (!spec.training) return;
+  std::vector<double> running_mean(mean.size()), running_var(var.size());
+  for (size_t c = 0; c < mean.size(); ++c) {
+    running_mean[c] = mean[c] * spec.momentum + current_mean[c] * (1 - spec.momentum);
+    running_var[c] = var[c] * spec.momentum + current_var[c] * (1 - spec.momentum);
+  }
+  // Opset 14+ types the running statistics like input_mean (T2); before, all are T.
+  const DataType stats_type = spec.running_only ? ctx.input(3).dtype() : x.dtype();
+  const Shape shape{channels};
+  const std::vector<double>* outputs[] = {&running_mean, &running_var, &current_mean, &current_var};
+  for (int i = 1; i <= (spec.running_only ? 2 : 4); ++i) {
+    if (ctx.has_output(i)) ctx.set_output(i, tensor_from(stats_type, shape, *outputs[i - 1]));
+  }
+}
+
+// --- InstanceNormalization ---
+
+void run_instance_norm(KernelContext& ctx, double epsilon) {
+  const Tensor& x = ctx.input(0);
+  if (x.rank() < 2) fail("input " + ctx.input_name(0) + " is " + x.description() + ", expected [N, C, D1..Dn]");
+  const int64_t channels = x.dim(1);
+  const int64_t planes = x.dim(0) * channels;
+  const int64_t size = x.shape().numel(2, x.rank());
+  const std::vector<double> scale = channel_param(ctx, 1, channels);
+  const std::vector<double> bias = channel_param(ctx, 2, channels);
+  Affine a;
+  a.center.resize(static_cast<size_t>(planes));
+  a.factor.resize(static_cast<size_t>(planes));
+  a.shift.resize(static_cast<size_t>(planes));
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  if (x.numel() == 0) return;
+  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+    const T* px = x.data<T>();
+    parallel_for(planes, std::max<int64_t>(1, kParallelGrain / size), [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const Moments m = moments(px + p * size, 1, size, size);
+        const size_t k = static_cast<size_t>(p), c = static_cast<size_t>(p % channels);
+        a.center[k] = m.mean;
+        a.factor[k] = scale[c] / std::sqrt(m.var + epsilon);
+        a.shift[k] = bias[c];
+      }
+    });
+    normalize_planes(px, y.data<T>(), planes, size, a);
+  });
+}
+
+// --- LayerNormalization ---
+
+// Input i (Scale or B) broadcast to the `inner` elements of dims[axis:] of X.
+std::vector<double> broadcast_to_inner(const KernelContext& ctx, int i, const Shape& x_shape, size_t axis) {
+  const Tensor& t = ctx.input(i);
+  const size_t norm_rank = x_shape.size() - axis;
+  const Shape& s = t.shape();
+  size_t skip = 0;  // leading 1s beyond the normalized dims broadcast trivially
+  while (s.size() - skip > norm_rank && s[skip] == 1) ++skip;
+  bool ok = s.size() - skip <= norm_rank;
+  for (size_t d = skip; ok && d < s.size(); ++d) {
+    const int64_t want = x_shape[x_shape.size() - (s.size() - d)];
+    ok = s[d] == want || s[d] == 1;
+  }
+  if (!ok) {
+    fail("input " + ctx.input_name(i) + " is " + t.description() + ", which does not broadcast to the normalized dims " +
+         Shape(x_shape.dims().subspan(axis)).to_string() + " of input " + ctx.input_name(0));
+  }
+  const std::vector<double> values = t.to_double_vector();
+  const int64_t inner = x_shape.numel(axis, x_shape.size());
+  std::vector<double> out(static_cast<size_t>(inner));
+  // Walk the normalized dims with an odometer, tracking the offset into t.
+  const size_t lead = norm_rank - (s.size() - skip);
+  std::vector<int64_t> strides(norm_rank, 0), coord(norm_rank, 0);
+  int64_t stride = 1;
+  for (size_t d = norm_rank; d-- > lead;) {
+    const int64_t dim = s[skip + d - lead];
+    strides[d] = dim == 1 ? 0 : stride;
+    stride *= dim;
+  }
+  int64_t offset = 0;
+  for (int64_t e = 0; e < inner; ++e) {
+    out[static_cast<size_t>(e)] = values[static_cast<size_t>(offset)];
+    for (size_t d = norm_rank; d-- > 0;) {
+      offset += strides[d];
+      if (++coord[d] < x_shape[axis + d]) break;
+      offset -= strides[d] * coord[d];
+      coord[d] = 0;
+    }
+  }
+  return out;
+}
+
+void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
+  const Tensor& x = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(x.rank());
+  if (axis_attr < -rank || axis_attr > rank) {
+    fail("attribute 'axis' = " + std::to_string(axis_attr) + " is out of range for input " + ctx.input_name(0) + " " +
+         x.description() + " (expected [" + std::to_string(-rank) + ", " + std::to_string(rank) + "])");
+  }
+  const size_t axis = static_cast<size_t>(axis_attr < 0 ? axis_attr + rank : axis_attr);
+  const int64_t outer = x.shape().numel(0, axis), inner = x.shape().numel(axis, x.rank());
+  const std::vector<double> scale = broadcast_to_inner(ctx, 1, x.shape(), axis);
+  const std::vector<double> bias = ctx.has_input(2) ? broadcast_to_inner(ctx, 2, x.shape(), axis)
+                                                    : std::vector<double>(static_cast<size_t>(inner), 0.0);
+  Shape stats_shape = x.shape();
+  for (size_t d = axis; d < x.rank(); ++d) stats_shape[d] = 1;
+  // Copies share the storage: an output the graph does not ask for stays alive here.
+  Tensor y = ctx.allocate_output(0, x.dtype(), x.shape());
+  Tensor mean_t = ctx.allocate_output(1, DataType::Float32, stats_shape);
+  Tensor inv_t = ctx.allocate_output(2, DataType::Float32, stats_shape);
+  float* mean_out = mean_t.data<float>();
+  float* inv_out = inv_t.data<float>();
+  if (inner == 0) {
+    for (int64_t r = 0; r < outer; ++r) mean_out[r] = inv_out[r] = std::nanf("");
+    return;
+  }
+  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+    using V = compute_t<T>;
+    const std::vector<V> scale_v(scale.begin(), scale.end()), bias_v(bias.begin(), bias.end());
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(outer, std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const Moments m = moments(px + r * inner, 1, inner, inner);
+        const double inv = 1.0 / std::sqrt(m.var + epsilon);
+        mean_out[r] = static_cast<float>(m.mean);
+        inv_out[r] = static_cast<float>(inv);
+        const V c = static_cast<V>(m.mean), f = static_cast<V>(inv);
+        const T* xr = px + r * inner;
+        T* yr = py + r * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          yr[i] = convert<T>((convert<V>(xr[i]) - c) * f * scale_v[static_cast<size_t>(i)] + bias_v[static_cast<size_t>(i)]);
+        }
+      }
+    });
+  });
+}
+
+// --- Dropout ---
+
+struct DropoutSpec {
+  int opset = 13;
+  float ratio = 0.5f;     // opset < 12
+  bool training = false;  // opset < 12
+  bool bool_mask = true;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+void run_dropout(KernelContext& ctx, const DropoutSpec& spec) {
+  const Tensor& x = ctx.input(0);
+  bool training = spec.training;
+  double ratio = spec.ratio;
+  if (spec.opset >= 12) {
+    if (ctx.has_input(2)) {
+      if (ctx.input(2).dtype() != DataType::Bool) {
+        fail("input " + ctx.input_name(2) + " (training_mode) is " + ctx.input(2).description() + ", expected bool");
+      }
+      training = scalar_input(ctx, 2) != 0;
+    }
+    ratio = ctx.has_input(1) ? scalar_input(ctx, 1) : 0.5;
+  }
+  const DataType mask_type = spec.bool_mask ? DataType::Bool : x.dtype();
+  if (!training || ratio == 0) {
+    ctx.set_output(0, x);
+    if (ctx.has_output(1)) {
+      Tensor& mask = ctx.allocate_output(1, mask_type, x.shape());
+      visit_dtype<AllTypes>(mask_type, "mask", [&]<class M>() {
+        std::fill(mask.data<M>(), mask.data<M>() + mask.numel(), convert<M>(1));
+      });
+    }
+    return;
+  }
+  if (!(ratio >= 0 && ratio < 1)) {
+    fail((spec.opset >= 12 ? "input " + ctx.input_name(1) + " (ratio)" : std::string("attribute 'ratio'")) + " is " +
+         std::to_string(ratio) + "; Dropout in training mode needs a ratio in [0, 1)");
+  }
+  const RunContext& run = ctx.run_context();
+  const Philox philox(spec.has_seed ? spec.seed : run.seed, spec.stream);
+  const int64_t n = x.numel();
+  Tensor y = ctx.allocate_output(0, x.dtype(), x.shape());  // copies: see run_layer_norm
+  Tensor mask = ctx.allocate_output(1, mask_type, x.shape());
+  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+    using V = compute_t<T>;
+    const V scale = static_cast<V>(1.0 / (1.0 - ratio));
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    const auto draw = [&]<class M>(M* pm) {
+      parallel_for((n + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
+        for (int64_t blk = begin; blk < end; ++blk) {
+          const auto w = philox.block(run.run_index, static_cast<uint64_t>(blk));
+          for (int64_t k = 0; k < 4 && blk * 4 + k < n; ++k) {
+            const int64_t i = blk * 4 + k;
+            const bool keep = Philox::to_unit_double(w[k], w[(k + 1) % 4]) >= ratio;
+            // output = scale * data * mask, as the spec writes it (so inf * 0 stays NaN).
+            py[i] = convert<T>(convert<V>(px[i]) * (keep ? scale : V(0)));
+            pm[i] = convert<M>(keep ? 1 : 0);
+          }
+        }
+      });
+    };
+    if (spec.bool_mask) {
+      draw(mask.data<bool>());
+    } else {
+      draw(mask.data<T>());
+    }
+  });
+}
+
+}  // namespace
+
 std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  BatchNormSpec spec;
+  spec.epsilon = init.attr_float("epsilon", 1e-5f);
+  spec.momentum = init.attr_float("momentum", 0.9f);
+  const int opset = init.opset();
+  if (opset < 9 && init.attr_int("spatial", 1) == 0) {
+    fail("attribute 'spatial' = 0 (statistics per activation) is not supported; flatten X to [N, C * D1 * .. * Dn] "
+         "and use spatial = 1, as BatchNormalization-9 recommends");
+  }
+  const int max_outputs = opset >= 14 ? 3 : 5;
+  if (init.num_outputs() > max_outputs) {
+    fail("BatchNormalization-" + std::to_string(opset) + " has at most " + std::to_string(max_outputs) +
+         " outputs, the node has " + std::to_string(init.num_outputs()));
+  }
+  bool extra_outputs = false;
+  for (int i = 1; i < init.num_outputs(); ++i) extra_outputs = extra_outputs || init.has_output(i);
+  if (opset < 7) {
+    spec.training = init.attr_int("is_test", 0) == 0;
+  } else if (opset < 14) {
+    spec.training = extra_outputs;
+  } else {
+    spec.training = init.attr_int("training_mode", 0) != 0;
+    spec.running_only = true;
+    if (!spec.training && extra_outputs) {
+      fail("outputs running_mean and running_var are only defined with training_mode = 1");
+    }
+  }
+  return make_kernel([spec](KernelContext& ctx) { run_batch_norm(ctx, spec); });
 }
 
 std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  const double epsilon = init.attr_float("epsilon", 1e-5f);
+  return make_kernel([epsilon](KernelContext& ctx) { run_instance_norm(ctx, epsilon); });
 }
 
 std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  const int64_t axis = init.attr_int("axis", -1);
+  const double epsilon = init.attr_float("epsilon", 1e-5f);
+  const int64_t stash_type = init.attr_int("stash_type", 1);
+  if (stash_type != 1) {
+    fail("attribute 'stash_type' = " + std::to_string(stash_type) + " is not supported (only 1, float32)");
+  }
+  return make_kernel([axis, epsilon](KernelContext& ctx) { run_layer_norm(ctx, axis, epsilon); });
 }
 
 std::unique_ptr<Kernel> make_dropout(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  DropoutSpec spec;
+  spec.opset = init.opset();
+  spec.bool_mask = spec.opset >= 10;
+  if (spec.opset < 12) {
+    spec.ratio = init.attr_float("ratio", 0.5f);
+    spec.training = spec.opset < 7 && init.attr_int("is_test", 0) == 0;
+  } else if (init.has_attr("seed")) {
+    spec.has_seed = true;
+    spec.seed = static_cast<uint64_t>(init.attr_int("seed", 0));
+  }
+  spec.stream = init.has_output(0) ? stream_id(init.graph().value(init.node().outputs[0]).name) : 0;
+  return make_kernel([spec](KernelContext& ctx) { run_dropout(ctx, spec); });
 }
 
 }  // namespace onnxtrain::ops
