@@ -91,8 +91,8 @@ std::string KernelContext::output_name(int i) const {
 Tensor& KernelContext::allocate_output(int i, DataType dtype, const Shape& shape) {
   Tensor t(dtype, shape);
   if (!has_output(i)) {
-    scratch_ = std::move(t);
-    return scratch_;
+    scratch_.push_back(std::move(t));  // a deque: earlier references stay valid
+    return scratch_.back();
   }
   Tensor& slot = values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])];
   slot = std::move(t);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -104,7 +105,7 @@ class KernelContext {
   const ir::Node& node_;
   std::vector<Tensor>& values_;
   const RunContext& run_;
-  Tensor scratch_;
+  std::deque<Tensor> scratch_;  // one per omitted output allocated, kept until the node ends
 };
 
 class Kernel {
