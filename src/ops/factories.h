@@ -93,4 +93,14 @@ std::unique_ptr<Kernel> make_adagrad(const KernelInit& init);
 std::unique_ptr<Kernel> make_momentum(const KernelInit& init);
 std::unique_ptr<Kernel> make_adam(const KernelInit& init);
 
+// --- internal ops of the ai.onnxtrain domain, emitted by gradient rules (src/autodiff) ---
+// gradient_ops.cpp: SumToShape (inverse of broadcasting), GatherGrad, GatherElementsGrad,
+// GatherNDGrad (scatter-add of an output gradient into zeros shaped like the data).
+std::unique_ptr<Kernel> make_sum_to_shape(const KernelInit& init);
+std::unique_ptr<Kernel> make_gather_grad(const KernelInit& init);  // GatherGrad, GatherElementsGrad, GatherNDGrad
+// conv_grad.cpp: ConvGrad and ConvTransposeGrad (dX, dW, dB of Conv / ConvTranspose).
+std::unique_ptr<Kernel> make_conv_grad(const KernelInit& init);
+// pool_grad.cpp: MaxPoolGrad, AveragePoolGrad (dX of MaxPool / AveragePool).
+std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init);
+
 }  // namespace onnxtrain::ops

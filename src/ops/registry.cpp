@@ -13,10 +13,14 @@ namespace {
 constexpr int kMaxOnnx = 17;  // the newest ai.onnx opset libonnx 1.12 defines
 
 constexpr std::string_view kTraining = "ai.onnx.preview.training";
+// onnxtrain's own ops, emitted by gradient rules only (docs/gradients.md); every model gets
+// version 1 of this domain implicitly.
+constexpr std::string_view kInternal = "ai.onnxtrain";
 
 constexpr OpsetRange kOpsets[] = {
     {"", 1, kMaxOnnx},
     {kTraining, 1, 1},
+    {kInternal, 1, 1},
 };
 
 constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
@@ -203,6 +207,16 @@ const KernelDef kKernels[] = {
   {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},
   {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
   {kTraining, "Adam",           1, 1,        kFloat32And64,     make_adam},
+
+  // --- ai.onnxtrain: backward ops emitted by gradient rules (gradient_ops.cpp, conv_grad.cpp, pool_grad.cpp) ---
+  {kInternal, "SumToShape",         1, 1,    kNumeric,          make_sum_to_shape},
+  {kInternal, "GatherGrad",         1, 1,    kFloat,            make_gather_grad},
+  {kInternal, "GatherElementsGrad", 1, 1,    kFloat,            make_gather_grad},
+  {kInternal, "GatherNDGrad",       1, 1,    kFloat,            make_gather_grad},
+  {kInternal, "ConvGrad",           1, 1,    kFloat,            make_conv_grad},
+  {kInternal, "ConvTransposeGrad",  1, 1,    kFloat,            make_conv_grad},
+  {kInternal, "MaxPoolGrad",        1, 1,    kFloat,            make_pool_grad},
+  {kInternal, "AveragePoolGrad",    1, 1,    kFloat,            make_pool_grad},
 };
 // clang-format on
 

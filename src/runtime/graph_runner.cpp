@@ -27,6 +27,7 @@ OpsetMap opsets_of(const onnx::ModelProto& model, const std::string& source) {
     opsets[domain] = static_cast<int>(opset.version());
   }
   check_opsets(opsets, source);
+  opsets.emplace("ai.onnxtrain", 1);  // onnxtrain's backward ops, emitted by the Gradient expansion
   return opsets;
 }
 

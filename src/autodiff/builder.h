@@ -1,0 +1,110 @@
+// What a gradient rule sees: the forward node and a way to emit backward nodes.
+//
+// Vocabulary (as in ONNX Runtime's and PyTorch's gradient code):
+//   I(i)   name of forward input i          O(i)   name of forward output i
+//   GO(i)  gradient flowing into output i   (a tensor of zeros when none flows but another
+//                                            output has one; check has_GO(i) to skip work)
+//   needs(i)            whether the engine wants the gradient of input i
+//   set_GI(i, name)     declares `name` as the gradient of input i
+// A rule emits nodes with op()/op_n(); each returns fresh output names. The engine sums
+// gradients of values used several times and, for rules marked `unbroadcast`, reduces a
+// gradient back to its input's shape, so a rule never handles either.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/dtype.h"
+
+namespace onnxtrain::autodiff {
+
+// Attribute constructors for emitted nodes.
+onnx::AttributeProto attr_int(const std::string& name, int64_t v);
+onnx::AttributeProto attr_ints(const std::string& name, const std::vector<int64_t>& v);
+onnx::AttributeProto attr_float(const std::string& name, float v);
+onnx::AttributeProto attr_string(const std::string& name, const std::string& v);
+onnx::AttributeProto attr_tensor(const std::string& name, const onnx::TensorProto& v);
+
+class Builder {
+ public:
+  virtual ~Builder() = default;
+
+  // --- the forward node ---
+  virtual const onnx::NodeProto& node() const = 0;
+  int num_inputs() const { return node().input_size(); }
+  int num_outputs() const { return node().output_size(); }
+  bool has_input(int i) const { return i < num_inputs() && !node().input(i).empty(); }
+  const std::string& I(int i) const { return node().input(i); }
+  const std::string& O(int i) const { return node().output(i); }
+  virtual std::string GO(int i) = 0;
+  virtual bool has_GO(int i) const = 0;
+  virtual bool needs(int i) const = 0;
+  virtual void set_GI(int i, const std::string& gradient) = 0;
+  // The model's opset for ai.onnx (rules emit the matching form of each op).
+  virtual int opset() const = 0;
+  // Element type of a value (Error when it cannot be inferred).
+  virtual DataType dtype(const std::string& value) const = 0;
+
+  // Attributes of the forward node.
+  const onnx::AttributeProto* attr(const std::string& name) const;
+  int64_t get_int(const std::string& name, int64_t fallback) const;
+  float get_float(const std::string& name, float fallback) const;
+  std::string get_string(const std::string& name, const std::string& fallback) const;
+  std::optional<std::vector<int64_t>> get_ints(const std::string& name) const;
+
+  // --- emitting nodes ---
+  // One node with one output; returns the output's fresh name.
+  std::string op(const std::string& type, const std::vector<std::string>& inputs,
+                 const std::vector<onnx::AttributeProto>& attrs = {}, const std::string& domain = "");
+  // One node with n outputs.
+  virtual std::vector<std::string> op_n(const std::string& type, const std::vector<std::string>& inputs,
+                                        int n, const std::vector<onnx::AttributeProto>& attrs = {},
+                                        const std::string& domain = "") = 0;
+  // A scalar constant of the element type of `like`.
+  std::string scalar(double value, const std::string& like);
+  // A 1-D int64 constant.
+  std::string ints(const std::vector<int64_t>& values);
+
+  // --- opset-aware forms ---
+  std::string reduce_sum(const std::string& x, const std::vector<int64_t>& axes, bool keepdims);
+  std::string unsqueeze(const std::string& x, const std::vector<int64_t>& axes);
+  // Zeros and ones shaped and typed like `like`.
+  std::string zeros_like(const std::string& like);
+  std::string ones_like(const std::string& like);
+  // The engine's inverse of broadcasting: sums `gradient` down to the shape of `like`.
+  std::string sum_to_shape_of(const std::string& gradient, const std::string& like);
+};
+
+// A gradient rule: emits the gradients of the inputs the engine needs.
+using RuleFn = void (*)(Builder&);
+
+struct Rule {
+  const char* domain;  // "" for ai.onnx
+  const char* op_type;
+  // Inputs that carry gradients, as a bit mask (bit i = input i). 0: the op is declared
+  // non-differentiable (piecewise constant or integer-valued): its inputs get no gradient.
+  uint32_t differentiable;
+  // The op broadcasts its inputs (numpy rules): the engine sums each input's gradient back to
+  // the input's shape.
+  bool unbroadcast;
+  RuleFn build;  // nullptr when differentiable == 0
+  const char* note;  // the derivation, for docs/gradients.md
+};
+
+// Every input i.
+inline constexpr uint32_t kAllInputs = 0xffffffffu;
+constexpr uint32_t inputs_mask(std::initializer_list<int> inputs) {
+  uint32_t m = 0;
+  for (int i : inputs) m |= 1u << i;
+  return m;
+}
+
+// The rule table (rules*.cpp); find_rule returns nullptr for an op without one.
+const Rule* find_rule(const std::string& domain, const std::string& op_type);
+std::vector<const Rule*> all_rules();
+
+}  // namespace onnxtrain::autodiff

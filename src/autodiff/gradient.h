@@ -1,0 +1,43 @@
+// The Gradient operator (ai.onnx.preview.training v1), implemented as a graph transformation
+// that runs before planning: every Gradient node is replaced by ordinary nodes that compute
+// its outputs, so the backward pass runs on the same kernels, can be differentiated again and
+// can be exported.
+//
+// Semantics (the op's doc in onnx/defs/training/defs.cc):
+//   Gradient(xs..., zs...) -> (dy/dxs[0], ...), attributes xs, zs (optional), y.
+//   - When the node's inputs are the tensors named by xs and zs, the forward values are reused.
+//     Otherwise the part of the graph from xs+zs to y is cloned with the node's inputs put in
+//     their place, and differentiated there.
+//   - xs may name intermediate tensors; y need not be a scalar: the seed gradient is a tensor
+//     of ones shaped like y (so the result is the gradient of sum(y)).
+//   - An x that y does not depend on gets zeros shaped like x; an empty output name skips
+//     that gradient.
+//   - Errors (onnxtrain::Error): an operator without a gradient rule on a path from xs to y
+//     (naming the op, the node and the path), an integer tensor in xs, a name in xs/zs/y that
+//     the graph does not define, a node whose inputs do not match xs+zs.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+
+namespace onnx {
+class GraphProto;
+}
+
+namespace onnxtrain::autodiff {
+
+inline constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
+// Internal ops emitted by gradient rules where standard ONNX ops would be much slower.
+inline constexpr const char* kInternalDomain = "ai.onnxtrain";
+
+using OpsetMap = std::unordered_map<std::string, int>;
+
+// True when a node of `graph` (not of its subgraphs) is a Gradient node.
+bool has_gradient_nodes(const onnx::GraphProto& graph);
+
+// Replaces every Gradient node of `graph` by its backward nodes, in place. `opsets` are the
+// model's opset imports (rules emit the form of each op that the model's opset defines);
+// `where` names the graph in error messages.
+void expand_gradients(onnx::GraphProto& graph, const OpsetMap& opsets, const std::string& where);
+
+}  // namespace onnxtrain::autodiff
