@@ -96,6 +96,15 @@ std::optional<std::vector<int64_t>> Builder::get_ints(const std::string& name) c
   return std::vector<int64_t>(a->ints().begin(), a->ints().end());
 }
 
+int Builder::require_rank(const std::string& value) const {
+  const int r = rank(value);
+  if (r < 0) {
+    throw Error("the gradient of " + node().op_type() + " needs the rank of '" + value +
+                "', which shape inference could not find (declare its shape in the graph's value_info)");
+  }
+  return r;
+}
+
 std::string Builder::op(const std::string& type, const std::vector<std::string>& inputs,
                         const std::vector<onnx::AttributeProto>& attrs, const std::string& domain) {
   return op_n(type, inputs, 1, attrs, domain)[0];
@@ -128,15 +137,19 @@ std::string Builder::unsqueeze(const std::string& x, const std::vector<int64_t>&
   return op("Unsqueeze", {x}, {attr_ints("axes", axes)});
 }
 
-std::string Builder::zeros_like(const std::string& like) {
-  return op("ConstantOfShape", {op("Shape", {like})},
-            {attr_tensor("value", filled_tensor(0.0, dtype(like), {1}))});
+// ConstantOfShape from opset 9; before it, like * 0 + value (which turns inf and NaN
+// elements of `like` into NaN: a limit of those old opsets).
+std::string Builder::filled_like(const std::string& like, double value) {
+  if (opset() >= 9) {
+    return op("ConstantOfShape", {op("Shape", {like})}, {attr_tensor("value", filled_tensor(value, dtype(like), {1}))});
+  }
+  const std::vector<onnx::AttributeProto> broadcast{attr_int("broadcast", 1)};
+  const std::string zeros = op("Mul", {like, scalar(0, like)}, opset() < 7 ? broadcast : std::vector<onnx::AttributeProto>{});
+  return value == 0 ? zeros : op("Add", {zeros, scalar(value, like)}, opset() < 7 ? broadcast : std::vector<onnx::AttributeProto>{});
 }
 
-std::string Builder::ones_like(const std::string& like) {
-  return op("ConstantOfShape", {op("Shape", {like})},
-            {attr_tensor("value", filled_tensor(1.0, dtype(like), {1}))});
-}
+std::string Builder::zeros_like(const std::string& like) { return filled_like(like, 0.0); }
+std::string Builder::ones_like(const std::string& like) { return filled_like(like, 1.0); }
 
 std::string Builder::sum_to_shape_of(const std::string& gradient, const std::string& like) {
   return op("SumToShape", {gradient, op("Shape", {like})}, {}, kInternalDomain);

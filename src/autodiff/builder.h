@@ -48,6 +48,12 @@ class Builder {
   virtual int opset() const = 0;
   // Element type of a value (Error when it cannot be inferred).
   virtual DataType dtype(const std::string& value) const = 0;
+  // Rank of a value, or -1 when inference could not tell; require_rank throws instead.
+  virtual int rank(const std::string& value) const = 0;
+  int require_rank(const std::string& value) const;
+  // The name of forward output i; when the forward node leaves that optional output unnamed
+  // (Dropout's mask, SoftmaxCrossEntropyLoss's log_prob), names it so the rule can read it.
+  virtual std::string output(int i) = 0;
 
   // Attributes of the forward node.
   const onnx::AttributeProto* attr(const std::string& name) const;
@@ -60,10 +66,11 @@ class Builder {
   // One node with one output; returns the output's fresh name.
   std::string op(const std::string& type, const std::vector<std::string>& inputs,
                  const std::vector<onnx::AttributeProto>& attrs = {}, const std::string& domain = "");
-  // One node with n outputs.
+  // One node with n outputs; with `wanted`, outputs i where wanted[i] is false are left
+  // unnamed (returned as "").
   virtual std::vector<std::string> op_n(const std::string& type, const std::vector<std::string>& inputs,
                                         int n, const std::vector<onnx::AttributeProto>& attrs = {},
-                                        const std::string& domain = "") = 0;
+                                        const std::string& domain = "", const std::vector<bool>& wanted = {}) = 0;
   // A scalar constant of the element type of `like`.
   std::string scalar(double value, const std::string& like);
   // A 1-D int64 constant.
@@ -75,6 +82,7 @@ class Builder {
   // Zeros and ones shaped and typed like `like`.
   std::string zeros_like(const std::string& like);
   std::string ones_like(const std::string& like);
+  std::string filled_like(const std::string& like, double value);
   // The engine's inverse of broadcasting: sums `gradient` down to the shape of `like`.
   std::string sum_to_shape_of(const std::string& gradient, const std::string& like);
 };

@@ -71,13 +71,20 @@ std::vector<int> topological_order(const onnx::GraphProto& graph) {
   return order;
 }
 
-// Element types of the graph's values: declared ones, then ONNX type inference.
-std::unordered_map<std::string, DataType> infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
-  std::unordered_map<std::string, DataType> types;
+struct ValueTypes {
+  std::unordered_map<std::string, DataType> dtypes;
+  std::unordered_map<std::string, int> ranks;
+};
+
+// Element types and ranks of the graph's values: declared ones, then ONNX type inference.
+ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
+  ValueTypes result;
+  auto& types = result.dtypes;
   auto record = [&](const onnx::ValueInfoProto& v) {
-    if (v.type().has_tensor_type() && v.type().tensor_type().elem_type() != 0) {
-      types[v.name()] = static_cast<DataType>(v.type().tensor_type().elem_type());
-    }
+    if (!v.type().has_tensor_type()) return;
+    const auto& t = v.type().tensor_type();
+    if (t.elem_type() != 0) types[v.name()] = static_cast<DataType>(t.elem_type());
+    if (t.has_shape()) result.ranks[v.name()] = t.shape().dim_size();
   };
   onnx::GraphProto copy = graph;
   try {
@@ -89,16 +96,63 @@ std::unordered_map<std::string, DataType> infer_types(const onnx::GraphProto& gr
   for (const auto& v : copy.input()) record(v);
   for (const auto& v : copy.output()) record(v);
   for (const auto& v : copy.value_info()) record(v);
-  for (const auto& t : graph.initializer()) types[t.name()] = static_cast<DataType>(t.data_type());
-  return types;
+  for (const auto& t : graph.initializer()) {
+    types[t.name()] = static_cast<DataType>(t.data_type());
+    result.ranks[t.name()] = t.dims_size();
+  }
+  return result;
+}
+
+// Fills in the element types of `node`'s outputs that `types` lacks, from its inputs and
+// attributes: the rule of most ONNX ops (outputs typed like the first input) and the
+// exceptions among the ops gradients use. This completes ONNX type inference, which stops at
+// ops it has no schema for (the ai.onnxtrain domain) and at nodes it rejects.
+void assign_output_types(const onnx::NodeProto& node, std::unordered_map<std::string, DataType>& types) {
+  auto input_type = [&](int i) {
+    if (i >= node.input_size()) return DataType::Undefined;
+    const auto it = types.find(node.input(i));
+    return it == types.end() ? DataType::Undefined : it->second;
+  };
+  auto find_attr = [&](const char* name) -> const onnx::AttributeProto* {
+    for (const auto& a : node.attribute()) {
+      if (a.name() == name) return &a;
+    }
+    return nullptr;
+  };
+  static const std::set<std::string> kBool = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not",
+                                              "And", "Or", "Xor", "IsNaN", "IsInf"};
+  const std::string& type = node.op_type();
+  const bool onnx = node.domain().empty() || node.domain() == "ai.onnx";
+  for (int k = 0; k < node.output_size(); ++k) {
+    const std::string& o = node.output(k);
+    if (o.empty() || types.contains(o)) continue;
+    DataType t = input_type(0);
+    if (onnx && (type == "Shape" || type == "Size" || type == "ArgMax" || type == "ArgMin" || type == "NonZero" ||
+                 (k == 1 && (type == "TopK" || type == "MaxPool")))) {
+      t = DataType::Int64;
+    } else if (onnx && (kBool.contains(type) || (k == 1 && type == "Dropout"))) {
+      t = DataType::Bool;
+    } else if (onnx && type == "Cast") {
+      const auto* to = find_attr("to");
+      t = to && to->type() == onnx::AttributeProto::INT ? static_cast<DataType>(to->i()) : DataType::Undefined;
+    } else if (onnx && type == "CastLike") {
+      t = input_type(1);
+    } else if (onnx && (type == "Constant" || type == "ConstantOfShape")) {
+      const auto* v = find_attr("value");
+      t = v ? static_cast<DataType>(v->t().data_type()) : DataType::Float32;
+    } else if (onnx && type == "Where") {
+      t = input_type(1);
+    }
+    if (t != DataType::Undefined) types[o] = t;
+  }
 }
 
 class Engine;
 
 class EngineBuilder final : public Builder {
  public:
-  EngineBuilder(Engine& engine, const onnx::NodeProto& node, std::vector<bool> needs)
-      : engine_(engine), node_(node), needs_(std::move(needs)) {}
+  EngineBuilder(Engine& engine, const onnx::NodeProto& node, int index, std::vector<bool> needs)
+      : engine_(engine), node_(node), index_(index), needs_(std::move(needs)) {}
 
   const onnx::NodeProto& node() const override { return node_; }
   std::string GO(int i) override;
@@ -110,15 +164,18 @@ class EngineBuilder final : public Builder {
   }
   int opset() const override;
   DataType dtype(const std::string& value) const override;
+  int rank(const std::string& value) const override;
+  std::string output(int i) override;
   std::vector<std::string> op_n(const std::string& type, const std::vector<std::string>& inputs, int n,
-                                const std::vector<onnx::AttributeProto>& attrs,
-                                const std::string& domain) override;
+                                const std::vector<onnx::AttributeProto>& attrs, const std::string& domain,
+                                const std::vector<bool>& wanted) override;
 
   const std::vector<std::pair<int, std::string>>& input_gradients() const { return gi_; }
 
  private:
   Engine& engine_;
   const onnx::NodeProto& node_;
+  int index_;
   std::vector<bool> needs_;
   std::vector<std::pair<int, std::string>> gi_;
 };
@@ -133,7 +190,8 @@ class Engine {
 
   // --- used by EngineBuilder ---
   std::vector<std::string> emit(const std::string& type, const std::vector<std::string>& inputs, int n,
-                                const std::vector<onnx::AttributeProto>& attrs, const std::string& domain);
+                                const std::vector<onnx::AttributeProto>& attrs, const std::string& domain,
+                                const std::vector<bool>& wanted = {});
   DataType dtype(const std::string& value) const {
     const auto it = types_.find(value);
     if (it == types_.end() || it->second == DataType::Undefined) {
@@ -145,6 +203,21 @@ class Engine {
   int opset() const {
     const auto it = opsets_.find("");
     return it == opsets_.end() ? 1 : it->second;
+  }
+  int rank(const std::string& value) const {
+    const auto it = ranks_.find(value);
+    return it == ranks_.end() ? -1 : it->second;
+  }
+  // Names optional output `i` of node `index` when the graph left it unnamed.
+  std::string name_output(int index, int i) {
+    onnx::NodeProto& n = *graph_.mutable_node(index);
+    while (n.output_size() <= i) n.add_output("");
+    if (n.output(i).empty()) {
+      const std::string name = fresh(n.op_type() + "_output" + std::to_string(i));
+      n.set_output(i, name);
+      producer_[name] = index;
+    }
+    return n.output(i);
   }
   // The summed gradient of `value` ("" when none has flowed into it).
   std::string gradient_of(const std::string& value) {
@@ -169,8 +242,6 @@ class Engine {
       if (names_.insert(name).second) return name;
     }
   }
-  void record_type(const std::string& type, const std::string& domain, const std::vector<std::string>& inputs,
-                   const std::vector<onnx::AttributeProto>& attrs, const std::vector<std::string>& outputs);
   [[noreturn]] void missing_rule(const onnx::NodeProto& node, int index, const std::vector<std::string>& xs,
                                  const std::string& y);
 
@@ -182,6 +253,7 @@ class Engine {
   int counter_ = 0;
   std::unordered_set<std::string> names_;
   std::unordered_map<std::string, DataType> types_;
+  std::unordered_map<std::string, int> ranks_;
   std::unordered_map<std::string, std::vector<std::string>> grads_;
   std::vector<onnx::NodeProto> emitted_;
   std::unordered_map<std::string, int> producer_;
@@ -194,14 +266,17 @@ std::string EngineBuilder::GO(int i) {
 bool EngineBuilder::has_GO(int i) const { return engine_.has_gradient(O(i)); }
 int EngineBuilder::opset() const { return engine_.opset(); }
 DataType EngineBuilder::dtype(const std::string& value) const { return engine_.dtype(value); }
+int EngineBuilder::rank(const std::string& value) const { return engine_.rank(value); }
+std::string EngineBuilder::output(int i) { return engine_.name_output(index_, i); }
 std::vector<std::string> EngineBuilder::op_n(const std::string& type, const std::vector<std::string>& inputs,
                                              int n, const std::vector<onnx::AttributeProto>& attrs,
-                                             const std::string& domain) {
-  return engine_.emit(type, inputs, n, attrs, domain);
+                                             const std::string& domain, const std::vector<bool>& wanted) {
+  return engine_.emit(type, inputs, n, attrs, domain, wanted);
 }
 
 std::vector<std::string> Engine::emit(const std::string& type, const std::vector<std::string>& inputs, int n,
-                                      const std::vector<onnx::AttributeProto>& attrs, const std::string& domain) {
+                                      const std::vector<onnx::AttributeProto>& attrs, const std::string& domain,
+                                      const std::vector<bool>& wanted) {
   onnx::NodeProto node;
   node.set_op_type(type);
   if (!domain.empty()) node.set_domain(domain);
@@ -209,48 +284,14 @@ std::vector<std::string> Engine::emit(const std::string& type, const std::vector
   for (const auto& in : inputs) node.add_input(in);
   std::vector<std::string> outputs;
   for (int k = 0; k < n; ++k) {
-    outputs.push_back(fresh(type + "_out"));
+    const bool named = wanted.empty() || (static_cast<size_t>(k) < wanted.size() && wanted[static_cast<size_t>(k)]);
+    outputs.push_back(named ? fresh(type + "_out") : std::string());
     node.add_output(outputs.back());
   }
   for (const auto& a : attrs) *node.add_attribute() = a;
-  record_type(type, domain, inputs, attrs, outputs);
+  assign_output_types(node, types_);
   emitted_.push_back(std::move(node));
   return outputs;
-}
-
-// Element types of emitted values, so later rules (and higher-order gradients) can make
-// constants of the right type without re-running inference.
-void Engine::record_type(const std::string& type, const std::string& domain, const std::vector<std::string>& inputs,
-                         const std::vector<onnx::AttributeProto>& attrs, const std::vector<std::string>& outputs) {
-  auto input_type = [&](size_t i) {
-    if (i >= inputs.size()) return DataType::Undefined;
-    const auto it = types_.find(inputs[i]);
-    return it == types_.end() ? DataType::Undefined : it->second;
-  };
-  auto find_attr = [&](const char* name) -> const onnx::AttributeProto* {
-    for (const auto& a : attrs) {
-      if (a.name() == name) return &a;
-    }
-    return nullptr;
-  };
-  DataType t = input_type(0);
-  static const std::set<std::string> kBool = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not",
-                                              "And", "Or", "Xor", "IsNaN", "IsInf"};
-  if (domain.empty() && (type == "Shape" || type == "Size" || type == "ArgMax" || type == "ArgMin")) {
-    t = DataType::Int64;
-  } else if (domain.empty() && kBool.contains(type)) {
-    t = DataType::Bool;
-  } else if (domain.empty() && type == "Cast") {
-    t = static_cast<DataType>(find_attr("to")->i());
-  } else if (domain.empty() && type == "CastLike") {
-    t = input_type(1);
-  } else if (domain.empty() && (type == "Constant" || type == "ConstantOfShape")) {
-    const auto* v = find_attr("value");
-    t = v ? static_cast<DataType>(v->t().data_type()) : DataType::Float32;
-  } else if (domain.empty() && type == "Where") {
-    t = input_type(1);
-  }
-  for (const auto& o : outputs) types_[o] = t;
 }
 
 void Engine::missing_rule(const onnx::NodeProto& node, int index, const std::vector<std::string>& xs,
@@ -336,7 +377,12 @@ void Engine::expand(int index) {
   for (const auto& z : zs) check_defined(z, "zs");
   check_defined(y, "y");
 
-  types_ = infer_types(graph_, opsets_);
+  {
+    ValueTypes inferred = infer_types(graph_, opsets_);
+    types_ = std::move(inferred.dtypes);
+    ranks_ = std::move(inferred.ranks);
+    for (int i : topological_order(graph_)) assign_output_types(graph_.node(i), types_);
+  }
   for (const auto& x : xs) {
     const auto it = types_.find(x);
     if (it != types_.end() && it->second != DataType::Undefined && !is_floating(it->second)) {
@@ -412,6 +458,8 @@ void Engine::expand(int index) {
         const std::string renamed = fresh("clone");
         const auto t = types_.find(o);
         if (t != types_.end()) types_[renamed] = t->second;
+        const auto r = ranks_.find(o);
+        if (r != ranks_.end()) ranks_[renamed] = r->second;
         rename[o] = renamed;
         o = renamed;
       }
@@ -425,6 +473,8 @@ void Engine::expand(int index) {
       x_values[i] = gradient.input(static_cast<int>(i));
       const auto t = types_.find(xs[i]);
       if (t != types_.end() && !types_.contains(x_values[i])) types_[x_values[i]] = t->second;
+      const auto r = ranks_.find(xs[i]);
+      if (r != ranks_.end() && !ranks_.contains(x_values[i])) ranks_[x_values[i]] = r->second;
     }
     // The walk below runs over the clones: index them as the graph's nodes.
     for (auto& c : clones) *graph_.add_node() = c;
@@ -440,26 +490,12 @@ void Engine::expand(int index) {
   const std::vector<int> walk_order = topological_order(graph_);
   const auto [desc_values, desc_nodes] = descendants_of(x_values);
   const auto anc = ancestors_of(y_value, leaf_set);
-  const std::string seed = emit("ConstantOfShape", {emit("Shape", {y_value}, 1, {}, "")[0]}, 1, {}, "")[0];
-  // ConstantOfShape without a value gives float32 zeros; set the value to a one of y's type.
-  {
-    onnx::TensorProto one;
-    one.set_data_type(static_cast<int32_t>(dtype(y_value)));
-    one.add_dims(1);
-    if (dtype(y_value) == DataType::Float64) {
-      one.add_double_data(1.0);
-    } else if (dtype(y_value) == DataType::Float32) {
-      one.add_float_data(1.0f);
-    } else if (dtype(y_value) == DataType::Float16) {
-      one.add_int32_data(0x3C00);
-    } else if (dtype(y_value) == DataType::BFloat16) {
-      one.add_int32_data(0x3F80);
-    } else {
-      throw Error(context_ + ": y '" + y + "' is not a floating-point tensor");
-    }
-    *emitted_.back().add_attribute() = attr_tensor("value", one);
-    types_[seed] = dtype(y_value);
+  if (!is_floating(dtype(y_value))) {
+    throw Error(context_ + ": y '" + y + "' is " + std::string(dtype_name(dtype(y_value))) +
+                "; only a floating-point tensor can be differentiated");
   }
+  // The seed: ones shaped like y, so the result is the gradient of sum(y).
+  const std::string seed = EngineBuilder(*this, gradient, index, {}).ones_like(y_value);
   grads_[y_value].push_back(seed);
 
   for (auto it = walk_order.rbegin(); it != walk_order.rend(); ++it) {
@@ -484,7 +520,7 @@ void Engine::expand(int index) {
       any = true;
     }
     if (!any) continue;
-    EngineBuilder builder(*this, node, needs);
+    EngineBuilder builder(*this, node, i, needs);
     try {
       rule->build(builder);
     } catch (const Error& e) {
@@ -503,7 +539,7 @@ void Engine::expand(int index) {
     std::string g = gradient_of(x_values[static_cast<size_t>(k)]);
     if (g.empty()) {
       // y does not depend on this x: zeros shaped like it.
-      EngineBuilder builder(*this, gradient, {});
+      EngineBuilder builder(*this, gradient, index, {});
       g = builder.zeros_like(x_values[static_cast<size_t>(k)]);
     }
     onnx::NodeProto identity;

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <onnx/onnx_pb.h>
 
+#include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
 #include "runtime/graph_runner.h"
 
@@ -19,11 +20,22 @@ std::string ValueInfo::type_string() const {
   return s + "]";
 }
 
+namespace {
+// The model's graph, with Gradient nodes replaced by their backward nodes.
+ir::Graph inference_graph(const onnx::ModelProto& model, const std::filesystem::path& base_dir,
+                          const std::string& source) {
+  if (!autodiff::has_gradient_nodes(model.graph())) return ir::Graph::from_proto(model.graph(), source, base_dir);
+  onnx::GraphProto graph = model.graph();
+  autodiff::expand_gradients(graph, opsets_of(model, source), source + ", graph '" + graph.name() + "'");
+  return ir::Graph::from_proto(graph, source, base_dir);
+}
+}  // namespace
+
 struct Session::Impl {
   GraphRunner runner;
   Impl(const onnx::ModelProto& model, const std::filesystem::path& base_dir, const std::string& source,
        uint64_t seed)
-      : runner(ir::Graph::from_proto(model.graph(), source, base_dir), opsets_of(model, source), source, seed) {}
+      : runner(inference_graph(model, base_dir, source), opsets_of(model, source), source, seed) {}
 };
 
 namespace {

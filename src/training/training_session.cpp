@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "autodiff/gradient.h"
 #include "core/dispatch.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -99,8 +100,13 @@ struct TrainingSession::Impl {
     run_checker(model, proto, label);
     BoundGraph bound;
     bound.label = label;
-    bound.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(proto, label, base_dir),
-                                                          opsets, label);
+    ir::Graph graph_ir = [&] {
+      if (!autodiff::has_gradient_nodes(proto)) return ir::Graph::from_proto(proto, label, base_dir);
+      onnx::GraphProto expanded = proto;
+      autodiff::expand_gradients(expanded, opsets, label);
+      return ir::Graph::from_proto(expanded, label, base_dir);
+    }();
+    bound.runner = std::make_unique<runtime::GraphRunner>(std::move(graph_ir), opsets, label);
     const ir::Graph& graph = bound.runner->graph();
     for (const auto& [id, tensor] : graph.initializers()) {
       const std::string& name = graph.value(id).name;

@@ -68,6 +68,10 @@ void expect_close(const Tensor& got, const Tensor& want, double rtol, double ato
       EXPECT_TRUE(std::isnan(g[i])) << "element " << i;
       continue;
     }
+    if (std::isinf(w[i])) {
+      EXPECT_EQ(g[i], w[i]) << "element " << i;
+      continue;
+    }
     EXPECT_LE(std::abs(g[i] - w[i]), atol + rtol * std::abs(w[i]))
         << "element " << i << ": got " << g[i] << ", want " << w[i];
   }

@@ -1,0 +1,371 @@
+// Finite-difference checks of every gradient rule (src/autodiff/rules*.cpp), in float64.
+//
+// For each case: a model runs the op on its inputs, reduces every floating output to
+// loss = sum_k sum(out_k * R_k) with fixed random R_k, and a Gradient node (xs = the case's
+// differentiable inputs, y = loss) gives the analytic gradients. Each is compared with the
+// central difference (loss(x + eps) - loss(x - eps)) / (2 eps), eps = 1e-6, evaluated by the
+// same model without the Gradient node. Inputs avoid kinks (|x| >= 0.2 for ReLU-like ops,
+// distinct values for Max/Min) so the difference quotient is well defined.
+// RuleTable.EveryRuleHasAFiniteDifferenceCase checks that the cases cover the table.
+#include <onnx/onnx_pb.h>
+
+#include <cctype>
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "autodiff/builder.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+
+struct Input {
+  Tensor value;       // undefined: an omitted optional input
+  bool differentiable = false;
+};
+
+struct Case {
+  std::string op;
+  std::vector<onnx::AttributeProto> attrs;
+  std::vector<Input> inputs;
+  int outputs = 1;
+  int opset = 17;
+  std::string domain;
+  std::string label;  // distinguishes cases of one op
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.op << (c.label.empty() ? "" : " (" + c.label + ")"); }
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 engine(20261122);
+  return engine;
+}
+
+// Uniform in [lo, hi].
+Tensor uniform(const Shape& shape, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (double& x : v) x = dist(rng());
+  return Tensor::from_vector<double>(shape, v);
+}
+// |x| in [0.2, 1] with a random sign: away from the kinks at 0.
+Tensor signed_away_from_zero(const Shape& shape) {
+  Tensor t = uniform(shape, 0.2, 1.0);
+  std::bernoulli_distribution sign(0.5);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = sign(rng()) ? p[i] : -p[i];
+  return t;
+}
+Input x(const Shape& shape) { return {signed_away_from_zero(shape), true}; }
+Input positive(const Shape& shape) { return {uniform(shape, 0.5, 2.0), true}; }
+Input in_range(const Shape& shape, double lo, double hi) { return {uniform(shape, lo, hi), true}; }
+Input fixed(Tensor t) { return {std::move(t), false}; }
+Input omitted() { return {Tensor(), false}; }
+Tensor i64(const Shape& shape, const std::vector<int64_t>& v) { return Tensor::from_vector<int64_t>(shape, v); }
+Tensor i64(const std::vector<int64_t>& v) { return i64(Shape{static_cast<int64_t>(v.size())}, v); }
+// Distinct values: a shuffled ramp, so Max/Min/TopK have no ties.
+Input distinct(const Shape& shape) {
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -1.0 + 0.37 * static_cast<double>(i);
+  std::shuffle(v.begin(), v.end(), rng());
+  return {Tensor::from_vector<double>(shape, v), true};
+}
+
+onnx::ValueInfoProto value_info(const std::string& name, const Tensor& t) {
+  onnx::ValueInfoProto v;
+  v.set_name(name);
+  auto* type = v.mutable_type()->mutable_tensor_type();
+  type->set_elem_type(static_cast<int32_t>(t.dtype()));
+  for (int64_t d : t.shape()) type->mutable_shape()->add_dim()->set_dim_value(d);
+  return v;
+}
+
+// The case's model; with `gradient`, a Gradient node and its outputs grad_<i> too.
+onnx::ModelProto make_model(const Case& c, const std::vector<Tensor>& weights, bool gradient) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  auto add_opset = [&](const std::string& domain, int version) {
+    auto* o = model.add_opset_import();
+    o->set_domain(domain);
+    o->set_version(version);
+  };
+  add_opset("", c.domain.empty() ? c.opset : 17);
+  add_opset("ai.onnx.preview.training", 1);
+  if (!c.domain.empty()) add_opset(c.domain, 1);
+  auto* g = model.mutable_graph();
+  g->set_name("case");
+  auto* node = g->add_node();
+  node->set_op_type(c.op);
+  node->set_domain(c.domain);
+  node->set_name("node");
+  for (const auto& a : c.attrs) *node->add_attribute() = a;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (!c.inputs[i].value.defined()) {
+      node->add_input("");
+      continue;
+    }
+    const std::string name = "in" + std::to_string(i);
+    node->add_input(name);
+    *g->add_input() = value_info(name, c.inputs[i].value);
+  }
+  for (int k = 0; k < c.outputs; ++k) node->add_output("out" + std::to_string(k));
+  // loss = sum_k ReduceSum(out_k * R_k)
+  std::vector<std::string> terms;
+  for (size_t k = 0; k < weights.size(); ++k) {
+    if (!weights[k].defined()) continue;
+    const std::string r = "R" + std::to_string(k), t = "t" + std::to_string(k), s = "s" + std::to_string(k);
+    onnx::TensorProto init;
+    io::tensor_to_proto(weights[k], r, init);
+    *g->add_initializer() = init;
+    auto* m = g->add_node();
+    m->set_op_type("Mul");
+    m->add_input("out" + std::to_string(k));
+    m->add_input(r);
+    m->add_output(t);
+    auto* red = g->add_node();
+    red->set_op_type("ReduceSum");
+    red->add_input(t);
+    red->add_output(s);
+    *red->add_attribute() = attr("keepdims", int64_t{0});
+    terms.push_back(s);
+  }
+  auto* sum = g->add_node();
+  sum->set_op_type("Sum");
+  for (const auto& t : terms) sum->add_input(t);
+  sum->add_output("loss");
+  g->add_output()->set_name("loss");
+  if (gradient) {
+    auto* grad = g->add_node();
+    grad->set_op_type("Gradient");
+    grad->set_domain("ai.onnx.preview.training");
+    grad->set_name("gradient");
+    onnx::AttributeProto xs;
+    xs.set_name("xs");
+    xs.set_type(onnx::AttributeProto::STRINGS);
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      if (!c.inputs[i].differentiable) continue;
+      const std::string name = "in" + std::to_string(i);
+      xs.add_strings(name);
+      grad->add_input(name);
+      grad->add_output("grad_" + name);
+      g->add_output()->set_name("grad_" + name);
+    }
+    *grad->add_attribute() = xs;
+    *grad->add_attribute() = attr("y", std::string("loss"));
+  }
+  return model;
+}
+
+runtime::NamedTensors feeds_of(const Case& c) {
+  runtime::NamedTensors feeds;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (c.inputs[i].value.defined()) feeds["in" + std::to_string(i)] = c.inputs[i].value;
+  }
+  return feeds;
+}
+
+double loss_at(const onnx::ModelProto& model, const runtime::NamedTensors& feeds) {
+  runtime::Session session(model);  // a fresh session: random ops replay run 0
+  return session.run(feeds).at("loss").to_double_vector()[0];
+}
+
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.op + (c.label.empty() ? "" : " (" + c.label + ")"));
+  // Output shapes from a forward run, then the fixed random weights R_k.
+  std::vector<Tensor> weights;
+  {
+    Case forward = c;
+    onnx::ModelProto m = make_model(forward, {}, false);
+    auto* g = m.mutable_graph();
+    g->mutable_node()->RemoveLast();  // the Sum of no terms
+    g->clear_output();
+    for (int k = 0; k < c.outputs; ++k) g->add_output()->set_name("out" + std::to_string(k));
+    runtime::Session session(m);
+    const auto outs = session.run(feeds_of(c));
+    for (int k = 0; k < c.outputs; ++k) {
+      const Tensor& o = outs.at("out" + std::to_string(k));
+      weights.push_back(o.dtype() == DataType::Float64 ? uniform(o.shape(), -1.0, 1.0) : Tensor());
+    }
+  }
+  const onnx::ModelProto with_gradient = make_model(c, weights, true);
+  const onnx::ModelProto loss_only = make_model(c, weights, false);
+  runtime::NamedTensors feeds = feeds_of(c);
+  runtime::NamedTensors result;
+  try {
+    runtime::Session session(with_gradient);
+    result = session.run(feeds);
+  } catch (const std::exception& e) {
+    FAIL() << e.what();
+  }
+  constexpr double eps = 1e-6;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (!c.inputs[i].differentiable) continue;
+    const std::string name = "in" + std::to_string(i);
+    const Tensor& analytic = result.at("grad_" + name);
+    ASSERT_EQ(analytic.shape(), c.inputs[i].value.shape()) << name;
+    const auto got = analytic.to_double_vector();
+    for (int64_t j = 0; j < c.inputs[i].value.numel(); ++j) {
+      runtime::NamedTensors shifted = feeds;
+      Tensor plus = c.inputs[i].value.clone(), minus = c.inputs[i].value.clone();
+      plus.data<double>()[j] += eps;
+      minus.data<double>()[j] -= eps;
+      shifted[name] = plus;
+      const double up = loss_at(loss_only, shifted);
+      shifted[name] = minus;
+      const double down = loss_at(loss_only, shifted);
+      const double numeric = (up - down) / (2 * eps);
+      EXPECT_NEAR(got[static_cast<size_t>(j)], numeric, 1e-6 + 1e-5 * std::abs(numeric))
+          << name << "[" << j << "]";
+    }
+  }
+}
+
+std::vector<Case> cases() {
+  const Shape s23{2, 3};
+  std::vector<Case> c;
+  auto unary = [&](const std::string& op, Input in, std::vector<onnx::AttributeProto> attrs = {}) {
+    c.push_back({op, std::move(attrs), {std::move(in)}});
+  };
+  for (const char* op : {"Identity", "Neg", "Abs", "Exp", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Elu", "Selu",
+                         "Celu", "Softplus", "Softsign", "Sin", "Cos", "Tan", "Atan", "Sinh", "Cosh", "Asinh",
+                         "Erf"}) {
+    unary(op, x(s23));
+  }
+  for (const char* op : {"Log", "Sqrt", "Reciprocal"}) unary(op, positive(s23));
+  for (const char* op : {"Asin", "Acos", "Atanh"}) unary(op, in_range(s23, -0.8, 0.8));
+  unary("Acosh", in_range(s23, 1.2, 3.0));
+  unary("HardSigmoid", in_range(s23, -2.0, 2.0));
+  unary("HardSwish", in_range({3, 4}, -4.0, 4.0));
+  unary("ThresholdedRelu", in_range(s23, -2.0, 2.0), {attr("alpha", 0.1f)});
+  unary("Shrink", x(s23), {attr("lambd", 0.1f), attr("bias", 0.3f)});
+  c.push_back({"Cast", {attr("to", int64_t{11})}, {x(s23)}, 1, 17, "", "double to double"});
+  c.push_back({"Clip", {}, {x(s23), fixed(Tensor::scalar(-0.5)), fixed(Tensor::scalar(0.5))}});
+  c.push_back({"Clip", {}, {x(s23), omitted(), fixed(Tensor::scalar(0.5))}, 1, 17, "", "max only"});
+  c.push_back({"Clip", {attr("min", -0.5f), attr("max", 0.5f)}, {x(s23)}, 1, 6, "", "opset 6"});
+  // Broadcasting binary ops: the engine sums gradients back to each input's shape.
+  for (const char* op : {"Add", "Sub", "Mul"}) {
+    c.push_back({op, {}, {x({2, 1, 3}), x({4, 1})}, 1, 17, "", "broadcast"});
+  }
+  c.push_back({"Add", {attr("broadcast", int64_t{1})}, {x({2, 3}), x({3})}, 1, 6, "", "opset 6 broadcast"});
+  c.push_back({"Div", {}, {x({2, 3}), positive({3})}});
+  c.push_back({"Pow", {}, {positive({2, 3}), x({2, 3})}});
+  c.push_back({"PRelu", {}, {x({2, 3, 2}), x({3, 1})}});
+  c.push_back({"Sum", {}, {x({2, 3}), x({3}), x({2, 1})}});
+  c.push_back({"Mean", {}, {x({2, 3}), x({3})}});
+  c.push_back({"Max", {}, {distinct({2, 3}), distinct({3})}});
+  c.push_back({"Min", {}, {distinct({2, 3}), distinct({2, 3})}});
+  c.push_back({"Where", {}, {fixed(Tensor::from_vector<bool>({2, 3}, {true, false, true, false, false, true})),
+                             x({2, 3}), x({3})}});
+  c.push_back({"MatMul", {}, {x({2, 3, 4}), x({4, 2})}, 1, 17, "", "batched"});
+  c.push_back({"MatMul", {}, {x({4}), x({2, 4, 3})}, 1, 17, "", "1-D left"});
+  c.push_back({"MatMul", {}, {x({2, 4}), x({4})}, 1, 17, "", "1-D right"});
+  c.push_back({"Gemm", {attr("alpha", 0.5f), attr("beta", 2.0f)}, {x({2, 3}), x({3, 4}), x({4})}});
+  c.push_back({"Gemm", {attr("transA", int64_t{1}), attr("transB", int64_t{1})}, {x({3, 2}), x({4, 3}), x({2, 4})},
+               1, 17, "", "transposed"});
+  // Reductions.
+  const std::vector<int64_t> axis1{1};
+  c.push_back({"ReduceSum", {attr("keepdims", int64_t{0})}, {x({2, 3, 2}), fixed(i64(axis1))}});
+  c.push_back({"ReduceSum", {attr("axes", axis1)}, {x({2, 3, 2})}, 1, 11, "", "opset 11"});
+  c.push_back({"ReduceMean", {attr("axes", std::vector<int64_t>{0, 2}), attr("keepdims", int64_t{0})}, {x({2, 3, 2})}});
+  c.push_back({"ReduceSumSquare", {attr("axes", axis1)}, {x({2, 3})}});
+  c.push_back({"ReduceL1", {attr("axes", axis1)}, {x({2, 3})}});
+  c.push_back({"ReduceL2", {attr("axes", axis1), attr("keepdims", int64_t{0})}, {x({2, 3})}});
+  c.push_back({"ReduceLogSum", {attr("axes", axis1)}, {positive({2, 3})}});
+  c.push_back({"ReduceLogSumExp", {attr("keepdims", int64_t{0})}, {x({2, 3})}});
+  c.push_back({"ReduceMax", {attr("axes", axis1), attr("keepdims", int64_t{0})}, {distinct({2, 3})}});
+  c.push_back({"ReduceMin", {}, {distinct({2, 3})}});
+  c.push_back({"ReduceProd", {attr("axes", axis1)}, {x({2, 3})}});
+  c.push_back({"CumSum", {attr("reverse", int64_t{1})}, {x({2, 3}), fixed(Tensor::scalar<int64_t>(1))}});
+  // Shape and indexing.
+  c.push_back({"Reshape", {}, {x({2, 3}), fixed(i64({3, 2}))}});
+  c.push_back({"Flatten", {}, {x({2, 3, 2})}});
+  c.push_back({"Squeeze", {}, {x({2, 1, 3}), fixed(i64({1}))}});
+  c.push_back({"Unsqueeze", {}, {x({2, 3}), fixed(i64({0}))}});
+  c.push_back({"Transpose", {attr("perm", std::vector<int64_t>{1, 2, 0})}, {x({2, 3, 4})}});
+  c.push_back({"Concat", {attr("axis", int64_t{1})}, {x({2, 1}), x({2, 3})}});
+  c.push_back({"Split", {attr("axis", int64_t{1})}, {x({2, 5}), fixed(i64({2, 3}))}, 2});
+  c.push_back({"Expand", {}, {x({3, 1}), fixed(i64({2, 3, 4}))}});
+  c.push_back({"Tile", {}, {x({2, 3}), fixed(i64({2, 2}))}});
+  c.push_back({"Pad", {}, {x({2, 3}), fixed(i64({0, 1, 1, 2}))}});
+  c.push_back({"Slice", {}, {x({3, 4}), fixed(i64({0, 3})), fixed(i64({3, 0})), fixed(i64({0, 1})), fixed(i64({2, -1}))}});
+  c.push_back({"Gather", {attr("axis", int64_t{0})}, {x({4, 3}), fixed(i64({2, 2}, {1, 3, 1, 0}))}});
+  c.push_back({"GatherElements", {attr("axis", int64_t{1})}, {x({2, 3}), fixed(i64({2, 2}, {0, 0, 2, 1}))}});
+  c.push_back({"GatherND", {}, {x({2, 3}), fixed(i64({2, 2}, {0, 1, 1, 2}))}});
+  c.push_back({"ScatterElements", {attr("axis", int64_t{1})},
+               {x({2, 3}), fixed(i64({2, 1}, {2, 0})), x({2, 1})}});
+  c.push_back({"ScatterND", {}, {x({3, 2}), fixed(i64({2, 1}, {2, 0})), x({2, 2})}});
+  c.push_back({"Trilu", {}, {x({3, 3})}});
+  c.push_back({"DepthToSpace", {attr("blocksize", int64_t{2})}, {x({1, 4, 2, 2})}});
+  c.push_back({"SpaceToDepth", {attr("blocksize", int64_t{2})}, {x({1, 1, 4, 4})}});
+  c.push_back({"TopK", {}, {distinct({2, 4}), fixed(i64({2}))}, 2});
+  // Neural-network ops.
+  c.push_back({"Conv", {attr("pads", std::vector<int64_t>{1, 0, 1, 1}), attr("strides", std::vector<int64_t>{2, 1})},
+               {x({2, 2, 4, 3}), x({3, 2, 3, 2}), x({3})}});
+  c.push_back({"Conv", {attr("group", int64_t{2})}, {x({1, 4, 3}), x({2, 2, 2})}, 1, 17, "", "groups"});
+  c.push_back({"ConvTranspose", {attr("strides", std::vector<int64_t>{2, 2})}, {x({1, 2, 2, 3}), x({2, 3, 2, 2}), x({3})}});
+  c.push_back({"MaxPool", {attr("kernel_shape", std::vector<int64_t>{2, 2})}, {distinct({1, 2, 3, 4})}});
+  c.push_back({"AveragePool", {attr("kernel_shape", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{1, 1, 0, 0})},
+               {x({1, 2, 3, 4})}});
+  c.push_back({"GlobalAveragePool", {}, {x({2, 3, 2, 2})}});
+  c.push_back({"GlobalMaxPool", {}, {distinct({2, 3, 2, 2})}});
+  c.push_back({"BatchNormalization", {attr("training_mode", int64_t{1})},
+               {x({3, 2, 2}), x({2}), x({2}), fixed(uniform({2}, -1, 1)), fixed(uniform({2}, 0.5, 1.5))}, 1, 15, "", "training"});
+  c.push_back({"BatchNormalization", {}, {x({3, 2, 2}), x({2}), x({2}), x({2}), positive({2})}, 1, 15, "", "inference"});
+  c.push_back({"InstanceNormalization", {}, {x({2, 2, 3}), x({2}), x({2})}});
+  c.push_back({"LayerNormalization", {attr("axis", int64_t{1})}, {x({2, 2, 3}), x({2, 3}), x({2, 3})}});
+  c.push_back({"Dropout", {attr("seed", int64_t{7})},
+               {x({4, 5}), fixed(Tensor::scalar(0.3)), fixed(Tensor::scalar(true))}, 2, 17, "", "training"});
+  c.push_back({"Dropout", {}, {x({2, 3})}, 1, 17, "", "inference"});
+  c.push_back({"Softmax", {}, {x({2, 3})}});
+  c.push_back({"Softmax", {}, {x({2, 2, 3})}, 1, 11, "", "opset 11 (2-D coercion)"});
+  c.push_back({"LogSoftmax", {attr("axis", int64_t{1})}, {x({2, 3, 2})}});
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    c.push_back({"SoftmaxCrossEntropyLoss", {attr("reduction", std::string(reduction)), attr("ignore_index", int64_t{2})},
+                 {x({4, 3}), fixed(i64({0, 2, 1, 1})), fixed(uniform({3}, 0.5, 1.5))}, 1, 17, "", reduction});
+  }
+  c.push_back({"SoftmaxCrossEntropyLoss", {}, {x({2, 3, 2}), fixed(i64({2, 2}, {0, 2, 1, 1}))}, 2, 17, "", "log_prob used"});
+  c.push_back({"NegativeLogLikelihoodLoss", {attr("reduction", std::string("mean"))},
+               {x({3, 4}), fixed(i64({3, 0, 1})), fixed(uniform({4}, 0.5, 1.5))}});
+  // onnxtrain's own backward ops, differentiated again (second-order gradients).
+  c.push_back({"SumToShape", {}, {x({2, 3}), fixed(i64({3}))}, 1, 1, "ai.onnxtrain"});
+  c.push_back({"GatherGrad", {}, {x({2, 3}), fixed(i64({2}, {1, 1})), fixed(i64({4, 3}))}, 1, 1, "ai.onnxtrain"});
+  c.push_back({"GatherElementsGrad", {attr("axis", int64_t{1})},
+               {x({2, 2}), fixed(i64({2, 2}, {0, 0, 2, 1})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
+  c.push_back({"GatherNDGrad", {}, {x({2}), fixed(i64({2, 2}, {0, 1, 1, 2})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
+  return c;
+}
+
+class RuleCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RuleCase, MatchesFiniteDifferences) { check_case(GetParam()); }
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = info.param.op + "_" + info.param.label;
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name + "_" + std::to_string(info.index);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRules, RuleCase, ::testing::ValuesIn(cases()), case_name);
+
+TEST(RuleTable, EveryRuleHasAFiniteDifferenceCase) {
+  std::set<std::string> covered;
+  for (const Case& c : cases()) covered.insert(c.domain + "." + c.op);
+  for (const auto* rule : autodiff::all_rules()) {
+    if (rule->differentiable == 0 || std::string(rule->note) == "not twice differentiable") continue;
+    EXPECT_TRUE(covered.contains(std::string(rule->domain) + "." + rule->op_type))
+        << rule->op_type << " has a rule but no finite-difference case";
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
