@@ -397,10 +397,10 @@ void Engine::expand(int index) {
   std::string y_value = y;
 
   // Nodes that read xs or zs, directly or not (their values change when the node's inputs do).
-  auto descendants_of = [&](const std::vector<std::string>& roots) {
+  auto descendants_of = [&](const std::vector<std::string>& roots, const std::vector<int>& node_order) {
     std::unordered_set<std::string> values(roots.begin(), roots.end());
     std::unordered_set<int> nodes;
-    for (int i : order) {
+    for (int i : node_order) {
       if (i == index) continue;
       const auto& n = graph_.node(i);
       if (std::any_of(n.input().begin(), n.input().end(), [&](const std::string& in) { return values.contains(in); })) {
@@ -440,7 +440,7 @@ void Engine::expand(int index) {
     // Clone the nodes between xs+zs and y, reading the Gradient node's inputs instead.
     std::vector<std::string> roots = xs;
     roots.insert(roots.end(), zs.begin(), zs.end());
-    const auto [desc_values, desc_nodes] = descendants_of(roots);
+    const auto [desc_values, desc_nodes] = descendants_of(roots, order);
     std::unordered_set<std::string> stop(roots.begin(), roots.end());
     const auto anc = ancestors_of(y, stop);
     std::unordered_map<std::string, std::string> rename;
@@ -488,7 +488,7 @@ void Engine::expand(int index) {
 
   // The backward walk over nodes between x_values and y_value.
   const std::vector<int> walk_order = topological_order(graph_);
-  const auto [desc_values, desc_nodes] = descendants_of(x_values);
+  const auto [desc_values, desc_nodes] = descendants_of(x_values, walk_order);
   const auto anc = ancestors_of(y_value, leaf_set);
   if (!is_floating(dtype(y_value))) {
     throw Error(context_ + ": y '" + y + "' is " + std::string(dtype_name(dtype(y_value))) +

@@ -1,0 +1,262 @@
+// The Gradient operator on hand-built graphs: what the per-rule finite-difference tests do not
+// cover — gradients with respect to an intermediate tensor, evaluation at other values than
+// the forward ones, second derivatives, zs inputs, skipped outputs, an x that y does not
+// depend on, the errors, and a Gradient node inside a TrainingInfoProto algorithm.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <vector>
+
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
+#include "onnxtrain/training.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::expect_close;
+
+struct GraphBuilder {
+  onnx::ModelProto model;
+  onnx::GraphProto& g;
+
+  GraphBuilder() : g(*model.mutable_graph()) {
+    model.set_ir_version(8);
+    auto* o = model.add_opset_import();
+    o->set_version(17);
+    auto* t = model.add_opset_import();
+    t->set_domain("ai.onnx.preview.training");
+    t->set_version(1);
+    g.set_name("g");
+  }
+  void input(const std::string& name, std::vector<int64_t> dims, int type = onnx::TensorProto::DOUBLE) {
+    auto* v = g.add_input();
+    v->set_name(name);
+    auto* t = v->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(type);
+    for (int64_t d : dims) t->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  onnx::NodeProto* node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out) {
+    auto* n = g.add_node();
+    n->set_op_type(op);
+    n->set_name(op + "_" + (out.empty() ? std::string("x") : out[0]));
+    for (auto& i : in) n->add_input(i);
+    for (auto& o : out) n->add_output(o);
+    return n;
+  }
+  onnx::NodeProto* gradient(std::vector<std::string> in, std::vector<std::string> out, std::vector<std::string> xs,
+                            const std::string& y, std::vector<std::string> zs = {}) {
+    auto* n = node("Gradient", std::move(in), std::move(out));
+    n->set_domain("ai.onnx.preview.training");
+    n->set_name("gradient_" + y + std::to_string(g.node_size()));
+    auto strings = [&](const char* name, const std::vector<std::string>& v) {
+      auto* a = n->add_attribute();
+      a->set_name(name);
+      a->set_type(onnx::AttributeProto::STRINGS);
+      for (const auto& s : v) a->add_strings(s);
+    };
+    strings("xs", xs);
+    if (!zs.empty()) strings("zs", zs);
+    auto* a = n->add_attribute();
+    a->set_name("y");
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(y);
+    return n;
+  }
+  void output(const std::string& name) { g.add_output()->set_name(name); }
+  void typed_output(const std::string& name, std::vector<int64_t> dims) {
+    input(name, std::move(dims));
+    *g.add_output() = g.input(g.input_size() - 1);
+    g.mutable_input()->RemoveLast();
+  }
+  runtime::NamedTensors run(const runtime::NamedTensors& feeds) { return runtime::Session(model).run(feeds); }
+};
+
+Tensor vec(const std::vector<double>& v) { return Tensor::from_vector<double>({static_cast<int64_t>(v.size())}, v); }
+
+// y = sum(h * h) with h = x + b.
+void square_of_sum(GraphBuilder& m) {
+  m.input("x", {3});
+  m.input("b", {3});
+  m.node("Add", {"x", "b"}, {"h"});
+  m.node("Mul", {"h", "h"}, {"s"});
+  m.node("ReduceSum", {"s"}, {"y"});
+  m.output("y");
+}
+
+TEST(Gradient, WithRespectToAnIntermediateTensor) {
+  GraphBuilder m;
+  square_of_sum(m);
+  m.gradient({"h"}, {"dh"}, {"h"}, "y");
+  m.output("dh");
+  const auto out = m.run({{"x", vec({1, 2, 3})}, {"b", vec({0.5, 0, -1})}});
+  expect_close(out.at("dh"), vec({3, 4, 4}));  // 2h
+}
+
+TEST(Gradient, EvaluatesAtTheNodesInputsWhenTheyDifferFromXs) {
+  GraphBuilder m;
+  square_of_sum(m);
+  m.input("x_other", {3});
+  m.gradient({"x_other", "b"}, {"dx", "db"}, {"x", "b"}, "y");
+  m.output("dx");
+  m.output("db");
+  const auto out = m.run({{"x", vec({1, 2, 3})}, {"b", vec({0, 0, 0})}, {"x_other", vec({-1, 5, 0.25})}});
+  EXPECT_EQ(out.at("y").to_double_vector(), std::vector<double>{14.0});  // the forward value is untouched
+  expect_close(out.at("dx"), vec({-2, 10, 0.5}));   // 2 (x_other + b)
+  expect_close(out.at("db"), vec({-2, 10, 0.5}));
+}
+
+TEST(Gradient, SecondDerivativeOfACube) {
+  // y = x^3 element-wise: dy/dx = 3x^2, and the gradient of sum(3x^2) is 6x.
+  GraphBuilder m;
+  m.input("x", {3});
+  m.node("Mul", {"x", "x"}, {"x2"});
+  m.node("Mul", {"x2", "x"}, {"y"});
+  m.gradient({"x"}, {"dy"}, {"x"}, "y");
+  m.gradient({"x"}, {"d2y"}, {"x"}, "dy");
+  m.output("dy");
+  m.output("d2y");
+  const auto out = m.run({{"x", vec({-1, 0.5, 2})}});
+  expect_close(out.at("dy"), vec({3, 0.75, 12}));
+  expect_close(out.at("d2y"), vec({-6, 3, 12}));
+}
+
+TEST(Gradient, ZsAreInputsWithoutGradients) {
+  GraphBuilder m;
+  m.input("x", {2});
+  m.input("z", {2});
+  m.node("Mul", {"x", "z"}, {"p"});
+  m.node("ReduceSum", {"p"}, {"y"});
+  m.gradient({"x", "z"}, {"dx"}, {"x"}, "y", {"z"});
+  m.output("dx");
+  expect_close(m.run({{"x", vec({1, 2})}, {"z", vec({3, -4})}}).at("dx"), vec({3, -4}));
+}
+
+TEST(Gradient, EmptyOutputNamesSkipGradientsAndUnusedXsGetZeros) {
+  GraphBuilder m;
+  m.input("a", {2});
+  m.input("b", {2});
+  m.input("unused", {2, 2});
+  m.node("Mul", {"a", "b"}, {"y"});  // y is not a scalar: the seed is ones shaped like y
+  m.gradient({"a", "b", "unused"}, {"", "db", "dunused"}, {"a", "b", "unused"}, "y");
+  m.output("db");
+  m.output("dunused");
+  const auto out = m.run({{"a", vec({2, 3})}, {"b", vec({5, 7})}, {"unused", Tensor::zeros(DataType::Float64, {2, 2})}});
+  expect_close(out.at("db"), vec({2, 3}));
+  expect_close(out.at("dunused"), Tensor::zeros(DataType::Float64, {2, 2}));
+}
+
+std::string error_of(GraphBuilder& m, const runtime::NamedTensors& feeds) {
+  try {
+    m.run(feeds);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Gradient, AnOpWithoutARuleNamesTheOpTheNodeAndThePath) {
+  GraphBuilder m;
+  m.input("x", {2});
+  m.node("Exp", {"x"}, {"e"});
+  auto* n = m.node("Einsum", {"e"}, {"s"});
+  auto* eq = n->add_attribute();
+  eq->set_name("equation");
+  eq->set_type(onnx::AttributeProto::STRING);
+  eq->set_s("i->");
+  m.gradient({"x"}, {"dx"}, {"x"}, "s");
+  m.output("dx");
+  const std::string message = error_of(m, {{"x", vec({1, 2})}});
+  EXPECT_NE(message.find("no gradient rule for Einsum"), std::string::npos) << message;
+  EXPECT_NE(message.find("node 'Einsum_s'"), std::string::npos) << message;
+  EXPECT_NE(message.find("'x' -> Exp -> [Einsum]"), std::string::npos) << message;
+}
+
+TEST(Gradient, RejectsIntegerXsUnknownNamesAndMismatchedInputs) {
+  {
+    GraphBuilder m;
+    m.input("i", {2}, onnx::TensorProto::INT64);
+    m.node("Cast", {"i"}, {"f"})->add_attribute()->CopyFrom([] {
+      onnx::AttributeProto a;
+      a.set_name("to");
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(onnx::TensorProto::DOUBLE);
+      return a;
+    }());
+    m.node("ReduceSum", {"f"}, {"y"});
+    m.gradient({"i"}, {"di"}, {"i"}, "y");
+    m.output("di");
+    const std::string message = error_of(m, {{"i", Tensor::from_vector<int64_t>({2}, {1, 2})}});
+    EXPECT_NE(message.find("xs names 'i' of type int64"), std::string::npos) << message;
+  }
+  {
+    GraphBuilder m;
+    square_of_sum(m);
+    m.gradient({"x"}, {"dx"}, {"x"}, "nonexistent");
+    m.output("dx");
+    const std::string message = error_of(m, {{"x", vec({1, 2, 3})}, {"b", vec({0, 0, 0})}});
+    EXPECT_NE(message.find("attribute 'y' names 'nonexistent'"), std::string::npos) << message;
+  }
+  {
+    GraphBuilder m;
+    square_of_sum(m);
+    m.gradient({"x", "b"}, {"dx"}, {"x"}, "y");
+    m.output("dx");
+    const std::string message = error_of(m, {{"x", vec({1, 2, 3})}, {"b", vec({0, 0, 0})}});
+    EXPECT_NE(message.find("has 2 inputs but xs and zs name 1"), std::string::npos) << message;
+  }
+}
+
+TEST(Gradient, DrivesATrainingInfoAlgorithm) {
+  // Inference: y = x·w. Algorithm: loss = sum((y - t)^2), dw = Gradient(w), w_new = w - 0.1 dw.
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  auto* training_opset = model.add_opset_import();
+  training_opset->set_domain("ai.onnx.preview.training");
+  training_opset->set_version(1);
+  auto& g = *model.mutable_graph();
+  g.set_name("inference");
+  GraphBuilder inputs;  // only for its input() helper
+  inputs.input("x", {2, 2});
+  *g.add_input() = inputs.g.input(0);
+  io::tensor_to_proto(Tensor::from_vector<double>({2}, {0.5, -1}), "w", *g.add_initializer());
+  auto* mm = g.add_node();
+  mm->set_op_type("MatMul");
+  mm->add_input("x");
+  mm->add_input("w");
+  mm->add_output("y");
+  inputs.typed_output("y", {2});
+  *g.add_output() = inputs.g.output(0);
+
+  auto* info = model.add_training_info();
+  GraphBuilder alg;
+  alg.g.set_name("algorithm");
+  alg.input("t", {2});
+  alg.node("Sub", {"y", "t"}, {"r"});
+  alg.node("Mul", {"r", "r"}, {"r2"});
+  alg.node("ReduceSum", {"r2"}, {"loss"});
+  alg.gradient({"w"}, {"dw"}, {"w"}, "loss");
+  io::tensor_to_proto(Tensor::scalar(0.1), "lr", *alg.g.add_initializer());
+  alg.node("Mul", {"dw", "lr"}, {"step"});
+  alg.node("Sub", {"w", "step"}, {"w_new"});
+  alg.typed_output("loss", {1});
+  alg.typed_output("w_new", {2});
+  *info->mutable_algorithm() = alg.g;
+  auto* binding = info->add_update_binding();
+  binding->set_key("w");
+  binding->set_value("w_new");
+
+  training::TrainingSession session(model);
+  const Tensor x = Tensor::from_vector<double>({2, 2}, {1, 2, 3, 4});
+  const Tensor t = vec({1, 1});
+  session.step({{"x", x}, {"t", t}});
+  // y = [1*0.5 - 2, 3*0.5 - 4] = [-1.5, -2.5]; r = [-2.5, -3.5]; dw = 2 x^T r = [-26, -38].
+  expect_close(session.state().at("w"), vec({0.5 + 2.6, -1 + 3.8}));
+}
+
+}  // namespace
+}  // namespace onnxtrain
