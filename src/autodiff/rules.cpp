@@ -128,6 +128,8 @@ void cast_rule(Builder& b) {
   // The gradient goes back to the input's (floating) type.
   b.set_GI(0, cast_to(b, b.GO(0), b.dtype(b.I(0))));
 }
+void cast_like_rule(Builder& b) { b.set_GI(0, cast_to(b, b.GO(0), b.dtype(b.I(0)))); }
+void mod_rule(Builder& b) { b.set_GI(0, b.GO(0)); }  // a mod b = a - b floor(a / b): slope 1 in a
 void clip_rule(Builder& b) {
   // Passes where min <= x <= max (PyTorch's clamp rule). Clip-1/6: attributes; 11+: inputs.
   const std::string x = b.I(0);
@@ -295,6 +297,7 @@ std::vector<Rule> math_rules() {
     {"", "Atanh",             kIn0,  false, atanh_rule,           "dx = dy / (1 - x^2)"},
     {"", "Erf",               kIn0,  false, erf_rule,             "dx = dy 2/sqrt(pi) e^(-x^2)"},
     {"", "Cast",              kIn0,  false, cast_rule,            "dx = cast(dy) back to x's type"},
+    {"", "CastLike",          kIn0,  false, cast_like_rule,       "dx = cast(dy) back to x's type"},
     {"", "Clip",              kIn0,  false, clip_rule,            "dx = dy where min <= x <= max"},
     {"", "Add",               kIn01, true,  add_rule,             "da = dy, db = dy"},
     {"", "Sub",               kIn01, true,  sub_rule,             "da = dy, db = -dy"},
@@ -315,7 +318,7 @@ std::vector<Rule> math_rules() {
     {"", "Ceil",              0, false, nullptr, "piecewise constant"},
     {"", "Round",             0, false, nullptr, "piecewise constant"},
     {"", "Sign",              0, false, nullptr, "piecewise constant"},
-    {"", "Mod",               0, false, nullptr, "not differentiated (integer use)"},
+    {"", "Mod",               kIn0, true,  mod_rule,              "da = dy (the divisor gets none; piecewise constant in it almost everywhere)"},
     {"", "Equal",             0, false, nullptr, "boolean output"},
     {"", "Greater",           0, false, nullptr, "boolean output"},
     {"", "Less",              0, false, nullptr, "boolean output"},

@@ -175,6 +175,8 @@ void gather_nd_rule(Builder& b) {
 void scatter_rule(Builder& b) {
   // Overwritten positions of data get no gradient (reduction none); updates get dy there.
   const bool nd = b.node().op_type() == "ScatterND";
+  // Scatter (opsets 9-10) predates GatherElements: use onnxtrain's alias of it there.
+  const bool legacy = b.node().op_type() == "Scatter";
   const std::string reduction = b.get_string("reduction", "none");
   if (reduction != "none" && reduction != "add") {
     throw Error("the gradient of " + b.node().op_type() + " supports reduction 'none' and 'add', not '" + reduction + "'");
@@ -185,7 +187,9 @@ void scatter_rule(Builder& b) {
     b.set_GI(0, reduction == "add" ? b.GO(0)
                                     : b.op(b.node().op_type(), {b.GO(0), b.I(1), b.zeros_like(b.I(2))}, axis));
   }
-  if (b.needs(2)) b.set_GI(2, b.op(nd ? "GatherND" : "GatherElements", {b.GO(0), b.I(1)}, axis));
+  if (b.needs(2)) {
+    b.set_GI(2, b.op(nd ? "GatherND" : "GatherElements", {b.GO(0), b.I(1)}, axis, legacy ? kInternalDomain : ""));
+  }
 }
 void trilu_rule(Builder& b) {
   std::vector<std::string> inputs{b.GO(0)};
@@ -238,6 +242,7 @@ std::vector<Rule> shape_rules() {
     {"", "GatherElements",     kIn0, false, gather_elements_rule,    "dx = scatter-add of dy (ai.onnxtrain.GatherElementsGrad)"},
     {"", "GatherND",           kIn0, false, gather_nd_rule,          "dx = scatter-add of dy (ai.onnxtrain.GatherNDGrad)"},
     {"", "ScatterElements",    inputs_mask({0, 2}), false, scatter_rule, "ddata = dy with scattered positions zeroed; dupdates = gather(dy)"},
+    {"", "Scatter",            inputs_mask({0, 2}), false, scatter_rule, "as ScatterElements (its opset 9-10 name)"},
     {"", "ScatterND",          inputs_mask({0, 2}), false, scatter_rule, "ddata = dy with scattered positions zeroed; dupdates = gather(dy)"},
     {"", "Trilu",              kIn0, false, trilu_rule,              "dx = Trilu(dy)"},
     {"", "DepthToSpace",       kIn0, false, depth_to_space_rule,     "dx = SpaceToDepth(dy) (DCR)"},

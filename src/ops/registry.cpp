@@ -213,6 +213,7 @@ const KernelDef kKernels[] = {
   {kInternal, "GatherGrad",         1, 1,    kFloat,            make_gather_grad},
   {kInternal, "GatherElementsGrad", 1, 1,    kFloat,            make_gather_grad},
   {kInternal, "GatherNDGrad",       1, 1,    kFloat,            make_gather_grad},
+  {kInternal, "GatherElements",     1, 1,    kAll,              make_gather_elements},  // for Scatter-9/10 gradients
   {kInternal, "ConvGrad",           1, 1,    kFloat,            make_conv_grad},
   {kInternal, "ConvTransposeGrad",  1, 1,    kFloat,            make_conv_grad},
   {kInternal, "MaxPoolGrad",        1, 1,    kFloat,            make_pool_grad},

@@ -16,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include <onnx/defs/schema.h>
+
 #include "autodiff/builder.h"
+#include "ops/registry.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
@@ -71,10 +74,13 @@ Input fixed(Tensor t) { return {std::move(t), false}; }
 Input omitted() { return {Tensor(), false}; }
 Tensor i64(const Shape& shape, const std::vector<int64_t>& v) { return Tensor::from_vector<int64_t>(shape, v); }
 Tensor i64(const std::vector<int64_t>& v) { return i64(Shape{static_cast<int64_t>(v.size())}, v); }
-// Distinct values: a shuffled ramp, so Max/Min/TopK have no ties.
+// Distinct values: a shuffled ramp, offset differently on each call, so Max/Min/TopK see no
+// ties within or across inputs.
 Input distinct(const Shape& shape) {
+  static int calls = 0;
+  const double offset = 0.0131 * ++calls;
   std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = -1.0 + 0.37 * static_cast<double>(i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -1.0 + offset + 0.37 * static_cast<double>(i);
   std::shuffle(v.begin(), v.end(), rng());
   return {Tensor::from_vector<double>(shape, v), true};
 }
@@ -247,6 +253,8 @@ std::vector<Case> cases() {
   unary("ThresholdedRelu", in_range(s23, -2.0, 2.0), {attr("alpha", 0.1f)});
   unary("Shrink", x(s23), {attr("lambd", 0.1f), attr("bias", 0.3f)});
   c.push_back({"Cast", {attr("to", int64_t{11})}, {x(s23)}, 1, 17, "", "double to double"});
+  c.push_back({"CastLike", {}, {x(s23), fixed(Tensor::scalar(0.0))}});
+  c.push_back({"Mod", {attr("fmod", int64_t{1})}, {in_range(s23, 0.2, 4.8), fixed(Tensor::scalar(5.0))}});
   c.push_back({"Clip", {}, {x(s23), fixed(Tensor::scalar(-0.5)), fixed(Tensor::scalar(0.5))}});
   c.push_back({"Clip", {}, {x(s23), omitted(), fixed(Tensor::scalar(0.5))}, 1, 17, "", "max only"});
   c.push_back({"Clip", {attr("min", -0.5f), attr("max", 0.5f)}, {x(s23)}, 1, 6, "", "opset 6"});
@@ -301,6 +309,7 @@ std::vector<Case> cases() {
   c.push_back({"GatherND", {}, {x({2, 3}), fixed(i64({2, 2}, {0, 1, 1, 2}))}});
   c.push_back({"ScatterElements", {attr("axis", int64_t{1})},
                {x({2, 3}), fixed(i64({2, 1}, {2, 0})), x({2, 1})}});
+  c.push_back({"Scatter", {attr("axis", int64_t{1})}, {x({2, 3}), fixed(i64({2, 1}, {2, 0})), x({2, 1})}, 1, 10});
   c.push_back({"ScatterND", {}, {x({3, 2}), fixed(i64({2, 1}, {2, 0})), x({2, 2})}});
   c.push_back({"Trilu", {}, {x({3, 3})}});
   c.push_back({"DepthToSpace", {attr("blocksize", int64_t{2})}, {x({1, 4, 2, 2})}});
@@ -365,6 +374,30 @@ TEST(RuleTable, EveryRuleHasAFiniteDifferenceCase) {
     EXPECT_TRUE(covered.contains(std::string(rule->domain) + "." + rule->op_type))
         << rule->op_type << " has a rule but no finite-difference case";
   }
+}
+
+// The ONNX schemas tag each input Differentiable or not (libonnx OpSchema formal parameters).
+// Every tagged input of an operator onnxtrain runs must be in its rule's differentiable mask,
+// or the rule must declare the op non-differentiable (piecewise constant, like Hardmax).
+TEST(RuleTable, CoversEveryInputTheSchemasTagDifferentiable) {
+  std::vector<std::string> missing;
+  std::set<std::string> seen;
+  for (const auto& def : ops::kernel_table()) {
+    if (!def.domain.empty() || !seen.insert(std::string(def.op_type)).second) continue;
+    const std::string op(def.op_type);
+    const auto* schema = onnx::OpSchemaRegistry::Schema(op, 17, "");
+    if (!schema) continue;
+    const auto* rule = autodiff::find_rule("", op);
+    const auto& inputs = schema->inputs();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].GetDifferentiationCategory() != onnx::OpSchema::Differentiable) continue;
+      const bool covered = rule && (rule->differentiable == 0 || (i < 32 && (rule->differentiable & (1u << i))));
+      if (!covered) missing.push_back(op + " input " + std::to_string(i) + " (" + inputs[i].GetName() + ")");
+    }
+  }
+  std::string list;
+  for (const auto& m : missing) list += "\n  " + m;
+  EXPECT_TRUE(missing.empty()) << "inputs tagged Differentiable without a gradient rule:" << list;
 }
 
 }  // namespace
