@@ -9,7 +9,12 @@
 // RuleTable.EveryRuleHasAFiniteDifferenceCase checks that the cases cover the table.
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <sstream>
 #include <cmath>
 #include <random>
 #include <set>
@@ -398,6 +403,98 @@ TEST(RuleTable, CoversEveryInputTheSchemasTagDifferentiable) {
   std::string list;
   for (const auto& m : missing) list += "\n  " + m;
   EXPECT_TRUE(missing.empty()) << "inputs tagged Differentiable without a gradient rule:" << list;
+}
+
+// docs/gradients.md is generated from the rule table and the cases above; this test fails when
+// it is stale. Regenerate: ONNXTRAIN_UPDATE_DOCS=1 build/release/tests/gradient_rules_test
+// --gtest_filter=RuleTable.DocsAreUpToDate
+std::string gradients_doc() {
+  std::ostringstream out;
+  out << "# Gradients\n\n"
+      << "Generated from the rule table (`src/autodiff/rules*.cpp`) by\n"
+      << "`ONNXTRAIN_UPDATE_DOCS=1 build/release/tests/gradient_rules_test --gtest_filter=RuleTable.DocsAreUpToDate`;\n"
+      << "the test fails when this file is stale.\n\n"
+      << "## The Gradient operator\n\n"
+      << "`Gradient` (`ai.onnx.preview.training` version 1) is expanded before planning into ordinary nodes\n"
+      << "(`src/autodiff/engine.cpp`), so the backward pass runs on the same kernels and can be\n"
+      << "differentiated again:\n\n"
+      << "- `y` need not be a scalar: the seed gradient is a tensor of ones shaped like `y`, so the\n"
+      << "  result is the gradient of `sum(y)`.\n"
+      << "- An input in `xs` that `y` does not depend on gets zeros shaped like it; an empty output name\n"
+      << "  skips that gradient; `xs` may name intermediate tensors.\n"
+      << "- When the node's inputs are the tensors `xs` and `zs` name, the forward values are reused;\n"
+      << "  otherwise the part of the graph between them and `y` is cloned and evaluated at the node's inputs.\n"
+      << "- The engine, not the rules, sums the gradients of a value used several times and sums a\n"
+      << "  broadcast gradient back to its input's shape (`ai.onnxtrain.SumToShape`).\n"
+      << "- Errors: an operator without a rule on a path from `xs` to `y` (the message names the op, the\n"
+      << "  node and the path), an integer tensor in `xs`, a name in `xs`, `zs` or `y` the graph does not define.\n\n"
+      << "## Rules\n\n"
+      << "\"Differentiable inputs\" are the inputs that receive a gradient (input names from the ONNX\n"
+      << "schema); the others (indices, shapes, running statistics) get none. Operators whose output is\n"
+      << "piecewise constant or integer are declared non-differentiable: their inputs' gradient is\n"
+      << "zero, not missing. Every rule is checked by finite differences in float64\n"
+      << "(`tests/unit/gradient_rules_test.cpp`, the cases named in the last column).\n\n"
+      << "| operator | differentiable inputs | gradient | finite-difference cases |\n|---|---|---|---|\n";
+  std::map<std::string, std::vector<std::string>> case_labels;
+  for (const Case& c : cases()) case_labels[c.domain + "." + c.op].push_back(c.label.empty() ? "default" : c.label);
+  auto row = [&](const autodiff::Rule* rule) {
+    const std::string domain(rule->domain);
+    const std::string name = domain.empty() ? rule->op_type : domain + "." + rule->op_type;
+    std::string inputs;
+    if (std::string(rule->note) == "not twice differentiable") {
+      inputs = "- (differentiating it is an error)";
+    } else if (rule->differentiable == 0) {
+      inputs = "none";
+    } else if (rule->differentiable == autodiff::kAllInputs) {
+      inputs = "all";
+    } else {
+      const auto* schema = domain.empty() ? onnx::OpSchemaRegistry::Schema(rule->op_type, 17, "") : nullptr;
+      for (int i = 0; i < 32; ++i) {
+        if (!(rule->differentiable & (1u << i))) continue;
+        if (!inputs.empty()) inputs += ", ";
+        const bool named = schema && static_cast<size_t>(i) < schema->inputs().size();
+        inputs += named ? schema->inputs()[static_cast<size_t>(i)].GetName() : "input " + std::to_string(i);
+      }
+    }
+    std::string checked = "-";
+    const auto it = case_labels.find(domain + "." + rule->op_type);
+    if (it != case_labels.end()) {
+      checked.clear();
+      for (const auto& l : it->second) checked += (checked.empty() ? "" : ", ") + l;
+    }
+    out << "| " << name << " | " << inputs << " | " << rule->note << " | " << checked << " |\n";
+  };
+  std::vector<const autodiff::Rule*> rules = autodiff::all_rules();
+  std::sort(rules.begin(), rules.end(), [](const auto* a, const auto* b) {
+    return std::string(a->domain) + a->op_type < std::string(b->domain) + b->op_type;
+  });
+  for (const auto* r : rules) {
+    if (std::string(r->domain).empty()) row(r);
+  }
+  out << "\n## Backward ops of the `ai.onnxtrain` domain\n\n"
+      << "Emitted by rules where standard ONNX ops would be much slower or need a newer opset\n"
+      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`). Their own rules make\n"
+      << "second derivatives work, except through convolution and pooling.\n\n"
+      << "| operator | differentiable inputs | gradient | finite-difference cases |\n|---|---|---|---|\n";
+  for (const auto* r : rules) {
+    if (!std::string(r->domain).empty()) row(r);
+  }
+  return out.str();
+}
+
+TEST(RuleTable, DocsAreUpToDate) {
+  const std::filesystem::path path = std::filesystem::path(ONNXTRAIN_TEST_DATA) / ".." / ".." / "docs" / "gradients.md";
+  const std::string doc = gradients_doc();
+  if (std::getenv("ONNXTRAIN_UPDATE_DOCS")) {
+    io::write_file_atomic(path, doc);
+    return;
+  }
+  std::string current;
+  try {
+    current = io::read_file(path);
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(current, doc) << path << " is stale; regenerate it (see the comment above this test)";
 }
 
 }  // namespace
