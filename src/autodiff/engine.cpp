@@ -89,7 +89,7 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
   onnx::GraphProto copy = graph;
   try {
     onnx::shape_inference::InferShapes(&copy, opsets, onnx::OpSchemaRegistry::Instance(),
-                                       onnx::ShapeInferenceOptions(false, 0, false));
+                                       onnx::ShapeInferenceOptions(false, 0, true));
   } catch (const std::exception&) {
     // Inference is best effort; the types it could not find are reported where they are needed.
   }
@@ -142,6 +142,8 @@ void assign_output_types(const onnx::NodeProto& node, std::unordered_map<std::st
       t = v ? static_cast<DataType>(v->t().data_type()) : DataType::Float32;
     } else if (onnx && type == "Where") {
       t = input_type(1);
+    } else if (onnx && type == "OneHot") {
+      t = input_type(2);
     }
     if (t != DataType::Undefined) types[o] = t;
   }
@@ -216,6 +218,7 @@ class Engine {
       const std::string name = fresh(n.op_type() + "_output" + std::to_string(i));
       n.set_output(i, name);
       producer_[name] = index;
+      assign_output_types(n, types_);
     }
     return n.output(i);
   }
