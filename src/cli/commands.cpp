@@ -242,4 +242,27 @@ int step(const StepArgs& args) {
   return 0;
 }
 
+int make_trainable(const MakeTrainableArgs& args) {
+  const onnx::ModelProto model = io::load_model(args.model);
+  const onnx::ModelProto trainable = training::make_trainable(model, args.options, args.model);
+  // Check before writing: a model this command writes must pass `onnxtrain check`.
+  training::validate_training_info(trainable, args.output, std::filesystem::path(args.model).parent_path());
+  io::save_model(trainable, args.output, {.source_dir = std::filesystem::path(args.model).parent_path()});
+  const auto& info = trainable.training_info(0);
+  std::cout << "wrote " << args.output << ": " << info.update_binding_size() << " update bindings, "
+            << info.initialization_binding_size() << " initialization bindings\n";
+  for (const auto& b : info.update_binding()) {
+    if (b.key().rfind("onnxtrain.", 0) != 0) std::cout << "  trains " << b.key() << "\n";
+  }
+  return 0;
+}
+
+int export_model(const std::string& model_path, const std::string& output) {
+  const onnx::ModelProto model = io::load_model(model_path);
+  const onnx::ModelProto inference = training::export_inference(model);
+  io::save_model(inference, output, {.source_dir = std::filesystem::path(model_path).parent_path()});
+  std::cout << "wrote " << output << " (" << inference.graph().initializer_size() << " initializers)\n";
+  return 0;
+}
+
 }  // namespace onnxtrain::cli

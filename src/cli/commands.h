@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "onnxtrain/make_trainable.h"
+
 namespace onnxtrain::cli {
 
 struct RunArgs {
@@ -23,9 +25,16 @@ struct StepArgs {
   int threads = 0;
 };
 
+struct MakeTrainableArgs {
+  std::string model, output;
+  training::MakeTrainableOptions options;
+};
+
 int info(const std::string& model_path);
 int check(const std::string& model_path);
 int run(const RunArgs& args);
 int step(const StepArgs& args);
+int make_trainable(const MakeTrainableArgs& args);
+int export_model(const std::string& model_path, const std::string& output);
 
 }  // namespace onnxtrain::cli

@@ -174,7 +174,8 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
   return t;
 }
 
-void tensor_to_proto(const Tensor& tensor, const std::string& name, onnx::TensorProto& proto) {
+void tensor_to_proto(const Tensor& tensor, const std::string& name_in, onnx::TensorProto& proto) {
+  const std::string name = name_in;  // may alias proto.name(), which Clear() empties
   proto.Clear();
   if (!name.empty()) proto.set_name(name);
   proto.set_data_type(static_cast<int32_t>(tensor.dtype()));

@@ -309,3 +309,18 @@ TEST(ModelIo, LargeModelsGoToExternalData) {
 
 }  // namespace
 }  // namespace onnxtrain
+
+namespace onnxtrain {
+namespace {
+
+TEST(TensorProto, WritingKeepsANameThatAliasesTheTarget) {
+  // tensor_to_proto(t, proto.name(), proto) must not lose the name while clearing proto.
+  onnx::TensorProto proto;
+  proto.set_name("weight");
+  io::tensor_to_proto(Tensor::from_vector<float>({2}, {1, 2}), proto.name(), proto);
+  EXPECT_EQ(proto.name(), "weight");
+  EXPECT_EQ(io::tensor_from_proto(proto, {}, "t").to_double_vector(), (std::vector<double>{1, 2}));
+}
+
+}  // namespace
+}  // namespace onnxtrain

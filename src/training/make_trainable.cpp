@@ -1,0 +1,580 @@
+// make_trainable and export_inference (include/onnxtrain/make_trainable.h).
+#include "onnxtrain/make_trainable.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numbers>
+#include <regex>
+#include <set>
+#include <unordered_map>
+
+#include "autodiff/builder.h"
+#include "autodiff/gradient.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain::training {
+
+namespace {
+
+constexpr const char* kPrefix = "onnxtrain.";
+
+onnx::AttributeProto attr_strings(const std::string& name, const std::vector<std::string>& v) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::STRINGS);
+  for (const auto& s : v) a.add_strings(s);
+  return a;
+}
+
+onnx::ValueInfoProto value_info(const std::string& name, int32_t elem_type, const std::vector<int64_t>& dims) {
+  onnx::ValueInfoProto v;
+  v.set_name(name);
+  auto* t = v.mutable_type()->mutable_tensor_type();
+  t->set_elem_type(elem_type);
+  auto* shape = t->mutable_shape();
+  for (int64_t d : dims) {
+    if (d >= 0) shape->add_dim()->set_dim_value(d);
+    else shape->add_dim();
+  }
+  return v;
+}
+
+// A graph under construction.
+class GraphWriter {
+ public:
+  explicit GraphWriter(onnx::GraphProto& g) : g_(g) {}
+
+  std::string node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output,
+                   const std::vector<onnx::AttributeProto>& attrs = {}, const std::string& domain = "") {
+    nodes(op, inputs, {output}, attrs, domain);
+    return output;
+  }
+  void nodes(const std::string& op, const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+             const std::vector<onnx::AttributeProto>& attrs = {}, const std::string& domain = "") {
+    auto* n = g_.add_node();
+    n->set_op_type(op);
+    if (!domain.empty()) n->set_domain(domain);
+    n->set_name(outputs.empty() ? op : outputs[0]);
+    for (const auto& i : inputs) n->add_input(i);
+    for (const auto& o : outputs) n->add_output(o);
+    for (const auto& a : attrs) *n->add_attribute() = a;
+  }
+  // A scalar float32 or int64 initializer.
+  std::string scalar(const std::string& name, double value, int32_t elem_type = onnx::TensorProto::FLOAT) {
+    Tensor t = elem_type == onnx::TensorProto::INT64 ? Tensor::scalar<int64_t>(static_cast<int64_t>(value))
+               : elem_type == onnx::TensorProto::DOUBLE ? Tensor::scalar(value)
+                                                        : Tensor::scalar(static_cast<float>(value));
+    io::tensor_to_proto(t, name, *g_.add_initializer());
+    return name;
+  }
+  void initializer(const std::string& name, const Tensor& t) { io::tensor_to_proto(t, name, *g_.add_initializer()); }
+  void output(const onnx::ValueInfoProto& v) { *g_.add_output() = v; }
+  void input(const onnx::ValueInfoProto& v) { *g_.add_input() = v; }
+
+ private:
+  onnx::GraphProto& g_;
+};
+
+struct Param {
+  std::string name;
+  int32_t elem_type;
+  std::vector<int64_t> dims;
+};
+
+std::vector<int64_t> dims_of(const onnx::TensorProto& t) { return {t.dims().begin(), t.dims().end()}; }
+
+const onnx::ValueInfoProto* find_value(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& list,
+                                       const std::string& name) {
+  for (const auto& v : list) {
+    if (v.name() == name) return &v;
+  }
+  return nullptr;
+}
+
+int ai_onnx_opset(const onnx::ModelProto& model) {
+  for (const auto& o : model.opset_import()) {
+    if (o.domain().empty() || o.domain() == "ai.onnx") return static_cast<int>(o.version());
+  }
+  return 0;
+}
+
+// Float initializers of rank >= 1 on a differentiable path to `output`, in graph order. The walk
+// follows only the inputs that the gradient rules differentiate, and never BatchNormalization's
+// running statistics (inputs 3 and 4), so shape tensors, indices and buffers are not trainable.
+std::vector<Param> trainable_candidates(const onnx::GraphProto& g, const std::set<std::string>& roots) {
+  std::unordered_map<std::string, const onnx::NodeProto*> producer;
+  for (const auto& n : g.node()) {
+    for (const auto& o : n.output()) producer[o] = &n;
+  }
+  std::set<std::string> reached;
+  std::vector<std::string> stack(roots.begin(), roots.end());
+  while (!stack.empty()) {
+    const std::string v = stack.back();
+    stack.pop_back();
+    if (!reached.insert(v).second) continue;
+    const auto it = producer.find(v);
+    if (it == producer.end()) continue;
+    const onnx::NodeProto& n = *it->second;
+    const auto* rule = autodiff::find_rule(n.domain() == "ai.onnx" ? "" : n.domain(), n.op_type());
+    for (int i = 0; i < n.input_size(); ++i) {
+      if (n.input(i).empty()) continue;
+      if (rule && (i >= 32 || !(rule->differentiable & (1u << i)))) continue;
+      if (n.op_type() == "BatchNormalization" && i >= 3) continue;
+      stack.push_back(n.input(i));
+    }
+  }
+  std::vector<Param> params;
+  for (const auto& t : g.initializer()) {
+    const bool floating = t.data_type() == onnx::TensorProto::FLOAT || t.data_type() == onnx::TensorProto::DOUBLE;
+    if (floating && t.dims_size() >= 1 && reached.contains(t.name())) params.push_back({t.name(), t.data_type(), dims_of(t)});
+  }
+  return params;
+}
+
+bool full_match_any(const std::vector<std::regex>& patterns, const std::string& name) {
+  for (const auto& p : patterns) {
+    if (std::regex_match(name, p)) return true;
+  }
+  return false;
+}
+
+std::vector<std::regex> compile(const std::vector<std::string>& patterns, const char* option) {
+  std::vector<std::regex> out;
+  for (const auto& p : patterns) {
+    try {
+      out.emplace_back(p);
+    } catch (const std::regex_error& e) {
+      throw Error(std::string(option) + " '" + p + "' is not a valid regular expression: " + e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeTrainableOptions& opt,
+                                const std::string& source) {
+  onnx::ModelProto model = input_model;
+  if (model.training_info_size() > 0) {
+    if (!opt.replace) {
+      throw Error(source + ": the model already has training_info; use --replace to write a new training program");
+    }
+    model.clear_training_info();
+  }
+  const onnx::GraphProto& g = model.graph();
+  const int opset = ai_onnx_opset(model);
+  if (opset < 13) {
+    throw Error(source + ": make-trainable needs ai.onnx opset 13 or later (the model imports " +
+                std::to_string(opset) + "); re-export the model with a newer opset");
+  }
+  bool has_training_import = false;
+  for (const auto& o : model.opset_import()) has_training_import |= o.domain() == autodiff::kTrainingDomain;
+  if (!has_training_import) {
+    auto* o = model.add_opset_import();
+    o->set_domain(autodiff::kTrainingDomain);
+    o->set_version(1);
+  }
+
+  // Every name the model uses, so the program's names cannot collide.
+  std::set<std::string> names;
+  for (const auto& v : g.input()) names.insert(v.name());
+  for (const auto& t : g.initializer()) names.insert(t.name());
+  for (const auto& n : g.node()) names.insert(n.output().begin(), n.output().end());
+  auto claim = [&](const std::string& name) {
+    if (!names.insert(name).second) {
+      throw Error(source + ": the training program needs the name '" + name + "', which the model already uses");
+    }
+    return name;
+  };
+
+  // The output the loss reads.
+  std::string output = opt.output;
+  if (output.empty()) {
+    if (g.output_size() != 1) {
+      throw Error(source + ": the model has " + std::to_string(g.output_size()) +
+                  " outputs; choose the one the loss reads with --output");
+    }
+    output = g.output(0).name();
+  }
+  const onnx::ValueInfoProto* out_info = find_value(g.output(), output);
+  if (!out_info) {
+    std::string list;
+    for (const auto& o : g.output()) list += (list.empty() ? "" : ", ") + o.name();
+    throw Error(source + ": the model has no output '" + output + "' (outputs: " + list + ")");
+  }
+  const auto& out_type = out_info->type().tensor_type();
+  const int32_t out_elem = out_type.elem_type();
+  if (out_elem != onnx::TensorProto::FLOAT && out_elem != onnx::TensorProto::DOUBLE) {
+    throw Error(source + ": output '" + output + "' is not float32 or float64; no loss reads it");
+  }
+  std::vector<int64_t> out_dims;
+  for (const auto& d : out_type.shape().dim()) out_dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+
+  onnx::TrainingInfoProto& info = *model.add_training_info();
+  onnx::GraphProto& alg_graph = *info.mutable_algorithm();
+  alg_graph.set_name("onnxtrain_training_step");
+  GraphWriter alg(alg_graph);
+  auto P = [](const std::string& s) { return std::string(kPrefix) + s; };
+
+  // ---- the loss ----
+  const std::string label = opt.label.empty() ? "label" : opt.label;
+  const std::string loss = claim(P("loss"));
+  const std::string reduction = opt.reduction == Reduction::Mean ? "mean" : "sum";
+  auto reduce = [&](const std::string& x) {
+    return alg.node(opt.reduction == Reduction::Mean ? "ReduceMean" : "ReduceSum", {x}, loss,
+                    {autodiff::attr_int("keepdims", 0)});
+  };
+  if (!opt.loss_graph.empty()) {
+    const onnx::ModelProto loss_model = io::load_model(opt.loss_graph);
+    const onnx::GraphProto& lg = loss_model.graph();
+    if (lg.output_size() != 1) throw Error(opt.loss_graph + ": a loss graph has exactly one output (the scalar loss)");
+    std::set<std::string> model_outputs;
+    for (const auto& o : g.output()) model_outputs.insert(o.name());
+    std::map<std::string, std::string> rename;
+    for (const auto& in : lg.input()) {
+      if (model_outputs.contains(in.name())) continue;
+      claim(in.name());
+      alg.input(in);  // a label input
+    }
+    auto renamed = [&](const std::string& n) {
+      if (n.empty() || model_outputs.contains(n)) return n;
+      if (find_value(lg.input(), n)) return n;
+      auto it = rename.find(n);
+      if (it == rename.end()) it = rename.emplace(n, claim(P("loss_graph." + n))).first;
+      return it->second;
+    };
+    for (const auto& t : lg.initializer()) {
+      onnx::TensorProto copy = t;
+      copy.set_name(renamed(t.name()));
+      *alg_graph.add_initializer() = copy;
+    }
+    for (const auto& n : lg.node()) {
+      onnx::NodeProto copy = n;
+      for (auto& i : *copy.mutable_input()) i = renamed(i);
+      for (auto& o : *copy.mutable_output()) o = renamed(o);
+      *alg_graph.add_node() = copy;
+    }
+    alg.node("Identity", {renamed(lg.output(0).name())}, loss);
+  } else if (opt.loss == Loss::CrossEntropy || opt.loss == Loss::Nll) {
+    if (out_dims.size() < 2) {
+      throw Error(source + ": output '" + output + "' has rank " + std::to_string(out_dims.size()) +
+                  "; " + (opt.loss == Loss::Nll ? "nll" : "cross_entropy") + " needs [N, C, ...] class scores");
+    }
+    std::vector<int64_t> label_dims = out_dims;
+    label_dims.erase(label_dims.begin() + 1);
+    alg.input(value_info(claim(label), onnx::TensorProto::INT64, label_dims));
+    alg.node(opt.loss == Loss::CrossEntropy ? "SoftmaxCrossEntropyLoss" : "NegativeLogLikelihoodLoss",
+             {output, label}, loss, {autodiff::attr_string("reduction", reduction)});
+  } else {
+    alg.input(value_info(claim(label), out_elem, out_dims));
+    const std::string diff = alg.node("Sub", {output, label}, claim(P("loss.diff")));
+    if (opt.loss == Loss::Mse) {
+      reduce(alg.node("Mul", {diff, diff}, claim(P("loss.squared"))));
+    } else if (opt.loss == Loss::L1) {
+      reduce(alg.node("Abs", {diff}, claim(P("loss.abs"))));
+    } else {
+      // max(y, 0) - y label + log(1 + e^-|y|), the numerically stable form PyTorch uses.
+      const std::string relu = alg.node("Relu", {output}, claim(P("loss.relu")));
+      const std::string yl = alg.node("Mul", {output, label}, claim(P("loss.y_label")));
+      const std::string neg_abs = alg.node("Neg", {alg.node("Abs", {output}, claim(P("loss.abs")))}, claim(P("loss.neg_abs")));
+      const std::string softplus = alg.node("Softplus", {neg_abs}, claim(P("loss.softplus")));
+      reduce(alg.node("Add", {alg.node("Sub", {relu, yl}, claim(P("loss.sub"))), softplus}, claim(P("loss.elementwise"))));
+    }
+  }
+  // ---- the trainable set ----
+  std::vector<Param> params = trainable_candidates(g, {output});
+  const auto freeze = compile(opt.freeze, "--freeze");
+  const auto train = compile(opt.train, "--train");
+  for (size_t k = 0; k < opt.freeze.size(); ++k) {
+    if (std::none_of(g.initializer().begin(), g.initializer().end(),
+                     [&](const onnx::TensorProto& t) { return std::regex_match(t.name(), freeze[k]); })) {
+      throw Error(source + ": --freeze '" + opt.freeze[k] + "' matches no initializer");
+    }
+  }
+  for (size_t k = 0; k < opt.train.size(); ++k) {
+    if (std::none_of(params.begin(), params.end(), [&](const Param& p) { return std::regex_match(p.name, train[k]); })) {
+      throw Error(source + ": --train '" + opt.train[k] + "' matches no trainable initializer");
+    }
+  }
+  std::erase_if(params, [&](const Param& p) {
+    return full_match_any(freeze, p.name) || (!train.empty() && !full_match_any(train, p.name));
+  });
+  if (params.empty()) throw Error(source + ": nothing to train: no floating-point initializer of rank >= 1 feeds the loss");
+
+  // ---- gradients ----
+  std::vector<std::string> xs, grads;
+  for (const auto& p : params) {
+    xs.push_back(p.name);
+    grads.push_back(claim(P("grad." + p.name)));
+  }
+  alg.nodes("Gradient", xs, grads, {attr_strings("xs", xs), autodiff::attr_string("y", loss)}, autodiff::kTrainingDomain);
+  const int32_t f = params[0].elem_type;
+  for (const auto& p : params) {
+    if (p.elem_type != f) throw Error(source + ": trainable initializers mix float32 and float64");
+  }
+  if (opt.grad_clip_norm) {
+    // torch.nn.utils.clip_grad_norm_: scale = min(1, max_norm / (norm + 1e-6)), norm over all.
+    std::vector<std::string> squares;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      squares.push_back(alg.node("ReduceSumSquare", {grads[i]}, claim(P("clip.sq." + params[i].name)),
+                                 {autodiff::attr_int("keepdims", 0)}));
+    }
+    const std::string norm = alg.node("Sqrt", {alg.node("Sum", squares, claim(P("clip.sum")))}, claim(P("clip.norm")));
+    const std::string denom = alg.node("Add", {norm, alg.scalar(claim(P("clip.eps")), 1e-6, f)}, claim(P("clip.denom")));
+    const std::string ratio = alg.node("Div", {alg.scalar(claim(P("clip.max_norm")), *opt.grad_clip_norm, f), denom},
+                                       claim(P("clip.ratio")));
+    const std::string scale = alg.node("Min", {ratio, alg.scalar(claim(P("clip.one")), 1.0, f)}, claim(P("clip.scale")));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = alg.node("Mul", {grads[i], scale}, claim(P("clip.grad." + params[i].name)));
+    }
+  }
+
+  // ---- learning rate from the iteration counter T (steps done, 0-based) ----
+  const std::string T = claim(P("step"));
+  alg.scalar(T, 0, onnx::TensorProto::INT64);
+  const std::string t = alg.node("Cast", {T}, claim(P("lr.t")), {autodiff::attr_int("to", onnx::TensorProto::FLOAT)});
+  std::string lr = alg.scalar(claim(P("lr.base")), opt.lr);
+  auto constant = [&](const std::string& name, double v) { return alg.scalar(claim(P("lr." + name)), v); };
+  switch (opt.schedule) {
+    case Schedule::Constant:
+      break;
+    case Schedule::Step: {
+      if (opt.step_size <= 0) throw Error("--lr-schedule step needs --step-size > 0");
+      const std::string k = alg.node("Floor", {alg.node("Div", {t, constant("step_size", static_cast<double>(opt.step_size))},
+                                                         claim(P("lr.t_over_step")))},
+                                     claim(P("lr.k")));
+      lr = alg.node("Mul", {lr, alg.node("Pow", {constant("gamma", opt.gamma), k}, claim(P("lr.gamma_k")))}, claim(P("lr.step")));
+      break;
+    }
+    case Schedule::Exponential:
+      lr = alg.node("Mul", {lr, alg.node("Pow", {constant("gamma", opt.gamma), t}, claim(P("lr.gamma_t")))}, claim(P("lr.exponential")));
+      break;
+    case Schedule::Cosine:
+    case Schedule::Linear: {
+      if (opt.total_steps <= 0) throw Error("--lr-schedule cosine/linear needs --total-steps > 0");
+      const std::string total = constant("total", static_cast<double>(opt.total_steps));
+      const std::string frac = alg.node("Div", {alg.node("Min", {t, total}, claim(P("lr.t_clamped"))), total}, claim(P("lr.frac")));
+      std::string factor;
+      if (opt.schedule == Schedule::Cosine) {
+        const std::string c = alg.node("Cos", {alg.node("Mul", {frac, constant("pi", std::numbers::pi)}, claim(P("lr.angle")))},
+                                       claim(P("lr.cos")));
+        factor = alg.node("Mul", {alg.node("Add", {c, constant("one", 1)}, claim(P("lr.cos1"))), constant("half", 0.5)},
+                          claim(P("lr.factor")));
+      } else {
+        factor = alg.node("Sub", {constant("one", 1), frac}, claim(P("lr.factor")));
+      }
+      lr = alg.node("Mul", {lr, factor}, claim(P("lr.scheduled")));
+      break;
+    }
+  }
+  if (opt.warmup_steps > 0) {
+    const std::string ramp = alg.node("Div", {alg.node("Add", {t, constant("warmup_one", 1)}, claim(P("lr.t1"))),
+                                             constant("warmup", static_cast<double>(opt.warmup_steps))},
+                                      claim(P("lr.ramp")));
+    const std::string w = alg.node("Min", {ramp, constant("warmup_cap", 1)}, claim(P("lr.warmup")));
+    lr = alg.node("Mul", {lr, w}, claim(P("lr.warmed")));
+  }
+  const std::string lr_out = alg.node("Identity", {lr}, claim(P("lr")));
+  std::string lr_typed = lr_out;
+  if (f == onnx::TensorProto::DOUBLE) lr_typed = alg.node("Cast", {lr_out}, claim(P("lr.double")), {autodiff::attr_int("to", f)});
+
+  // ---- the optimizer ----
+  std::vector<std::string> new_params;
+  for (const auto& p : params) new_params.push_back(claim(P("new." + p.name)));
+  struct State {
+    std::string name, next;
+    const Param* param;
+  };
+  std::vector<State> states;
+  auto add_states = [&](const std::string& kind) {
+    std::vector<std::string> names, next;
+    for (const auto& p : params) {
+      const std::string s = claim(P(kind + "." + p.name));
+      alg.initializer(s, Tensor::zeros(p.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32,
+                                       Shape(p.dims)));
+      states.push_back({s, claim(P(kind + ".new." + p.name)), &p});
+      names.push_back(s);
+      next.push_back(states.back().next);
+    }
+    return std::pair{names, next};
+  };
+  const double wd = opt.weight_decay;
+  switch (opt.optimizer) {
+    case Optimizer::Sgd:
+      for (size_t i = 0; i < params.size(); ++i) {
+        std::string g_i = grads[i];
+        if (wd != 0) {
+          g_i = alg.node("Add", {g_i, alg.node("Mul", {params[i].name, alg.scalar(claim(P("wd." + params[i].name)), wd, f)},
+                                               claim(P("decay." + params[i].name)))},
+                         claim(P("reg_grad." + params[i].name)));
+        }
+        alg.node("Sub", {params[i].name, alg.node("Mul", {g_i, lr_typed}, claim(P("update." + params[i].name)))}, new_params[i]);
+      }
+      break;
+    case Optimizer::Momentum:
+    case Optimizer::Nesterov: {
+      const auto [v, v_new] = add_states("momentum");
+      std::vector<std::string> in{lr_typed, T};
+      in.insert(in.end(), xs.begin(), xs.end());
+      in.insert(in.end(), grads.begin(), grads.end());
+      in.insert(in.end(), v.begin(), v.end());
+      std::vector<std::string> out = new_params;
+      out.insert(out.end(), v_new.begin(), v_new.end());
+      alg.nodes("Momentum", in, out,
+                {autodiff::attr_float("alpha", static_cast<float>(opt.momentum)), autodiff::attr_float("beta", 1.0f),
+                 autodiff::attr_float("norm_coefficient", static_cast<float>(wd)),
+                 autodiff::attr_string("mode", opt.optimizer == Optimizer::Nesterov ? "nesterov" : "standard")},
+                autodiff::kTrainingDomain);
+      break;
+    }
+    case Optimizer::Adagrad: {
+      const auto [h, h_new] = add_states("adagrad_sum");
+      std::vector<std::string> in{lr_typed, T};
+      in.insert(in.end(), xs.begin(), xs.end());
+      in.insert(in.end(), grads.begin(), grads.end());
+      in.insert(in.end(), h.begin(), h.end());
+      std::vector<std::string> out = new_params;
+      out.insert(out.end(), h_new.begin(), h_new.end());
+      alg.nodes("Adagrad", in, out,
+                {autodiff::attr_float("decay_factor", 0.0f), autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-10))),
+                 autodiff::attr_float("norm_coefficient", static_cast<float>(wd))},
+                autodiff::kTrainingDomain);
+      break;
+    }
+    case Optimizer::Adam:
+    case Optimizer::AdamW: {
+      const auto [m1, m1_new] = add_states("adam_m");
+      const auto [m2, m2_new] = add_states("adam_v");
+      // PyTorch counts Adam's steps from 1 for the bias correction.
+      const std::string t1 = alg.node("Add", {T, alg.scalar(claim(P("adam.one")), 1, onnx::TensorProto::INT64)}, claim(P("adam.t")));
+      std::vector<std::string> in{lr_typed, t1};
+      in.insert(in.end(), xs.begin(), xs.end());
+      in.insert(in.end(), grads.begin(), grads.end());
+      in.insert(in.end(), m1.begin(), m1.end());
+      in.insert(in.end(), m2.begin(), m2.end());
+      std::vector<std::string> out = new_params;
+      out.insert(out.end(), m1_new.begin(), m1_new.end());
+      out.insert(out.end(), m2_new.begin(), m2_new.end());
+      std::vector<onnx::AttributeProto> attrs{autodiff::attr_float("alpha", static_cast<float>(opt.beta1)),
+                                             autodiff::attr_float("beta", static_cast<float>(opt.beta2)),
+                                             autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-8)))};
+      if (opt.optimizer == Optimizer::Adam) {
+        attrs.push_back(autodiff::attr_float("norm_coefficient", static_cast<float>(wd)));
+      } else {
+        attrs.push_back(autodiff::attr_float("norm_coefficient_post", static_cast<float>(opt.lr * wd)));
+      }
+      alg.nodes("Adam", in, out, attrs, autodiff::kTrainingDomain);
+      break;
+    }
+  }
+  const std::string T_new = alg.node("Add", {T, alg.scalar(claim(P("step.one")), 1, onnx::TensorProto::INT64)}, claim(P("step.new")));
+
+  // ---- outputs and bindings ----
+  alg.output(value_info(loss, f, {}));
+  alg.output(value_info(lr_out, onnx::TensorProto::FLOAT, {}));
+  auto bind = [&](const std::string& key, const std::string& value) {
+    auto* b = info.add_update_binding();
+    b->set_key(key);
+    b->set_value(value);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    alg.output(value_info(new_params[i], params[i].elem_type, params[i].dims));
+    bind(params[i].name, new_params[i]);
+  }
+  for (const auto& s : states) {
+    alg.output(value_info(s.next, s.param->elem_type, s.param->dims));
+    bind(s.name, s.next);
+  }
+  alg.output(value_info(T_new, onnx::TensorProto::INT64, {}));
+  bind(T, T_new);
+  // BatchNormalization in training mode: its running statistics outputs update the initializers.
+  std::map<std::string, const onnx::TensorProto*> inits;
+  for (const auto& t0 : g.initializer()) inits[t0.name()] = &t0;
+  for (const auto& n : g.node()) {
+    if (n.op_type() != "BatchNormalization" || n.output_size() < 3) continue;
+    for (int k = 1; k <= 2; ++k) {
+      const std::string& stat = n.input(2 + k);
+      if (n.output(k).empty() || !inits.contains(stat)) continue;
+      const std::string out = alg.node("Identity", {n.output(k)}, claim(P("running." + stat)));
+      alg.output(value_info(out, inits[stat]->data_type(), dims_of(*inits[stat])));
+      bind(stat, out);
+    }
+  }
+
+  // ---- initialization: optimizer state and counter to zero, weights re-drawn with `init` ----
+  onnx::GraphProto& init_graph = *info.mutable_initialization();
+  init_graph.set_name("onnxtrain_initialization");
+  GraphWriter ini(init_graph);
+  auto init_bind = [&](const std::string& key, const std::string& value) {
+    auto* b = info.add_initialization_binding();
+    b->set_key(key);
+    b->set_value(value);
+  };
+  for (const auto& s : states) {
+    const std::string z = claim(P("init." + s.name));
+    ini.initializer(z, Tensor::zeros(s.param->elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32,
+                                     Shape(s.param->dims)));
+    const std::string out = ini.node("Identity", {z}, claim(P("init.out." + s.name)));
+    ini.output(value_info(out, s.param->elem_type, s.param->dims));
+    init_bind(s.name, out);
+  }
+  {
+    const std::string z = ini.scalar(claim(P("init.step")), 0, onnx::TensorProto::INT64);
+    const std::string out = ini.node("Identity", {z}, claim(P("init.out.step")));
+    ini.output(value_info(out, onnx::TensorProto::INT64, {}));
+    init_bind(T, out);
+  }
+  if (opt.init != Init::Keep) {
+    for (const auto& p : params) {
+      const std::string out = claim(P("init.out." + p.name));
+      if (p.dims.size() == 1) {
+        const std::string z = claim(P("init.zero." + p.name));
+        ini.initializer(z, Tensor::zeros(p.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32,
+                                         Shape(p.dims)));
+        ini.node("Identity", {z}, out);
+      } else {
+        // PyTorch's fan convention for a weight [out, in, k...].
+        int64_t receptive = 1;
+        for (size_t d = 2; d < p.dims.size(); ++d) receptive *= p.dims[d];
+        const double fan_in = static_cast<double>(p.dims[1] * receptive);
+        const double fan_out = static_cast<double>(p.dims[0] * receptive);
+        std::vector<onnx::AttributeProto> attrs{autodiff::attr_ints("shape", p.dims), autodiff::attr_int("dtype", p.elem_type)};
+        if (opt.init == Init::Xavier) {
+          const double bound = std::sqrt(6.0 / (fan_in + fan_out));
+          attrs.push_back(autodiff::attr_float("low", static_cast<float>(-bound)));
+          attrs.push_back(autodiff::attr_float("high", static_cast<float>(bound)));
+          ini.node("RandomUniform", {}, out, attrs);
+        } else {
+          const double std = opt.init == Init::He ? std::sqrt(2.0 / fan_in) : opt.init_std;
+          attrs.push_back(autodiff::attr_float("mean", 0.0f));
+          attrs.push_back(autodiff::attr_float("scale", static_cast<float>(std)));
+          ini.node("RandomNormal", {}, out, attrs);
+        }
+      }
+      ini.output(value_info(out, p.elem_type, p.dims));
+      init_bind(p.name, out);
+    }
+  }
+  return model;
+}
+
+onnx::ModelProto export_inference(const onnx::ModelProto& input) {
+  onnx::ModelProto model = input;
+  model.clear_training_info();
+  bool uses_training_ops = false;
+  for (const auto& n : model.graph().node()) uses_training_ops |= n.domain() == autodiff::kTrainingDomain;
+  if (!uses_training_ops) {
+    auto* imports = model.mutable_opset_import();
+    for (int i = imports->size() - 1; i >= 0; --i) {
+      if (imports->Get(i).domain() == autodiff::kTrainingDomain) imports->DeleteSubrange(i, 1);
+    }
+  }
+  return model;
+}
+
+}  // namespace onnxtrain::training
