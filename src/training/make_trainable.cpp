@@ -376,7 +376,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     const std::string ramp = alg.node("Div", {alg.node("Add", {t, constant("warmup_one", 1)}, claim(P("lr.t1"))),
                                              constant("warmup", static_cast<double>(opt.warmup_steps))},
                                       claim(P("lr.ramp")));
-    const std::string w = alg.node("Min", {ramp, constant("warmup_cap", 1)}, claim(P("lr.warmup")));
+    const std::string w = alg.node("Min", {ramp, constant("warmup_cap", 1)}, claim(P("lr.warmup_factor")));
     lr = alg.node("Mul", {lr, w}, claim(P("lr.warmed")));
   }
   const std::string lr_out = alg.node("Identity", {lr}, claim(P("lr")));
@@ -452,7 +452,14 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       const auto [m2, m2_new] = add_states("adam_v");
       // PyTorch counts Adam's steps from 1 for the bias correction.
       const std::string t1 = alg.node("Add", {T, alg.scalar(claim(P("adam.one")), 1, onnx::TensorProto::INT64)}, claim(P("adam.t")));
-      std::vector<std::string> in{lr_typed, t1};
+      // AdamW: PyTorch decays before the update, p (1 - lr wd) - lr u; ONNX's
+      // norm_coefficient_post c decays after it, (1 - c)(p - R u). With c = lr wd and
+      // R = lr / (1 - c) the two are equal (for a scheduled lr, c stays the base lr's).
+      std::string r = lr_typed;
+      if (opt.optimizer == Optimizer::AdamW && wd != 0) {
+        r = alg.node("Div", {lr_typed, alg.scalar(claim(P("adamw.keep")), 1 - opt.lr * wd, f)}, claim(P("adamw.lr")));
+      }
+      std::vector<std::string> in{r, t1};
       in.insert(in.end(), xs.begin(), xs.end());
       in.insert(in.end(), grads.begin(), grads.end());
       in.insert(in.end(), m1.begin(), m1.end());
