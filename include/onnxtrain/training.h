@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,7 +87,13 @@ class TrainingSession {
   void set_state(const std::string& name, const Tensor& value);
   // Writes the model with every initializer that is a variable replaced by its current value
   // (inference graph and algorithms), training_info preserved, atomically (io::save_model).
-  void save(const std::filesystem::path& path) const;
+  // `metadata` entries are set in ModelProto.metadata_props (replacing equal keys).
+  void save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata = {}) const;
+
+  // Successful steps so far: the run index random ops (Dropout) draw with. A resumed training
+  // loop restores it so that it continues exactly as if it had never stopped.
+  uint64_t steps_done() const;
+  void set_steps_done(uint64_t steps);
 
  private:
   struct Impl;

@@ -3,6 +3,8 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -262,6 +264,23 @@ int export_model(const std::string& model_path, const std::string& output) {
   const onnx::ModelProto inference = training::export_inference(model);
   io::save_model(inference, output, {.source_dir = std::filesystem::path(model_path).parent_path()});
   std::cout << "wrote " << output << " (" << inference.graph().initializer_size() << " initializers)\n";
+  return 0;
+}
+
+namespace {
+std::atomic<int> g_stop{0};
+extern "C" void request_stop(int signal) { g_stop.store(signal); }
+}  // namespace
+
+int train(const training::TrainOptions& options) {
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  const training::TrainResult result = training::train(options, std::cout, &g_stop);
+  if (result.signal == SIGINT) return 130;
+  if (result.signal == SIGTERM) return 143;
+  if (result.test_accuracy) {
+    std::cout << "test accuracy " << std::fixed << std::setprecision(4) << *result.test_accuracy << "\n";
+  }
   return 0;
 }
 

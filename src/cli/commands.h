@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "onnxtrain/make_trainable.h"
+#include "onnxtrain/trainer.h"
 
 namespace onnxtrain::cli {
 
@@ -35,6 +36,8 @@ int check(const std::string& model_path);
 int run(const RunArgs& args);
 int step(const StepArgs& args);
 int make_trainable(const MakeTrainableArgs& args);
+// Exit status 130 after SIGINT, 143 after SIGTERM (a checkpoint was written).
+int train(const training::TrainOptions& options);
 int export_model(const std::string& model_path, const std::string& output);
 
 }  // namespace onnxtrain::cli

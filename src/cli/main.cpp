@@ -81,6 +81,29 @@ int main(int argc, char** argv) {
   make->add_option("--init", init, "keep (default), xavier, he, normal:STD: re-draw weights in initialize()");
   make->add_flag("--replace", o.replace, "replace an existing training_info");
 
+  onnxtrain::training::TrainOptions tr;
+  auto* train = app.add_subcommand("train", "Train a model that carries training_info on a dataset");
+  train->add_option("model", tr.model, "the .onnx file with training_info (see make-trainable)")->required();
+  train->add_option("--data", tr.data, "a folder of IDX or .npy files, a .npz or a .csv file")->required();
+  train->add_option("-o,--output", tr.output, "where to write the trained model")->required();
+  train->add_option("--map", tr.map, "INPUT=COLUMN: the dataset column an input reads (repeatable)");
+  train->add_option("--scale", tr.scale, "COLUMN=FACTOR, e.g. image=1/255 (repeatable)");
+  train->add_option("--epochs", tr.epochs, "passes over the training split (default 1)")->check(CLI::PositiveNumber);
+  train->add_option("--batch-size", tr.batch_size, "samples per step (default 32)")->check(CLI::PositiveNumber);
+  train->add_flag("--shuffle,!--no-shuffle", tr.shuffle, "shuffle every epoch (default on)");
+  train->add_option("--seed", tr.seed, "seed of shuffling and of random ops (default 0)");
+  train->add_flag("--drop-last", tr.drop_last, "skip a last batch smaller than --batch-size");
+  train->add_option("--max-steps", tr.max_steps, "stop after this many steps in all");
+  train->add_option("--eval-every", tr.eval_every, "also evaluate on the test split every N steps");
+  train->add_flag("-q,--quiet", tr.quiet, "no progress output");
+  train->add_option("--metrics", tr.metrics, "append JSON lines (steps and evaluations) to this file");
+  train->add_option("--checkpoint-every", tr.checkpoint_every, "also checkpoint every N steps");
+  train->add_option("--checkpoint", tr.checkpoint, "checkpoint file (default: OUTPUT with .ckpt.onnx)");
+  train->add_option("--resume", tr.resume, "continue from a checkpoint");
+  train->add_flag("--initialize", tr.initialize, "run the initialization graphs first");
+  train->add_option("--export-inference", tr.export_inference, "also write the inference-only model here");
+  train->add_option("--threads", tr.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+
   std::string export_model, export_output;
   auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept)");
   exp->add_option("model", export_model, "the .onnx file")->required();
@@ -114,6 +137,7 @@ int main(int argc, char** argv) {
     if (*run) return onnxtrain::cli::run(run_args);
     if (*step) return onnxtrain::cli::step(step_args);
     if (*make) return onnxtrain::cli::make_trainable(mt);
+    if (*train) return onnxtrain::cli::train(tr);
     if (*exp) return onnxtrain::cli::export_model(export_model, export_output);
   } catch (const onnxtrain::Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -264,8 +264,20 @@ void TrainingSession::set_state(const std::string& name, const Tensor& value) {
   it->second = value;
 }
 
-void TrainingSession::save(const std::filesystem::path& path) const {
+uint64_t TrainingSession::steps_done() const { return impl_->steps_done; }
+void TrainingSession::set_steps_done(uint64_t steps) { impl_->steps_done = steps; }
+
+void TrainingSession::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) const {
   onnx::ModelProto copy = impl_->model;
+  for (const auto& [key, value] : metadata) {
+    onnx::StringStringEntryProto* entry = nullptr;
+    for (auto& e : *copy.mutable_metadata_props()) {
+      if (e.key() == key) entry = &e;
+    }
+    if (!entry) entry = copy.add_metadata_props();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
   auto update = [&](onnx::GraphProto& g) {
     for (auto& t : *g.mutable_initializer()) {
       auto it = impl_->state.find(t.name());
