@@ -265,13 +265,19 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       throw Error(source + ": output '" + output + "' has rank " + std::to_string(out_dims.size()) +
                   "; " + (opt.loss == Loss::Nll ? "nll" : "cross_entropy") + " needs [N, C, ...] class scores");
     }
-    std::vector<int64_t> label_dims = out_dims;
-    label_dims.erase(label_dims.begin() + 1);
-    alg.input(value_info(claim(label), onnx::TensorProto::INT64, label_dims));
+    // The label has the output's dims (symbolic names kept) without the class dim.
+    onnx::ValueInfoProto label_info = *out_info;
+    label_info.set_name(claim(label));
+    label_info.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    auto* dims = label_info.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim();
+    dims->erase(dims->begin() + 1);
+    alg.input(label_info);
     alg.node(opt.loss == Loss::CrossEntropy ? "SoftmaxCrossEntropyLoss" : "NegativeLogLikelihoodLoss",
              {output, label}, loss, {autodiff::attr_string("reduction", reduction)});
   } else {
-    alg.input(value_info(claim(label), out_elem, out_dims));
+    onnx::ValueInfoProto label_info = *out_info;
+    label_info.set_name(claim(label));
+    alg.input(label_info);
     const std::string diff = alg.node("Sub", {output, label}, claim(P("loss.diff")));
     if (opt.loss == Loss::Mse) {
       reduce(alg.node("Mul", {diff, diff}, claim(P("loss.squared"))));

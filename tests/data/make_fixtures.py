@@ -13,3 +13,6 @@ np.save("big_endian.npy", np.arange(3, dtype=">i4"))
 np.savez("arrays.npz", x=np.arange(4, dtype=np.float32), y=np.array([[1, 2]], dtype=np.int64))
 np.savez_compressed("arrays_compressed.npz", x=np.arange(4, dtype=np.float32),
                     y=np.array([[1, 2]], dtype=np.int64))
+# A dataset with a test split in the same archive (columns x and label, test/x and test/label).
+np.savez("dataset.npz", x=np.arange(24, dtype=np.float32).reshape(6, 4), label=np.array([0, 1, 2, 0, 1, 2]),
+         **{"test/x": np.ones((2, 4), dtype=np.float32), "test/label": np.array([1, 2])})

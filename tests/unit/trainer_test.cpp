@@ -1,0 +1,269 @@
+// Datasets and the training loop: every dataset format, exact resume, the interrupt
+// checkpoint, metrics, and each bad-data case. The Fashion-MNIST run and the PyTorch parity of
+// `onnxtrain train` are tests/parity/train_parity.py.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "onnxtrain/dataset.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/make_trainable.h"
+#include "onnxtrain/trainer.h"
+
+namespace onnxtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("onnxtrain_trainer_test_" + std::to_string(counter_++))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+// An IDX file of uint8 with the given dims, raw or gzip-compressed.
+void write_idx(const fs::path& path, const std::vector<int32_t>& dims, const std::vector<uint8_t>& data, size_t cut = 0) {
+  std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (int32_t d : dims) {
+    for (int s = 24; s >= 0; s -= 8) bytes.push_back(static_cast<char>((d >> s) & 0xff));
+  }
+  bytes.append(reinterpret_cast<const char*>(data.data()), data.size() - cut);
+  if (path.extension() == ".gz") {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  } else {
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+}
+
+TEST(Dataset, ReadsIdxFoldersRawAndCompressed) {
+  TempDir dir;
+  std::vector<uint8_t> images(3 * 2 * 2);
+  for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>(i);
+  write_idx(dir.path() / "train-images-idx3-ubyte.gz", {3, 2, 2}, images);
+  write_idx(dir.path() / "train-labels-idx1-ubyte", {3}, {7, 8, 9});
+  const data::Splits s = data::load_dataset(dir.path());
+  EXPECT_EQ(s.format, "idx");
+  EXPECT_FALSE(s.test.has_value());
+  EXPECT_EQ(s.train.columns.at("image").shape(), (Shape{3, 2, 2}));
+  EXPECT_EQ(s.train.columns.at("image").to_double_vector()[5], 5);
+  EXPECT_EQ(s.train.columns.at("label").to_double_vector(), (std::vector<double>{7, 8, 9}));
+  // Truncated data and a missing partner file are errors naming the file.
+  write_idx(dir.path() / "t10k-images-idx3-ubyte", {3, 2, 2}, images, 1);
+  write_idx(dir.path() / "t10k-labels-idx1-ubyte", {3}, {1, 2, 3});
+  try {
+    data::load_dataset(dir.path());
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t10k-images-idx3-ubyte: truncated IDX file"), std::string::npos) << e.what();
+  }
+  fs::remove(dir.path() / "t10k-images-idx3-ubyte");
+  EXPECT_THROW(data::load_dataset(dir.path()), Error);  // labels without images
+}
+
+TEST(Dataset, ReadsNpyFoldersNpzAndCsv) {
+  TempDir dir;
+  io::write_npy(Tensor::from_vector<float>({2, 2}, {1, 2, 3, 4}), dir.path() / "x.npy");
+  io::write_npy(Tensor::from_vector<int64_t>({2}, {0, 1}), dir.path() / "y.npy");
+  fs::create_directories(dir.path() / "test");
+  io::write_npy(Tensor::from_vector<float>({1, 2}, {5, 6}), dir.path() / "test" / "x.npy");
+  io::write_npy(Tensor::from_vector<int64_t>({1}, {1}), dir.path() / "test" / "y.npy");
+  const data::Splits npy = data::load_dataset(dir.path());
+  EXPECT_EQ(npy.format, "npy");
+  EXPECT_EQ(npy.train.size(), 2);
+  EXPECT_EQ(npy.test->size(), 1);
+
+  const data::Splits npz = data::load_dataset(fs::path(ONNXTRAIN_TEST_DATA) / "dataset.npz");
+  EXPECT_EQ(npz.train.size(), 6);
+  EXPECT_EQ(npz.test->columns.at("label").to_double_vector(), (std::vector<double>{1, 2}));
+
+  std::ofstream(dir.path() / "table.csv") << "a, b\n1, 2.5\n3, -4\n";
+  std::ofstream(dir.path() / "table_test.csv") << "a,b\n0,0\n";
+  const data::Splits csv = data::load_dataset(dir.path() / "table.csv");
+  EXPECT_EQ(csv.train.columns.at("b").to_double_vector(), (std::vector<double>{2.5, -4}));
+  EXPECT_EQ(csv.test->size(), 1);
+  std::ofstream(dir.path() / "bad.csv") << "a,b\n1,x\n";
+  EXPECT_THROW(data::load_dataset(dir.path() / "bad.csv"), Error);
+  io::write_npy(Tensor::from_vector<int64_t>({3}, {0, 1, 2}), dir.path() / "y.npy");  // 3 labels, 2 samples
+  EXPECT_THROW(data::load_dataset(dir.path()), Error);
+  EXPECT_THROW(data::load_dataset(dir.path() / "missing"), Error);
+}
+
+// A 4 -> 3 linear classifier made trainable with SGD, and a dataset of 12 samples.
+struct Fixture {
+  TempDir dir;
+  fs::path model, data;
+  Fixture() {
+    onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    auto& g = *m.mutable_graph();
+    g.set_name("linear");
+    auto typed = [](onnx::ValueInfoProto* v, const std::string& name, std::vector<int64_t> dims) {
+      v->set_name(name);
+      auto* t = v->mutable_type()->mutable_tensor_type();
+      t->set_elem_type(onnx::TensorProto::FLOAT);
+      for (int64_t d : dims) {
+        if (d < 0) t->mutable_shape()->add_dim()->set_dim_param("N");
+        else t->mutable_shape()->add_dim()->set_dim_value(d);
+      }
+    };
+    typed(g.add_input(), "x", {-1, 4});
+    typed(g.add_output(), "logits", {-1, 3});
+    std::vector<float> w(12, 0.05f);
+    io::tensor_to_proto(Tensor::from_vector<float>({4, 3}, w), "W", *g.add_initializer());
+    auto* n = g.add_node();
+    n->set_op_type("MatMul");
+    n->add_input("x");
+    n->add_input("W");
+    n->add_output("logits");
+    training::MakeTrainableOptions options;
+    options.optimizer = training::Optimizer::Momentum;
+    options.lr = 0.1;
+    model = dir.path() / "model.onnx";
+    io::save_model(training::make_trainable(m, options), model);
+    data = dir.path() / "data";
+    fs::create_directories(data / "test");
+    std::vector<float> x(48);
+    std::vector<int64_t> label(12);
+    for (size_t i = 0; i < 12; ++i) {
+      label[i] = static_cast<int64_t>(i % 3);
+      for (size_t k = 0; k < 4; ++k) x[i * 4 + k] = std::cos(static_cast<float>(i * 4 + k)) + (k == i % 3 ? 1.0f : 0.0f);
+    }
+    io::write_npy(Tensor::from_vector<float>({12, 4}, x), data / "x.npy");
+    io::write_npy(Tensor::from_vector<int64_t>({12}, label), data / "label.npy");
+    io::write_npy(Tensor::from_vector<float>({12, 4}, x), data / "test" / "x.npy");
+    io::write_npy(Tensor::from_vector<int64_t>({12}, label), data / "test" / "label.npy");
+  }
+  training::TrainOptions options(const std::string& out) const {
+    training::TrainOptions o;
+    o.model = model;
+    o.data = data;
+    o.output = dir.path() / out;
+    o.batch_size = 5;
+    o.epochs = 3;
+    o.seed = 4;
+    o.quiet = true;
+    return o;
+  }
+};
+
+std::string weights(const fs::path& path) {
+  const onnx::ModelProto model = io::load_model(path);
+  for (const auto& t : model.graph().initializer()) {
+    if (t.name() == "W") return t.raw_data();
+  }
+  return {};
+}
+
+TEST(Train, LearnsEvaluatesAndWritesMetrics) {
+  Fixture f;
+  auto o = f.options("trained.onnx");
+  o.metrics = f.dir.path() / "metrics.jsonl";
+  o.export_inference = f.dir.path() / "inference.onnx";
+  std::ostringstream log;
+  const auto result = training::train(o, log);
+  EXPECT_EQ(result.steps, 9);  // 3 epochs of ceil(12 / 5) batches
+  ASSERT_TRUE(result.test_accuracy.has_value());
+  EXPECT_GT(*result.test_accuracy, 0.5);
+  EXPECT_EQ(io::load_model(o.export_inference).training_info_size(), 0);
+  std::ifstream metrics(o.metrics);
+  int steps = 0, evals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    (record["type"] == "eval" ? evals : steps)++;
+    if (record["type"] == "step") {
+      EXPECT_TRUE(record.contains("lr"));
+    }
+  }
+  EXPECT_EQ(evals, 3);
+  EXPECT_GT(steps, 0);
+}
+
+TEST(Train, ResumedRunEndsBitIdenticalToAnUninterruptedOne) {
+  Fixture f;
+  const auto whole = f.options("whole.onnx");
+  training::train(whole, std::cout);
+  auto first = f.options("first.onnx");
+  first.max_steps = 4;  // stops inside the second epoch, after a checkpoint at step 4
+  first.checkpoint_every = 4;
+  first.checkpoint = f.dir.path() / "ckpt.onnx";
+  training::train(first, std::cout);
+  auto rest = f.options("resumed.onnx");
+  rest.resume = first.checkpoint;
+  const auto result = training::train(rest, std::cout);
+  EXPECT_EQ(result.steps, 9);
+  EXPECT_EQ(weights(f.dir.path() / "resumed.onnx"), weights(f.dir.path() / "whole.onnx"));
+  EXPECT_NE(weights(f.dir.path() / "first.onnx"), weights(f.dir.path() / "whole.onnx"));
+}
+
+TEST(Train, AnInterruptWritesACheckpointAndStops) {
+  Fixture f;
+  auto o = f.options("out.onnx");
+  const std::atomic<int> stop{SIGINT};
+  const auto result = training::train(o, std::cout, &stop);
+  EXPECT_EQ(result.signal, SIGINT);
+  EXPECT_EQ(result.steps, 1);
+  const auto checkpoint = io::load_model(f.dir.path() / "out.ckpt.onnx");
+  bool found = false;
+  for (const auto& e : checkpoint.metadata_props()) found |= e.key() == "onnxtrain.steps_done" && e.value() == "1";
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(fs::exists(f.dir.path() / "out.onnx"));
+}
+
+std::string train_error(const training::TrainOptions& o) {
+  try {
+    training::train(o, std::cout);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Train, BadDataIsAClearError) {
+  Fixture f;
+  // NaN in a batch: named by epoch and batch; the last checkpoint stays.
+  auto o = f.options("out.onnx");
+  o.shuffle = false;
+  Tensor x = io::read_npy(f.data / "x.npy");
+  x.data<float>()[4 * 7] = std::nanf("");
+  io::write_npy(x, f.data / "x.npy");
+  EXPECT_NE(train_error(o).find("epoch 1, batch 2: input 'x' holds NaN"), std::string::npos);
+  // A label out of range for the loss.
+  x.data<float>()[4 * 7] = 0;
+  io::write_npy(x, f.data / "x.npy");
+  io::write_npy(Tensor::from_vector<int64_t>({12}, {0, 1, 2, 0, 1, 7, 0, 1, 2, 0, 1, 2}), f.data / "label.npy");
+  EXPECT_NE(train_error(o).find("epoch 1, batch 2:"), std::string::npos);
+  // An input that reads no column, a --map to a missing input, a fixed batch dim, a bad path.
+  io::write_npy(Tensor::from_vector<int64_t>({12}, {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2}), f.data / "label.npy");
+  fs::rename(f.data / "label.npy", f.data / "target.npy");
+  EXPECT_NE(train_error(o).find("input 'label' int64[N] reads no column"), std::string::npos) << train_error(o);
+  o.map = {"label=target", "nope=x"};
+  EXPECT_NE(train_error(o).find("the model has no step input 'nope'"), std::string::npos);
+  o.map = {"label=target"};
+  o.output = f.dir.path() / "missing_folder" / "out.onnx";
+  EXPECT_NE(train_error(o).find("does not exist"), std::string::npos);
+  o.output = f.dir.path() / "out.onnx";
+  o.data = f.dir.path() / "nothing";
+  EXPECT_NE(train_error(o).find("no such file or folder"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace onnxtrain
