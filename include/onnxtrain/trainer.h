@@ -48,7 +48,7 @@ struct TrainOptions {
   int64_t max_steps = 0;                  // stop after this many steps in all (0: no limit)
   int64_t eval_every = 0;                 // also evaluate every N steps (0: only after each epoch)
   bool quiet = false;                     // no progress output
-  std::filesystem::path metrics;          // JSON lines: one record per logged step and evaluation
+  std::filesystem::path metrics;          // JSON lines: one record per step and per evaluation
   int64_t checkpoint_every = 0;           // also checkpoint every N steps
   std::filesystem::path checkpoint;       // where checkpoints go (default: OUTPUT with .ckpt.onnx)
   std::filesystem::path resume;           // continue from this checkpoint

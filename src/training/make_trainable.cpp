@@ -454,10 +454,20 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     }
     case Optimizer::Adam:
     case Optimizer::AdamW: {
+      // The state holds PyTorch's moments m and v. ONNX's Adam adds epsilon to sqrt(H) where
+      // PyTorch adds it to sqrt(v / bc2), bc2 = 1 - beta2^t; feeding the op G / s, m / s and
+      // v / s^2 with s = sqrt(bc2), and scaling its outputs back, makes its update exactly
+      // PyTorch's: R sqrt(bc2) / bc1 (m / s) / (sqrt(v) / s + eps) = lr / bc1 m / (sqrt(v / bc2) + eps).
       const auto [m1, m1_new] = add_states("adam_m");
       const auto [m2, m2_new] = add_states("adam_v");
       // PyTorch counts Adam's steps from 1 for the bias correction.
       const std::string t1 = alg.node("Add", {T, alg.scalar(claim(P("adam.one")), 1, onnx::TensorProto::INT64)}, claim(P("adam.t")));
+      const std::string t1f = alg.node("Cast", {t1}, claim(P("adam.t_float")), {autodiff::attr_int("to", f)});
+      const std::string bc2 = alg.node("Sub", {alg.scalar(claim(P("adam.unit")), 1, f),
+                                               alg.node("Pow", {alg.scalar(claim(P("adam.beta2")), opt.beta2, f), t1f},
+                                                        claim(P("adam.beta2_t")))},
+                                       claim(P("adam.bc2")));
+      const std::string s_bc = alg.node("Sqrt", {bc2}, claim(P("adam.s")));
       // AdamW: PyTorch decays before the update, p (1 - lr wd) - lr u; ONNX's
       // norm_coefficient_post c decays after it, (1 - c)(p - R u). With c = lr wd and
       // R = lr / (1 - c) the two are equal (for a scheduled lr, c stays the base lr's).
@@ -465,23 +475,40 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       if (opt.optimizer == Optimizer::AdamW && wd != 0) {
         r = alg.node("Div", {lr_typed, alg.scalar(claim(P("adamw.keep")), 1 - opt.lr * wd, f)}, claim(P("adamw.lr")));
       }
+      std::vector<std::string> g_in, m_in, v_in, m_out, v_out;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const std::string& name = params[i].name;
+        std::string g_i = grads[i];
+        if (opt.optimizer == Optimizer::Adam && wd != 0) {  // L2, as torch.optim.Adam's weight_decay
+          g_i = alg.node("Add", {g_i, alg.node("Mul", {name, alg.scalar(claim(P("wd." + name)), wd, f)},
+                                               claim(P("decay." + name)))},
+                         claim(P("reg_grad." + name)));
+        }
+        g_in.push_back(alg.node("Div", {g_i, s_bc}, claim(P("adam.g_in." + name))));
+        m_in.push_back(alg.node("Div", {m1[i], s_bc}, claim(P("adam.m_in." + name))));
+        v_in.push_back(alg.node("Div", {m2[i], bc2}, claim(P("adam.v_in." + name))));
+        m_out.push_back(claim(P("adam.m_out." + name)));
+        v_out.push_back(claim(P("adam.v_out." + name)));
+      }
       std::vector<std::string> in{r, t1};
       in.insert(in.end(), xs.begin(), xs.end());
-      in.insert(in.end(), grads.begin(), grads.end());
-      in.insert(in.end(), m1.begin(), m1.end());
-      in.insert(in.end(), m2.begin(), m2.end());
+      in.insert(in.end(), g_in.begin(), g_in.end());
+      in.insert(in.end(), m_in.begin(), m_in.end());
+      in.insert(in.end(), v_in.begin(), v_in.end());
       std::vector<std::string> out = new_params;
-      out.insert(out.end(), m1_new.begin(), m1_new.end());
-      out.insert(out.end(), m2_new.begin(), m2_new.end());
+      out.insert(out.end(), m_out.begin(), m_out.end());
+      out.insert(out.end(), v_out.begin(), v_out.end());
       std::vector<onnx::AttributeProto> attrs{autodiff::attr_float("alpha", static_cast<float>(opt.beta1)),
                                              autodiff::attr_float("beta", static_cast<float>(opt.beta2)),
                                              autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-8)))};
-      if (opt.optimizer == Optimizer::Adam) {
-        attrs.push_back(autodiff::attr_float("norm_coefficient", static_cast<float>(wd)));
-      } else {
+      if (opt.optimizer == Optimizer::AdamW) {
         attrs.push_back(autodiff::attr_float("norm_coefficient_post", static_cast<float>(opt.lr * wd)));
       }
       alg.nodes("Adam", in, out, attrs, autodiff::kTrainingDomain);
+      for (size_t i = 0; i < params.size(); ++i) {
+        alg.node("Mul", {m_out[i], s_bc}, m1_new[i]);
+        alg.node("Mul", {v_out[i], bc2}, m2_new[i]);
+      }
       break;
     }
   }

@@ -341,7 +341,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log, const std::atomic<in
              << static_cast<int64_t>(static_cast<double>(total - result.steps) / std::max(rate, 1e-9)) << "s";
         log << (tty ? "\r" + line.str() + "   " : line.str() + "\n") << std::flush;
       }
-      if (metrics.is_open() && logged) {
+      if (metrics.is_open()) {  // every step: the file is for machines, the console for people
         nlohmann::json record{{"type", "step"}, {"step", result.steps}, {"epoch", epoch + 1}, {"loss", result.last_loss},
                               {"steps_per_s", rate}};
         if (!lr_name.empty()) record["lr"] = scalar_of(out, lr_name);

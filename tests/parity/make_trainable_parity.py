@@ -73,37 +73,7 @@ def torch_loss(loss, y, label):
             "bce_with_logits": f.binary_cross_entropy_with_logits}[loss](y, label)
 
 
-class OnnxAdam(torch.optim.Optimizer):
-    """Adam exactly as ai.onnx.preview.training Adam defines it: epsilon added to sqrt(H) and the
-    bias correction folded into the learning rate, decoupled decay (norm_coefficient_post)
-    applied after the update. torch.optim.Adam adds epsilon to sqrt(H / (1 - beta2^t)) and AdamW
-    decays before the update; docs/make-trainable.md states the difference."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay_post=0.0):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, post=weight_decay_post))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                s = self.state[p]
-                if not s:
-                    s["t"], s["m"], s["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
-                s["t"] += 1
-                t = s["t"]
-                s["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
-                s["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                r = group["lr"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-                p.sub_(r * s["m"] / (s["v"].sqrt() + group["eps"]))
-                p.mul_(1 - group["post"])
-
-
 def torch_optimizer(name, params, onnx_definition=False):
-    if onnx_definition and name == "adam":
-        return OnnxAdam(params, lr=LR)
-    if onnx_definition and name == "adamw":  # make-trainable feeds R = lr / (1 - lr wd)
-        return OnnxAdam(params, lr=LR / (1 - LR * 0.01), weight_decay_post=LR * 0.01)
     if name == "sgd":
         return torch.optim.SGD(params, lr=LR, weight_decay=0.01)
     if name == "momentum":
@@ -145,10 +115,7 @@ def check_loss_optimizer(onnxtrain, workdir, loss, opt):
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(trained).graph.initializer}
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    # Adam and AdamW: compared with the ONNX definition at rtol 1e-4, and with torch.optim at
-    # rtol 1e-3, atol 1e-4: ONNX adds epsilon to sqrt(H), PyTorch to sqrt(H / (1 - beta2^t)),
-    # which moves weights whose gradients are tiny (docs/make-trainable.md).
-    references = [(False, RTOL, ATOL)] if opt not in ("adam", "adamw") else [(True, RTOL, ATOL), (False, 1e-3, 1e-4)]
+    references = [(False, RTOL, ATOL)]
     for onnx_definition, rtol, atol in references:
         with torch.no_grad():
             for n, p in model.named_parameters():
