@@ -51,26 +51,23 @@ int main(int argc, char** argv) {
   const std::map<std::string, Schedule> schedules{{"constant", Schedule::Constant}, {"step", Schedule::Step},
                                                   {"exponential", Schedule::Exponential}, {"cosine", Schedule::Cosine},
                                                   {"linear", Schedule::Linear}};
-  std::string init = "keep";
+  std::string init = "keep", loss = "cross_entropy", reduction = "mean", optimizer = "sgd", schedule = "constant";
   auto* make = app.add_subcommand("make-trainable", "Add the standard training program (training_info) to an inference model");
   make->add_option("model", mt.model, "the inference .onnx file")->required();
   make->add_option("-o,--output", mt.output, "where to write the trainable model")->required();
-  make->add_option("--loss", o.loss, "cross_entropy (default), nll, mse, l1, bce_with_logits")
-      ->transform(CLI::CheckedTransformer(losses, CLI::ignore_case));
-  make->add_option("--reduction", o.reduction, "mean (default) or sum")->transform(CLI::CheckedTransformer(reductions));
+  make->add_option("--loss", loss, "cross_entropy (default), nll, mse, l1, bce_with_logits");
+  make->add_option("--reduction", reduction, "mean (default) or sum");
   make->add_option("--output-name", o.output, "the model output the loss reads (default: the only output)");
   make->add_option("--label", o.label, "name of the new label input (default: label)");
   make->add_option("--loss-graph", o.loss_graph, "a model computing a custom scalar loss from model outputs and labels");
-  make->add_option("--optimizer", o.optimizer, "sgd (default), momentum, nesterov, adagrad, adam, adamw")
-      ->transform(CLI::CheckedTransformer(optimizers, CLI::ignore_case));
+  make->add_option("--optimizer", optimizer, "sgd (default), momentum, nesterov, adagrad, adam, adamw");
   make->add_option("--lr", o.lr, "learning rate (default 0.01)")->check(CLI::PositiveNumber);
   make->add_option("--momentum", o.momentum, "momentum and nesterov (default 0.9)");
   make->add_option("--beta1", o.beta1, "adam, adamw (default 0.9)");
   make->add_option("--beta2", o.beta2, "adam, adamw (default 0.999)");
   make->add_option("--eps", o.eps, "adam, adamw (default 1e-8), adagrad (default 1e-10)");
   make->add_option("--weight-decay", o.weight_decay, "L2 penalty; decoupled for adamw (default 0)");
-  make->add_option("--lr-schedule", o.schedule, "constant (default), step, exponential, cosine, linear")
-      ->transform(CLI::CheckedTransformer(schedules, CLI::ignore_case));
+  make->add_option("--lr-schedule", schedule, "constant (default), step, exponential, cosine, linear");
   make->add_option("--warmup-steps", o.warmup_steps, "linear warm-up over the first N steps");
   make->add_option("--total-steps", o.total_steps, "length of cosine and linear schedules");
   make->add_option("--step-size", o.step_size, "steps between decays of the step schedule");
@@ -111,6 +108,18 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+    // Named choices, with the valid names in the message.
+    auto pick = [](const auto& choices, const std::string& value, const std::string& option) {
+      const auto it = choices.find(value);
+      if (it != choices.end()) return it->second;
+      std::string names;
+      for (const auto& [name, v] : choices) names += (names.empty() ? "" : ", ") + name;
+      throw CLI::ValidationError(option, "'" + value + "' is not one of " + names);
+    };
+    o.loss = pick(losses, loss, "--loss");
+    o.reduction = pick(reductions, reduction, "--reduction");
+    o.optimizer = pick(optimizers, optimizer, "--optimizer");
+    o.schedule = pick(schedules, schedule, "--lr-schedule");
     if (init == "keep") {
       o.init = Init::Keep;
     } else if (init == "xavier") {

@@ -59,6 +59,43 @@ fi
 expect 2 "missing feed for input 'Y_true'" -- "$bin" step "$tmp/lr/model.onnx" --input "X=$tmp/lr/x.npy" -o "$tmp/lr/t.onnx"
 [[ ! -e $tmp/lr/t.onnx ]] || { echo "FAIL: a failed step wrote a model"; failures=$((failures + 1)); }
 
+# make-trainable, train, export; SIGINT during train writes a checkpoint and exits 130.
+/usr/bin/python3 - "$tmp/mt" <<'PY'
+import os, sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+out = sys.argv[1]
+os.makedirs(out + "/data", exist_ok=True)
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "W")
+graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["logits"])], "linear",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], [w])
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out + "/model.onnx")
+np.save(out + "/data/x.npy", rng.normal(size=(64, 4)).astype(np.float32))
+np.save(out + "/data/label.npy", rng.integers(0, 3, size=64))
+PY
+expect 0 'trains W' -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/train.onnx" --optimizer adam
+expect 2 'already has training_info' -- "$bin" make-trainable "$tmp/mt/train.onnx" -o "$tmp/mt/again.onnx"
+expect 2 "'hinge' is not one of bce_with_logits, cross_entropy, l1, mse, nll" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --loss hinge
+expect 0 'trained 4 steps' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 16 -o "$tmp/mt/trained.onnx"
+expect 0 'wrote .*inference.onnx' -- "$bin" export "$tmp/mt/trained.onnx" -o "$tmp/mt/inference.onnx"
+expect 2 'reads no column' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --map label=nothing -o "$tmp/mt/t.onnx"
+"$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 1 --epochs 1000000 -o "$tmp/mt/long.onnx" -q &
+pid=$!
+sleep 2
+kill -INT $pid
+wait $pid
+status=$?
+if [[ $status -ne 130 || ! -f $tmp/mt/long.ckpt.onnx ]]; then
+  echo "FAIL: train after SIGINT exited $status (want 130) with checkpoint $(ls "$tmp/mt")"
+  failures=$((failures + 1))
+else
+  echo "ok: train after SIGINT exited 130 and wrote $(basename "$tmp/mt/long.ckpt.onnx")"
+  expect 0 'trained' -- "$bin" train "$tmp/mt/train.onnx" --resume "$tmp/mt/long.ckpt.onnx" --data "$tmp/mt/data" --batch-size 1 --max-steps 5 -o "$tmp/mt/resumed.onnx"
+fi
+
 if ((failures > 0)); then
   echo "$failures CLI check(s) failed"
   exit 1
