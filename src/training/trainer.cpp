@@ -82,7 +82,8 @@ Tensor convert_feed(const Tensor& rows, const Feed& f) {
     Tensor as_double = rows.cast(DataType::Float64);
     if (f.scale != 1.0) {
       double* p = as_double.data<double>();
-      for (int64_t i = 0; i < as_double.numel(); ++i) p[i] *= f.scale;
+      const int64_t count = as_double.numel();
+      for (int64_t i = 0; i < count; ++i) p[i] *= f.scale;
     }
     t = as_double.cast(to);
   } else if (rows.dtype() != to) {
@@ -113,7 +114,8 @@ void check_finite(const Tensor& t, const std::string& what) {
   if (!is_floating(t.dtype())) return;
   const auto values = t.cast(DataType::Float64);
   const double* p = values.data<double>();
-  for (int64_t i = 0; i < values.numel(); ++i) {
+  const int64_t count = values.numel();
+  for (int64_t i = 0; i < count; ++i) {
     if (!std::isfinite(p[i])) throw Error(what + " holds " + (std::isnan(p[i]) ? "NaN" : "Inf") + " at element " + std::to_string(i));
   }
 }
