@@ -67,7 +67,7 @@ void save_model(const onnx::ModelProto& model_in, const fs::path& path, const Sa
   std::vector<onnx::TensorProto*> tensors;
   collect_tensors(*model.mutable_graph(), tensors);
   for (auto& info : *model.mutable_training_info()) {
-    collect_tensors(*info.mutable_initialization(), tensors);
+    if (info.has_initialization()) collect_tensors(*info.mutable_initialization(), tensors);
     collect_tensors(*info.mutable_algorithm(), tensors);
   }
   // Bring external data in, so the saved model does not depend on the source folder.
