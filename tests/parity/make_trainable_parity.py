@@ -160,14 +160,20 @@ SCHEDULES = {
 }
 
 
-def check_schedule(onnxtrain, workdir, name, options, factory):
-    steps = 100
+def exported_mse_model(workdir, stem):
+    """The mse model exported to WORKDIR/STEM.onnx, its batch saved as x.npy and label.npy."""
     model = make_model("mse")
     x, label = batch("mse")
-    path = os.path.join(workdir, "schedule.onnx")
+    path = os.path.join(workdir, stem + ".onnx")
     export(model, x, path)
     np.save(os.path.join(workdir, "x.npy"), x.numpy())
     np.save(os.path.join(workdir, "label.npy"), label.numpy())
+    return model, path
+
+
+def check_schedule(onnxtrain, workdir, name, options, factory):
+    steps = 100
+    model, path = exported_mse_model(workdir, "schedule")
     trainable = os.path.join(workdir, f"schedule_{name}.onnx")
     run([onnxtrain, "make-trainable", path, "-o", trainable, "--loss", "mse", "--lr", "0.1"] + options)
     out = run([onnxtrain, "step", trainable, "--input", "x=" + os.path.join(workdir, "x.npy"),
@@ -190,12 +196,7 @@ def check_schedule(onnxtrain, workdir, name, options, factory):
 
 
 def check_freeze(onnxtrain, workdir):
-    model = make_model("mse")
-    x, label = batch("mse")
-    path = os.path.join(workdir, "freeze.onnx")
-    export(model, x, path)
-    np.save(os.path.join(workdir, "x.npy"), x.numpy())
-    np.save(os.path.join(workdir, "label.npy"), label.numpy())
+    _, path = exported_mse_model(workdir, "freeze")
     trainable = os.path.join(workdir, "freeze_trainable.onnx")
     trained = os.path.join(workdir, "freeze_trained.onnx")
     run([onnxtrain, "make-trainable", path, "-o", trainable, "--loss", "mse", "--optimizer", "adam",

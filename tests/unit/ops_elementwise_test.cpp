@@ -14,6 +14,7 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::run1;
 using testing::expect_close;
 using testing::NodeSpec;
 using testing::run_node;
@@ -24,10 +25,6 @@ Tensor vec(const Shape& shape, const std::vector<T>& v) {
 }
 Tensor f32(const std::vector<float>& v) { return vec<float>({static_cast<int64_t>(v.size())}, v); }
 
-Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs,
-            const std::vector<Tensor>& in) {
-  return run_node(NodeSpec{op, "", opset, std::move(attrs), 1}, in)[0];
-}
 
 TEST(Unary, MathMatchesTheStandardLibrary) {
   const Tensor x = f32({-2.5f, -0.5f, 0.0f, 0.5f, 1.5f, 2.5f});

@@ -13,6 +13,8 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::f32;
+using testing::i64;
 using testing::expect_close;
 using testing::NodeSpec;
 using testing::run_node;
@@ -22,9 +24,7 @@ std::vector<Tensor> run(const std::string& op, const std::vector<Tensor>& inputs
                         int outputs = 1) {
   return run_node(NodeSpec{op, "", opset, std::move(attrs), outputs}, inputs);
 }
-Tensor f32(const Shape& shape, const std::vector<float>& v) { return Tensor::from_vector<float>(shape, v); }
 Tensor f64(const Shape& shape, const std::vector<double>& v) { return Tensor::from_vector<double>(shape, v); }
-Tensor i64(const Shape& shape, const std::vector<int64_t>& v) { return Tensor::from_vector<int64_t>(shape, v); }
 
 Tensor random(const Shape& shape, uint32_t seed) {
   std::mt19937 gen(seed);

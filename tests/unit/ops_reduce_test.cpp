@@ -17,6 +17,10 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::f32;
+using testing::i64;
+using testing::iota;
+using testing::run1;
 using testing::expect_close;
 using testing::NodeSpec;
 using testing::run_node;
@@ -25,24 +29,11 @@ using Ints = std::vector<int64_t>;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-Tensor f32(const Shape& shape, const std::vector<float>& v) { return Tensor::from_vector<float>(shape, v); }
-Tensor i64(const Shape& shape, const Ints& v) { return Tensor::from_vector<int64_t>(shape, v); }
-Tensor i64(const Ints& v) { return i64(Shape{static_cast<int64_t>(v.size())}, v); }
 template <class T>
 Tensor scalar(T v) {
   return Tensor::scalar<T>(v);
 }
 
-Tensor iota(const Shape& shape) {
-  std::vector<float> v(static_cast<size_t>(shape.numel()));
-  std::iota(v.begin(), v.end(), 0.0f);
-  return f32(shape, v);
-}
-
-Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs,
-            const std::vector<Tensor>& in) {
-  return run_node(NodeSpec{op, "", opset, std::move(attrs), 1}, in)[0];
-}
 std::vector<Tensor> run2(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs,
                          const std::vector<Tensor>& in) {
   return run_node(NodeSpec{op, "", opset, std::move(attrs), 2}, in);

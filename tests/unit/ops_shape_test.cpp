@@ -14,29 +14,17 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::f32;
+using testing::i64;
+using testing::iota;
+using testing::run1;
 using testing::NodeSpec;
 using testing::run_node;
 
-Tensor f32(const Shape& shape, const std::vector<float>& v) { return Tensor::from_vector<float>(shape, v); }
-Tensor i64(const Shape& shape, const std::vector<int64_t>& v) {
-  return Tensor::from_vector<int64_t>(shape, v);
-}
-Tensor i64(const std::vector<int64_t>& v) { return i64(Shape{static_cast<int64_t>(v.size())}, v); }
 Tensor i32(const std::vector<int32_t>& v) {
   return Tensor::from_vector<int32_t>(Shape{static_cast<int64_t>(v.size())}, v);
 }
 
-// float32 tensor holding 0, 1, 2, ... in row-major order.
-Tensor iota(const Shape& shape) {
-  std::vector<float> v(static_cast<size_t>(shape.numel()));
-  std::iota(v.begin(), v.end(), 0.0f);
-  return f32(shape, v);
-}
-
-Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs,
-            const std::vector<Tensor>& in) {
-  return run_node(NodeSpec{op, "", opset, std::move(attrs), 1}, in)[0];
-}
 
 void expect_values(const Tensor& t, const Shape& shape, const std::vector<double>& want) {
   ASSERT_EQ(t.shape(), shape) << t.description();

@@ -58,6 +58,16 @@ std::vector<Tensor> run_node(const NodeSpec& spec, const std::vector<Tensor>& in
   return result;
 }
 
+Tensor iota(const Shape& shape) {
+  std::vector<float> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  return f32(shape, v);
+}
+
+Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs, const std::vector<Tensor>& in) {
+  return run_node(NodeSpec{op, "", opset, std::move(attrs), 1}, in)[0];
+}
+
 void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol) {
   ASSERT_EQ(got.dtype(), want.dtype()) << got.description() << " vs " << want.description();
   ASSERT_EQ(got.shape(), want.shape()) << got.description() << " vs " << want.description();

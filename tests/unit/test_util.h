@@ -63,6 +63,16 @@ onnx::ModelProto node_model(const NodeSpec& spec, const std::vector<Tensor>& inp
 // Runs node_model(spec, inputs) and returns its outputs in order.
 std::vector<Tensor> run_node(const NodeSpec& spec, const std::vector<Tensor>& inputs);
 
+// Tensors for tests: float32 and int64 of a shape (or 1-D from the values), and float32
+// holding 0, 1, 2, ... in row-major order.
+inline Tensor f32(const Shape& shape, const std::vector<float>& v) { return Tensor::from_vector<float>(shape, v); }
+inline Tensor i64(const Shape& shape, const std::vector<int64_t>& v) { return Tensor::from_vector<int64_t>(shape, v); }
+inline Tensor i64(const std::vector<int64_t>& v) { return i64(Shape{static_cast<int64_t>(v.size())}, v); }
+Tensor iota(const Shape& shape);
+
+// Runs a one-output ai.onnx node at `opset` and returns its output.
+Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs, const std::vector<Tensor>& in);
+
 // Element-wise comparison with |got - want| <= atol + rtol * |want|; shapes and dtypes equal.
 void expect_close(const Tensor& got, const Tensor& want, double rtol = 1e-5, double atol = 1e-6);
 
