@@ -210,6 +210,11 @@ void matmul_rule(Builder& b) {
   // C = A B: dA = dC B^T, dB = A^T dC; 1-D operands are lifted to matrices (numpy's matmul
   // rules) and the batch dims are summed back by the engine.
   const int ra = b.require_rank(b.I(0)), rb = b.require_rank(b.I(1));
+  if (ra == 2 && rb == 2 && b.opset() >= 11) {  // Gemm's transpose flags instead of Transpose copies
+    if (b.needs(0)) b.set_GI(0, b.op("Gemm", {b.GO(0), b.I(1)}, {attr_int("transB", 1)}));
+    if (b.needs(1)) b.set_GI(1, b.op("Gemm", {b.I(0), b.GO(0)}, {attr_int("transA", 1)}));
+    return;
+  }
   std::string a = b.I(0), bm = b.I(1), g = b.GO(0);
   if (ra == 1) a = b.unsqueeze(a, {0});                  // [K] -> [1, K]
   if (rb == 1) bm = b.unsqueeze(bm, {1});                // [K] -> [K, 1]
@@ -235,6 +240,16 @@ void gemm_rule(Builder& b) {
   const std::string g = b.GO(0);
   auto t = [&](const std::string& x) { return b.op("Transpose", {x}); };
   auto scaled = [&](const std::string& x, double s) { return s == 1.0 ? x : mul(b, x, b.scalar(s, x)); };
+  if (b.opset() >= 11) {
+    // Gemm without C (opset 11+): the transposes become flags, not copies.
+    auto gemm = [&](const std::string& x, const std::string& y, bool tx, bool ty) {
+      return b.op("Gemm", {x, y}, {attr_float("alpha", static_cast<float>(alpha)), attr_int("transA", tx), attr_int("transB", ty)});
+    };
+    if (b.needs(0)) b.set_GI(0, ta ? gemm(b.I(1), g, tb, true) : gemm(g, b.I(1), false, !tb));
+    if (b.needs(1)) b.set_GI(1, tb ? gemm(g, b.I(0), true, ta) : gemm(b.I(0), g, !ta, false));
+    if (b.needs(2)) b.set_GI(2, b.sum_to_shape_of(scaled(g, beta), b.I(2)));
+    return;
+  }
   if (b.needs(0)) {
     const std::string op_b = tb ? t(b.I(1)) : b.I(1);
     // dA = alpha dY op(B)^T, transposed back when A was.

@@ -277,12 +277,15 @@ std::vector<Case> cases() {
   c.push_back({"Min", {}, {distinct({2, 3}), distinct({2, 3})}});
   c.push_back({"Where", {}, {fixed(Tensor::from_vector<bool>({2, 3}, {true, false, true, false, false, true})),
                              x({2, 3}), x({3})}});
+  c.push_back({"MatMul", {}, {x({3, 4}), x({4, 2})}, 1, 17, "", "2-D"});
   c.push_back({"MatMul", {}, {x({2, 3, 4}), x({4, 2})}, 1, 17, "", "batched"});
   c.push_back({"MatMul", {}, {x({4}), x({2, 4, 3})}, 1, 17, "", "1-D left"});
   c.push_back({"MatMul", {}, {x({2, 4}), x({4})}, 1, 17, "", "1-D right"});
   c.push_back({"Gemm", {attr("alpha", 0.5f), attr("beta", 2.0f)}, {x({2, 3}), x({3, 4}), x({4})}});
   c.push_back({"Gemm", {attr("transA", int64_t{1}), attr("transB", int64_t{1})}, {x({3, 2}), x({4, 3}), x({2, 4})},
                1, 17, "", "transposed"});
+  c.push_back({"Gemm", {attr("transA", int64_t{1}), attr("alpha", 2.0f)}, {x({3, 2}), x({3, 4}), x({4})}, 1, 9, "",
+               "opset 9"});
   // Reductions.
   const std::vector<int64_t> axis1{1};
   c.push_back({"ReduceSum", {attr("keepdims", int64_t{0})}, {x({2, 3, 2}), fixed(i64(axis1))}});
