@@ -38,6 +38,7 @@ bool all_finite(const Tensor& t) {
       const T* p = t.data<T>();
       const int64_t n = t.numel();
       compute_t<T> sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t i = 0; i < n; ++i) sum += static_cast<compute_t<T>>(p[i]) * compute_t<T>(0);
       finite = std::isfinite(sum);
     }
