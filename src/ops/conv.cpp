@@ -14,40 +14,34 @@
 // deconvolution_forward, plain layouts, oneDNN dilation = ONNX dilation - 1), one primitive per
 // input shape, cached in the kernel; float16/bfloat16 are converted to float32 and back;
 // float64 and other ranks use the im2col reference of conv_ref.h.
+//
+// Attribute parsing, shape resolution and the oneDNN view of a geometry are declared in
+// conv_geometry.h: ConvGrad / ConvTransposeGrad (conv_grad.cpp) resolve them the same way.
 #include <cstring>
 #include <unordered_map>
 
 #include "core/dispatch.h"
-#include "ops/conv_ref.h"
+#include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
-#include "ops/spatial_attrs.h"
 
 namespace onnxtrain::ops {
 
-namespace {
-
 namespace du = dnnl_util;
 
-struct ConvAttrs {
-  bool transpose = false;  // ConvTranspose
-  AutoPad auto_pad = AutoPad::NotSet;
-  int64_t group = 1;
-  std::optional<std::vector<int64_t>> kernel_shape, strides, dilations, pads;
-  std::optional<std::vector<int64_t>> output_padding, output_shape;  // ConvTranspose
-};
+namespace {
 
-// Checks X, W and B and fills everything but the output dims and pads.
-ConvGeometry common_geometry(const KernelContext& ctx, const ConvAttrs& a) {
-  const Tensor& x = ctx.input(0);
-  const Tensor& w = ctx.input(1);
+// Checks X and W and fills everything but the output dims and pads.
+ConvGeometry common_geometry(const ConvAttrs& a, const ConvOperand& xo, const ConvOperand& wo) {
+  const Tensor& x = xo.tensor;
+  const Tensor& w = wo.tensor;
   if (x.rank() < 3) {
-    fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() +
+    fail("input " + xo.name + " has shape " + x.shape().to_string() +
          ", expected rank >= 3 ([N, C, spatial...])");
   }
   if (w.rank() != x.rank()) {
-    fail("input " + ctx.input_name(1) + " has shape " + w.shape().to_string() + ", expected rank " +
-         std::to_string(x.rank()) + " like " + ctx.input_name(0) + " " + x.shape().to_string());
+    fail("input " + wo.name + " has shape " + w.shape().to_string() + ", expected rank " +
+         std::to_string(x.rank()) + " like " + xo.name + " " + x.shape().to_string());
   }
   const size_t nd = x.rank() - 2;
   ConvGeometry g;
@@ -60,47 +54,40 @@ ConvGeometry common_geometry(const KernelContext& ctx, const ConvAttrs& a) {
   g.kernel.assign(w_dims.begin() + 2, w_dims.end());
   for (int64_t k : g.kernel) {
     if (k < 1) {
-      fail("input " + ctx.input_name(1) + " has shape " + w.shape().to_string() +
-           ", an empty kernel");
+      fail("input " + wo.name + " has shape " + w.shape().to_string() + ", an empty kernel");
     }
   }
   if (a.kernel_shape && *a.kernel_shape != g.kernel) {
     fail("attribute 'kernel_shape' is " + ints_to_string(*a.kernel_shape) + " but input " +
-         ctx.input_name(1) + " has shape " + w.shape().to_string());
+         wo.name + " has shape " + w.shape().to_string());
   }
   g.stride = spatial_values(a.strides, "strides", nd, 1);
   g.dilation = spatial_values(a.dilations, "dilations", nd, 1);
   const std::string group = "group " + std::to_string(g.G);
   if (!a.transpose) {  // W [M, C/group, k...]
     if (g.C != w.dim(1) * g.G || w.dim(0) % g.G != 0) {
-      fail("input " + ctx.input_name(0) + " has " + std::to_string(g.C) + " channels but " +
-           ctx.input_name(1) + " " + w.shape().to_string() + " with " + group + " expects " +
-           std::to_string(w.dim(1) * g.G) + " (W[1] * group), and W[0] must divide by group");
+      fail("input " + xo.name + " has " + std::to_string(g.C) + " channels but " + wo.name + " " +
+           w.shape().to_string() + " with " + group + " expects " + std::to_string(w.dim(1) * g.G) +
+           " (W[1] * group), and W[0] must divide by group");
     }
     g.M = w.dim(0);
   } else {  // W [C, M/group, k...]
     if (g.C != w.dim(0) || g.C % g.G != 0) {
-      fail("input " + ctx.input_name(0) + " has " + std::to_string(g.C) + " channels but " +
-           ctx.input_name(1) + " " + w.shape().to_string() +
-           " expects W[0] channels, divisible by " + group);
+      fail("input " + xo.name + " has " + std::to_string(g.C) + " channels but " + wo.name + " " +
+           w.shape().to_string() + " expects W[0] channels, divisible by " + group);
     }
     g.M = w.dim(1) * g.G;
   }
-  for (int i = 1; i < 3; ++i) {
-    if (ctx.has_input(i) && ctx.input(i).dtype() != x.dtype()) {
-      fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected " +
-           std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(0));
-    }
-  }
-  if (ctx.has_input(2) && !(ctx.input(2).shape() == Shape{g.M})) {
-    fail("input " + ctx.input_name(2) + " has shape " + ctx.input(2).shape().to_string() +
-         ", expected [" + std::to_string(g.M) + "] (one bias per output channel)");
+  if (w.dtype() != x.dtype()) {
+    fail("input " + wo.name + " is " + w.description() + ", expected " +
+         std::string(dtype_name(x.dtype())) + " like " + xo.name);
   }
   return g;
 }
 
 // Conv output dims and pads.
-void conv_output(const KernelContext& ctx, const ConvAttrs& a, ConvGeometry& g) {
+void conv_output(const ConvAttrs& a, const ConvOperand& xo, const ConvOperand& wo,
+                 ConvGeometry& g) {
   const size_t nd = g.rank();
   const auto pads = spatial_values(a.pads, "pads", nd, 0, 2);
   g.out.resize(nd);
@@ -119,18 +106,17 @@ void conv_output(const KernelContext& ctx, const ConvAttrs& a, ConvGeometry& g) 
     g.pad_end[d] = valid ? 0 : pads[d + nd];
     const int64_t padded = g.in[d] + g.pad_begin[d] + g.pad_end[d];
     if (padded < extent) {
-      fail("the kernel of " + ctx.input_name(1) + " spans " + std::to_string(extent) +
+      fail("the kernel of " + wo.name + " spans " + std::to_string(extent) +
            " elements along spatial dim " + std::to_string(d) + " (kernel " +
            std::to_string(g.kernel[d]) + ", dilation " + std::to_string(g.dilation[d]) +
-           "), more than the padded input size " + std::to_string(padded) + " of " +
-           ctx.input_name(0));
+           "), more than the padded input size " + std::to_string(padded) + " of " + xo.name);
     }
     g.out[d] = (padded - extent) / g.stride[d] + 1;
   }
 }
 
 // ConvTranspose output dims and the crops of the full transposed output (see ConvGeometry).
-void conv_transpose_output(const KernelContext& ctx, const ConvAttrs& a, ConvGeometry& g) {
+void conv_transpose_output(const ConvAttrs& a, const ConvOperand& xo, ConvGeometry& g) {
   const size_t nd = g.rank();
   const auto pads = spatial_values(a.pads, "pads", nd, 0, 2);
   const auto output_padding = spatial_values(a.output_padding, "output_padding", nd, 0);
@@ -159,30 +145,55 @@ void conv_transpose_output(const KernelContext& ctx, const ConvAttrs& a, ConvGeo
     g.out[d] = full + output_padding[d] - g.pad_begin[d] - g.pad_end[d];
     if (g.out[d] < 0) {
       fail("the output of ConvTranspose would have " + std::to_string(g.out[d]) +
-           " elements along spatial dim " + std::to_string(d) + " for input " + ctx.input_name(0) +
-           " " + ctx.input(0).shape().to_string() + " (pads " + std::to_string(g.pad_begin[d]) +
-           ", " + std::to_string(g.pad_end[d]) + ")");
+           " elements along spatial dim " + std::to_string(d) + " for input " + xo.name + " " +
+           xo.tensor.shape().to_string() + " (pads " + std::to_string(g.pad_begin[d]) + ", " +
+           std::to_string(g.pad_end[d]) + ")");
     }
     g.pad_end[d] -= output_padding[d];
   }
 }
 
+}  // namespace
+
+ConvGeometry resolve_conv_geometry(const ConvAttrs& a, const ConvOperand& x, const ConvOperand& w) {
+  ConvGeometry g = common_geometry(a, x, w);
+  if (a.transpose) {
+    conv_transpose_output(a, x, g);
+  } else {
+    conv_output(a, x, w, g);
+  }
+  return g;
+}
+
+Shape conv_output_shape(const ConvGeometry& g) {
+  Shape out{g.N, g.M};
+  for (int64_t d : g.out) out.push_back(d);
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // oneDNN
 
-// A convolution or deconvolution primitive with its argument memories.
-struct ConvEntry {
-  bool use_reference = false;  // oneDNN has no implementation for these shapes
-  dnnl::primitive primitive;
-  dnnl::memory src, user_weights, weights, bias, dst;
-  bool reorder_weights = false;  // the primitive wants another weights layout than ONNX's
-  dnnl::reorder weights_reorder;
-  std::unordered_map<int, dnnl::memory> args;  // the memories above by role
-  // ConvTranspose with negative crops: oneDNN fills only dst_dims of y, at dst_offset.
-  bool embed = false;
-  std::vector<int64_t> dst_dims, dst_offset;
-  std::vector<float> dst_buffer;
-};
+DnnlConvDims dnnl_conv_dims(const ConvGeometry& g) {
+  const size_t nd = g.rank();
+  DnnlConvDims d;
+  d.strides.assign(g.stride.begin(), g.stride.end());
+  d.dilates.resize(nd);
+  d.pad_l.resize(nd);
+  d.pad_r.resize(nd);
+  d.dst_dims = g.out;
+  d.dst_offset.assign(nd, 0);
+  for (size_t i = 0; i < nd; ++i) {
+    d.dilates[i] = g.dilation[i] - 1;
+    d.pad_l[i] = std::max<int64_t>(g.pad_begin[i], 0);
+    d.pad_r[i] = std::max<int64_t>(g.pad_end[i], 0);
+    d.dst_offset[i] = d.pad_l[i] - g.pad_begin[i];
+    d.dst_dims[i] -= d.dst_offset[i] + (d.pad_r[i] - g.pad_end[i]);
+    d.embed = d.embed || d.dst_dims[i] != g.out[i];
+    d.empty = d.empty || d.dst_dims[i] <= 0;
+  }
+  return d;
+}
 
 dnnl::memory::dims dims_of(int64_t a, int64_t b, const std::vector<int64_t>& rest) {
   dnnl::memory::dims d{a, b};
@@ -190,9 +201,7 @@ dnnl::memory::dims dims_of(int64_t a, int64_t b, const std::vector<int64_t>& res
   return d;
 }
 
-// oneDNN's view of W: [M, C, k...] (ConvTranspose: [M, C, k...] over ONNX's [C, M, k...]),
-// or [G, M/G, C/G, k...] with groups.
-dnnl::memory::desc weights_desc(const ConvGeometry& g, bool transpose) {
+dnnl::memory::desc conv_weights_desc(const ConvGeometry& g, bool transpose) {
   const int64_t cg = g.C / g.G, mg = g.M / g.G, k = g.kernel_size();
   const bool grouped = g.G > 1;
   dnnl::memory::dims dims =
@@ -208,28 +217,62 @@ dnnl::memory::desc weights_desc(const ConvGeometry& g, bool transpose) {
   return du::strided_f32(dims, strides);
 }
 
+void copy_conv_block(const ConvGeometry& g, const DnnlConvDims& d, const float* from, float* to,
+                     bool into_y) {
+  const size_t nd = g.rank();
+  const int64_t block_size = dims_product(d.dst_dims), out_size = g.out_size();
+  if (block_size <= 0) return;
+  const int64_t row = d.dst_dims[nd - 1];
+  std::vector<int64_t> out_stride(nd, 1), idx(nd, 0);
+  for (size_t i = nd; i-- > 1;) out_stride[i - 1] = out_stride[i] * g.out[i];
+  for (int64_t c = 0; c < g.N * g.M; ++c) {
+    const float* src = from + c * (into_y ? block_size : out_size);
+    float* dst = to + c * (into_y ? out_size : block_size);
+    std::fill(idx.begin(), idx.end(), 0);
+    for (int64_t line = 0; line < block_size / row; ++line) {
+      int64_t offset = 0;
+      for (size_t i = 0; i < nd; ++i) offset += (idx[i] + d.dst_offset[i]) * out_stride[i];
+      const int64_t block_offset = line * row;
+      if (into_y) {
+        std::copy(src + block_offset, src + block_offset + row, dst + offset);
+      } else {
+        std::copy(src + offset, src + offset + row, dst + block_offset);
+      }
+      for (size_t i = nd - 1; i-- > 0;) {
+        if (++idx[i] < d.dst_dims[i]) break;
+        idx[i] = 0;
+      }
+    }
+  }
+}
+
+namespace {
+
+// A convolution or deconvolution primitive with its argument memories.
+struct ConvEntry {
+  bool use_reference = false;  // oneDNN has no implementation for these shapes
+  dnnl::primitive primitive;
+  dnnl::memory src, user_weights, weights, bias, dst;
+  bool reorder_weights = false;  // the primitive wants another weights layout than ONNX's
+  dnnl::reorder weights_reorder;
+  std::unordered_map<int, dnnl::memory> args;  // the memories above by role
+  // ConvTranspose with negative crops: oneDNN fills only the dst_dims block of y.
+  DnnlConvDims dims;
+  std::vector<float> dst_buffer;
+};
+
 ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
   using dnnl::memory;
-  const size_t nd = g.rank();
   ConvEntry e;
-  memory::dims strides(g.stride.begin(), g.stride.end()), dilates(nd), pad_l(nd), pad_r(nd);
-  e.dst_dims = g.out;
-  e.dst_offset.assign(nd, 0);
-  for (size_t d = 0; d < nd; ++d) {
-    dilates[d] = g.dilation[d] - 1;
-    pad_l[d] = std::max<int64_t>(g.pad_begin[d], 0);
-    pad_r[d] = std::max<int64_t>(g.pad_end[d], 0);
-    e.dst_offset[d] = pad_l[d] - g.pad_begin[d];
-    e.dst_dims[d] -= e.dst_offset[d] + (pad_r[d] - g.pad_end[d]);
-    e.embed = e.embed || e.dst_dims[d] != g.out[d];
-  }
-  if (std::any_of(e.dst_dims.begin(), e.dst_dims.end(), [](int64_t d) { return d <= 0; })) {
+  e.dims = dnnl_conv_dims(g);
+  const DnnlConvDims& d = e.dims;
+  if (d.empty) {
     e.use_reference = true;  // only outputs no input reaches
     return e;
   }
   const memory::desc src = du::plain_f32(dims_of(g.N, g.C, g.in));
-  const memory::desc dst = du::plain_f32(dims_of(g.N, g.M, e.dst_dims));
-  const memory::desc user_weights = weights_desc(g, transpose);
+  const memory::desc dst = du::plain_f32(dims_of(g.N, g.M, d.dst_dims));
+  const memory::desc user_weights = conv_weights_desc(g, transpose);
   const memory::desc any_weights(user_weights.dims(), memory::data_type::f32,
                                  memory::format_tag::any);
   const memory::desc bias = has_bias ? du::plain_f32({g.M}) : memory::desc();
@@ -239,14 +282,14 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
     if (!transpose) {
       using P = dnnl::convolution_forward;
       const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                         src, any_weights, bias, dst, strides, dilates, pad_l, pad_r);
+                         src, any_weights, bias, dst, d.strides, d.dilates, d.pad_l, d.pad_r);
       const P::primitive_desc pd(desc, engine);
       e.primitive = P(pd);
       weights = pd.weights_desc();
     } else {
       using P = dnnl::deconvolution_forward;
       const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
-                         src, any_weights, bias, dst, strides, dilates, pad_l, pad_r);
+                         src, any_weights, bias, dst, d.strides, d.dilates, d.pad_l, d.pad_r);
       const P::primitive_desc pd(desc, engine);
       e.primitive = P(pd);
       weights = pd.weights_desc();
@@ -270,48 +313,25 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
               {DNNL_ARG_DST, e.dst}};
     if (has_bias) e.args[DNNL_ARG_BIAS] = e.bias;
   });
-  if (e.embed) e.dst_buffer.resize(static_cast<size_t>(g.N * g.M * dims_product(e.dst_dims)));
+  if (d.embed) e.dst_buffer.resize(static_cast<size_t>(g.N * g.M * dims_product(d.dst_dims)));
   return e;
-}
-
-// Copies the [N*M, dst_dims...] block oneDNN computed into y [N*M, out...] at dst_offset.
-void embed_block(const ConvGeometry& g, const ConvEntry& e, float* y) {
-  const size_t nd = g.rank();
-  const int64_t block = dims_product(e.dst_dims), out_size = g.out_size();
-  const int64_t row = e.dst_dims[nd - 1];
-  if (block == 0) return;
-  std::vector<int64_t> out_stride(nd, 1), idx(nd, 0);
-  for (size_t d = nd; d-- > 1;) out_stride[d - 1] = out_stride[d] * g.out[d];
-  for (int64_t c = 0; c < g.N * g.M; ++c) {
-    const float* src = e.dst_buffer.data() + c * block;
-    float* dst = y + c * out_size;
-    std::fill(idx.begin(), idx.end(), 0);
-    for (int64_t line = 0; line < block / row; ++line, src += row) {
-      int64_t offset = 0;
-      for (size_t d = 0; d < nd; ++d) offset += (idx[d] + e.dst_offset[d]) * out_stride[d];
-      std::copy(src, src + row, dst + offset);
-      for (size_t d = nd - 1; d-- > 0;) {
-        if (++idx[d] < e.dst_dims[d]) break;
-        idx[d] = 0;
-      }
-    }
-  }
 }
 
 void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w, const float* b,
              float* y) {
-  if (e.embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
+  const bool embed = e.dims.embed;
+  if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
   du::checked("run a convolution", [&] {
     e.src.set_data_handle(const_cast<float*>(x));
     e.user_weights.set_data_handle(const_cast<float*>(w));
-    e.dst.set_data_handle(e.embed ? e.dst_buffer.data() : y);
+    e.dst.set_data_handle(embed ? e.dst_buffer.data() : y);
     if (b) e.bias.set_data_handle(const_cast<float*>(b));
     if (e.reorder_weights) e.weights_reorder.execute(stream, e.user_weights, e.weights);
     e.primitive.execute(stream, e.args);
     stream.wait();
   });
-  if (e.embed) embed_block(g, e, y);
+  if (embed) copy_conv_block(g, e.dims, e.dst_buffer.data(), y, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -321,15 +341,21 @@ class ConvKernel final : public Kernel {
   explicit ConvKernel(ConvAttrs attrs) : attrs_(std::move(attrs)) {}
 
   void run(KernelContext& ctx) override {
-    ConvGeometry g = common_geometry(ctx, attrs_);
-    if (attrs_.transpose) {
-      conv_transpose_output(ctx, attrs_, g);
-    } else {
-      conv_output(ctx, attrs_, g);
-    }
     const Tensor& x = ctx.input(0);
-    Shape out{g.N, g.M};
-    for (int64_t d : g.out) out.push_back(d);
+    const ConvGeometry g =
+        resolve_conv_geometry(attrs_, {x, ctx.input_name(0)}, {ctx.input(1), ctx.input_name(1)});
+    if (ctx.has_input(2)) {
+      const Tensor& b = ctx.input(2);
+      if (b.dtype() != x.dtype()) {
+        fail("input " + ctx.input_name(2) + " is " + b.description() + ", expected " +
+             std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(0));
+      }
+      if (!(b.shape() == Shape{g.M})) {
+        fail("input " + ctx.input_name(2) + " has shape " + b.shape().to_string() + ", expected [" +
+             std::to_string(g.M) + "] (one bias per output channel)");
+      }
+    }
+    const Shape out = conv_output_shape(g);
     const std::string what = ctx.node().op_type + " input " + ctx.input_name(0);
     visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
       const Tensor& w = ctx.input(1);
@@ -378,6 +404,8 @@ class ConvKernel final : public Kernel {
   du::PrimitiveCache<ConvEntry> cache_;
 };
 
+}  // namespace
+
 ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {
   ConvAttrs a;
   a.transpose = transpose;
@@ -407,8 +435,6 @@ ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {
   }
   return a;
 }
-
-}  // namespace
 
 std::unique_ptr<Kernel> make_conv(const KernelInit& init) {
   return std::make_unique<ConvKernel>(parse_conv_attrs(init, false));

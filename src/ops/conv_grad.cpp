@@ -1,10 +1,368 @@
-// Placeholder: replaced by the real kernels of this family.
+// ConvGrad and ConvTransposeGrad (domain ai.onnxtrain, version 1), emitted by the gradient rules
+// of Conv and ConvTranspose.
+//
+//   ConvGrad(dY, X, W) -> (dX, dW, dB)           with Conv's attributes
+//   ConvTransposeGrad(dY, X, W) -> (dX, dW, dB)  with ConvTranspose's attributes
+// are the gradients of Y = Conv(X, W, B) (ConvTranspose(X, W, B)) for the output gradient dY,
+// which must have Y's shape. The attributes are the forward node's, resolved exactly as the
+// forward op does (conv_geometry.h). Every output is optional; only the requested ones are
+// computed. With col = im2col (conv_ref.h), per image n and group g:
+//   Conv:          dX = ConvTranspose(dY, W) over the same geometry seen from Y
+//                  dW_g = sum_n dY_g · im2col(X_g)^T
+//   ConvTranspose: dX = Conv(dY, W) over the same geometry seen from Y
+//                  dW_g = sum_n X_g · im2col(dY_g)^T  (the taps of dY each X element reached)
+//   both:          dB[m] = sum of dY[:, m, ...]
+// float32 with 1 to 3 spatial dims runs through oneDNN (convolution_ / deconvolution_backward_data
+// and _backward_weights, hinted by a forward_training descriptor; layouts of oneDNN's choice,
+// reordered from and to the ONNX tensors), one set of primitives per shape and requested
+// outputs, cached in the kernel; float16/bfloat16 are converted to float32 and back; float64,
+// other ranks and shapes oneDNN rejects use the reference loops below. dB is a plain sum.
+#include <algorithm>
+#include <unordered_map>
+
+#include "core/dispatch.h"
+#include "core/parallel.h"
+#include "ops/conv_geometry.h"
+#include "ops/dnnl_util.h"
 #include "ops/factories.h"
 
 namespace onnxtrain::ops {
 
+namespace {
+
+namespace du = dnnl_util;
+
+// ---------------------------------------------------------------------------------------------
+// Reference
+
+// The same op seen from its output: input and output channels and dims swapped. The pads,
+// strides, dilations and kernel stay, so im2col / col2im over it map output taps to inputs.
+ConvGeometry seen_from_output(const ConvGeometry& g) {
+  ConvGeometry f = g;
+  std::swap(f.C, f.M);
+  std::swap(f.in, f.out);
+  return f;
+}
+
+// y[i, j] += sum_l a[i, l] · b[j, l], all row-major: a [rows, inner], b [cols, inner],
+// y [rows, cols].
+template <class T>
+void add_a_bt(const T* a, const T* b, T* y, int64_t rows, int64_t inner, int64_t cols) {
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, inner));
+  parallel_for(rows * cols, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* ar = a + (r / cols) * inner;
+      const T* br = b + (r % cols) * inner;
+      T acc = 0;
+      for (int64_t l = 0; l < inner; ++l) acc += ar[l] * br[l];
+      y[r] += acc;
+    }
+  });
+}
+
+// dX (when dx) and dW (when dw) by the formulas of the header.
+template <class T>
+void conv_backward_reference(const ConvGeometry& g, bool transpose, const T* dy, const T* x,
+                             const T* w, T* dx, T* dw) {
+  using conv_ref_detail::im2col;
+  const ConvGeometry f = seen_from_output(g);
+  if (dx) {
+    if (transpose) {
+      conv_reference<T>(f, dy, w, nullptr, dx);
+    } else {
+      conv_transpose_reference<T>(f, dy, w, nullptr, dx);
+    }
+  }
+  if (!dw) return;
+  const int64_t cg = g.C / g.G, mg = g.M / g.G, k = g.kernel_size();
+  const int64_t in_size = g.in_size(), out_size = g.out_size();
+  std::fill(dw, dw + g.G * cg * mg * k, T(0));
+  std::vector<T> col(static_cast<size_t>((transpose ? mg * in_size : cg * out_size) * k));
+  for (int64_t n = 0; n < g.N; ++n) {
+    for (int64_t grp = 0; grp < g.G; ++grp) {
+      const T* x_g = x + (n * g.C + grp * cg) * in_size;
+      const T* dy_g = dy + (n * g.M + grp * mg) * out_size;
+      T* dw_g = dw + grp * cg * mg * k;
+      if (transpose) {  // W [C, M/G, k...]: col [M/G * k, in]
+        im2col(f, dy_g, mg, col.data());
+        add_a_bt(x_g, col.data(), dw_g, cg, in_size, mg * k);
+      } else {  // W [M, C/G, k...]: col [C/G * k, out]
+        im2col(g, x_g, cg, col.data());
+        add_a_bt(dy_g, col.data(), dw_g, mg, out_size, cg * k);
+      }
+    }
+  }
+}
+
+// db[m] = sum of dy[:, m, ...] (accumulated in double).
+template <class T>
+void bias_grad(const ConvGeometry& g, const T* dy, T* db) {
+  const int64_t size = g.out_size();
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, g.N * size));
+  parallel_for(g.M, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      double sum = 0;
+      for (int64_t n = 0; n < g.N; ++n) {
+        const T* p = dy + (n * g.M + m) * size;
+        for (int64_t o = 0; o < size; ++o) sum += static_cast<double>(p[o]);
+      }
+      db[m] = static_cast<T>(sum);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN
+//
+// The primitives choose the layouts of all their operands (format any): for the backward
+// passes, blocked layouts are several times faster than plain ones even counting the reorders
+// to and from the ONNX tensors (backward weights of a 16x64x56x56 3x3 convolution on 2 cores:
+// 66 ms against 256 ms).
+
+// One operand of a primitive: the ONNX tensor (plain layout, its pointer bound per run) and,
+// when the primitive wants another layout, an owned buffer in that layout and the reorder
+// between them (tensor -> buffer for an input, buffer -> tensor for an output).
+class Operand {
+ public:
+  Operand() = default;
+  Operand(const dnnl::memory::desc& plain, const dnnl::memory::desc& wanted, bool input)
+      : input_(input), reordered_(wanted != plain) {
+    const dnnl::engine& engine = du::cpu_engine();
+    user_ = dnnl::memory(plain, engine, nullptr);
+    if (!reordered_) return;
+    inner_ = dnnl::memory(wanted, engine);
+    reorder_ = input ? dnnl::reorder(user_, inner_) : dnnl::reorder(inner_, user_);
+  }
+
+  // The memory the primitive reads or writes.
+  const dnnl::memory& arg() const { return reordered_ ? inner_ : user_; }
+  void bind(const float* data) { user_.set_data_handle(const_cast<float*>(data)); }
+  // Inputs: before the primitive; outputs: after it.
+  void reorder(dnnl::stream& stream) {
+    if (!reordered_) return;
+    if (input_) {
+      reorder_.execute(stream, user_, inner_);
+    } else {
+      reorder_.execute(stream, inner_, user_);
+    }
+  }
+
+ private:
+  bool input_ = true, reordered_ = false;
+  dnnl::memory user_, inner_;
+  dnnl::reorder reorder_;
+};
+
+// The backward primitives for one shape: data (dX) and/or weights (dW).
+struct GradEntry {
+  bool use_reference = false;  // oneDNN has no implementation for these shapes
+  DnnlConvDims dims;
+  std::vector<float> dy_block;  // dims.embed: the part of dY that inputs reach
+  bool data = false;            // dX: backward data
+  dnnl::primitive data_primitive;
+  Operand data_dy, w, dx;
+  bool weights = false;  // dW: backward weights
+  dnnl::primitive weights_primitive;
+  Operand weights_dy, x, dw;
+  bool share_dy = false;  // both read dY in the same layout: reorder it once, into data_dy
+};
+
+// Makes the primitives of one direction (Conv: convolution_*, ConvTranspose: deconvolution_*)
+// and their operands; throws dnnl::error when oneDNN has no implementation.
+template <class Fwd, class BwdData, class BwdWeights>
+void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory::desc& x_plain,
+                     const dnnl::memory::desc& dy_plain, const dnnl::memory::desc& w_plain) {
+  using dnnl::memory;
+  const auto any = [](const memory::desc& plain) {
+    return memory::desc(plain.dims(), memory::data_type::f32, memory::format_tag::any);
+  };
+  const memory::desc x_any = any(x_plain), dy_any = any(dy_plain), w_any = any(w_plain);
+  const DnnlConvDims& d = e.dims;
+  const dnnl::engine& engine = du::cpu_engine();
+  const typename Fwd::desc fwd_desc(dnnl::prop_kind::forward_training, algorithm, x_any, w_any,
+                                    memory::desc(), dy_any, d.strides, d.dilates, d.pad_l, d.pad_r);
+  const typename Fwd::primitive_desc hint(fwd_desc, engine);
+  memory::desc data_dy;
+  if (e.data) {
+    const typename BwdData::desc desc(algorithm, x_any, w_any, dy_any, d.strides, d.dilates,
+                                      d.pad_l, d.pad_r);
+    const typename BwdData::primitive_desc pd(desc, engine, hint);
+    e.data_primitive = BwdData(pd);
+    data_dy = pd.diff_dst_desc();
+    e.data_dy = Operand(dy_plain, data_dy, true);
+    e.w = Operand(w_plain, pd.weights_desc(), true);
+    e.dx = Operand(x_plain, pd.diff_src_desc(), false);
+  }
+  if (e.weights) {
+    const typename BwdWeights::desc desc(algorithm, x_any, w_any, dy_any, d.strides, d.dilates,
+                                         d.pad_l, d.pad_r);
+    const typename BwdWeights::primitive_desc pd(desc, engine, hint);
+    e.weights_primitive = BwdWeights(pd);
+    e.share_dy = e.data && pd.diff_dst_desc() == data_dy;
+    if (!e.share_dy) e.weights_dy = Operand(dy_plain, pd.diff_dst_desc(), true);
+    e.x = Operand(x_plain, pd.src_desc(), true);
+    e.dw = Operand(w_plain, pd.diff_weights_desc(), false);
+  }
+}
+
+GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw) {
+  GradEntry e;
+  e.dims = dnnl_conv_dims(g);
+  e.data = want_dx;
+  e.weights = want_dw;
+  if (e.dims.empty) {  // no output is reached: the reference writes the zeros
+    e.use_reference = true;
+    return e;
+  }
+  const auto x = du::plain_f32(dims_of(g.N, g.C, g.in));
+  const auto dy = du::plain_f32(dims_of(g.N, g.M, e.dims.dst_dims));
+  const auto w = conv_weights_desc(g, transpose);
+  try {
+    if (transpose) {
+      make_primitives<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
+                      dnnl::deconvolution_backward_weights>(
+          e, dnnl::algorithm::deconvolution_direct, x, dy, w);
+    } else {
+      make_primitives<dnnl::convolution_forward, dnnl::convolution_backward_data,
+                      dnnl::convolution_backward_weights>(e, dnnl::algorithm::convolution_direct, x,
+                                                          dy, w);
+    }
+  } catch (const dnnl::error&) {  // no implementation for these shapes: use the reference
+    GradEntry fallback;
+    fallback.use_reference = true;
+    return fallback;
+  }
+  if (e.dims.embed) {
+    e.dy_block.resize(static_cast<size_t>(g.N * g.M * dims_product(e.dims.dst_dims)));
+  }
+  return e;
+}
+
+void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* x, const float* w,
+             float* dx, float* dw) {
+  if (e.dims.embed) {
+    copy_conv_block(g, e.dims, dy, e.dy_block.data(), false);
+    dy = e.dy_block.data();
+  }
+  dnnl::stream& stream = du::cpu_stream();
+  du::checked("run a convolution gradient", [&] {
+    if (dx) {
+      e.data_dy.bind(dy);
+      e.w.bind(w);
+      e.dx.bind(dx);
+      e.data_dy.reorder(stream);
+      e.w.reorder(stream);
+      e.data_primitive.execute(stream, {{DNNL_ARG_DIFF_DST, e.data_dy.arg()},
+                                        {DNNL_ARG_WEIGHTS, e.w.arg()},
+                                        {DNNL_ARG_DIFF_SRC, e.dx.arg()}});
+      e.dx.reorder(stream);
+    }
+    if (dw) {
+      Operand& weights_dy = e.share_dy ? e.data_dy : e.weights_dy;
+      if (!e.share_dy) {
+        weights_dy.bind(dy);
+        weights_dy.reorder(stream);
+      }
+      e.x.bind(x);
+      e.dw.bind(dw);
+      e.x.reorder(stream);
+      e.weights_primitive.execute(stream, {{DNNL_ARG_SRC, e.x.arg()},
+                                           {DNNL_ARG_DIFF_DST, weights_dy.arg()},
+                                           {DNNL_ARG_DIFF_WEIGHTS, e.dw.arg()}});
+      e.dw.reorder(stream);
+    }
+    stream.wait();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class ConvGradKernel final : public Kernel {
+ public:
+  explicit ConvGradKernel(ConvAttrs attrs) : attrs_(std::move(attrs)) {}
+
+  void run(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    const Tensor& w = ctx.input(2);
+    const ConvGeometry g =
+        resolve_conv_geometry(attrs_, {x, ctx.input_name(1)}, {w, ctx.input_name(2)});
+    const Shape y_shape = conv_output_shape(g);
+    const std::string forward = attrs_.transpose ? "ConvTranspose" : "Conv";
+    if (dy.dtype() != x.dtype()) {
+      fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected " +
+           std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(1));
+    }
+    if (!(dy.shape() == y_shape)) {
+      fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
+           y_shape.to_string() + " (the output of " + forward + " for " + ctx.input_name(1) + " " +
+           x.shape().to_string() + " and " + ctx.input_name(2) + " " + w.shape().to_string() + ")");
+    }
+    const std::string what = ctx.node().op_type + " input " + ctx.input_name(1);
+    visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
+      if constexpr (is_half_v<T>) {
+        const auto f32 = [](const Tensor& t) { return t.cast(DataType::Float32); };
+        Tensor grads[3];
+        for (int i = 0; i < 3; ++i) {
+          if (ctx.has_output(i)) grads[i] = Tensor(DataType::Float32, shape_of(g, i, x, w));
+        }
+        compute<float>(g, f32(dy), f32(x), f32(w), grads);
+        for (int i = 0; i < 3; ++i) {
+          if (ctx.has_output(i)) ctx.set_output(i, grads[i].cast(x.dtype()));
+        }
+      } else {
+        Tensor grads[3];
+        for (int i = 0; i < 3; ++i) {
+          if (ctx.has_output(i)) grads[i] = ctx.allocate_output(i, x.dtype(), shape_of(g, i, x, w));
+        }
+        compute<T>(g, dy, x, w, grads);
+      }
+    });
+  }
+
+ private:
+  // The shape of output i: dX like X, dW like W, dB [M].
+  static Shape shape_of(const ConvGeometry& g, int i, const Tensor& x, const Tensor& w) {
+    return i == 0 ? x.shape() : i == 1 ? w.shape() : Shape{g.M};
+  }
+
+  // grads: dX, dW, dB, each undefined when not requested.
+  template <class T>
+  void compute(const ConvGeometry& g, const Tensor& dy, const Tensor& x, const Tensor& w,
+               Tensor* grads) {
+    T* dx = grads[0].defined() ? grads[0].data<T>() : nullptr;
+    T* dw = grads[1].defined() ? grads[1].data<T>() : nullptr;
+    if (grads[2].defined()) bias_grad<T>(g, dy.data<T>(), grads[2].data<T>());
+    if (!dx && !dw) return;
+    if (dy.numel() == 0 || x.numel() == 0 || w.numel() == 0) {  // nothing flows back
+      if (dx) std::fill(dx, dx + x.numel(), T(0));
+      if (dw) std::fill(dw, dw + w.numel(), T(0));
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.rank() <= 3) {
+        du::CacheKey key;
+        key.add(dy.shape()).add(x.shape()).add(w.shape()).add(dx != nullptr).add(dw != nullptr);
+        GradEntry& e = cache_.get(
+            key, [&] { return plan(g, attrs_.transpose, dx != nullptr, dw != nullptr); });
+        if (!e.use_reference) {
+          execute(e, g, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw);
+          return;
+        }
+      }
+    }
+    conv_backward_reference<T>(g, attrs_.transpose, dy.data<T>(), x.data<T>(), w.data<T>(), dx, dw);
+  }
+
+  ConvAttrs attrs_;
+  du::PrimitiveCache<GradEntry> cache_;
+};
+
+}  // namespace
+
 std::unique_ptr<Kernel> make_conv_grad(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  return std::make_unique<ConvGradKernel>(
+      parse_conv_attrs(init, init.op_type() == "ConvTransposeGrad"));
 }
 
 }  // namespace onnxtrain::ops

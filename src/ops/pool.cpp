@@ -13,6 +13,9 @@
 // Indices (opset 8+, int64) holds the flattened index of each maximum in X: (n * C + c) * D1*..*Dn
 // plus the spatial offset in row-major (storage_order 0) or column-major (storage_order 1)
 // order. A NaN in a window makes its maximum NaN. Pooling runs in parallel over N * C.
+//
+// Attribute parsing, the window plan and the divisors are declared in pool_plan.h:
+// MaxPoolGrad / AveragePoolGrad (pool_grad.cpp) use them to see the windows the forward saw.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -21,59 +24,18 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "ops/factories.h"
-#include "ops/spatial_attrs.h"
+#include "ops/pool_plan.h"
 
 namespace onnxtrain::ops {
 
 namespace {
 
-struct PoolAttrs {
-  bool is_max = true;
-  AutoPad auto_pad = AutoPad::NotSet;
-  std::vector<int64_t> kernel;
-  std::vector<int64_t> strides, dilations, pads;
-  bool ceil_mode = false;
-  bool count_include_pad = false;
-  bool column_major = false;  // storage_order 1
-};
-
-// The taps of one window along one dim: input coords start + k * dilation for k in [lo, hi)
-// lie inside the input; `padded` taps (k from 0) lie inside the padded input.
-struct Taps {
-  int64_t start = 0, lo = 0, hi = 0, padded = 0;
-};
-
-template <class V>
-bool is_nan(V v) {
-  if constexpr (std::is_floating_point_v<V>) {
-    return std::isnan(v);
-  } else {
-    return false;
-  }
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -(-a / b); }
-
-// Everything about the windows that does not depend on the channel, made once per input shape.
-struct PoolPlan {
-  int64_t channels = 0;  // N * C
-  size_t rank = 0;
-  std::vector<int64_t> in, out;
-  int64_t in_size = 1, out_size = 1;
-  std::vector<Taps> last_taps;  // per output coord of the last dim
-  int64_t last_column_stride = 1;
-  // Along the last dim, kernel tap k of output ol reads input ol * stride + shift[k], inside the
-  // input for ol in [first[k], last[k]).
-  int64_t last_stride = 1;
-  std::vector<int64_t> last_shift, last_first, last_last;
-  // Per output line (all coords but the last fixed): the valid window positions over the other
-  // dims as row-major and column-major offsets, in [line_begin[l], line_begin[l + 1]), and the
-  // product of their `padded` tap counts.
-  std::vector<int64_t> line_begin, row_base, column_base, line_padded;
-};
+using pool_detail::ceil_div;
+using pool_detail::grain_for;
 
 // Output dims and per-dim taps; throws when a window does not fit.
-std::vector<std::vector<Taps>> dim_taps(const KernelContext& ctx, const PoolAttrs& a, PoolPlan& p) {
+std::vector<std::vector<Taps>> dim_taps(const PoolAttrs& a, const std::string& x_name,
+                                        PoolPlan& p) {
   const size_t nd = p.rank;
   std::vector<std::vector<Taps>> taps(nd);
   p.out.resize(nd);
@@ -92,7 +54,7 @@ std::vector<std::vector<Taps>> dim_taps(const KernelContext& ctx, const PoolAttr
         fail("the pooling window spans " + std::to_string(extent) + " elements along spatial dim " +
              std::to_string(d) + " (kernel " + std::to_string(a.kernel[d]) + ", dilation " +
              std::to_string(dilation) + "), more than the padded size " +
-             std::to_string(in + begin + end) + " of input " + ctx.input_name(0));
+             std::to_string(in + begin + end) + " of input " + x_name);
       }
       out =
           (a.ceil_mode && a.auto_pad == AutoPad::NotSet ? ceil_div(span, stride) : span / stride) +
@@ -114,20 +76,21 @@ std::vector<std::vector<Taps>> dim_taps(const KernelContext& ctx, const PoolAttr
   return taps;
 }
 
-PoolPlan make_plan(const KernelContext& ctx, const PoolAttrs& a) {
-  const Tensor& x = ctx.input(0);
+}  // namespace
+
+PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x_name) {
   const size_t nd = a.kernel.size();
-  if (x.rank() != nd + 2) {
-    fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() + ", expected rank " +
+  if (x.size() != nd + 2) {
+    fail("input " + x_name + " has shape " + x.to_string() + ", expected rank " +
          std::to_string(nd + 2) + " ([N, C] and the " + std::to_string(nd) +
          " spatial dims of kernel_shape " + ints_to_string(a.kernel) + ")");
   }
   PoolPlan p;
   p.rank = nd;
-  p.channels = x.dim(0) * x.dim(1);
-  const auto dims = x.shape().to_vector();
+  p.channels = x[0] * x[1];
+  const auto dims = x.to_vector();
   p.in.assign(dims.begin() + 2, dims.end());
-  const auto taps = dim_taps(ctx, a, p);
+  const auto taps = dim_taps(a, x_name, p);
   std::vector<int64_t> row_stride(nd, 1), column_stride(nd, 1);
   for (size_t d = nd; d-- > 1;) row_stride[d - 1] = row_stride[d] * p.in[d];
   for (size_t d = 1; d < nd; ++d) column_stride[d] = column_stride[d - 1] * p.in[d - 1];
@@ -185,9 +148,9 @@ PoolPlan make_plan(const KernelContext& ctx, const PoolAttrs& a) {
   return p;
 }
 
-int64_t grain_for(const PoolPlan& p, int64_t window) {
-  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, p.out_size * window));
-}
+namespace {
+
+using pool_detail::is_nan;
 
 // Both pools work one output line of one channel at a time: for every window position over
 // the outer dims and every kernel tap along the last dim, a contiguous loop over the line's
@@ -267,12 +230,9 @@ void average_pool(const PoolPlan& p, int64_t window, bool count_include_pad, con
             }
           }
         }
-        const int64_t positions = p.line_begin[l + 1] - p.line_begin[l];
         T* yl = y + c * p.out_size + static_cast<int64_t>(l) * out_last;
         for (int64_t o = 0; o < out_last; ++o) {
-          const Taps& t = p.last_taps[static_cast<size_t>(o)];
-          const int64_t count =
-              count_include_pad ? p.line_padded[l] * t.padded : positions * (t.hi - t.lo);
+          const int64_t count = average_pool_count(p, l, o, count_include_pad);
           yl[o] = static_cast<T>(sum[static_cast<size_t>(o)] / static_cast<V>(count));
         }
       }
@@ -287,7 +247,7 @@ class PoolKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     if (!plan_ || !(plan_shape_ == x.shape())) {
-      plan_ = make_plan(ctx, a_);
+      plan_ = make_pool_plan(a_, x.shape(), ctx.input_name(0));
       plan_shape_ = x.shape();
     }
     const PoolPlan& p = *plan_;
@@ -346,9 +306,9 @@ void global_pool(bool is_max, int64_t channels, int64_t size, const T* x, T* y) 
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_pool(const KernelInit& init) {
+PoolAttrs parse_pool_attrs(const KernelInit& init, bool is_max) {
   PoolAttrs a;
-  a.is_max = init.op_type() == "MaxPool";
+  a.is_max = is_max;
   a.auto_pad = parse_auto_pad(init);
   if (!init.has_attr("kernel_shape")) throw Error("required attribute 'kernel_shape' is missing");
   a.kernel = *ints_at_least(init, "kernel_shape", 1);
@@ -365,7 +325,11 @@ std::unique_ptr<Kernel> make_pool(const KernelInit& init) {
                 ", expected 0 (row major) or 1 (column major)");
   }
   a.column_major = storage_order == 1;
-  return std::make_unique<PoolKernel>(std::move(a));
+  return a;
+}
+
+std::unique_ptr<Kernel> make_pool(const KernelInit& init) {
+  return std::make_unique<PoolKernel>(parse_pool_attrs(init, init.op_type() == "MaxPool"));
 }
 
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init) {

@@ -1,10 +1,165 @@
-// Placeholder: replaced by the real kernels of this family.
+// MaxPoolGrad and AveragePoolGrad (domain ai.onnxtrain, version 1), emitted by the gradient
+// rules of MaxPool and AveragePool.
+//
+//   MaxPoolGrad(dY, X) -> dX      with MaxPool's attributes
+//   AveragePoolGrad(dY, X) -> dX  with AveragePool's attributes
+// dY has the shape of the forward output Y [N, C, O...], dX that of X. The attributes are the
+// forward node's, and the windows and divisors come from the forward's own plan (pool_plan.h),
+// so they match it exactly (ceil_mode, dilations, pads, auto_pad, count_include_pad):
+//   MaxPoolGrad: each dY element is added to the X element that was the maximum of its window,
+//     the first one in row-major window order when several are equal (PyTorch's rule; with
+//     NaNs, the first NaN): the element MaxPool's Indices output names. Padding never wins; a
+//     window with no input element passes nothing.
+//   AveragePoolGrad: each dY element, divided by the count its forward output was divided by,
+//     is added to every X element of its window.
+// storage_order does not matter to the gradient. Plain loops, in parallel over N * C;
+// float16/bfloat16 accumulate in float.
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "core/dispatch.h"
 #include "ops/factories.h"
+#include "ops/pool_plan.h"
 
 namespace onnxtrain::ops {
 
+namespace {
+
+// The X offset of the first maximum in output o's window (row-major window order; the first
+// NaN if there is one), or -1 for a window with no input element. Two scans, both free of
+// unpredictable branches: the maximum (and whether a NaN occurs), then the first tap equal to it.
+template <class T>
+int64_t first_argmax(const PoolPlan& p, const T* xc, size_t l, int64_t o) {
+  using V = compute_t<T>;
+  const Taps& t = p.last_taps[static_cast<size_t>(o)];
+  const int64_t b_begin = p.line_begin[l], b_end = p.line_begin[l + 1];
+  if (t.lo == t.hi || b_begin == b_end) return -1;
+  const auto tap = [&](int64_t b, int64_t k) {
+    return p.row_base[static_cast<size_t>(b)] + o * p.last_stride +
+           p.last_shift[static_cast<size_t>(k)];
+  };
+  V best = static_cast<V>(xc[tap(b_begin, t.lo)]);
+  bool nan = false;
+  for (int64_t b = b_begin; b < b_end; ++b) {
+    for (int64_t k = t.lo; k < t.hi; ++k) {
+      const V v = static_cast<V>(xc[tap(b, k)]);
+      best = v > best ? v : best;
+      nan |= v != v;
+    }
+  }
+  for (int64_t b = b_begin; b < b_end; ++b) {
+    for (int64_t k = t.lo; k < t.hi; ++k) {
+      const V v = static_cast<V>(xc[tap(b, k)]);
+      if (nan ? v != v : v == best) return tap(b, k);
+    }
+  }
+  return -1;  // not reached
+}
+
+// dx = dy scattered to the first maximum of each window.
+template <class T>
+void max_pool_grad(const PoolPlan& p, int64_t window, const T* x, const T* dy, T* dx) {
+  using V = compute_t<T>;
+  const int64_t out_last = p.out.back();
+  parallel_for(p.channels, pool_detail::grain_for(p, window), [&](int64_t begin, int64_t end) {
+    std::vector<V> acc(static_cast<size_t>(p.in_size));
+    for (int64_t c = begin; c < end; ++c) {
+      std::fill(acc.begin(), acc.end(), V(0));
+      const T* xc = x + c * p.in_size;
+      for (size_t l = 0; l + 1 < p.line_begin.size(); ++l) {
+        const T* dyl = dy + c * p.out_size + static_cast<int64_t>(l) * out_last;
+        for (int64_t o = 0; o < out_last; ++o) {
+          const int64_t at = first_argmax(p, xc, l, o);
+          if (at >= 0) acc[static_cast<size_t>(at)] += static_cast<V>(dyl[o]);
+        }
+      }
+      T* dxc = dx + c * p.in_size;
+      for (int64_t i = 0; i < p.in_size; ++i) dxc[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+    }
+  });
+}
+
+// dx = dy / count spread over each window, walking the windows as the forward pool does.
+template <class T>
+void average_pool_grad(const PoolPlan& p, int64_t window, bool count_include_pad, const T* dy,
+                       T* dx) {
+  using V = compute_t<T>;
+  const int64_t out_last = p.out.back();
+  parallel_for(p.channels, pool_detail::grain_for(p, window), [&](int64_t begin, int64_t end) {
+    std::vector<V> acc(static_cast<size_t>(p.in_size)), share(static_cast<size_t>(out_last));
+    for (int64_t c = begin; c < end; ++c) {
+      std::fill(acc.begin(), acc.end(), V(0));
+      for (size_t l = 0; l + 1 < p.line_begin.size(); ++l) {
+        const T* dyl = dy + c * p.out_size + static_cast<int64_t>(l) * out_last;
+        for (int64_t o = 0; o < out_last; ++o) {  // a count of 0 has no taps: never read
+          share[static_cast<size_t>(o)] =
+              static_cast<V>(dyl[o]) /
+              static_cast<V>(average_pool_count(p, l, o, count_include_pad));
+        }
+        for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
+          V* row = acc.data() + p.row_base[static_cast<size_t>(b)];
+          for (size_t k = 0; k < p.last_shift.size(); ++k) {
+            for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
+              row[o * p.last_stride + p.last_shift[k]] += share[static_cast<size_t>(o)];
+            }
+          }
+        }
+      }
+      T* dxc = dx + c * p.in_size;
+      for (int64_t i = 0; i < p.in_size; ++i) dxc[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+    }
+  });
+}
+
+class PoolGradKernel final : public Kernel {
+ public:
+  explicit PoolGradKernel(PoolAttrs attrs) : a_(std::move(attrs)) {
+    for (int64_t k : a_.kernel) window_ *= k;
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    if (!plan_ || !(plan_shape_ == x.shape())) {
+      plan_ = make_pool_plan(a_, x.shape(), ctx.input_name(1));
+      plan_shape_ = x.shape();
+    }
+    const PoolPlan& p = *plan_;
+    Shape y_shape{x.dim(0), x.dim(1)};
+    for (int64_t d : p.out) y_shape.push_back(d);
+    if (dy.dtype() != x.dtype()) {
+      fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected " +
+           std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(1));
+    }
+    if (!(dy.shape() == y_shape)) {
+      fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
+           y_shape.to_string() + " (the output of " + (a_.is_max ? "MaxPool" : "AveragePool") +
+           " for " + ctx.input_name(1) + " " + x.shape().to_string() + ")");
+    }
+    if (!ctx.has_output(0)) return;
+    const std::string what = ctx.node().op_type + " input " + ctx.input_name(1);
+    visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
+      T* dx = ctx.allocate_output(0, x.dtype(), x.shape()).data<T>();
+      if (a_.is_max) {
+        max_pool_grad<T>(p, window_, x.data<T>(), dy.data<T>(), dx);
+      } else {
+        average_pool_grad<T>(p, window_, a_.count_include_pad, dy.data<T>(), dx);
+      }
+    });
+  }
+
+ private:
+  PoolAttrs a_;
+  int64_t window_ = 1;  // kernel elements
+  Shape plan_shape_;    // the X shape plan_ was made for
+  std::optional<PoolPlan> plan_;
+};
+
+}  // namespace
+
 std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init) {
-  throw Error(init.op_type() + " is not implemented yet");
+  return std::make_unique<PoolGradKernel>(parse_pool_attrs(init, init.op_type() == "MaxPoolGrad"));
 }
 
 }  // namespace onnxtrain::ops

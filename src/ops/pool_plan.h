@@ -1,0 +1,90 @@
+// MaxPool and AveragePool attributes and window geometry, shared by the forward pools (pool.cpp,
+// where the functions are defined) and their gradients MaxPoolGrad / AveragePoolGrad
+// (pool_grad.cpp), which receive the forward node's attributes verbatim and must see exactly
+// the windows and divisors the forward saw. The formulas are in pool.cpp's header.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/parallel.h"
+#include "onnxtrain/shape.h"
+#include "ops/kernel.h"
+#include "ops/spatial_attrs.h"
+
+namespace onnxtrain::ops {
+
+struct PoolAttrs {
+  bool is_max = true;
+  AutoPad auto_pad = AutoPad::NotSet;
+  std::vector<int64_t> kernel;
+  std::vector<int64_t> strides, dilations, pads;
+  bool ceil_mode = false;
+  bool count_include_pad = false;
+  bool column_major = false;  // storage_order 1
+};
+
+// The taps of one window along one dim: input coords start + k * dilation for k in [lo, hi)
+// lie inside the input; `padded` taps (k from 0) lie inside the padded input.
+struct Taps {
+  int64_t start = 0, lo = 0, hi = 0, padded = 0;
+};
+
+// Parses and checks the attributes of MaxPool (is_max) or AveragePool, or of their gradient
+// ops, which carry the forward node's attributes; throws Error.
+PoolAttrs parse_pool_attrs(const KernelInit& init, bool is_max);
+
+// Everything about the windows that does not depend on the channel, made once per input shape.
+struct PoolPlan {
+  int64_t channels = 0;  // N * C
+  size_t rank = 0;
+  std::vector<int64_t> in, out;
+  int64_t in_size = 1, out_size = 1;
+  std::vector<Taps> last_taps;  // per output coord of the last dim
+  int64_t last_column_stride = 1;
+  // Along the last dim, kernel tap k of output ol reads input ol * stride + shift[k], inside the
+  // input for ol in [first[k], last[k]).
+  int64_t last_stride = 1;
+  std::vector<int64_t> last_shift, last_first, last_last;
+  // Per output line (all coords but the last fixed): the valid window positions over the other
+  // dims as row-major and column-major offsets, in [line_begin[l], line_begin[l + 1]), and the
+  // product of their `padded` tap counts.
+  std::vector<int64_t> line_begin, row_base, column_base, line_padded;
+};
+
+// The plan for input X of shape `x` (named `x_name` in errors): output dims and windows.
+// Throws Error when X's rank does not fit kernel_shape or a window does not fit.
+PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x_name);
+
+// The divisor of AveragePool for output o of output line l (see PoolPlan): the number of
+// window elements inside the input, or inside the padded input with count_include_pad.
+inline int64_t average_pool_count(const PoolPlan& p, size_t l, int64_t o, bool count_include_pad) {
+  const Taps& t = p.last_taps[static_cast<size_t>(o)];
+  return count_include_pad ? p.line_padded[l] * t.padded
+                           : (p.line_begin[l + 1] - p.line_begin[l]) * (t.hi - t.lo);
+}
+
+namespace pool_detail {
+
+template <class V>
+bool is_nan(V v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    return std::isnan(v);
+  } else {
+    return false;
+  }
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -(-a / b); }
+
+inline int64_t grain_for(const PoolPlan& p, int64_t window) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, p.out_size * window));
+}
+
+}  // namespace pool_detail
+
+}  // namespace onnxtrain::ops

@@ -1,0 +1,332 @@
+// Unit tests for the ai.onnxtrain backward ops ConvGrad, ConvTransposeGrad, MaxPoolGrad and
+// AveragePoolGrad: central differences in float64 of L = sum(Y * R) with Y the forward op run
+// through onnxtrain (so dY = R), the float32 (oneDNN) and float16 paths against float64,
+// omitted outputs, the max tie rule, and errors.
+#include <limits>
+#include <random>
+
+#include "onnxtrain/error.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+using testing::expect_close;
+using testing::node_model;
+using testing::NodeSpec;
+using testing::run_node;
+using Attrs = std::vector<onnx::AttributeProto>;
+using Ints = std::vector<int64_t>;
+
+constexpr const char* kInternal = "ai.onnxtrain";
+
+// Uniform values in [-1, 1), float64.
+Tensor random(const Shape& shape, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (auto& x : v) x = dist(gen);
+  return Tensor::from_vector<double>(shape, v);
+}
+
+std::vector<Tensor> cast_all(const std::vector<Tensor>& ts, DataType dtype) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(t.defined() ? t.cast(dtype) : Tensor());
+  return out;
+}
+
+// A forward op and its inputs: X, W, B for the convolutions, X for the pools.
+struct GradCase {
+  std::string name;
+  std::string op;  // Conv, ConvTranspose, MaxPool, AveragePool
+  std::vector<Shape> shapes;
+  Attrs attrs;
+};
+
+// L(inputs) = sum(op(inputs) * R), R fixed, through one session of the forward node.
+class Loss {
+ public:
+  Loss(const GradCase& c, const std::vector<Tensor>& inputs)
+      : session_(node_model(NodeSpec{c.op, "", 17, c.attrs, 1}, inputs)) {}
+
+  Tensor forward(const std::vector<Tensor>& inputs) {
+    runtime::NamedTensors feeds;
+    for (size_t i = 0; i < inputs.size(); ++i) feeds["in" + std::to_string(i)] = inputs[i];
+    return session_.run(feeds).at("out0");
+  }
+  double operator()(const std::vector<Tensor>& inputs, const Tensor& r) {
+    const Tensor y = forward(inputs);
+    double sum = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) sum += y.data<double>()[i] * r.data<double>()[i];
+    return sum;
+  }
+
+ private:
+  runtime::Session session_;
+};
+
+// dL/d inputs[i] by central differences (eps 1e-6).
+Tensor numeric_grad(Loss& loss, std::vector<Tensor> inputs, size_t i, const Tensor& r) {
+  constexpr double kEps = 1e-6;
+  inputs[i] = inputs[i].clone();
+  double* v = inputs[i].data<double>();
+  std::vector<double> g(static_cast<size_t>(inputs[i].numel()));
+  for (size_t j = 0; j < g.size(); ++j) {
+    const double saved = v[j];
+    v[j] = saved + kEps;
+    const double plus = loss(inputs, r);
+    v[j] = saved - kEps;
+    const double minus = loss(inputs, r);
+    v[j] = saved;
+    g[j] = (plus - minus) / (2 * kEps);
+  }
+  return Tensor::from_vector<double>(inputs[i].shape(), g);
+}
+
+// The gradient op of c: dX (and dW, dB for the convolutions) for dY = r.
+std::vector<Tensor> run_grad(const GradCase& c, const Tensor& r, const std::vector<Tensor>& xs) {
+  std::vector<Tensor> inputs{r};
+  inputs.insert(inputs.end(), xs.begin(), xs.begin() + (c.shapes.size() > 1 ? 2 : 1));
+  const int outputs = c.shapes.size() > 1 ? 3 : 1;
+  return run_node(NodeSpec{c.op + "Grad", kInternal, 1, c.attrs, outputs}, inputs);
+}
+
+void check_case(const GradCase& c) {
+  SCOPED_TRACE(c.name);
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < c.shapes.size(); ++i)
+    xs.push_back(random(c.shapes[i], static_cast<uint32_t>(10 + i)));
+  Loss loss(c, xs);
+  const Tensor r = random(loss.forward(xs).shape(), 99);
+  const std::vector<Tensor> got = run_grad(c, r, xs);
+  ASSERT_EQ(got.size(), c.shapes.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("gradient of input " + std::to_string(i));
+    expect_close(got[i], numeric_grad(loss, xs, i, r), 1e-6, 1e-7);
+  }
+  const std::vector<Tensor> got32 =
+      run_grad(c, r.cast(DataType::Float32), cast_all(xs, DataType::Float32));
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("float32 gradient of input " + std::to_string(i));
+    ASSERT_EQ(got32[i].dtype(), DataType::Float32);
+    expect_close(got32[i].cast(DataType::Float64), got[i], 1e-4, 1e-5);
+  }
+}
+
+TEST(ConvGradTest, FiniteDifferences) {
+  const GradCase cases[] = {
+      {"2d strides pads dilations group 2", "Conv", {{2, 4, 7, 6}, {6, 2, 3, 2}, {6}},
+       {attr("strides", Ints{2, 1}), attr("pads", Ints{1, 0, 2, 1}), attr("dilations", Ints{1, 2}),
+        attr("group", int64_t{2})}},
+      {"1d SAME_UPPER stride 2", "Conv", {{2, 3, 9}, {4, 3, 4}, {4}},
+       {attr("auto_pad", std::string("SAME_UPPER")), attr("strides", Ints{2})}},
+      {"2d depthwise SAME_LOWER", "Conv", {{1, 3, 5, 4}, {3, 1, 2, 3}, {3}},
+       {attr("auto_pad", std::string("SAME_LOWER")), attr("group", int64_t{3})}},
+      {"2d VALID with kernel_shape", "Conv", {{2, 2, 5, 5}, {3, 2, 2, 2}, {3}},
+       {attr("auto_pad", std::string("VALID")), attr("kernel_shape", Ints{2, 2})}},
+      {"3d pads strides", "Conv", {{1, 2, 4, 5, 3}, {3, 2, 2, 3, 2}, {3}},
+       {attr("pads", Ints{1, 0, 1, 0, 1, 1}), attr("strides", Ints{1, 2, 1})}},
+      {"4d (float32 runs the reference too)", "Conv",
+       {{1, 2, 3, 3, 2, 3}, {2, 1, 2, 2, 1, 2}, {2}},
+       {attr("group", int64_t{2}), attr("pads", Ints{0, 1, 0, 1, 1, 0, 0, 0})}},
+  };
+  for (const GradCase& c : cases) check_case(c);
+}
+
+TEST(ConvTransposeGradTest, FiniteDifferences) {
+  const GradCase cases[] = {
+      {"2d strides pads output_padding dilations group 2", "ConvTranspose",
+       {{2, 4, 3, 4}, {4, 3, 3, 2}, {6}},
+       {attr("strides", Ints{2, 3}), attr("pads", Ints{1, 0, 0, 1}),
+        attr("output_padding", Ints{1, 1}), attr("dilations", Ints{1, 2}),
+        attr("group", int64_t{2})}},
+      {"1d SAME_UPPER stride 2", "ConvTranspose", {{2, 3, 5}, {3, 2, 3}, {2}},
+       {attr("auto_pad", std::string("SAME_UPPER")), attr("strides", Ints{2})}},
+      {"3d output_shape with outputs no input reaches", "ConvTranspose",
+       {{1, 2, 2, 3, 2}, {2, 2, 2, 2, 3}, {2}},
+       {attr("strides", Ints{2, 1, 2}), attr("output_shape", Ints{5, 4, 6})}},
+  };
+  for (const GradCase& c : cases) check_case(c);
+}
+
+TEST(MaxPoolGradTest, FiniteDifferences) {
+  const GradCase cases[] = {
+      {"2d pads strides dilations ceil_mode", "MaxPool", {{2, 3, 7, 6}},
+       {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 2}),
+        attr("pads", Ints{1, 0, 1, 1}), attr("dilations", Ints{1, 2}),
+        attr("ceil_mode", int64_t{1})}},
+      {"1d SAME_UPPER", "MaxPool", {{2, 2, 9}},
+       {attr("kernel_shape", Ints{3}), attr("strides", Ints{2}),
+        attr("auto_pad", std::string("SAME_UPPER"))}},
+      {"3d overlapping windows, storage_order 1", "MaxPool", {{1, 2, 4, 5, 4}},
+       {attr("kernel_shape", Ints{2, 2, 3}), attr("strides", Ints{2, 1, 2}),
+        attr("pads", Ints{0, 1, 1, 1, 0, 1}), attr("storage_order", int64_t{1})}},
+  };
+  for (const GradCase& c : cases) check_case(c);
+}
+
+TEST(AveragePoolGradTest, FiniteDifferences) {
+  const GradCase cases[] = {
+      {"2d ceil_mode count_include_pad", "AveragePool", {{2, 2, 7, 6}},
+       {attr("kernel_shape", Ints{3, 3}), attr("strides", Ints{2, 2}),
+        attr("pads", Ints{1, 1, 1, 0}), attr("ceil_mode", int64_t{1}),
+        attr("count_include_pad", int64_t{1})}},
+      {"2d ceil_mode without pad count", "AveragePool", {{2, 2, 7, 6}},
+       {attr("kernel_shape", Ints{3, 3}), attr("strides", Ints{2, 2}),
+        attr("pads", Ints{1, 1, 1, 0}), attr("ceil_mode", int64_t{1})}},
+      {"1d SAME_UPPER count_include_pad", "AveragePool", {{2, 2, 9}},
+       {attr("kernel_shape", Ints{4}), attr("strides", Ints{2}),
+        attr("auto_pad", std::string("SAME_UPPER")), attr("count_include_pad", int64_t{1})}},
+      {"3d pads strides", "AveragePool", {{1, 2, 4, 5, 4}},
+       {attr("kernel_shape", Ints{2, 3, 2}), attr("strides", Ints{1, 2, 2}),
+        attr("pads", Ints{1, 1, 0, 0, 1, 1})}},
+  };
+  for (const GradCase& c : cases) check_case(c);
+}
+
+TEST(MaxPoolGradTest, TiesGoToTheFirstMaximumAndPaddingNeverWins) {
+  const Tensor x = Tensor::from_vector<double>({1, 1, 4}, {1, 3, 3, 2});
+  const Tensor dy = Tensor::from_vector<double>({1, 1, 3}, {1, 10, 100});
+  const Attrs k2 = {attr("kernel_shape", Ints{2})};
+  expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k2, 1}, {dy, x})[0],
+               Tensor::from_vector<double>({1, 1, 4}, {0, 11, 100, 0}));
+  // Windows (pad, -5), (-5, -6), (-6, pad): the padding is never the maximum.
+  const Tensor neg = Tensor::from_vector<double>({1, 1, 2}, {-5, -6});
+  const Attrs padded = {attr("kernel_shape", Ints{2}), attr("pads", Ints{1, 1})};
+  expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, padded, 1}, {dy, neg})[0],
+               Tensor::from_vector<double>({1, 1, 2}, {11, 100}));
+  // The first NaN of a window is its maximum; a window of -inf still passes to its first element.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DataType t : {DataType::Float64, DataType::Float32}) {
+    const Tensor x_nan = Tensor::from_vector<double>({1, 1, 4}, {1, nan, 3, nan}).cast(t);
+    expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k2, 1}, {dy.cast(t), x_nan})[0],
+                 Tensor::from_vector<double>({1, 1, 4}, {0, 11, 0, 100}).cast(t));
+    const Tensor x_inf = Tensor::from_vector<double>({1, 1, 4}, {-inf, -inf, -inf, 2}).cast(t);
+    expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k2, 1}, {dy.cast(t), x_inf})[0],
+                 Tensor::from_vector<double>({1, 1, 4}, {1, 10, 0, 100}).cast(t));
+  }
+}
+
+// With many ties, the gradient goes where MaxPool's Indices output points.
+TEST(MaxPoolGradTest, AgreesWithTheForwardIndices) {
+  std::vector<double> v(2 * 2 * 7 * 6);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i * 7 % 3);
+  const Tensor x = Tensor::from_vector<double>({2, 2, 7, 6}, v);
+  const Attrs a = {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 1}),
+                   attr("pads", Ints{1, 0, 1, 1}), attr("dilations", Ints{1, 2}),
+                   attr("ceil_mode", int64_t{1})};
+  const auto forward = run_node(NodeSpec{"MaxPool", "", 17, a, 2}, {x});
+  const Tensor dy = random(forward[0].shape(), 7);
+  Tensor want = Tensor::zeros(DataType::Float64, x.shape());
+  const auto indices = forward[1].to_int64_vector("Indices");
+  for (size_t j = 0; j < indices.size(); ++j) {
+    want.data<double>()[indices[j]] += dy.data<double>()[j];
+  }
+  expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy, x})[0], want, 0, 0);
+}
+
+TEST(ConvGradTest, HalfTypesComputeThroughFloat) {
+  const GradCase c{"", "Conv", {}, {attr("pads", Ints{1, 1, 0, 1}), attr("strides", Ints{1, 2})}};
+  const std::vector<Tensor> xs{random({2, 3, 5, 6}, 1), random({4, 3, 2, 3}, 2)};
+  const Tensor r = random({2, 4, 5, 3}, 3);
+  auto grad = [&](DataType t) {
+    return run_node(NodeSpec{"ConvGrad", kInternal, 1, c.attrs, 3},
+                    {r.cast(t), xs[0].cast(t), xs[1].cast(t)});
+  };
+  const auto want = grad(DataType::Float64);
+  for (DataType t : {DataType::Float16, DataType::BFloat16}) {
+    const auto got = grad(t);
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_EQ(got[i].dtype(), t);
+      expect_close(got[i].cast(DataType::Float64), want[i], 3e-2, 6e-2);
+    }
+  }
+  const Attrs k = {attr("kernel_shape", Ints{2, 2}), attr("pads", Ints{0, 1, 1, 0})};
+  std::vector<double> distinct(32);  // exact in float16: no ties appear by rounding
+  for (size_t i = 0; i < distinct.size(); ++i) distinct[i] = static_cast<double>(i * 13 % 32) / 16;
+  const Tensor x = Tensor::from_vector<double>({1, 2, 4, 4}, distinct);
+  const Tensor dy = random({1, 2, 4, 4}, 5);
+  for (const char* op : {"MaxPoolGrad", "AveragePoolGrad"}) {
+    const Tensor want_pool = run_node(NodeSpec{op, kInternal, 1, k, 1}, {dy, x})[0];
+    const Tensor got_pool = run_node(NodeSpec{op, kInternal, 1, k, 1},
+                                     {dy.cast(DataType::Float16), x.cast(DataType::Float16)})[0];
+    expect_close(got_pool.cast(DataType::Float64), want_pool, 1e-2, 1e-2);
+  }
+}
+
+// Each output alone, for float64 (reference) and float32 (oneDNN), equals the full result; the
+// model here has no opset_import for ai.onnxtrain, which every model gets implicitly.
+TEST(ConvGradTest, OmittedOutputsAndImplicitDomain) {
+  for (const char* op : {"ConvGrad", "ConvTransposeGrad"}) {
+    for (DataType t : {DataType::Float64, DataType::Float32}) {
+      const bool transpose = std::string(op) == "ConvTransposeGrad";
+      const Tensor x = random({2, 4, 5, 5}, 1).cast(t);
+      const Tensor w = random(transpose ? Shape{4, 3, 3, 3} : Shape{6, 2, 3, 3}, 2).cast(t);
+      const Tensor dy = random(transpose ? Shape{2, 6, 10, 6} : Shape{2, 6, 3, 4}, 3).cast(t);
+      const Attrs a = {attr("group", int64_t{2}), attr("strides", Ints{2, 1}),
+                       attr("pads", Ints{1, 1, 1, 0}), attr("output_padding", Ints{1, 0})};
+      const Attrs attrs(a.begin(), a.end() - (transpose ? 0 : 1));
+      const NodeSpec spec{op, kInternal, 1, attrs, 3};
+      const auto full = run_node(spec, {dy, x, w});
+      for (int keep = 0; keep < 3; ++keep) {
+        onnx::ModelProto model = node_model(spec, {dy, x, w});
+        model.mutable_opset_import()->RemoveLast();  // ai.onnxtrain
+        auto* graph = model.mutable_graph();
+        for (int i = 0; i < 3; ++i) {
+          if (i != keep) graph->mutable_node(0)->set_output(i, "");
+        }
+        graph->mutable_output()->DeleteSubrange(0, 3);
+        graph->add_output()->set_name("out" + std::to_string(keep));
+        runtime::Session session(model);
+        const auto out = session.run({{"in0", dy}, {"in1", x}, {"in2", w}});
+        ASSERT_EQ(out.size(), 1u);
+        expect_close(out.at("out" + std::to_string(keep)), full[static_cast<size_t>(keep)], 1e-6,
+                     1e-6);
+      }
+    }
+  }
+}
+
+TEST(ConvGradTest, Errors) {
+  const Tensor x = random({1, 2, 5, 5}, 1), w = random({3, 2, 3, 3}, 2);
+  const auto conv_grad = [&](const Tensor& dy, const Tensor& x_, const Tensor& w_,
+                             Attrs attrs = {}) {
+    return run_node(NodeSpec{"ConvGrad", kInternal, 1, std::move(attrs), 3}, {dy, x_, w_});
+  };
+  EXPECT_NO_THROW(conv_grad(random({1, 3, 3, 3}, 3), x, w));
+  EXPECT_THROW(conv_grad(random({1, 3, 4, 3}, 3), x, w), Error);  // spatial dims
+  EXPECT_THROW(conv_grad(random({1, 2, 3, 3}, 3), x, w), Error);  // channels
+  EXPECT_THROW(conv_grad(random({1, 3, 3}, 3), x, w), Error);  // rank
+  EXPECT_THROW(conv_grad(random({1, 3, 3, 3}, 3).cast(DataType::Float32), x, w), Error);
+  EXPECT_THROW(conv_grad(random({1, 3, 3, 3}, 3), x, random({3, 3, 3, 3}, 2)), Error);
+  EXPECT_THROW(conv_grad(random({1, 3, 3, 3}, 3), x, w, {attr("pads", Ints{1, 1})}), Error);
+  EXPECT_THROW(conv_grad(random({1, 3, 3, 3}, 3), x, w, {attr("group", int64_t{0})}), Error);
+  EXPECT_THROW(run_node(NodeSpec{"ConvTransposeGrad", kInternal, 1, {}, 3},
+                        {random({1, 3, 5, 5}, 3), x, random({2, 3, 3, 3}, 2)}),
+               Error);  // ConvTranspose Y is [1, 3, 7, 7]
+}
+
+TEST(PoolGradTest, Errors) {
+  const Tensor x = random({1, 2, 5, 5}, 1);
+  const Attrs k = {attr("kernel_shape", Ints{2, 2})};
+  for (const char* op : {"MaxPoolGrad", "AveragePoolGrad"}) {
+    SCOPED_TRACE(op);
+    const auto pool_grad = [&](const Tensor& dy, const Tensor& x_, const Attrs& attrs) {
+      return run_node(NodeSpec{op, kInternal, 1, attrs, 1}, {dy, x_});
+    };
+    EXPECT_NO_THROW(pool_grad(random({1, 2, 4, 4}, 2), x, k));
+    EXPECT_THROW(pool_grad(random({1, 2, 5, 5}, 2), x, k), Error);
+    EXPECT_THROW(pool_grad(random({1, 2, 16}, 2), x, k), Error);
+    EXPECT_THROW(pool_grad(random({1, 2, 4, 4}, 2).cast(DataType::Float32), x, k), Error);
+    EXPECT_THROW(pool_grad(random({1, 2, 4}, 2), random({1, 2, 5}, 1), k), Error);  // X rank
+    EXPECT_THROW(pool_grad(random({1, 2, 4, 4}, 2), x, {}), Error);  // no kernel_shape
+    EXPECT_THROW(pool_grad(random({1, 2, 4, 4}, 2), x,
+                           {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{1})}),
+                 Error);
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
