@@ -81,6 +81,8 @@ expect 2 'already has training_info' -- "$bin" make-trainable "$tmp/mt/train.onn
 expect 2 "'hinge' is not one of bce_with_logits, cross_entropy, l1, mse, nll" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --loss hinge
 expect 0 'trained 4 steps' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 16 -o "$tmp/mt/trained.onnx"
 expect 0 'wrote .*inference.onnx' -- "$bin" export "$tmp/mt/trained.onnx" -o "$tmp/mt/inference.onnx"
+expect 0 'checker ok' -- /usr/bin/python3 -c "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1])); print('checker ok')" "$tmp/mt/inference.onnx"
+expect 0 'logits: float32\[64,3\]' -- "$bin" run "$tmp/mt/inference.onnx" --input "x=$tmp/mt/data/x.npy"
 expect 2 'reads no column' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --map label=nothing -o "$tmp/mt/t.onnx"
 "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 1 --epochs 1000000 -o "$tmp/mt/long.onnx" -q &
 pid=$!

@@ -261,6 +261,14 @@ TEST(Train, BadDataIsAClearError) {
   o.output = f.dir.path() / "missing_folder" / "out.onnx";
   EXPECT_NE(train_error(o).find("does not exist"), std::string::npos);
   o.output = f.dir.path() / "out.onnx";
+  // A fixed batch dim that disagrees with --batch-size.
+  onnx::ModelProto fixed = io::load_model(f.model);
+  fixed.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_value(4);
+  io::save_model(fixed, f.dir.path() / "fixed.onnx");
+  o.model = f.dir.path() / "fixed.onnx";
+  EXPECT_NE(train_error(o).find("input 'x' has a fixed batch dim of 4 but --batch-size is 5"), std::string::npos)
+      << train_error(o);
+  o.model = f.model;
   o.data = f.dir.path() / "nothing";
   EXPECT_NE(train_error(o).find("no such file or folder"), std::string::npos);
 }
