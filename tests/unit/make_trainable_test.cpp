@@ -4,6 +4,7 @@
 // optimizer and schedule is tests/parity/make_trainable_parity.py.
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -155,7 +156,7 @@ TEST(MakeTrainable, CustomLossGraph) {
   keep->set_type(onnx::AttributeProto::INT);
   keep->set_i(0);
   typed(g.add_output(), "value", onnx::TensorProto::FLOAT, {});
-  const auto dir = std::filesystem::temp_directory_path() / "onnxtrain_make_trainable_test";
+  const auto dir = std::filesystem::temp_directory_path() / ("onnxtrain_loss_graph_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   io::save_model(loss, dir / "loss.onnx");
   MakeTrainableOptions options;
@@ -209,7 +210,7 @@ TEST(MakeTrainable, BadOptionsAreClearErrors) {
 TEST(ExportInference, KeepsTheTrainedWeightsAndDropsTheProgram) {
   TrainingSession session(make_trainable(classifier(), {}));
   for (int s = 0; s < 3; ++s) session.step(batch());
-  const auto dir = std::filesystem::temp_directory_path() / "onnxtrain_export_test";
+  const auto dir = std::filesystem::temp_directory_path() / ("onnxtrain_export_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   session.save(dir / "trained.onnx");
   const onnx::ModelProto exported = export_inference(io::load_model(dir / "trained.onnx"));

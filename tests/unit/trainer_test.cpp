@@ -3,6 +3,7 @@
 // `onnxtrain train` are tests/parity/train_parity.py.
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -25,7 +26,10 @@ namespace fs = std::filesystem;
 
 class TempDir {
  public:
-  TempDir() : path_(fs::temp_directory_path() / ("onnxtrain_trainer_test_" + std::to_string(counter_++))) {
+  // Unique per process too: ctest runs each test case as its own process, in parallel.
+  TempDir()
+      : path_(fs::temp_directory_path() /
+              ("onnxtrain_trainer_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
