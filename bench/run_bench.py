@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""onnxtrain against PyTorch (training) and ONNX Runtime (inference) on the Fashion-MNIST models.
+
+Training: the MLP (784-512-512-10) and the CNN of examples/fashion_mnist, Adam, batch 128, the
+same Fashion-MNIST batches in memory, each implementation at 1 and 2 threads, runs alternating
+between onnxtrain (`onnxtrain train`) and PyTorch (bench/torch_train.py, /usr/bin/python3 with
+Debian's python3-torch). Reports the median steps/s at each one's best thread count, the ratio,
+the peak resident memory (VmHWM) of each process, and onnxtrain's achieved GFLOP/s as a
+fraction of the oneDNN sgemm peak measured in the same run.
+Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
+ONNX Runtime 1.30 (npm onnxruntime-node, installed into build/bench/ with --ignore-scripts,
+driven by bench/ort_infer.js).
+
+Usage: bench/run_bench.py [--reps 3] [--steps 200]   (after scripts/build release)
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+BUILD = os.path.join(ROOT, "build", "release")
+ONNXTRAIN = os.path.join(BUILD, "src", "onnxtrain")
+WORK = os.path.join(ROOT, "build", "bench")
+DATA = "/usr/share/datasets/fashion-mnist"
+BATCH = 128
+
+
+def run_measured(cmd, env=None):
+    """Runs cmd, returns (stdout, peak resident MiB) from polling /proc/PID/status VmHWM."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = 0
+    while p.poll() is None:
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.02)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        raise RuntimeError(" ".join(cmd) + f" exited {p.returncode}:\n{out}{err}")
+    return out, peak / 1024
+
+
+def flops_per_step(model):
+    """Multiply-adds x 2 of forward + backward (x3 of forward) per batch of 128."""
+    if model == "mlp":
+        forward = 2 * BATCH * (784 * 512 + 512 * 512 + 512 * 10)
+    else:
+        conv1 = 2 * BATCH * 28 * 28 * 32 * 25
+        conv2 = 2 * BATCH * 14 * 14 * 64 * 32 * 25
+        fc = 2 * BATCH * (3136 * 1024 + 1024 * 10)
+        forward = conv1 + conv2 + fc
+    return 3 * forward
+
+
+def onnxtrain_train(model, threads, steps):
+    metrics = os.path.join(WORK, f"metrics_{model}.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    _, peak = run_measured([ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA,
+                            "--scale", "image=1/255", "--batch-size", str(BATCH), "--max-steps", str(steps),
+                            "--threads", str(threads), "--no-shuffle", "-q", "--metrics", metrics,
+                            "-o", os.path.join(WORK, f"{model}_trained.onnx")])
+    records = [json.loads(line) for line in open(metrics) if '"step"' in line]
+    return records[-1]["steps_per_s"], peak
+
+
+def torch_train(model, threads, steps):
+    out, peak = run_measured(["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_train.py"), model,
+                              os.path.join(WORK, f"{model}.onnx"), "--threads", str(threads), "--steps", str(steps)])
+    return json.loads(out.strip().splitlines()[-1])["steps_per_s"], peak
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--models", default="mlp,cnn")
+    args = parser.parse_args()
+    os.makedirs(WORK, exist_ok=True)
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK],
+                   check=True, stdout=subprocess.DEVNULL)
+    for m in ("mlp", "cnn"):
+        subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{m}.onnx"), "-o",
+                        os.path.join(WORK, f"{m}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
+                        "--lr", "1e-3"], check=True, stdout=subprocess.DEVNULL)
+    sgemm = max(json.loads(subprocess.run([os.path.join(BUILD, "bench", "onnxtrain-bench-sgemm"), "--threads", str(t)],
+                                          capture_output=True, text=True, check=True).stdout)["gflops"] for t in (1, 2))
+    print(f"oneDNN sgemm peak: {sgemm:.0f} GFLOP/s")
+
+    print("\n| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch | "
+          "onnxtrain GFLOP/s (of peak) |\n|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
+        peaks = {"onnxtrain": 0.0, "pytorch": 0.0}
+        for _ in range(args.reps):
+            for t in (1, 2):
+                for impl, fn in (("onnxtrain", onnxtrain_train), ("pytorch", torch_train)):
+                    rate, peak = fn(model, t, args.steps)
+                    results[(impl, t)].append(rate)
+                    peaks[impl] = max(peaks[impl], peak)
+        best = {}
+        for impl in ("onnxtrain", "pytorch"):
+            best[impl] = max(((statistics.median(results[(impl, t)]), t) for t in (1, 2)))
+        gflops = best["onnxtrain"][0] * flops_per_step(model) / 1e9
+        print(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
+              f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
+              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB | {gflops:.0f} ({gflops / sgemm:.0%}) |")
+
+    ort_dir = WORK
+    if not os.path.exists(os.path.join(ort_dir, "node_modules", "onnxruntime-node")):
+        subprocess.run(["npm", "install", "--prefix", ort_dir, "--ignore-scripts", "--no-audit", "--no-fund",
+                        "onnxruntime-node@1.30.0"], check=True, stdout=subprocess.DEVNULL)
+    print("\n| model | batch | onnxtrain ms | ONNX Runtime ms | ratio (ORT / onnxtrain) |\n|---|---|---|---|---|")
+    for model in args.models.split(","):
+        for batch in (1, 128):
+            mine, theirs = [], []
+            for _ in range(args.reps):
+                for t in (1, 2):
+                    mine.append(json.loads(subprocess.run(
+                        [os.path.join(BUILD, "bench", "onnxtrain-bench-infer"), os.path.join(WORK, f"{model}.onnx"),
+                         "--batch", str(batch), "--threads", str(t)], capture_output=True, text=True,
+                        check=True).stdout)["ms"])
+                    theirs.append(json.loads(subprocess.run(
+                        ["node", os.path.join(ROOT, "bench", "ort_infer.js"), os.path.join(WORK, f"{model}.onnx"),
+                         str(batch), str(t)], capture_output=True, text=True, check=True,
+                        env=dict(os.environ, NODE_PATH=os.path.join(ort_dir, "node_modules"))).stdout)["ms"])
+            a, b = min(mine), min(theirs)
+            print(f"| {model} | {batch} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
