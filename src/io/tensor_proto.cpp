@@ -93,7 +93,7 @@ std::string read_external(const onnx::TensorProto& proto, const fs::path& base_d
 
 template <class T, class Field>
 void copy_field(const Field& field, Tensor& t) {
-  T* out = t.data<T>();
+  T* out = static_cast<T*>(t.raw_data());  // raw: float16/bfloat16 are filled as uint16 bit patterns
   for (int i = 0; i < field.size(); ++i) out[i] = static_cast<T>(field[i]);
 }
 
