@@ -11,7 +11,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Measures oneDNN sgemm GFLOP/s"};
-  int64_t n = 1024;
+  int64_t n = 2048;
   int threads = 0;
   app.add_option("--size", n);
   app.add_option("--threads", threads);
