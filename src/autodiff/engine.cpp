@@ -74,6 +74,7 @@ std::vector<int> topological_order(const onnx::GraphProto& graph) {
 struct ValueTypes {
   std::unordered_map<std::string, DataType> dtypes;
   std::unordered_map<std::string, int> ranks;
+  std::unordered_map<std::string, int64_t> lengths;  // dim 0 of 1-D values, where known
 };
 
 // Element types and ranks of the graph's values: declared ones, then ONNX type inference.
@@ -84,7 +85,10 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
     if (!v.type().has_tensor_type()) return;
     const auto& t = v.type().tensor_type();
     if (t.elem_type() != 0) types[v.name()] = static_cast<DataType>(t.elem_type());
-    if (t.has_shape()) result.ranks[v.name()] = t.shape().dim_size();
+    if (t.has_shape()) {
+      result.ranks[v.name()] = t.shape().dim_size();
+      if (t.shape().dim_size() == 1 && t.shape().dim(0).has_dim_value()) result.lengths[v.name()] = t.shape().dim(0).dim_value();
+    }
   };
   onnx::GraphProto copy = graph;
   try {
@@ -99,6 +103,14 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
   for (const auto& t : graph.initializer()) {
     types[t.name()] = static_cast<DataType>(t.data_type());
     result.ranks[t.name()] = t.dims_size();
+    if (t.dims_size() == 1) result.lengths[t.name()] = t.dims(0);
+  }
+  // Constant nodes: ONNX inference types them, but their lengths help Reshape and Unsqueeze below.
+  for (const auto& n : graph.node()) {
+    if (n.op_type() != "Constant" || n.output_size() != 1) continue;
+    for (const auto& a : n.attribute()) {
+      if (a.name() == "value" && a.t().dims_size() == 1) result.lengths[n.output(0)] = a.t().dims(0);
+    }
   }
   return result;
 }
@@ -147,6 +159,93 @@ void assign_output_types(const onnx::NodeProto& node, std::unordered_map<std::st
     }
     if (t != DataType::Undefined) types[o] = t;
   }
+}
+
+// Fills in the ranks of `node`'s outputs that ONNX shape inference left unknown. Inference
+// stops at values computed from data (a Slice with computed starts, a Reshape to a computed
+// shape), yet most ops preserve or combine ranks in a known way, and gradient rules need
+// only ranks (Transpose permutations, reduction axes).
+void assign_output_ranks(const onnx::NodeProto& node, std::unordered_map<std::string, int>& ranks,
+                         const std::unordered_map<std::string, int64_t>& lengths) {
+  auto rank = [&](int i) -> int {
+    if (i >= node.input_size() || node.input(i).empty()) return -1;
+    const auto it = ranks.find(node.input(i));
+    return it == ranks.end() ? -1 : it->second;
+  };
+  auto length = [&](int i) -> int64_t {
+    if (i >= node.input_size()) return -1;
+    const auto it = lengths.find(node.input(i));
+    return it == lengths.end() ? -1 : it->second;
+  };
+  auto ints_attr = [&](const char* name) -> int64_t {  // number of ints, -1 when absent
+    for (const auto& a : node.attribute()) {
+      if (a.name() == name) return a.ints_size();
+    }
+    return -1;
+  };
+  auto int_attr = [&](const char* name, int64_t fallback) {
+    for (const auto& a : node.attribute()) {
+      if (a.name() == name) return a.i();
+    }
+    return fallback;
+  };
+  static const std::set<std::string> kSameRank = {
+      "Abs", "Neg", "Sqrt", "Reciprocal", "Exp", "Log", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Elu",
+      "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Sin", "Cos", "Tan", "Asin", "Acos",
+      "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign", "Not", "IsNaN", "IsInf",
+      "ThresholdedRelu", "Shrink", "Clip", "Cast", "CastLike", "Identity", "Dropout", "Softmax", "LogSoftmax",
+      "Hardmax", "Slice", "Transpose", "Pad", "Tile", "CumSum", "Trilu", "LayerNormalization",
+      "BatchNormalization", "InstanceNormalization", "Split", "TopK", "Concat", "ScatterElements", "ScatterND",
+      "Scatter", "GatherElements", "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+      "GlobalMaxPool", "Mod"};
+  static const std::set<std::string> kBroadcast = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean",
+                                                   "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                                                   "And", "Or", "Xor", "Where", "PRelu"};
+  const std::string& op = node.op_type();
+  if (!node.domain().empty() && node.domain() != "ai.onnx") return;
+  int r = -1;
+  if (kSameRank.contains(op)) {
+    r = rank(0);
+  } else if (kBroadcast.contains(op)) {
+    for (int i = 0; i < node.input_size(); ++i) {
+      if (rank(i) < 0) return;
+      r = std::max(r, rank(i));
+    }
+  } else if (op == "MatMul") {
+    const int a = rank(0), b = rank(1);
+    if (a < 1 || b < 1) return;
+    r = a == 1 && b == 1 ? 0 : a == 1 ? b - 1 : b == 1 ? a - 1 : std::max(a, b);
+  } else if (op == "Gemm" || op == "Flatten") {
+    r = 2;
+  } else if (op == "Shape") {
+    r = 1;
+  } else if (op == "Size") {
+    r = 0;
+  } else if (op == "Reshape" && node.input_size() > 1) {
+    r = static_cast<int>(length(1));
+  } else if (op == "Expand" && rank(0) >= 0 && length(1) >= 0) {
+    r = std::max<int>(rank(0), static_cast<int>(length(1)));
+  } else if (op == "Unsqueeze" && rank(0) >= 0) {
+    const int64_t n = node.input_size() > 1 ? length(1) : ints_attr("axes");
+    if (n >= 0) r = rank(0) + static_cast<int>(n);
+  } else if (op == "Squeeze" && rank(0) >= 0) {
+    const int64_t n = node.input_size() > 1 ? length(1) : ints_attr("axes");
+    if (n >= 0) r = rank(0) - static_cast<int>(n);
+  } else if (op == "Gather" && rank(0) >= 0 && rank(1) >= 0) {
+    r = rank(0) - 1 + rank(1);
+  } else if (op.rfind("Reduce", 0) == 0 && rank(0) >= 0) {
+    if (int_attr("keepdims", 1) != 0) {
+      r = rank(0);
+    } else {
+      const int64_t n = node.input_size() > 1 ? length(1) : ints_attr("axes");
+      r = n < 0 ? (node.input_size() > 1 ? -1 : 0) : rank(0) - static_cast<int>(n);
+    }
+  }
+  if (r < 0) return;
+  for (const auto& o : node.output()) {
+    if (!o.empty() && !ranks.contains(o)) ranks[o] = r;
+  }
+  if (op == "TopK" && node.output_size() > 1) ranks[node.output(1)] = r;
 }
 
 class Engine;
@@ -384,7 +483,10 @@ void Engine::expand(int index) {
     ValueTypes inferred = infer_types(graph_, opsets_);
     types_ = std::move(inferred.dtypes);
     ranks_ = std::move(inferred.ranks);
-    for (int i : topological_order(graph_)) assign_output_types(graph_.node(i), types_);
+    for (int i : topological_order(graph_)) {
+      assign_output_types(graph_.node(i), types_);
+      assign_output_ranks(graph_.node(i), ranks_, inferred.lengths);
+    }
   }
   for (const auto& x : xs) {
     const auto it = types_.find(x);
