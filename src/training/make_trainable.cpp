@@ -88,6 +88,18 @@ struct Param {
 
 std::vector<int64_t> dims_of(const onnx::TensorProto& t) { return {t.dims().begin(), t.dims().end()}; }
 
+// Zeros of a parameter's type and shape (optimizer state, reset values).
+Tensor zeros_like(const Param& p) {
+  return Tensor::zeros(p.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32, Shape(p.dims));
+}
+
+// The lists one after another: the variadic inputs and outputs of the optimizer ops.
+std::vector<std::string> joined(std::initializer_list<std::vector<std::string>> lists) {
+  std::vector<std::string> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
 const onnx::ValueInfoProto* find_value(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& list,
                                        const std::string& name) {
   for (const auto& v : list) {
@@ -401,8 +413,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     std::vector<std::string> names, next;
     for (const auto& p : params) {
       const std::string s = claim(P(kind + "." + p.name));
-      alg.initializer(s, Tensor::zeros(p.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32,
-                                       Shape(p.dims)));
+      alg.initializer(s, zeros_like(p));
       states.push_back({s, claim(P(kind + ".new." + p.name)), &p});
       names.push_back(s);
       next.push_back(states.back().next);
@@ -410,28 +421,23 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     return std::pair{names, next};
   };
   const double wd = opt.weight_decay;
+  // L2 weight decay in the gradient, as torch.optim's weight_decay: g + wd p.
+  auto l2_regularized = [&](size_t i) {
+    const std::string& name = params[i].name;
+    return alg.node("Add", {grads[i], alg.node("Mul", {name, alg.scalar(claim(P("wd." + name)), wd, f)}, claim(P("decay." + name)))},
+                    claim(P("reg_grad." + name)));
+  };
   switch (opt.optimizer) {
     case Optimizer::Sgd:
       for (size_t i = 0; i < params.size(); ++i) {
-        std::string g_i = grads[i];
-        if (wd != 0) {
-          g_i = alg.node("Add", {g_i, alg.node("Mul", {params[i].name, alg.scalar(claim(P("wd." + params[i].name)), wd, f)},
-                                               claim(P("decay." + params[i].name)))},
-                         claim(P("reg_grad." + params[i].name)));
-        }
+        const std::string g_i = wd != 0 ? l2_regularized(i) : grads[i];
         alg.node("Sub", {params[i].name, alg.node("Mul", {g_i, lr_typed}, claim(P("update." + params[i].name)))}, new_params[i]);
       }
       break;
     case Optimizer::Momentum:
     case Optimizer::Nesterov: {
       const auto [v, v_new] = add_states("momentum");
-      std::vector<std::string> in{lr_typed, T};
-      in.insert(in.end(), xs.begin(), xs.end());
-      in.insert(in.end(), grads.begin(), grads.end());
-      in.insert(in.end(), v.begin(), v.end());
-      std::vector<std::string> out = new_params;
-      out.insert(out.end(), v_new.begin(), v_new.end());
-      alg.nodes("Momentum", in, out,
+      alg.nodes("Momentum", joined({{lr_typed, T}, xs, grads, v}), joined({new_params, v_new}),
                 {autodiff::attr_float("alpha", static_cast<float>(opt.momentum)), autodiff::attr_float("beta", 1.0f),
                  autodiff::attr_float("norm_coefficient", static_cast<float>(wd)),
                  autodiff::attr_string("mode", opt.optimizer == Optimizer::Nesterov ? "nesterov" : "standard")},
@@ -440,13 +446,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     }
     case Optimizer::Adagrad: {
       const auto [h, h_new] = add_states("adagrad_sum");
-      std::vector<std::string> in{lr_typed, T};
-      in.insert(in.end(), xs.begin(), xs.end());
-      in.insert(in.end(), grads.begin(), grads.end());
-      in.insert(in.end(), h.begin(), h.end());
-      std::vector<std::string> out = new_params;
-      out.insert(out.end(), h_new.begin(), h_new.end());
-      alg.nodes("Adagrad", in, out,
+      alg.nodes("Adagrad", joined({{lr_typed, T}, xs, grads, h}), joined({new_params, h_new}),
                 {autodiff::attr_float("decay_factor", 0.0f), autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-10))),
                  autodiff::attr_float("norm_coefficient", static_cast<float>(wd))},
                 autodiff::kTrainingDomain);
@@ -478,26 +478,15 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       std::vector<std::string> g_in, m_in, v_in, m_out, v_out;
       for (size_t i = 0; i < params.size(); ++i) {
         const std::string& name = params[i].name;
-        std::string g_i = grads[i];
-        if (opt.optimizer == Optimizer::Adam && wd != 0) {  // L2, as torch.optim.Adam's weight_decay
-          g_i = alg.node("Add", {g_i, alg.node("Mul", {name, alg.scalar(claim(P("wd." + name)), wd, f)},
-                                               claim(P("decay." + name)))},
-                         claim(P("reg_grad." + name)));
-        }
+        const std::string g_i = opt.optimizer == Optimizer::Adam && wd != 0 ? l2_regularized(i) : grads[i];
         g_in.push_back(alg.node("Div", {g_i, s_bc}, claim(P("adam.g_in." + name))));
         m_in.push_back(alg.node("Div", {m1[i], s_bc}, claim(P("adam.m_in." + name))));
         v_in.push_back(alg.node("Div", {m2[i], bc2}, claim(P("adam.v_in." + name))));
         m_out.push_back(claim(P("adam.m_out." + name)));
         v_out.push_back(claim(P("adam.v_out." + name)));
       }
-      std::vector<std::string> in{r, t1};
-      in.insert(in.end(), xs.begin(), xs.end());
-      in.insert(in.end(), g_in.begin(), g_in.end());
-      in.insert(in.end(), m_in.begin(), m_in.end());
-      in.insert(in.end(), v_in.begin(), v_in.end());
-      std::vector<std::string> out = new_params;
-      out.insert(out.end(), m_out.begin(), m_out.end());
-      out.insert(out.end(), v_out.begin(), v_out.end());
+      const std::vector<std::string> in = joined({{r, t1}, xs, g_in, m_in, v_in});
+      const std::vector<std::string> out = joined({new_params, m_out, v_out});
       std::vector<onnx::AttributeProto> attrs{autodiff::attr_float("alpha", static_cast<float>(opt.beta1)),
                                              autodiff::attr_float("beta", static_cast<float>(opt.beta2)),
                                              autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-8)))};
@@ -557,8 +546,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
   };
   for (const auto& s : states) {
     const std::string z = claim(P("init." + s.name));
-    ini.initializer(z, Tensor::zeros(s.param->elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32,
-                                     Shape(s.param->dims)));
+    ini.initializer(z, zeros_like(*s.param));
     const std::string out = ini.node("Identity", {z}, claim(P("init.out." + s.name)));
     ini.output(value_info(out, s.param->elem_type, s.param->dims));
     init_bind(s.name, out);
@@ -574,8 +562,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       const std::string out = claim(P("init.out." + p.name));
       if (p.dims.size() == 1) {
         const std::string z = claim(P("init.zero." + p.name));
-        ini.initializer(z, Tensor::zeros(p.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32,
-                                         Shape(p.dims)));
+        ini.initializer(z, zeros_like(p));
         ini.node("Identity", {z}, out);
       } else {
         // PyTorch's fan convention for a weight [out, in, k...].

@@ -71,6 +71,7 @@ struct Feed {
   runtime::ValueInfo input;
   std::string column;
   double scale = 1.0;
+  bool inference = false;  // also an input of the inference graph (fed when evaluating)
 };
 
 // The column's rows `batch` converted to the input's type and per-sample shape.
@@ -79,13 +80,16 @@ Tensor convert_feed(const Tensor& rows, const Feed& f) {
   const DataType to = in.dtype == DataType::Undefined ? rows.dtype() : in.dtype;
   Tensor t = rows;
   if (is_floating(to)) {
-    Tensor as_double = rows.cast(DataType::Float64);
-    if (f.scale != 1.0) {
-      double* p = as_double.data<double>();
-      const int64_t count = as_double.numel();
-      for (int64_t i = 0; i < count; ++i) p[i] *= f.scale;
-    }
-    t = as_double.cast(to);
+    // One pass: each value goes through double, is scaled, and lands in the input's type.
+    t = Tensor(to, rows.shape());
+    const int64_t count = rows.numel();
+    visit_dtype<AllTypes>(rows.dtype(), "column '" + f.column + "'", [&]<class From>() {
+      visit_dtype<FloatTypes>(to, "input '" + in.name + "'", [&]<class To>() {
+        const From* src = rows.data<From>();
+        To* dst = t.data<To>();
+        for (int64_t i = 0; i < count; ++i) dst[i] = convert<To>(convert<double>(src[i]) * f.scale);
+      });
+    });
   } else if (rows.dtype() != to) {
     t = rows.cast(to);
   }
@@ -112,12 +116,14 @@ Tensor convert_feed(const Tensor& rows, const Feed& f) {
 
 void check_finite(const Tensor& t, const std::string& what) {
   if (!is_floating(t.dtype())) return;
-  const auto values = t.cast(DataType::Float64);
-  const double* p = values.data<double>();
-  const int64_t count = values.numel();
-  for (int64_t i = 0; i < count; ++i) {
-    if (!std::isfinite(p[i])) throw Error(what + " holds " + (std::isnan(p[i]) ? "NaN" : "Inf") + " at element " + std::to_string(i));
-  }
+  visit_dtype<FloatTypes>(t.dtype(), what, [&]<class T>() {
+    const T* p = t.data<T>();
+    const int64_t count = t.numel();
+    for (int64_t i = 0; i < count; ++i) {
+      const auto v = static_cast<compute_t<T>>(p[i]);
+      if (!std::isfinite(v)) throw Error(what + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at element " + std::to_string(i));
+    }
+  });
 }
 
 double scalar_of(const runtime::NamedTensors& outputs, const std::string& name) {
@@ -226,7 +232,9 @@ TrainResult train(const TrainOptions& o, std::ostream& log, const std::atomic<in
       throw Error("input '" + in.name + "' has a fixed batch dim of " + std::to_string(in.dims[0]) + " but --batch-size is " +
                   std::to_string(o.batch_size));
     }
-    feeds.push_back({in, column, scales.contains(column) ? scales.at(column) : 1.0});
+    const bool inference = std::any_of(session.inference_inputs().begin(), session.inference_inputs().end(),
+                                       [&](const auto& v) { return v.name == in.name; });
+    feeds.push_back({in, column, scales.contains(column) ? scales.at(column) : 1.0, inference});
   }
   for (const auto& [input, column] : mapping) throw Error("--map " + input + "=" + column + ": the model has no step input '" + input + "'");
 
@@ -240,9 +248,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log, const std::atomic<in
   std::string logits, label_column;
   if (inference_outputs.size() == 1 && is_floating(inference_outputs[0].dtype)) logits = inference_outputs[0].name;
   for (const auto& f : feeds) {
-    const bool inference_input = std::any_of(session.inference_inputs().begin(), session.inference_inputs().end(),
-                                             [&](const auto& v) { return v.name == f.input.name; });
-    if (!inference_input && !is_floating(f.input.dtype)) label_column = f.column;
+    if (!f.inference && !is_floating(f.input.dtype)) label_column = f.column;
   }
 
   const int64_t n = data.train.size();
@@ -277,9 +283,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log, const std::atomic<in
       const data::Dataset rows = data.test->rows(idx);
       runtime::NamedTensors in;
       for (const auto& f : feeds) {
-        const bool inference_input = std::any_of(session.inference_inputs().begin(), session.inference_inputs().end(),
-                                                 [&](const auto& v) { return v.name == f.input.name; });
-        if (inference_input) in[f.input.name] = convert_feed(rows.columns.at(f.column), f);
+        if (f.inference) in[f.input.name] = convert_feed(rows.columns.at(f.column), f);
       }
       accumulate(sums, session.infer(in).at(logits), rows.columns.at(label_column));
     }
