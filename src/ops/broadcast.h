@@ -85,6 +85,14 @@ class Broadcast {
     std::array<int64_t, N> step;
     for (size_t k = 0; k < N; ++k) step[k] = strides_[inner][k];
     const int64_t runs = numel() / len;
+    if (runs == 1) {  // one long run (same shapes, or scalars): split it between threads
+      parallel_for(len, kParallelGrain, [&](int64_t begin, int64_t end) {
+        std::array<int64_t, N> in;
+        for (size_t k = 0; k < N; ++k) in[k] = begin * step[k];
+        f(begin, in, end - begin, step);
+      });
+      return;
+    }
     const int64_t grain = std::max<int64_t>(1, kParallelGrain / len);
     parallel_for(runs, grain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {

@@ -14,6 +14,7 @@
 // dividend (C's fmod); floating-point Mod requires fmod=1, as its doc says. Pow-12+ accepts an
 // exponent of another numeric type; the result has the base's type. Min/Max propagate NaN.
 // PRelu-1/6 reads a 1-D slope of C values as one per channel (dim 1 of X).
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -326,6 +327,17 @@ std::unique_ptr<Kernel> make_variadic(const KernelInit& init) {
 }
 
 // Where-9/16: out = condition ? X : Y, the three broadcast together.
+// c ? a : b without a branch (bit masks), for any type of 1, 2, 4 or 8 bytes.
+template <class T>
+inline T select_bits(bool c, T a, T b) {
+  using U = std::conditional_t<sizeof(T) == 1, uint8_t,
+                               std::conditional_t<sizeof(T) == 2, uint16_t,
+                                                  std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+  static_assert(sizeof(U) == sizeof(T));
+  const U mask = static_cast<U>(U(0) - static_cast<U>(c));
+  return std::bit_cast<T>(static_cast<U>((std::bit_cast<U>(a) & mask) | (std::bit_cast<U>(b) & static_cast<U>(~mask))));
+}
+
 std::unique_ptr<Kernel> make_where(const KernelInit&) {
   return make_kernel([](KernelContext& ctx) {
     const Tensor& cond = ctx.input(0);
@@ -344,8 +356,24 @@ std::unique_ptr<Kernel> make_where(const KernelInit&) {
       const T* py = y.data<T>();
       T* po = out.data<T>();
       bc.for_each_run([&](int64_t o, const auto& in, int64_t len, const auto& step) {
-        for (int64_t i = 0; i < len; ++i) {
-          po[o + i] = pc[in[0] + i * step[0]] ? px[in[1] + i * step[1]] : py[in[2] + i * step[2]];
+        const bool* c = pc + in[0];
+        const T* a = px + in[1];
+        const T* b = py + in[2];
+        T* z = po + o;
+        // Branch-free selects on the bits: a condition like x > 0 is unpredictable.
+        if (step[0] && step[1] && step[2]) {
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) z[i] = select_bits(c[i], a[i], b[i]);
+        } else if (step[0] && step[1]) {  // y a scalar along the run: dx = Where(x > 0, dy, 0)
+          const T bv = *b;
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) z[i] = select_bits(c[i], a[i], bv);
+        } else if (step[0] && step[2]) {
+          const T av = *a;
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) z[i] = select_bits(c[i], av, b[i]);
+        } else {
+          for (int64_t i = 0; i < len; ++i) z[i] = c[i * step[0]] ? a[i * step[1]] : b[i * step[2]];
         }
       });
     });

@@ -92,6 +92,7 @@ std::unique_ptr<Kernel> make_bernoulli(const KernelInit& init);
 std::unique_ptr<Kernel> make_adagrad(const KernelInit& init);
 std::unique_ptr<Kernel> make_momentum(const KernelInit& init);
 std::unique_ptr<Kernel> make_adam(const KernelInit& init);
+std::unique_ptr<Kernel> make_scaled_adam(const KernelInit& init);
 
 // --- internal ops of the ai.onnxtrain domain, emitted by gradient rules (src/autodiff) ---
 // gradient_ops.cpp: SumToShape (inverse of broadcasting), GatherGrad, GatherElementsGrad,

@@ -7,6 +7,7 @@
 // shape and element type (float32 or float64). The arithmetic is the pseudo code of each op's
 // schema doc, quoted above its kernel; scalars are computed in float64, element-wise math in
 // the tensors' type.
+#include <array>
 #include <cmath>
 
 #include "core/dispatch.h"
@@ -23,14 +24,15 @@ struct Scalars {
 };
 
 // Checks the input layout and returns R and T. `states` is the number of state tensors per X.
-Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n) {
+Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int trailing = 0) {
   const int per_tensor = 2 + states;
-  if (ctx.num_inputs() < 2 + per_tensor || (ctx.num_inputs() - 2) % per_tensor != 0) {
+  const int inputs = ctx.num_inputs() - trailing;
+  if (inputs < 2 + per_tensor || (inputs - 2) % per_tensor != 0) {
     fail("expected inputs R, T, then " + std::to_string(per_tensor) +
          " tensors per optimized tensor (X..., G..., state...), got " +
-         std::to_string(ctx.num_inputs()) + " inputs");
+         std::to_string(inputs) + " inputs");
   }
-  n = (ctx.num_inputs() - 2) / per_tensor;
+  n = (inputs - 2) / per_tensor;
   if (ctx.num_outputs() != n * (1 + states)) {
     fail("expected " + std::to_string(n * (1 + states)) + " outputs for " + std::to_string(n) +
          " optimized tensors, got " + std::to_string(ctx.num_outputs()));
@@ -157,14 +159,20 @@ class Momentum final : public Kernel {
   bool nesterov_ = false;
 };
 
+// Adam as ai.onnx.preview.training.Adam defines it. With `scaled` (ai.onnxtrain.ScaledAdam,
+// made by runtime/fusion.cpp) five scalar inputs follow the 4n + 2 of Adam, S_G, S_V, S_H, M_V,
+// M_H, and the op computes, in one pass per tensor, what this subgraph computes in six
+// (up to rounding, see update()):
+//   Adam(R, T, X..., G / S_G..., V / S_V..., H / S_H...) -> X_new..., V_new * M_V..., H_new * M_H...
 class Adam final : public Kernel {
  public:
-  explicit Adam(const KernelInit& init)
+  Adam(const KernelInit& init, bool scaled)
       : alpha_(init.attr_float("alpha", 0.9f)),
         beta_(init.attr_float("beta", 0.999f)),
         epsilon_(init.attr_float("epsilon", 1e-6f)),
         norm_coefficient_(init.attr_float("norm_coefficient", 0.0f)),
-        norm_coefficient_post_(init.attr_float("norm_coefficient_post", 0.0f)) {}
+        norm_coefficient_post_(init.attr_float("norm_coefficient_post", 0.0f)),
+        scaled_(scaled) {}
 
   // G_regularized = norm_coefficient * X + G
   // V_new = alpha * V + (1 - alpha) * G_regularized
@@ -175,55 +183,94 @@ class Adam final : public Kernel {
   // X_final = (1 - norm_coefficient_post) * X_new
   void run(KernelContext& ctx) override {
     int n = 0;
-    const Scalars s = read_scalars_and_check(ctx, 2, n);
+    const Scalars s = read_scalars_and_check(ctx, 2, n, scaled_ ? 5 : 0);
     const double t = static_cast<double>(s.t);
     const double r_adjusted =
         s.t > 0 ? s.r * std::sqrt(1.0 - std::pow(double{beta_}, t)) / (1.0 - std::pow(double{alpha_}, t)) : s.r;
     for (int i = 0; i < n; ++i) {
       visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Adam X", [&]<class T>() {
-        const T r = static_cast<T>(r_adjusted), a = static_cast<T>(alpha_), b = static_cast<T>(beta_);
-        const T eps = static_cast<T>(epsilon_), norm = static_cast<T>(norm_coefficient_);
-        const T keep = static_cast<T>(1.0 - double{norm_coefficient_post_});
-        // The hottest loop of Adam training: restrict-qualified locals let it vectorize.
-        const Tensor& x_in = ctx.input(2 + i);
-        const T* __restrict xs = x_in.data<T>();
-        const T* __restrict gs = ctx.input(2 + n + i).data<T>();
-        const T* __restrict vs = ctx.input(2 + 2 * n + i).data<T>();
-        const T* __restrict hs = ctx.input(2 + 3 * n + i).data<T>();
-        T* __restrict x_out = ctx.allocate_output(i, x_in.dtype(), x_in.shape()).template data<T>();
-        T* __restrict v_out = ctx.allocate_output(n + i, x_in.dtype(), x_in.shape()).template data<T>();
-        T* __restrict h_out = ctx.allocate_output(2 * n + i, x_in.dtype(), x_in.shape()).template data<T>();
-        parallel_for(x_in.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
-          const T* __restrict x0 = xs;
-          const T* __restrict g0 = gs;
-          const T* __restrict v0 = vs;
-          const T* __restrict h0 = hs;
-          T* __restrict x1 = x_out;
-          T* __restrict v1 = v_out;
-          T* __restrict h1 = h_out;
-          const T rr = r, aa = a, bb = b, ee = eps, nn = norm, kk = keep;
-#pragma omp simd
-          for (int64_t e = begin; e < end; ++e) {
-            const T gr = nn * x0[e] + g0[e];
-            const T v = aa * v0[e] + (T(1) - aa) * gr;
-            const T h = bb * h0[e] + (T(1) - bb) * gr * gr;
-            v1[e] = v;
-            h1[e] = h;
-            x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
-          }
-        });
+        if (scaled_) {
+          std::array<T, 5> k;
+          for (int j = 0; j < 5; ++j) k[static_cast<size_t>(j)] = scale_input<T>(ctx, 2 + 4 * n + j, ctx.input(2 + i));
+          update<T, true>(ctx, n, i, r_adjusted, k);
+        } else {
+          update<T, false>(ctx, n, i, r_adjusted, {});
+        }
       });
     }
   }
 
  private:
+  // Scalar input j, which must have X's element type.
+  template <class T>
+  static T scale_input(const KernelContext& ctx, int j, const Tensor& x) {
+    const Tensor& k = ctx.input(j);
+    if (k.numel() != 1 || k.dtype() != x.dtype()) {
+      fail("scale " + ctx.input_name(j) + " must be a scalar of X's type " + std::string(dtype_name(x.dtype())) +
+           ", got " + k.description());
+    }
+    return k.data<T>()[0];
+  }
+
+  // The hottest loop of Adam training: restrict-qualified locals let it vectorize. The scaled
+  // variant multiplies by the reciprocals of S_G, S_V and S_H where the Div nodes it replaces
+  // divide: each scaled input may differ from theirs in the last bit.
+  template <class T, bool Scaled>
+  void update(KernelContext& ctx, int n, int i, double r_adjusted, std::array<T, 5> k) {
+    const T r = static_cast<T>(r_adjusted), a = static_cast<T>(alpha_), b = static_cast<T>(beta_);
+    const T eps = static_cast<T>(epsilon_), norm = static_cast<T>(norm_coefficient_);
+    const T keep = static_cast<T>(1.0 - double{norm_coefficient_post_});
+    const Tensor& x_in = ctx.input(2 + i);
+    const T* __restrict xs = x_in.data<T>();
+    const T* __restrict gs = ctx.input(2 + n + i).data<T>();
+    const T* __restrict vs = ctx.input(2 + 2 * n + i).data<T>();
+    const T* __restrict hs = ctx.input(2 + 3 * n + i).data<T>();
+    T* __restrict x_out = ctx.allocate_output(i, x_in.dtype(), x_in.shape()).template data<T>();
+    T* __restrict v_out = ctx.allocate_output(n + i, x_in.dtype(), x_in.shape()).template data<T>();
+    T* __restrict h_out = ctx.allocate_output(2 * n + i, x_in.dtype(), x_in.shape()).template data<T>();
+    parallel_for(x_in.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
+      const T* __restrict x0 = xs;
+      const T* __restrict g0 = gs;
+      const T* __restrict v0 = vs;
+      const T* __restrict h0 = hs;
+      T* __restrict x1 = x_out;
+      T* __restrict v1 = v_out;
+      T* __restrict h1 = h_out;
+      const T rr = r, aa = a, bb = b, ee = eps, nn = norm, kk = keep;
+      // Reciprocals: three divisions per element would make this loop compute-bound.
+      const T sg = T(1) / k[0], sv = T(1) / k[1], sh = T(1) / k[2], mv = k[3], mh = k[4];
+#pragma omp simd
+      for (int64_t e = begin; e < end; ++e) {
+        T g = g0[e], vp = v0[e], hp = h0[e];
+        if constexpr (Scaled) {
+          g = g * sg;
+          vp = vp * sv;
+          hp = hp * sh;
+        }
+        const T gr = nn * x0[e] + g;
+        const T v = aa * vp + (T(1) - aa) * gr;
+        const T h = bb * hp + (T(1) - bb) * gr * gr;
+        x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
+        if constexpr (Scaled) {
+          v1[e] = v * mv;
+          h1[e] = h * mh;
+        } else {
+          v1[e] = v;
+          h1[e] = h;
+        }
+      }
+    });
+  }
+
   float alpha_, beta_, epsilon_, norm_coefficient_, norm_coefficient_post_;
+  bool scaled_;
 };
 
 }  // namespace
 
 std::unique_ptr<Kernel> make_adagrad(const KernelInit& init) { return std::make_unique<Adagrad>(init); }
 std::unique_ptr<Kernel> make_momentum(const KernelInit& init) { return std::make_unique<Momentum>(init); }
-std::unique_ptr<Kernel> make_adam(const KernelInit& init) { return std::make_unique<Adam>(init); }
+std::unique_ptr<Kernel> make_adam(const KernelInit& init) { return std::make_unique<Adam>(init, false); }
+std::unique_ptr<Kernel> make_scaled_adam(const KernelInit& init) { return std::make_unique<Adam>(init, true); }
 
 }  // namespace onnxtrain::ops

@@ -13,8 +13,8 @@ namespace {
 constexpr int kMaxOnnx = 17;  // the newest ai.onnx opset libonnx 1.12 defines
 
 constexpr std::string_view kTraining = "ai.onnx.preview.training";
-// onnxtrain's own ops, emitted by gradient rules only (docs/gradients.md); every model gets
-// version 1 of this domain implicitly.
+// onnxtrain's own ops, emitted by gradient rules (docs/gradients.md) and by the runtime's
+// fusions (runtime/fusion.h); every model gets version 1 of this domain implicitly.
 constexpr std::string_view kInternal = "ai.onnxtrain";
 
 constexpr OpsetRange kOpsets[] = {
@@ -218,6 +218,8 @@ const KernelDef kKernels[] = {
   {kInternal, "ConvTransposeGrad",  1, 1,    kFloat,            make_conv_grad},
   {kInternal, "MaxPoolGrad",        1, 1,    kFloat,            make_pool_grad},
   {kInternal, "AveragePoolGrad",    1, 1,    kFloat,            make_pool_grad},
+  // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
+  {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
 };
 // clang-format on
 

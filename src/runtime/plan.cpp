@@ -3,6 +3,7 @@
 #include <new>
 
 #include "onnxtrain/error.h"
+#include "runtime/profiler.h"
 
 namespace onnxtrain::runtime {
 
@@ -62,7 +63,8 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
     } catch (const Error& e) {
       throw e.with_context(graph.description() + ", " + node.description());
     }
-    steps_.push_back(Step{order[s], &def, std::move(kernel), {}});
+    steps_.push_back(Step{order[s], &def, std::move(kernel), {}, {}});
+    if (Profiler::instance().enabled()) steps_.back().label = graph.description() + ", " + node.description();
     for (ir::ValueId v : node.inputs) {
       if (v != ir::kNoValue) last_use[static_cast<size_t>(v)] = static_cast<int>(s);
     }
@@ -84,6 +86,7 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
 }
 
 void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) {
+  const bool profile = Profiler::instance().enabled();
   for (Step& step : steps_) {
     const ir::Node& node = graph_.node(step.node);
     ops::KernelContext ctx(graph_, node, values, run_context);
@@ -97,7 +100,15 @@ void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) 
                       " does not support (supported: " + step.def->types.to_string() + ")");
         }
       }
-      step.kernel->run(ctx);
+      if (profile) {
+        const auto start = std::chrono::steady_clock::now();
+        step.kernel->run(ctx);
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+        Profiler::instance().record(node.domain.empty() ? node.op_type : node.domain + "." + node.op_type, step.label,
+                                    ns.count());
+      } else {
+        step.kernel->run(ctx);
+      }
       for (ir::ValueId v : node.outputs) {
         if (v != ir::kNoValue && !values[static_cast<size_t>(v)].defined()) {
           throw std::logic_error("the kernel did not produce output '" + graph_.value(v).name + "'");

@@ -40,6 +40,7 @@ class Plan {
     const ops::KernelDef* def;
     std::unique_ptr<ops::Kernel> kernel;
     std::vector<ir::ValueId> release;  // values dead after this step
+    std::string label;                 // graph and node, for the profiler (empty when it is off)
   };
   const ir::Graph& graph_;
   std::vector<Step> steps_;

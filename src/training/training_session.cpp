@@ -9,6 +9,7 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
+#include "runtime/fusion.h"
 #include "runtime/graph_runner.h"
 #include "training/combined_graph.h"
 #include "training/validate.h"
@@ -109,6 +110,7 @@ struct TrainingSession::Impl {
       if (!autodiff::has_gradient_nodes(proto)) return ir::Graph::from_proto(proto, label, base_dir);
       onnx::GraphProto expanded = proto;
       autodiff::expand_gradients(expanded, opsets, label);
+      if (options.fuse) runtime::fuse_scaled_adam(expanded);
       return ir::Graph::from_proto(expanded, label, base_dir);
     }();
     bound.runner = std::make_unique<runtime::GraphRunner>(std::move(graph_ir), opsets, label);

@@ -15,6 +15,7 @@
 #include "onnxtrain/make_trainable.h"
 #include "onnxtrain/session.h"
 #include "onnxtrain/training.h"
+#include "runtime/fusion.h"
 #include "test_util.h"
 
 namespace onnxtrain::training {
@@ -220,6 +221,61 @@ TEST(ExportInference, KeepsTheTrainedWeightsAndDropsTheProgram) {
   const auto feeds = runtime::NamedTensors{{"x", batch().at("x")}};
   testing::expect_close(inference.run(feeds).at("logits"), session.infer(feeds).at("logits"), 0, 0);
   std::filesystem::remove_all(dir);
+}
+
+// The runtime runs make-trainable's Adam (Div nodes -> Adam -> Mul nodes, for PyTorch's epsilon
+// placement) as one ai.onnxtrain.ScaledAdam node; training with and without the fusion agrees.
+int count_ops(const onnx::GraphProto& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.node()) n += node.op_type() == op;
+  return n;
+}
+
+TEST(Fusion, ScaledAdamReplacesTheDivAdamMulPattern) {
+  for (Optimizer optimizer : {Optimizer::Adam, Optimizer::AdamW}) {
+    MakeTrainableOptions options;
+    options.optimizer = optimizer;
+    options.weight_decay = 0.01;
+    const onnx::ModelProto model = make_trainable(classifier(), options);
+    onnx::GraphProto algorithm = model.training_info(0).algorithm();
+    const int nodes = algorithm.node_size();
+    ASSERT_EQ(count_ops(algorithm, "Adam"), 1);
+    EXPECT_EQ(runtime::fuse_scaled_adam(algorithm), 1);
+    EXPECT_EQ(count_ops(algorithm, "Adam"), 0);
+    EXPECT_EQ(count_ops(algorithm, "ScaledAdam"), 1);
+    // Two parameters: three Div nodes and two Mul nodes each are gone.
+    EXPECT_EQ(algorithm.node_size(), nodes - 2 * 5);
+
+    TrainingOptions fused, unfused;
+    unfused.fuse = false;
+    TrainingSession a(model, fused), b(model, unfused);
+    for (int s = 0; s < 20; ++s) {
+      testing::expect_close(a.step(batch()).at("onnxtrain.loss"), b.step(batch()).at("onnxtrain.loss"), 1e-6, 1e-7);
+    }
+    for (const auto& [name, value] : b.state()) testing::expect_close(a.state().at(name), value, 1e-5, 1e-7);
+  }
+}
+
+TEST(Fusion, LeavesAdamAloneWhenAnIntermediateIsRead) {
+  MakeTrainableOptions options;
+  options.optimizer = Optimizer::Adam;
+  onnx::GraphProto algorithm = make_trainable(classifier(), options).training_info(0).algorithm();
+  // A scaled gradient that is also a graph output must stay computed.
+  for (const auto& node : algorithm.node()) {
+    if (node.op_type() == "Div" && node.output(0).find("adam.g_in") != std::string::npos) {
+      algorithm.add_output()->set_name(node.output(0));
+      break;
+    }
+  }
+  EXPECT_EQ(runtime::fuse_scaled_adam(algorithm), 0);
+  EXPECT_EQ(count_ops(algorithm, "Adam"), 1);
+  // A divisor of unknown shape (a graph input without a type) might broadcast: no fusion.
+  onnx::GraphProto unknown = make_trainable(classifier(), options).training_info(0).algorithm();
+  for (auto& node : *unknown.mutable_node()) {
+    if (node.op_type() == "Div" && node.output(0).find("adam.v_in") != std::string::npos) node.set_input(1, "divisor");
+  }
+  unknown.add_input()->set_name("divisor");
+  EXPECT_EQ(runtime::fuse_scaled_adam(unknown), 0);
 }
 
 }  // namespace

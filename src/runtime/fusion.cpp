@@ -1,0 +1,217 @@
+#include "runtime/fusion.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace onnxtrain::runtime {
+
+namespace {
+
+constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
+constexpr const char* kInternalDomain = "ai.onnxtrain";
+
+bool one_element(const google::protobuf::RepeatedField<int64_t>& dims) {
+  for (int64_t d : dims) {
+    if (d != 1) return false;
+  }
+  return true;
+}
+
+bool one_element(const onnx::TypeProto& type) {
+  if (!type.has_tensor_type() || !type.tensor_type().has_shape()) return false;
+  for (const auto& d : type.tensor_type().shape().dim()) {
+    if (!d.has_dim_value() || d.dim_value() != 1) return false;
+  }
+  return true;
+}
+
+// Names read by any subgraph attribute, at any depth (such values must keep their producers).
+void collect_subgraph_reads(const onnx::GraphProto& graph, std::set<std::string>& names) {
+  for (const auto& node : graph.node()) {
+    for (const auto& attr : node.attribute()) {
+      auto visit = [&](const onnx::GraphProto& sub) {
+        for (const auto& n : sub.node()) {
+          for (const auto& in : n.input()) names.insert(in);
+        }
+        collect_subgraph_reads(sub, names);
+      };
+      if (attr.has_g()) visit(attr.g());
+      for (const auto& g : attr.graphs()) visit(g);
+    }
+  }
+}
+
+class Matcher {
+ public:
+  explicit Matcher(const onnx::GraphProto& graph) : graph_(graph) {
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const auto& node = graph.node(i);
+      for (const auto& out : node.output()) {
+        if (!out.empty()) producer_[out] = i;
+      }
+      for (const auto& in : node.input()) {
+        if (!in.empty()) readers_[in].push_back(i);
+      }
+    }
+    for (const auto& out : graph.output()) pinned_.insert(out.name());
+    collect_subgraph_reads(graph, pinned_);
+    for (const auto& init : graph.initializer()) scalar_[init.name()] = one_element(init.dims());
+    for (const auto& in : graph.input()) scalar_.try_emplace(in.name(), one_element(in.type()));
+    for (const auto& vi : graph.value_info()) {
+      if (one_element(vi.type())) scalar_.try_emplace(vi.name(), true);
+    }
+  }
+
+  // The index of the node producing `name`, -1 for a graph input, initializer or outer value.
+  int producer_index(const std::string& name) const {
+    auto it = producer_.find(name);
+    return it == producer_.end() ? -1 : it->second;
+  }
+  const onnx::NodeProto* producer(const std::string& name) const {
+    const int i = producer_index(name);
+    return i < 0 ? nullptr : &graph_.node(i);
+  }
+  // The only reader of `name`, if it has exactly one and is not pinned.
+  std::optional<int> sole_reader(const std::string& name) const {
+    if (pinned_.contains(name)) return std::nullopt;
+    auto it = readers_.find(name);
+    if (it == readers_.end() || it->second.size() != 1) return std::nullopt;
+    return it->second[0];
+  }
+
+  // True when `name` provably holds one element.
+  bool is_scalar(const std::string& name) {
+    if (auto it = scalar_.find(name); it != scalar_.end()) return it->second;
+    scalar_[name] = false;  // breaks cycles; a graph has none, but be safe
+    bool result = false;
+    if (const onnx::NodeProto* node = producer(name)) {
+      static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg",
+                                                         "Exp", "Log", "Cast", "Identity", "Reciprocal", "Abs"};
+      if (node->domain().empty() && node->op_type() == "Constant") {
+        for (const auto& attr : node->attribute()) {
+          if (attr.name() == "value") result = one_element(attr.t().dims());
+          if (attr.name() == "value_float" || attr.name() == "value_int") result = true;
+        }
+      } else if (node->domain().empty() && kElementwise.contains(node->op_type()) && node->input_size() > 0) {
+        result = true;
+        for (const auto& in : node->input()) result = result && !in.empty() && is_scalar(in);
+      }
+    }
+    return scalar_[name] = result;
+  }
+
+  const onnx::GraphProto& graph() const { return graph_; }
+
+ private:
+  const onnx::GraphProto& graph_;
+  std::unordered_map<std::string, int> producer_;
+  std::unordered_map<std::string, std::vector<int>> readers_;
+  std::set<std::string> pinned_;
+  std::unordered_map<std::string, bool> scalar_;
+};
+
+struct Fusion {
+  int adam = -1;
+  std::vector<std::string> inputs;   // the ScaledAdam node's inputs
+  std::vector<std::string> outputs;  // and outputs
+  std::vector<int> removed;          // Div and Mul nodes it replaces
+};
+
+// The Div nodes feeding Adam input `name`: returns (dividend, divisor) when it matches.
+std::optional<std::pair<std::string, std::string>> divided_input(Matcher& m, const std::string& name, int adam,
+                                                                 int& div_node) {
+  const onnx::NodeProto* div = m.producer(name);
+  if (!div || !div->domain().empty() || div->op_type() != "Div" || div->input_size() != 2) return std::nullopt;
+  if (m.sole_reader(name) != adam || !m.is_scalar(div->input(1))) return std::nullopt;
+  div_node = m.producer_index(name);
+  return std::make_pair(div->input(0), div->input(1));
+}
+
+// The Mul node reading Adam output `name`: returns (its output, the scalar factor) on a match.
+std::optional<std::pair<std::string, std::string>> multiplied_output(Matcher& m, const std::string& name,
+                                                                     int& mul_node) {
+  const std::optional<int> reader = m.sole_reader(name);
+  if (!reader) return std::nullopt;
+  const onnx::NodeProto& mul = m.graph().node(*reader);
+  if (!mul.domain().empty() || mul.op_type() != "Mul" || mul.input_size() != 2 || mul.output_size() != 1) {
+    return std::nullopt;
+  }
+  const std::string& factor = mul.input(0) == name ? mul.input(1) : mul.input(0);
+  if (factor == name || !m.is_scalar(factor)) return std::nullopt;
+  mul_node = *reader;
+  return std::make_pair(mul.output(0), factor);
+}
+
+std::optional<Fusion> match(Matcher& m, int adam) {
+  const onnx::NodeProto& node = m.graph().node(adam);
+  const int n = (node.input_size() - 2) / 4;
+  if (n < 1 || node.input_size() != 2 + 4 * n || node.output_size() != 3 * n) return std::nullopt;
+  Fusion f;
+  f.adam = adam;
+  f.inputs.assign(node.input().begin(), node.input().begin() + 2 + n);  // R, T, X...
+  std::vector<std::string> divisors(3), factors(2);
+  for (int group = 0; group < 3; ++group) {  // G, V, H
+    for (int i = 0; i < n; ++i) {
+      int div_node = -1;
+      auto d = divided_input(m, node.input(2 + (group + 1) * n + i), adam, div_node);
+      if (!d || (i > 0 && d->second != divisors[static_cast<size_t>(group)])) return std::nullopt;
+      divisors[static_cast<size_t>(group)] = d->second;
+      f.inputs.push_back(d->first);
+      f.removed.push_back(div_node);
+    }
+  }
+  f.outputs.assign(node.output().begin(), node.output().begin() + n);  // X_new...
+  for (int group = 0; group < 2; ++group) {  // V_new, H_new
+    for (int i = 0; i < n; ++i) {
+      int mul_node = -1;
+      auto mo = multiplied_output(m, node.output((group + 1) * n + i), mul_node);
+      if (!mo || (i > 0 && mo->second != factors[static_cast<size_t>(group)])) return std::nullopt;
+      factors[static_cast<size_t>(group)] = mo->second;
+      f.outputs.push_back(mo->first);
+      f.removed.push_back(mul_node);
+    }
+  }
+  f.inputs.insert(f.inputs.end(), divisors.begin(), divisors.end());
+  f.inputs.insert(f.inputs.end(), factors.begin(), factors.end());
+  return f;
+}
+
+}  // namespace
+
+int fuse_scaled_adam(onnx::GraphProto& graph) {
+  std::vector<Fusion> fusions;
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const auto& node = graph.node(i);
+      if (node.domain() != kTrainingDomain || node.op_type() != "Adam") continue;
+      if (auto f = match(m, i)) fusions.push_back(std::move(*f));
+    }
+  }
+  if (fusions.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const Fusion& f : fusions) {
+    for (int r : f.removed) drop[static_cast<size_t>(r)] = true;
+    onnx::NodeProto& node = *graph.mutable_node(f.adam);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("ScaledAdam");
+    node.clear_input();
+    for (const auto& in : f.inputs) node.add_input(in);
+    node.clear_output();
+    for (const auto& out : f.outputs) node.add_output(out);
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    if (!drop[static_cast<size_t>(i)]) kept.Add()->Swap(graph.mutable_node(i));
+  }
+  graph.mutable_node()->Swap(&kept);
+  return static_cast<int>(fusions.size());
+}
+
+}  // namespace onnxtrain::runtime
