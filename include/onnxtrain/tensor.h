@@ -18,10 +18,22 @@
 
 namespace onnxtrain {
 
-// A 64-byte-aligned block of memory, shared by the tensors that view it.
+// Memory lent to tensors by someone else (a runtime's arena, runtime/memory_plan.h): the last
+// tensor that views it hands it back through release() instead of freeing it.
+class StorageOwner {
+ public:
+  virtual ~StorageOwner() = default;
+  virtual void release(void* data, size_t nbytes) noexcept = 0;
+};
+
+// A 64-byte-aligned block of memory, shared by the tensors that view it. Blocks the tensor
+// owns come from a process-wide cache of freed blocks of the same rounded size (up to 256 MiB
+// is kept), so steady-state training reuses memory instead of asking the system for it.
 class Storage {
  public:
   explicit Storage(size_t nbytes);
+  // A view of `data` (nbytes long, 64-byte aligned), given back to `owner` when destroyed.
+  Storage(void* data, size_t nbytes, std::shared_ptr<StorageOwner> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -32,6 +44,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  std::shared_ptr<StorageOwner> owner_;
 };
 
 class Tensor {
@@ -43,6 +56,8 @@ class Tensor {
   // Uninitialized storage for `shape` elements of `dtype`. Throws Error for a dtype a tensor
   // cannot hold or a negative dim.
   Tensor(DataType dtype, const Shape& shape);
+  // A tensor over existing storage, which must hold at least nbytes() bytes.
+  Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> storage);
   static Tensor zeros(DataType dtype, const Shape& shape);
   // A copy of `values` with the given shape (values.size() must equal shape.numel()).
   template <class T>

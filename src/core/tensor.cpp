@@ -2,7 +2,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "core/memory.h"
 
 #include "core/dispatch.h"
 #include "onnxtrain/error.h"
@@ -14,14 +19,97 @@ void throw_unsupported_dtype(DataType dtype, std::string_view what) {
               " is not supported here");
 }
 
-Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
-  // Round up so aligned_alloc's size is a multiple of the alignment; never allocate 0 bytes.
-  const size_t rounded = (nbytes + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
-  data_ = std::aligned_alloc(Tensor::kAlignment, rounded == 0 ? Tensor::kAlignment : rounded);
-  if (!data_) throw std::bad_alloc();
+namespace {
+
+// Freed blocks by rounded size. Training repeats the same sizes every step, so after the first
+// step every block comes from here. Bounded by kMaxCachedBytes; beyond it blocks are freed.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+class BlockCache {
+ public:
+  static constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+
+  void* take(size_t rounded) {
+    {
+      std::lock_guard lock(mutex_);
+      auto it = free_.find(rounded);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= rounded;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(Tensor::kAlignment, rounded);
+    if (!p) throw std::bad_alloc();
+    memory_stats_.system_allocations.fetch_add(1, std::memory_order_relaxed);
+    return p;
+  }
+
+  void give(void* p, size_t rounded) noexcept {
+    if (kSanitized) {  // let AddressSanitizer see every use after free
+      std::free(p);
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
+        try {
+          free_[rounded].push_back(p);
+          cached_bytes_ += rounded;
+          return;
+        } catch (...) {  // no memory for the list: free the block instead
+        }
+      }
+    }
+    std::free(p);
+  }
+
+  MemoryStats memory_stats_;
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_bytes_ = 0;
+};
+
+BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache;  // never destroyed: tensors may outlive statics
+  return *cache;
 }
 
-Storage::~Storage() { std::free(data_); }
+// Round up so aligned_alloc's size is a multiple of the alignment; never allocate 0 bytes.
+size_t rounded_size(size_t nbytes) {
+  const size_t rounded = (nbytes + Tensor::kAlignment - 1) / Tensor::kAlignment * Tensor::kAlignment;
+  return rounded == 0 ? Tensor::kAlignment : rounded;
+}
+
+}  // namespace
+
+const MemoryStats& memory_stats() { return block_cache().memory_stats_; }
+void* take_block(size_t bytes) { return block_cache().take(bytes); }
+void give_block(void* block, size_t bytes) noexcept { block_cache().give(block, bytes); }
+
+Storage::Storage(size_t nbytes) : data_(block_cache().take(rounded_size(nbytes))), nbytes_(nbytes) {
+  block_cache().memory_stats_.storage_allocations.fetch_add(1, std::memory_order_relaxed);
+}
+
+Storage::Storage(void* data, size_t nbytes, std::shared_ptr<StorageOwner> owner)
+    : data_(data), nbytes_(nbytes), owner_(std::move(owner)) {
+  block_cache().memory_stats_.storage_allocations.fetch_add(1, std::memory_order_relaxed);
+}
+
+Storage::~Storage() {
+  if (owner_) {
+    owner_->release(data_, nbytes_);
+  } else {
+    block_cache().give(data_, rounded_size(nbytes_));
+  }
+}
 
 Tensor::Tensor(DataType dtype, const Shape& shape) : dtype_(dtype), shape_(shape) {
   if (!is_supported(dtype)) throw_unsupported_dtype(dtype, "tensor");
@@ -29,6 +117,15 @@ Tensor::Tensor(DataType dtype, const Shape& shape) : dtype_(dtype), shape_(shape
     if (d < 0) throw Error("tensor shape " + shape.to_string() + " has a negative dim");
   }
   storage_ = std::make_shared<Storage>(nbytes());
+}
+
+Tensor::Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> storage)
+    : storage_(std::move(storage)), dtype_(dtype), shape_(shape) {
+  if (!is_supported(dtype)) throw_unsupported_dtype(dtype, "tensor");
+  if (!storage_ || storage_->nbytes() < nbytes()) {
+    throw Error("storage of " + std::to_string(storage_ ? storage_->nbytes() : 0) + " bytes is too small for " +
+                description());
+  }
 }
 
 Tensor Tensor::zeros(DataType dtype, const Shape& shape) {

@@ -89,7 +89,7 @@ std::string KernelContext::output_name(int i) const {
 }
 
 Tensor& KernelContext::allocate_output(int i, DataType dtype, const Shape& shape) {
-  Tensor t(dtype, shape);
+  Tensor t = allocator_ ? allocator_->allocate(dtype, shape) : Tensor(dtype, shape);
   if (!has_output(i)) {
     scratch_.push_back(std::move(t));  // a deque: earlier references stay valid
     return scratch_.back();

@@ -69,11 +69,20 @@ struct RunContext {
   uint64_t run_index = 0;
 };
 
+// Where allocate_output gets memory (the runtime's memory plan, runtime/memory_plan.h).
+class OutputAllocator {
+ public:
+  virtual ~OutputAllocator() = default;
+  // Uninitialized storage for `shape` elements of `dtype`.
+  virtual Tensor allocate(DataType dtype, const Shape& shape) = 0;
+};
+
 class KernelContext {
  public:
+  // Outputs come from `allocator`, or from the tensor heap when it is null.
   KernelContext(const ir::Graph& graph, const ir::Node& node, std::vector<Tensor>& values,
-                const RunContext& run)
-      : graph_(graph), node_(node), values_(values), run_(run) {}
+                const RunContext& run, OutputAllocator* allocator = nullptr)
+      : graph_(graph), node_(node), values_(values), run_(run), allocator_(allocator) {}
 
   int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
   // False for an omitted optional input.
@@ -105,6 +114,7 @@ class KernelContext {
   const ir::Node& node_;
   std::vector<Tensor>& values_;
   const RunContext& run_;
+  OutputAllocator* allocator_;
   std::deque<Tensor> scratch_;  // one per omitted output allocated, kept until the node ends
 };
 

@@ -32,6 +32,8 @@ class GraphRunner {
   GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed = 0);
 
   const ir::Graph& graph() const { return graph_; }
+  // See ir::Graph::release_initializer; every later run must override the value.
+  Tensor release_initializer(ir::ValueId id) { return graph_.release_initializer(id); }
   const std::string& source() const { return source_; }
   const std::vector<ValueInfo>& inputs() const { return inputs_; }
   const std::vector<ValueInfo>& optional_inputs() const { return optional_inputs_; }

@@ -87,9 +87,12 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
 
 void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) {
   const bool profile = Profiler::instance().enabled();
-  for (Step& step : steps_) {
+  memory_.begin_run();
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    Step& step = steps_[s];
     const ir::Node& node = graph_.node(step.node);
-    ops::KernelContext ctx(graph_, node, values, run_context);
+    memory_.set_step(static_cast<int>(s));
+    ops::KernelContext ctx(graph_, node, values, run_context, &memory_);
     try {
       const int ti = step.def->type_input;
       if (!step.def->types.empty() && ctx.has_input(ti)) {
@@ -124,6 +127,7 @@ void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) 
     }
     for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Tensor();
   }
+  memory_.end_run();
 }
 
 }  // namespace onnxtrain::runtime

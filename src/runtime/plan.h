@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "ops/kernel.h"
 #include "ops/registry.h"
+#include "runtime/memory_plan.h"
 
 namespace onnxtrain::runtime {
 
@@ -33,6 +34,8 @@ class Plan {
   void run(std::vector<Tensor>& values, const ops::RunContext& run_context);
 
   size_t num_steps() const { return steps_.size(); }
+  // Bytes of the arena kernel outputs are placed in (0 before the first run ends).
+  size_t arena_bytes() const { return memory_.arena_bytes(); }
 
  private:
   struct Step {
@@ -44,6 +47,7 @@ class Plan {
   };
   const ir::Graph& graph_;
   std::vector<Step> steps_;
+  MemoryPlan memory_;
 };
 
 }  // namespace onnxtrain::runtime

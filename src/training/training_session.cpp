@@ -115,10 +115,14 @@ struct TrainingSession::Impl {
     }();
     bound.runner = std::make_unique<runtime::GraphRunner>(std::move(graph_ir), opsets, label);
     const ir::Graph& graph = bound.runner->graph();
+    std::vector<ir::ValueId> variables;
     for (const auto& [id, tensor] : graph.initializers()) {
-      const std::string& name = graph.value(id).name;
-      if (!keys.contains(name)) continue;
-      state.try_emplace(name, tensor);
+      if (keys.contains(graph.value(id).name)) variables.push_back(id);
+    }
+    // The state holds each variable once: the graph's copy moves into it (or is dropped when
+    // another graph already put it there); every run overrides the value from the state.
+    for (ir::ValueId id : variables) {
+      state.try_emplace(graph.value(id).name, bound.runner->release_initializer(id));
       bound.overrides.push_back({id, nullptr});
     }
     return bound;

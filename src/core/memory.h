@@ -1,0 +1,27 @@
+// Counters of tensor memory, for tests and the profiler.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace onnxtrain {
+
+struct MemoryStats {
+  // Blocks of tensor memory requested from the system (aligned_alloc): what the block cache
+  // and the runtime's arenas could not serve.
+  std::atomic<uint64_t> system_allocations{0};
+  // Storage objects created (cached, arena or system memory alike).
+  std::atomic<uint64_t> storage_allocations{0};
+};
+
+// The process-wide counters.
+const MemoryStats& memory_stats();
+
+// Blocks of tensor memory, 64-byte aligned; `bytes` is a nonzero multiple of 64. take_block
+// serves a freed block of the same size when the process-wide cache holds one (up to 256 MiB
+// is kept), else asks the system (throws std::bad_alloc when it has none).
+void* take_block(size_t bytes);
+void give_block(void* block, size_t bytes) noexcept;
+
+}  // namespace onnxtrain
