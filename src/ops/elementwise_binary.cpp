@@ -14,13 +14,13 @@
 // dividend (C's fmod); floating-point Mod requires fmod=1, as its doc says. Pow-12+ accepts an
 // exponent of another numeric type; the result has the base's type. Min/Max propagate NaN.
 // PRelu-1/6 reads a 1-D slope of C values as one per channel (dim 1 of X).
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <unordered_map>
 
 #include "core/dispatch.h"
+#include "core/select.h"
 #include "ops/broadcast.h"
 #include "ops/factories.h"
 
@@ -327,17 +327,6 @@ std::unique_ptr<Kernel> make_variadic(const KernelInit& init) {
 }
 
 // Where-9/16: out = condition ? X : Y, the three broadcast together.
-// c ? a : b without a branch (bit masks), for any type of 1, 2, 4 or 8 bytes.
-template <class T>
-inline T select_bits(bool c, T a, T b) {
-  using U = std::conditional_t<sizeof(T) == 1, uint8_t,
-                               std::conditional_t<sizeof(T) == 2, uint16_t,
-                                                  std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
-  static_assert(sizeof(U) == sizeof(T));
-  const U mask = static_cast<U>(U(0) - static_cast<U>(c));
-  return std::bit_cast<T>(static_cast<U>((std::bit_cast<U>(a) & mask) | (std::bit_cast<U>(b) & static_cast<U>(~mask))));
-}
-
 std::unique_ptr<Kernel> make_where(const KernelInit&) {
   return make_kernel([](KernelContext& ctx) {
     const Tensor& cond = ctx.input(0);

@@ -98,6 +98,8 @@ PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x
     p.in_size *= p.in[d];
     p.out_size *= p.out[d];
   }
+  p.taps = taps;
+  p.dilations = a.dilations;
   p.last_taps = taps[nd - 1];
   p.last_column_stride = column_stride[nd - 1];
   p.last_stride = a.strides[nd - 1];

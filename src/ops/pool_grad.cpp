@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "core/select.h"
 #include "ops/factories.h"
 #include "ops/pool_plan.h"
 
@@ -57,9 +58,73 @@ int64_t first_argmax(const PoolPlan& p, const T* xc, size_t l, int64_t o) {
   return -1;  // not reached
 }
 
+// max_pool_grad for two spatial dims, one output row at a time: for each tap of the window
+// (row-major, so the first maximum wins as in first_argmax), one pass over the row's outputs
+// whose window holds that tap. The outputs of a pass are independent, so the select chains
+// overlap instead of waiting on each other; about ten times faster than one window at a time.
+template <class T>
+void max_pool_grad_2d(const PoolPlan& p, const T* x, const T* dy, T* dx) {
+  using V = compute_t<T>;
+  const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
+  const int64_t dh = p.dilations[0];
+  parallel_for(p.channels, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, p.in_size)),
+               [&](int64_t begin, int64_t end) {
+    std::vector<V> acc(std::is_same_v<V, T> ? 0 : static_cast<size_t>(p.in_size));
+    std::vector<V> best(static_cast<size_t>(ow_count));
+    std::vector<int32_t> at(static_cast<size_t>(ow_count));  // offsets in one channel (< 2^31, checked)
+    for (int64_t c = begin; c < end; ++c) {
+      const T* xc = x + c * p.in_size;
+      const T* dyc = dy + c * p.out_size;
+      V* out = nullptr;
+      if constexpr (std::is_same_v<V, T>) {
+        out = dx + c * p.in_size;
+      } else {
+        out = acc.data();
+      }
+      std::fill(out, out + p.in_size, V(0));
+      for (int64_t oh = 0; oh < oh_count; ++oh) {
+        const Taps& th = p.taps[0][static_cast<size_t>(oh)];
+        std::fill(at.begin(), at.end(), int32_t{-1});
+        for (int64_t kh = th.lo; kh < th.hi; ++kh) {
+          const int64_t row = (th.start + kh * dh) * in_w;
+          for (size_t k = 0; k < p.last_shift.size(); ++k) {
+            const auto shift = static_cast<int32_t>(row + p.last_shift[k]);
+            const auto stride = static_cast<int32_t>(p.last_stride);
+            V* __restrict bs = best.data();
+            int32_t* __restrict as = at.data();
+            const T* __restrict xs = xc;
+#pragma omp simd
+            for (int64_t ow = p.last_first[k]; ow < p.last_last[k]; ++ow) {
+              const int32_t i = shift + static_cast<int32_t>(ow) * stride;
+              const V v = static_cast<V>(xs[i]);
+              const V b = bs[ow];
+              const int32_t a = as[ow];
+              // The first tap, the first NaN, or else the first strict maximum; selects, not
+              // branches, since which tap wins is unpredictable.
+              const bool take = (a < 0) | (v > b) | ((v != v) & (b == b));
+              bs[ow] = take ? v : b;
+              as[ow] = take ? i : a;
+            }
+          }
+        }
+        const T* dyl = dyc + oh * ow_count;
+        for (int64_t ow = 0; ow < ow_count; ++ow) {
+          const int32_t a = at[static_cast<size_t>(ow)];
+          if (a >= 0) out[a] += static_cast<V>(dyl[ow]);  // a window with no input passes nothing
+        }
+      }
+      if constexpr (!std::is_same_v<V, T>) {
+        T* dxc = dx + c * p.in_size;
+        for (int64_t i = 0; i < p.in_size; ++i) dxc[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+      }
+    }
+  });
+}
+
 // dx = dy scattered to the first maximum of each window.
 template <class T>
 void max_pool_grad(const PoolPlan& p, int64_t window, const T* x, const T* dy, T* dx) {
+  if (p.rank == 2 && p.in_size < (int64_t{1} << 31)) return max_pool_grad_2d(p, x, dy, dx);
   using V = compute_t<T>;
   const int64_t out_last = p.out.back();
   parallel_for(p.channels, pool_detail::grain_for(p, window), [&](int64_t begin, int64_t end) {

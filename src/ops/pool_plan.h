@@ -44,6 +44,8 @@ struct PoolPlan {
   size_t rank = 0;
   std::vector<int64_t> in, out;
   int64_t in_size = 1, out_size = 1;
+  std::vector<std::vector<Taps>> taps;  // per spatial dim, per output coord along it
+  std::vector<int64_t> dilations;       // per spatial dim
   std::vector<Taps> last_taps;  // per output coord of the last dim
   int64_t last_column_stride = 1;
   // Along the last dim, kernel tap k of output ol reads input ol * stride + shift[k], inside the

@@ -206,6 +206,14 @@ TEST(MaxPoolGradTest, TiesGoToTheFirstMaximumAndPaddingNeverWins) {
     const Tensor x_inf = Tensor::from_vector<double>({1, 1, 4}, {-inf, -inf, -inf, 2}).cast(t);
     expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k2, 1}, {dy.cast(t), x_inf})[0],
                  Tensor::from_vector<double>({1, 1, 4}, {1, 10, 0, 100}).cast(t));
+    // The same through the two-spatial-dim kernel: a [1, 4] image, windows of [1, 2].
+    const Attrs k12 = {attr("kernel_shape", Ints{1, 2})};
+    expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k12, 1}, {dy.cast(t).view({1, 1, 1, 3}), x_nan.view({1, 1, 1, 4})})[0],
+                 Tensor::from_vector<double>({1, 1, 1, 4}, {0, 11, 0, 100}).cast(t));
+    expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k12, 1}, {dy.cast(t).view({1, 1, 1, 3}), x_inf.view({1, 1, 1, 4})})[0],
+                 Tensor::from_vector<double>({1, 1, 1, 4}, {1, 10, 0, 100}).cast(t));
+    expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, k12, 1}, {dy.cast(t).view({1, 1, 1, 3}), x.cast(t).view({1, 1, 1, 4})})[0],
+                 Tensor::from_vector<double>({1, 1, 1, 4}, {0, 11, 100, 0}).cast(t));
   }
 }
 
