@@ -252,7 +252,8 @@ namespace {
 struct ConvEntry {
   bool use_reference = false;  // oneDNN has no implementation for these shapes
   dnnl::primitive primitive;
-  dnnl::memory src, user_weights, weights, bias, dst;
+  du::Operand src, dst;  // in the layouts the primitive chose (blocked ones run faster)
+  dnnl::memory user_weights, weights, bias;
   bool reorder_weights = false;  // the primitive wants another weights layout than ONNX's
   dnnl::reorder weights_reorder;
   std::unordered_map<int, dnnl::memory> args;  // the memories above by role
@@ -272,6 +273,9 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
   }
   const memory::desc src = du::plain_f32(dims_of(g.N, g.C, g.in));
   const memory::desc dst = du::plain_f32(dims_of(g.N, g.M, d.dst_dims));
+  const memory::desc any_src(src.dims(), memory::data_type::f32, memory::format_tag::any);
+  const memory::desc any_dst(dst.dims(), memory::data_type::f32, memory::format_tag::any);
+  memory::desc src_wanted = src, dst_wanted = dst;
   const memory::desc user_weights = conv_weights_desc(g, transpose);
   const memory::desc any_weights(user_weights.dims(), memory::data_type::f32,
                                  memory::format_tag::any);
@@ -282,10 +286,12 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
     if (!transpose) {
       using P = dnnl::convolution_forward;
       const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                         src, any_weights, bias, dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+                         any_src, any_weights, bias, any_dst, d.strides, d.dilates, d.pad_l, d.pad_r);
       const P::primitive_desc pd(desc, engine);
       e.primitive = P(pd);
       weights = pd.weights_desc();
+      src_wanted = pd.src_desc();
+      dst_wanted = pd.dst_desc();
     } else {
       using P = dnnl::deconvolution_forward;
       const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
@@ -299,18 +305,18 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
     return e;
   }
   du::checked("prepare convolution memories", [&] {
-    e.src = memory(src, engine, nullptr);
+    e.src = du::Operand(src, src_wanted, true);
     e.user_weights = memory(user_weights, engine, nullptr);
-    e.dst = memory(dst, engine, nullptr);
+    e.dst = du::Operand(dst, dst_wanted, false);
     if (has_bias) e.bias = memory(bias, engine, nullptr);
     e.reorder_weights = weights != user_weights;
     if (e.reorder_weights) {
       e.weights = memory(weights, engine);  // owned buffer in the primitive's layout
       e.weights_reorder = dnnl::reorder(e.user_weights, e.weights);
     }
-    e.args = {{DNNL_ARG_SRC, e.src},
+    e.args = {{DNNL_ARG_SRC, e.src.arg()},
               {DNNL_ARG_WEIGHTS, e.reorder_weights ? e.weights : e.user_weights},
-              {DNNL_ARG_DST, e.dst}};
+              {DNNL_ARG_DST, e.dst.arg()}};
     if (has_bias) e.args[DNNL_ARG_BIAS] = e.bias;
   });
   if (d.embed) e.dst_buffer.resize(static_cast<size_t>(g.N * g.M * dims_product(d.dst_dims)));
@@ -323,12 +329,14 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
   if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
   du::checked("run a convolution", [&] {
-    e.src.set_data_handle(const_cast<float*>(x));
+    e.src.bind(x);
     e.user_weights.set_data_handle(const_cast<float*>(w));
-    e.dst.set_data_handle(embed ? e.dst_buffer.data() : y);
+    e.dst.bind(embed ? e.dst_buffer.data() : y);
     if (b) e.bias.set_data_handle(const_cast<float*>(b));
     if (e.reorder_weights) e.weights_reorder.execute(stream, e.user_weights, e.weights);
+    e.src.reorder(stream);
     e.primitive.execute(stream, e.args);
+    e.dst.reorder(stream);
     stream.wait();
   });
   if (embed) copy_conv_block(g, e.dims, e.dst_buffer.data(), y, true);

@@ -114,44 +114,10 @@ void bias_grad(const ConvGeometry& g, const T* dy, T* db) {
 // ---------------------------------------------------------------------------------------------
 // oneDNN
 //
-// The primitives choose the layouts of all their operands (format any): for the backward
-// passes, blocked layouts are several times faster than plain ones even counting the reorders
-// to and from the ONNX tensors (backward weights of a 16x64x56x56 3x3 convolution on 2 cores:
-// 66 ms against 256 ms).
-
-// One operand of a primitive: the ONNX tensor (plain layout, its pointer bound per run) and,
-// when the primitive wants another layout, an owned buffer in that layout and the reorder
-// between them (tensor -> buffer for an input, buffer -> tensor for an output).
-class Operand {
- public:
-  Operand() = default;
-  Operand(const dnnl::memory::desc& plain, const dnnl::memory::desc& wanted, bool input)
-      : input_(input), reordered_(wanted != plain) {
-    const dnnl::engine& engine = du::cpu_engine();
-    user_ = dnnl::memory(plain, engine, nullptr);
-    if (!reordered_) return;
-    inner_ = dnnl::memory(wanted, engine);
-    reorder_ = input ? dnnl::reorder(user_, inner_) : dnnl::reorder(inner_, user_);
-  }
-
-  // The memory the primitive reads or writes.
-  const dnnl::memory& arg() const { return reordered_ ? inner_ : user_; }
-  void bind(const float* data) { user_.set_data_handle(const_cast<float*>(data)); }
-  // Inputs: before the primitive; outputs: after it.
-  void reorder(dnnl::stream& stream) {
-    if (!reordered_) return;
-    if (input_) {
-      reorder_.execute(stream, user_, inner_);
-    } else {
-      reorder_.execute(stream, inner_, user_);
-    }
-  }
-
- private:
-  bool input_ = true, reordered_ = false;
-  dnnl::memory user_, inner_;
-  dnnl::reorder reorder_;
-};
+// The primitives choose the layouts of all their operands (format any, du::Operand): for the
+// backward passes, blocked layouts are several times faster than plain ones even counting the
+// reorders to and from the ONNX tensors (backward weights of a 16x64x56x56 3x3 convolution on
+// 2 cores: 66 ms against 256 ms).
 
 // The backward primitives for one shape: data (dX) and/or weights (dW).
 struct GradEntry {
@@ -160,10 +126,10 @@ struct GradEntry {
   std::vector<float> dy_block;  // dims.embed: the part of dY that inputs reach
   bool data = false;            // dX: backward data
   dnnl::primitive data_primitive;
-  Operand data_dy, w, dx;
+  du::Operand data_dy, w, dx;
   bool weights = false;  // dW: backward weights
   dnnl::primitive weights_primitive;
-  Operand weights_dy, x, dw;
+  du::Operand weights_dy, x, dw;
   bool share_dy = false;  // both read dY in the same layout: reorder it once, into data_dy
 };
 
@@ -189,9 +155,9 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     const typename BwdData::primitive_desc pd(desc, engine, hint);
     e.data_primitive = BwdData(pd);
     data_dy = pd.diff_dst_desc();
-    e.data_dy = Operand(dy_plain, data_dy, true);
-    e.w = Operand(w_plain, pd.weights_desc(), true);
-    e.dx = Operand(x_plain, pd.diff_src_desc(), false);
+    e.data_dy = du::Operand(dy_plain, data_dy, true);
+    e.w = du::Operand(w_plain, pd.weights_desc(), true);
+    e.dx = du::Operand(x_plain, pd.diff_src_desc(), false);
   }
   if (e.weights) {
     const typename BwdWeights::desc desc(algorithm, x_any, w_any, dy_any, d.strides, d.dilates,
@@ -199,9 +165,9 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     const typename BwdWeights::primitive_desc pd(desc, engine, hint);
     e.weights_primitive = BwdWeights(pd);
     e.share_dy = e.data && pd.diff_dst_desc() == data_dy;
-    if (!e.share_dy) e.weights_dy = Operand(dy_plain, pd.diff_dst_desc(), true);
-    e.x = Operand(x_plain, pd.src_desc(), true);
-    e.dw = Operand(w_plain, pd.diff_weights_desc(), false);
+    if (!e.share_dy) e.weights_dy = du::Operand(dy_plain, pd.diff_dst_desc(), true);
+    e.x = du::Operand(x_plain, pd.src_desc(), true);
+    e.dw = du::Operand(w_plain, pd.diff_weights_desc(), false);
   }
 }
 
@@ -258,7 +224,7 @@ void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* 
       e.dx.reorder(stream);
     }
     if (dw) {
-      Operand& weights_dy = e.share_dy ? e.data_dy : e.weights_dy;
+      du::Operand& weights_dy = e.share_dy ? e.data_dy : e.weights_dy;
       if (!e.share_dy) {
         weights_dy.bind(dy);
         weights_dy.reorder(stream);

@@ -62,6 +62,41 @@ class CacheKey {
 
 // The primitives (and whatever goes with them) a kernel made, by key. Holds the few most
 // recently made entries; the oldest is dropped when a new shape arrives and it is full.
+// One operand of a primitive that chose its own layouts (format any): the ONNX tensor (plain
+// layout, its pointer bound per run) and, when the primitive wants another layout, an owned
+// buffer in that layout and the reorder between them (tensor -> buffer for an input, buffer ->
+// tensor for an output).
+class Operand {
+ public:
+  Operand() = default;
+  Operand(const dnnl::memory::desc& plain, const dnnl::memory::desc& wanted, bool input)
+      : input_(input), reordered_(wanted != plain) {
+    const dnnl::engine& engine = cpu_engine();
+    user_ = dnnl::memory(plain, engine, nullptr);
+    if (!reordered_) return;
+    inner_ = dnnl::memory(wanted, engine);
+    reorder_ = input ? dnnl::reorder(user_, inner_) : dnnl::reorder(inner_, user_);
+  }
+
+  // The memory the primitive reads or writes.
+  const dnnl::memory& arg() const { return reordered_ ? inner_ : user_; }
+  void bind(const float* data) { user_.set_data_handle(const_cast<float*>(data)); }
+  // Inputs: before the primitive; outputs: after it.
+  void reorder(dnnl::stream& stream) {
+    if (!reordered_) return;
+    if (input_) {
+      reorder_.execute(stream, user_, inner_);
+    } else {
+      reorder_.execute(stream, inner_, user_);
+    }
+  }
+
+ private:
+  bool input_ = true, reordered_ = false;
+  dnnl::memory user_, inner_;
+  dnnl::reorder reorder_;
+};
+
 template <class Entry>
 class PrimitiveCache {
  public:
