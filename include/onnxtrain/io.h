@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,7 +50,7 @@ struct SaveOptions {
 };
 // Writes a model atomically (see the file comment). Throws Error naming `path` when the
 // folder is not writable or the disk is full; the previous file, if any, is left intact.
-void save_model(const onnx::ModelProto& model, const std::filesystem::path& path,
+void save_model(onnx::ModelProto model, const std::filesystem::path& path,
                 const SaveOptions& options = {});
 
 // TensorProto <-> Tensor. `base_dir` resolves external data; `what` names the tensor in errors.
@@ -75,7 +76,13 @@ std::vector<std::pair<std::string, Tensor>> read_npz(const std::filesystem::path
 
 // Reads a whole file; throws Error naming the path when it cannot.
 std::string read_file(const std::filesystem::path& path);
+// Opens `path` and calls read(fd) (for streaming readers); throws Error when it cannot open it.
+void read_file(const std::filesystem::path& path, const std::function<void(int fd)>& read);
 // Atomically replaces `path` with `bytes` (temporary file, fsync, rename, fsync folder).
 void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+// The same with the contents written by write(fd) into the temporary file (for streaming
+// writers): it returns "" on success, else the failed action ("writing 10 bytes"), reported
+// with errno; nothing is left behind on failure, nor when write throws.
+void write_file_atomic(const std::filesystem::path& path, const std::function<std::string(int fd)>& write);
 
 }  // namespace onnxtrain::io

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "onnxtrain/error.h"
@@ -12,6 +13,22 @@
 namespace onnxtrain::io {
 
 namespace fs = std::filesystem;
+
+void read_file(const fs::path& path, const std::function<void(int fd)>& read) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) throw Error(path.string() + ": no such file");
+  if (fs::is_directory(status)) throw Error(path.string() + ": is a folder, expected a file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path.string() + ": cannot open for reading: " + std::strerror(errno));
+  try {
+    read(fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
 
 std::string read_file(const fs::path& path) {
   std::error_code ec;
@@ -43,6 +60,23 @@ std::string temporary_name(const fs::path& path) {
 }  // namespace
 
 void write_file_atomic(const fs::path& path, const std::string& bytes) {
+  write_file_atomic(path, [&](int fd) {
+    const char* p = bytes.data();
+    size_t left = bytes.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return "writing " + std::to_string(bytes.size()) + " bytes";
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    return std::string();
+  });
+}
+
+void write_file_atomic(const fs::path& path, const std::function<std::string(int fd)>& write) {
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) {
@@ -57,17 +91,15 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
     ::unlink(tmp.c_str());
     throw_errno(path, action, err);
   };
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("writing " + std::to_string(bytes.size()) + " bytes");
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
+  std::string failed;
+  try {
+    failed = write(fd);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
+  if (!failed.empty()) fail(failed);
   if (::fsync(fd) != 0) fail("fsync");
   if (::close(fd) != 0) {
     const int err = errno;

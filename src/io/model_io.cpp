@@ -1,5 +1,9 @@
 // Loading and saving ModelProto files.
+#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/onnx_pb.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -42,7 +46,19 @@ onnx::ModelProto load_model(const fs::path& path) {
     throw Error(path.string() + ": " + std::to_string(size) +
                 " bytes is over protobuf's 2 GiB limit; store large tensors as external data");
   }
-  return parse_model(read_file(path), path.string());
+  // Parsed from the file as it is read, without holding its bytes in memory as well.
+  onnx::ModelProto model;
+  read_file(path, [&](int fd) {
+    google::protobuf::io::FileInputStream in(fd);
+    if (!model.ParseFromZeroCopyStream(&in)) {
+      if (in.GetErrno() != 0) throw Error(path.string() + ": read failed: " + std::strerror(in.GetErrno()));
+      if (!ec && size == 0) throw Error(path.string() + ": the file is empty");
+      throw Error(path.string() + ": not a valid ONNX model (the protobuf data is truncated or corrupt)");
+    }
+  });
+  if (!ec && size == 0) throw Error(path.string() + ": the file is empty");
+  check_structure(model, path.string());
+  return model;
 }
 
 namespace {
@@ -62,8 +78,7 @@ void collect_tensors(onnx::GraphProto& graph, std::vector<onnx::TensorProto*>& o
 
 }  // namespace
 
-void save_model(const onnx::ModelProto& model_in, const fs::path& path, const SaveOptions& options) {
-  onnx::ModelProto model = model_in;
+void save_model(onnx::ModelProto model, const fs::path& path, const SaveOptions& options) {
   std::vector<onnx::TensorProto*> tensors;
   collect_tensors(*model.mutable_graph(), tensors);
   for (auto& info : *model.mutable_training_info()) {
@@ -104,15 +119,19 @@ void save_model(const onnx::ModelProto& model_in, const fs::path& path, const Sa
     throw Error(path.string() + ": the model is over protobuf's 2 GiB limit even with its "
                 "large tensors in external data");
   }
-  std::string bytes;
-  if (!model.SerializeToString(&bytes)) throw Error(path.string() + ": serializing the model failed");
   // The data file first: a model never refers to external data that is not fully written.
   if (!external.empty()) {
     const fs::path data_path = path.has_parent_path() ? path.parent_path() / external_name
                                                       : fs::path(external_name);
     write_file_atomic(data_path, external);
   }
-  write_file_atomic(path, bytes);
+  // Serialized straight into the file, without a second copy of the model in memory.
+  write_file_atomic(path, [&](int fd) {
+    google::protobuf::io::FileOutputStream out(fd);
+    const bool ok = model.SerializeToZeroCopyStream(&out) && out.Flush();
+    if (!ok) errno = out.GetErrno();
+    return ok ? std::string() : "writing the model (" + std::to_string(model.ByteSizeLong()) + " bytes)";
+  });
 }
 
 }  // namespace onnxtrain::io

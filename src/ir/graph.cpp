@@ -327,12 +327,4 @@ void Graph::sort_topologically() {
   }
 }
 
-Tensor Graph::release_initializer(ValueId id) {
-  auto it = initializers_.find(id);
-  if (it == initializers_.end()) return {};
-  Tensor t = std::move(it->second);
-  initializers_.erase(it);
-  return t;
-}
-
 }  // namespace onnxtrain::ir

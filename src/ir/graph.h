@@ -106,9 +106,6 @@ class Graph {
   // Initializer values, by value id (graph inputs that have an initializer are included:
   // for IR < 4 models the initializer is the input's default).
   const std::unordered_map<ValueId, Tensor>& initializers() const { return initializers_; }
-  // Moves initializer `id`'s tensor out of the graph (its value stays an initializer): for a
-  // runner whose caller always supplies the value itself, so it is held only once.
-  Tensor release_initializer(ValueId id);
   // kNoValue when absent.
   ValueId find(std::string_view value_name) const;
   // Node ids in an order where every node comes after the producers of its inputs, stable

@@ -59,12 +59,15 @@ void append_shape(std::vector<int64_t>& signature, const Tensor& t) {
 
 }  // namespace
 
-GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed)
+GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed,
+                         const std::set<std::string>& supplied)
     : source_(std::move(source)), graph_(std::move(graph)), opsets_(std::move(opsets)) {
   own_context_.seed = seed;
   for (ir::ValueId id : graph_.inputs()) {
     const ir::Value& v = graph_.value(id);
-    if (v.is_initializer) {
+    if (supplied.contains(v.name)) {
+      supplied_.insert(id);
+    } else if (v.is_initializer) {
       optional_inputs_.push_back(value_info(v));
       optional_ids_.push_back(id);
     } else {
@@ -87,7 +90,7 @@ NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Overrid
                               const ops::RunContext* run_context) {
   for (const auto& [name, tensor] : feeds) {
     const ir::ValueId id = graph_.find(name);
-    if (id == ir::kNoValue || !graph_.value(id).is_graph_input) {
+    if (id == ir::kNoValue || !graph_.value(id).is_graph_input || supplied_.contains(id)) {
       std::string names;
       for (const auto& info : inputs_) names += (names.empty() ? "" : ", ") + info.name;
       throw Error(source_ + ": '" + name + "' is not an input of the model (inputs: " + names + ")");

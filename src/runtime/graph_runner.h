@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -19,7 +20,8 @@ namespace onnxtrain::runtime {
 // The ValueInfo of a graph value, as the model declares it.
 ValueInfo value_info(const ir::Value& value);
 
-// An initializer whose value for one run replaces the graph's own (a training variable).
+// A value the caller supplies for one run: an initializer's replacement, or a graph input
+// named `supplied` at construction (a training variable).
 struct Override {
   ir::ValueId id;
   const Tensor* value;
@@ -28,12 +30,12 @@ struct Override {
 class GraphRunner {
  public:
   // Makes the first plan (so unknown ops and bad attributes are reported now). `source` names
-  // the model in errors.
-  GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed = 0);
+  // the model in errors. Graph inputs named in `supplied` are not fed: every run's overrides
+  // give their values (a training session's variables, held once in its state).
+  GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed = 0,
+              const std::set<std::string>& supplied = {});
 
   const ir::Graph& graph() const { return graph_; }
-  // See ir::Graph::release_initializer; every later run must override the value.
-  Tensor release_initializer(ir::ValueId id) { return graph_.release_initializer(id); }
   const std::string& source() const { return source_; }
   const std::vector<ValueInfo>& inputs() const { return inputs_; }
   const std::vector<ValueInfo>& optional_inputs() const { return optional_inputs_; }
@@ -53,6 +55,7 @@ class GraphRunner {
   OpsetMap opsets_;
   std::vector<ValueInfo> inputs_, optional_inputs_, outputs_;
   std::vector<ir::ValueId> input_ids_, optional_ids_;
+  std::set<ir::ValueId> supplied_;
   std::unique_ptr<Plan> unused_plan_;  // made at construction; serves the first signature
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
   std::vector<int64_t> signature_;

@@ -61,8 +61,8 @@ struct TrainingSession::Impl {
   uint64_t steps_done = 0;            // successful steps: the run index of random ops
   uint64_t initializations_done = 0;  // successful initialize() calls
 
-  Impl(const onnx::ModelProto& m, TrainingOptions opts, std::filesystem::path dir, std::string src)
-      : model(m), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
+  Impl(onnx::ModelProto m, TrainingOptions opts, std::filesystem::path dir, std::string src)
+      : model(std::move(m)), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
     if (options.threads > 0) omp_set_num_threads(options.threads);
     check_bindings(model, source);
     const runtime::OpsetMap opsets = runtime::opsets_of(model, source);
@@ -71,6 +71,11 @@ struct TrainingSession::Impl {
     for (const auto& info : model.training_info()) {
       for (const auto& b : info.update_binding()) keys.insert(b.key());
       for (const auto& b : info.initialization_binding()) keys.insert(b.key());
+    }
+    // The variables' values move into the state; the model keeps stubs (save() writes values).
+    hold_variables(*model.mutable_graph(), keys, source + ", inference graph");
+    for (int i = 0; i < model.training_info_size(); ++i) {
+      hold_variables(*model.mutable_training_info(i)->mutable_algorithm(), keys, combined_label(source, i));
     }
     inference = make_bound(model.graph(), source + ", inference graph", opsets, keys);
     for (int i = 0; i < model.training_info_size(); ++i) {
@@ -101,29 +106,58 @@ struct TrainingSession::Impl {
 
   // Builds and plans `proto`, records which of its initializers are variables, and adds
   // variables seen for the first time to the state with their initializer values.
+  // Moves the values of the variables among `g`'s initializers into the state (the first
+  // graph to hold one gives its value), leaving stubs: name, element type and dims.
+  void hold_variables(onnx::GraphProto& g, const std::set<std::string>& keys, const std::string& label) {
+    for (auto& t : *g.mutable_initializer()) {
+      if (!keys.contains(t.name())) continue;
+      if (!state.contains(t.name())) state.emplace(t.name(), io::tensor_from_proto(t, base_dir, label + ": initializer"));
+      onnx::TensorProto stub;
+      stub.set_name(t.name());
+      stub.set_data_type(t.data_type());
+      *stub.mutable_dims() = t.dims();
+      t.Swap(&stub);
+    }
+  }
+
+  // Builds and plans `proto`. Its variables (initializer stubs, see hold_variables) become
+  // typed graph inputs that every run supplies from the state, so no graph holds a copy.
   BoundGraph make_bound(const onnx::GraphProto& proto, const std::string& label,
                         const runtime::OpsetMap& opsets, const std::set<std::string>& keys) {
-    run_checker(model, proto, label);
+    onnx::GraphProto graph = proto;
+    std::set<std::string> supplied;
+    {
+      std::set<std::string> inputs;
+      for (const auto& in : graph.input()) inputs.insert(in.name());
+      google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+      for (auto& t : *graph.mutable_initializer()) {
+        if (!keys.contains(t.name())) {
+          kept.Add()->Swap(&t);
+          continue;
+        }
+        supplied.insert(t.name());
+        if (inputs.contains(t.name())) continue;  // IR < 4: initializers are also listed as inputs
+        auto* in = graph.add_input();
+        in->set_name(t.name());
+        auto* type = in->mutable_type()->mutable_tensor_type();
+        type->set_elem_type(t.data_type());
+        auto* shape = type->mutable_shape();
+        for (int64_t d : t.dims()) shape->add_dim()->set_dim_value(d);
+      }
+      graph.mutable_initializer()->Swap(&kept);
+    }
+    run_checker(model, graph, label);
+    if (autodiff::has_gradient_nodes(graph)) {
+      autodiff::expand_gradients(graph, opsets, label);
+      if (options.fuse) runtime::fuse_scaled_adam(graph);
+    }
     BoundGraph bound;
     bound.label = label;
-    ir::Graph graph_ir = [&] {
-      if (!autodiff::has_gradient_nodes(proto)) return ir::Graph::from_proto(proto, label, base_dir);
-      onnx::GraphProto expanded = proto;
-      autodiff::expand_gradients(expanded, opsets, label);
-      if (options.fuse) runtime::fuse_scaled_adam(expanded);
-      return ir::Graph::from_proto(expanded, label, base_dir);
-    }();
-    bound.runner = std::make_unique<runtime::GraphRunner>(std::move(graph_ir), opsets, label);
-    const ir::Graph& graph = bound.runner->graph();
-    std::vector<ir::ValueId> variables;
-    for (const auto& [id, tensor] : graph.initializers()) {
-      if (keys.contains(graph.value(id).name)) variables.push_back(id);
-    }
-    // The state holds each variable once: the graph's copy moves into it (or is dropped when
-    // another graph already put it there); every run overrides the value from the state.
-    for (ir::ValueId id : variables) {
-      state.try_emplace(graph.value(id).name, bound.runner->release_initializer(id));
-      bound.overrides.push_back({id, nullptr});
+    bound.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,
+                                                          0, supplied);
+    const ir::Graph& g = bound.runner->graph();
+    for (ir::ValueId id : g.inputs()) {
+      if (supplied.contains(g.value(id).name)) bound.overrides.push_back({id, nullptr});
     }
     return bound;
   }
@@ -178,8 +212,8 @@ struct TrainingSession::Impl {
 };
 
 TrainingSession::TrainingSession(const std::filesystem::path& path, TrainingOptions options) {
-  const onnx::ModelProto model = io::load_model(path);
-  impl_ = std::make_unique<Impl>(model, options, path.parent_path().empty() ? "." : path.parent_path(),
+  onnx::ModelProto model = io::load_model(path);
+  impl_ = std::make_unique<Impl>(std::move(model), options, path.parent_path().empty() ? "." : path.parent_path(),
                                  path.string());
 }
 
@@ -299,7 +333,7 @@ void TrainingSession::save(const std::filesystem::path& path, const std::map<std
   for (auto& info : *copy.mutable_training_info()) update(*info.mutable_algorithm());
   io::SaveOptions options;
   options.source_dir = impl_->base_dir;
-  io::save_model(copy, path, options);
+  io::save_model(std::move(copy), path, options);
 }
 
 }  // namespace onnxtrain::training
