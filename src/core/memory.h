@@ -23,5 +23,7 @@ const MemoryStats& memory_stats();
 // is kept), else asks the system (throws std::bad_alloc when it has none).
 void* take_block(size_t bytes);
 void give_block(void* block, size_t bytes) noexcept;
+// Frees every cached block (before work that needs other sizes, such as an evaluation pass).
+void trim_block_cache() noexcept;
 
 }  // namespace onnxtrain

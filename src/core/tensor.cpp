@@ -69,6 +69,15 @@ class BlockCache {
     std::free(p);
   }
 
+  void trim() noexcept {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, blocks] : free_) {
+      for (void* p : blocks) std::free(p);
+    }
+    free_.clear();
+    cached_bytes_ = 0;
+  }
+
   MemoryStats memory_stats_;
 
  private:
@@ -93,6 +102,7 @@ size_t rounded_size(size_t nbytes) {
 const MemoryStats& memory_stats() { return block_cache().memory_stats_; }
 void* take_block(size_t bytes) { return block_cache().take(bytes); }
 void give_block(void* block, size_t bytes) noexcept { block_cache().give(block, bytes); }
+void trim_block_cache() noexcept { block_cache().trim(); }
 
 Storage::Storage(size_t nbytes) : data_(block_cache().take(rounded_size(nbytes))), nbytes_(nbytes) {
   block_cache().memory_stats_.storage_allocations.fetch_add(1, std::memory_order_relaxed);

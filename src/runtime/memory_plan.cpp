@@ -62,7 +62,11 @@ struct MemoryPlan::Shared {
     }
     Block& block = blocks[b];
     if (block.last == kAlive) block.last = recording_open ? step : kEscaped;
-    give_block(data, block.bytes);
+    if (recording_open) {
+      std::free(data);  // back to the system: the arena serves this block from now on
+    } else {
+      give_block(data, block.bytes);  // escaped (a graph output): later outputs reuse it
+    }
   }
 
   std::shared_ptr<StorageOwner> owner(const std::shared_ptr<Shared>& self, size_t b) {
@@ -161,7 +165,8 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
   Shared& s = *shared_;
   const size_t k = s.begin + next_++;
   if (s.recording) {
-    void* data = take_block(bytes);
+    void* data = std::aligned_alloc(Tensor::kAlignment, bytes);
+    if (!data) throw std::bad_alloc();
     s.blocks.push_back({bytes, s.step, kAlive, 0, false, {}});
     s.owners.push_back({});
     s.owners.back().shared = &s;

@@ -18,6 +18,7 @@
 
 #include "core/dispatch.h"
 #include "onnxtrain/dataset.h"
+#include "core/memory.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/make_trainable.h"
@@ -275,6 +276,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log, const std::atomic<in
   };
   auto evaluate = [&](int epoch) {
     if (!data.test || logits.empty() || label_column.empty() || !data.test->columns.contains(label_column)) return;
+    trim_block_cache();  // the training step's spare blocks: evaluation needs other sizes
     EvalSums sums;
     const int64_t m = data.test->size();
     for (int64_t begin = 0; begin < m; begin += o.batch_size) {
