@@ -356,6 +356,10 @@ class GemmKernel final : public Kernel {
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
+      if (s.M == 1) {  // one row (batch-1 inference): a matrix-vector product
+        gemv(s, a.data<float>(), b.data<float>(), c_data, y.data<float>());
+        return;
+      }
       MatMulEntry& entry = cache_.get(du::CacheKey().add(a.shape()).add(b.shape()).add(s.use_c),
                                       [&] { return plan(s); });
       if (!entry.use_reference) {
@@ -372,6 +376,51 @@ class GemmKernel final : public Kernel {
     if (attrs_.trans_b) b_data = (b_t = transposed(b_data, s.N, s.K)).data();
     matmul_ref<T>(a_data, b_data, y.data<T>(), s.M, s.K, s.N);
     gemm_epilogue<T>(s, attrs_, c_data, y.data<T>());
+  }
+
+  // y [1, N] = alpha * a B' + beta * C for a row a of K elements (A' is [1, K] with or without
+  // transA). oneDNN's matmul takes about 0.22 ms for 1x3136 by 3136x1024 on two cores here;
+  // these loops, parallel over N and vectorized along the rows of B, read B once at memory speed.
+  void gemv(const GemmShape& s, const float* a, const float* b, const float* c, float* y) const {
+    const float alpha = attrs_.alpha, beta = attrs_.beta;
+    auto epilogue = [&](int64_t j, float dot) {
+      const float cv = c ? beta * c[s.c_cols == 1 ? 0 : j] : 0.0f;
+      return alpha * dot + cv;
+    };
+    if (attrs_.trans_b) {  // B is [N, K]: y[j] = a . B[j, :]
+      parallel_for(s.N, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, s.K)), [&](int64_t begin, int64_t end) {
+        const float* __restrict x = a;  // locals, not captures: the loop must see no aliasing
+        const int64_t K = s.K;
+        for (int64_t j = begin; j < end; ++j) {
+          const float* __restrict row = b + j * K;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t k = 0; k < K; ++k) dot += x[k] * row[k];
+          y[j] = epilogue(j, dot);
+        }
+      });
+      return;
+    }
+    // B is [K, N]: y = sum_k a[k] B[k, :], in column blocks that stay in cache.
+    constexpr int64_t kBlock = 256;
+    const int64_t blocks = (s.N + kBlock - 1) / kBlock;
+    parallel_for(blocks, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, s.K * kBlock)), [&](int64_t begin, int64_t end) {
+      alignas(64) float acc[kBlock];
+      const float* __restrict x = a;
+      const int64_t K = s.K, N = s.N;
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t j0 = blk * kBlock, len = std::min(kBlock, N - j0);
+        std::fill(acc, acc + len, 0.0f);
+        for (int64_t k = 0; k < K; ++k) {
+          const float ak = x[k];
+          const float* __restrict row = b + k * N + j0;
+          float* __restrict out = acc;
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) out[j] += ak * row[j];
+        }
+        for (int64_t j = 0; j < len; ++j) y[j0 + j] = epilogue(j0 + j, acc[j]);
+      }
+    });
   }
 
   // dst = alpha * A' B' (+ beta * dst, dst prefilled with C): alpha is the output scale, beta
