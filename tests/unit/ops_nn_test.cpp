@@ -196,6 +196,27 @@ Tensor naive_gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool ta, bo
   return f64({M, N}, y);
 }
 
+// M = 1 takes the matrix-vector path (float32); K and N long enough for several column blocks
+// and both threads.
+TEST(GemmTest, OneRowProducts) {
+  const int64_t K = 300, N = 700;
+  uint32_t seed = 200;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const Tensor a = random(ta ? Shape{K, 1} : Shape{1, K}, seed++);
+      const Tensor b = random(tb ? Shape{N, K} : Shape{K, N}, seed++);
+      const Attrs attrs = {attr("transA", int64_t{ta}), attr("transB", int64_t{tb}),
+                           attr("alpha", 0.5f), attr("beta", 2.0f)};
+      SCOPED_TRACE("transA " + std::to_string(ta) + " transB " + std::to_string(tb));
+      expect_both_paths("Gemm", {a, b}, attrs, naive_gemm(a, b, Tensor(), ta, tb, 0.5, 2.0));
+      for (const Shape& cs : std::vector<Shape>{{N}, {1, N}, {1, 1}, {}}) {
+        const Tensor c = random(cs, seed++);
+        expect_both_paths("Gemm", {a, b, c}, attrs, naive_gemm(a, b, c, ta, tb, 0.5, 2.0));
+      }
+    }
+  }
+}
+
 TEST(GemmTest, EveryTransposeAndBiasShape) {
   const int64_t M = 5, K = 7, N = 4;
   const std::vector<Shape> c_shapes = {{N}, {1, N}, {M, 1}, {M, N}, {}, {1}};
