@@ -178,6 +178,19 @@ void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, 
         for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
           const T* row = xc + p.row_base[static_cast<size_t>(b)];
           for (size_t k = 0; k < p.last_shift.size(); ++k) {
+            if constexpr (!kIndices) {
+              // The hot loop of max pooling: locals and a select, so that it vectorizes.
+              const T* __restrict in = row + p.last_shift[k];
+              V* __restrict out = best.data();
+              const int64_t stride = p.last_stride;
+#pragma omp simd
+              for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
+                const V v = static_cast<V>(in[o * stride]);
+                const V m = out[o];
+                out[o] = (v > m) | (v != v) ? v : m;  // NaN propagates
+              }
+              continue;
+            }
             for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
               const int64_t i = o * p.last_stride + p.last_shift[k];
               const V v = static_cast<V>(row[i]);
