@@ -74,7 +74,7 @@ void run_integer_capable(Unary op, const Tensor& x, Tensor& y) {
       map_elements<T, T>(x, y, [](C v) { return C(-v); });
       return;
     case Unary::Relu:
-      map_elements<T, T>(x, y, [](C v) { return v > C(0) ? v : C(0); });
+      map_elements<T, T>(x, y, [](C v) { return v < C(0) ? C(0) : v; });  // max(x, 0); NaN stays NaN
       return;
     case Unary::Sign:
       map_elements<T, T>(x, y, [](C v) {

@@ -41,6 +41,8 @@ TEST(Unary, MathMatchesTheStandardLibrary) {
   expect_close(run1("Sigmoid", 13, {}, {x}), map([](float a) { return 1.0f / (1.0f + std::exp(-a)); }));
   expect_close(run1("Softplus", 1, {}, {x}), map([](float a) { return std::log(1.0f + std::exp(a)); }));
   expect_close(run1("Relu", 14, {}, {x}), f32({0, 0, 0, 0.5f, 1.5f, 2.5f}));
+  // max(x, 0) as the ONNX reference computes it (numpy.maximum): NaN stays NaN.
+  EXPECT_TRUE(std::isnan(run1("Relu", 14, {}, {f32({std::nanf("")})}).values<float>()[0]));
   expect_close(run1("Abs", 13, {}, {x}), f32({2.5f, 0.5f, 0, 0.5f, 1.5f, 2.5f}));
   // Round is half to even: -2.5 -> -2, -0.5 -> -0, 0.5 -> 0, 1.5 -> 2, 2.5 -> 2.
   expect_close(run1("Round", 11, {}, {x}), f32({-2, -0.0f, 0, 0, 2, 2}));
