@@ -37,6 +37,8 @@ expect 2 "error: .*missing.onnx: no such file" -- "$bin" info "$tmp/missing.onnx
 expect 0 'y: float32\[3,4,5\]' -- "$bin" run "$relu/model.onnx" --input "x=$relu/test_data_set_0/input_0.pb" --output-dir "$tmp/out"
 [[ -f $tmp/out/y.npy ]] || { echo "FAIL: run did not write y.npy"; failures=$((failures + 1)); }
 expect 2 "missing feed for input 'x'" -- "$bin" run "$relu/model.onnx"
+# ONNXTRAIN_PROFILE=1: kernel times per op type and per node at exit.
+expect 0 'Relu +[0-9.]+ +100.0% +1' -- env ONNXTRAIN_PROFILE=1 "$bin" run "$relu/model.onnx" --input "x=$relu/test_data_set_0/input_0.pb" --output-dir "$tmp/out"
 expect 2 "expected NAME=FILE" -- "$bin" run "$relu/model.onnx" --input "x"
 expect 2 "'z' is not an input" -- "$bin" run "$relu/model.onnx" --input "x=$relu/test_data_set_0/input_0.pb" --input "z=$relu/test_data_set_0/input_0.pb"
 expect 2 "must be .npy or .pb" -- "$bin" run "$relu/model.onnx" --input "x=$tmp/garbage.onnx"
