@@ -12,11 +12,13 @@
 // The table generates docs/gradients.md and the finite-difference tests
 // (tests/unit/gradient_rules_test.cpp).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <numbers>
 
 #include "autodiff/gradient.h"
 #include "autodiff/rules_common.h"
+#include "onnxtrain/error.h"
 
 namespace onnxtrain::autodiff {
 
@@ -234,6 +236,83 @@ void matmul_rule(Builder& b) {
     b.set_GI(1, gb);
   }
 }
+// Einsum: the gradient of input i is the einsum of dY with the other inputs onto i's term,
+// "out,others->term_i" (sum-of-products rule). Letters of term_i found nowhere else were summed
+// over within input i alone: dY broadcasts along them (Unsqueeze, then Expand to x_i's shape).
+// '...' dims of x_i that broadcast are summed back to its shape.
+void einsum_rule(Builder& b) {
+  const std::string eq = b.get_string("equation", "");
+  std::string e;
+  for (char c : eq) {
+    if (!std::isspace(static_cast<unsigned char>(c))) e += c;
+  }
+  const size_t arrow = e.find("->");
+  std::vector<std::string> terms;
+  for (size_t start = 0;;) {
+    const size_t comma = e.find(',', start);
+    const size_t stop = std::min(comma, arrow);
+    terms.push_back(e.substr(start, stop - start));
+    if (comma == std::string::npos || comma > arrow) break;
+    start = comma + 1;
+  }
+  auto letters_of = [](const std::string& t) {
+    std::string l;
+    for (char c : t) {
+      if (std::isalpha(static_cast<unsigned char>(c))) l += c;
+    }
+    return l;
+  };
+  std::string out;
+  if (arrow != std::string::npos) {
+    out = e.substr(arrow + 2);
+  } else {  // implicit: '...' if any, then the letters used once, sorted
+    std::string all;
+    bool ellipsis = false;
+    for (const auto& t : terms) {
+      all += letters_of(t);
+      ellipsis |= t.find("...") != std::string::npos;
+    }
+    std::string once;
+    for (char c : all) {
+      if (std::count(all.begin(), all.end(), c) == 1) once += c;
+    }
+    std::sort(once.begin(), once.end());
+    out = (ellipsis ? "..." : "") + once;
+  }
+  for (int i = 0; i < static_cast<int>(terms.size()); ++i) {
+    if (!b.needs(i)) continue;
+    const std::string& term = terms[static_cast<size_t>(i)];
+    const bool ellipsis = term.find("...") != std::string::npos;
+    const std::string letters = letters_of(term);
+    std::string kept, others, others_letters = letters_of(out);
+    std::vector<std::string> inputs{b.GO(0)};
+    for (int j = 0; j < static_cast<int>(terms.size()); ++j) {
+      if (j == i) continue;
+      others += "," + terms[static_cast<size_t>(j)];
+      others_letters += letters_of(terms[static_cast<size_t>(j)]);
+      inputs.push_back(b.I(j));
+    }
+    std::vector<int64_t> lonely;  // axes of letters summed within x_i alone
+    for (size_t k = 0; k < letters.size(); ++k) {
+      if (std::count(letters.begin(), letters.end(), letters[k]) > 1) {
+        throw Error("the gradient of Einsum '" + eq + "' is not supported: input " + std::to_string(i) +
+                    " repeats label '" + std::string(1, letters[k]) + "' (a diagonal)");
+      }
+      if (others_letters.find(letters[k]) == std::string::npos) lonely.push_back(static_cast<int64_t>(k));
+    }
+    if (ellipsis && (!lonely.empty() || out.find("...") == std::string::npos)) {
+      throw Error("the gradient of Einsum '" + eq + "' is not supported: input " + std::to_string(i) +
+                  " has '...' and " + (lonely.empty() ? "the output does not" : "labels summed within it alone"));
+    }
+    for (char c : term) {
+      if (c == '.' || others_letters.find(c) != std::string::npos) kept += c;
+    }
+    std::string g = b.op("Einsum", inputs, {attr_string("equation", out + others + "->" + kept)});
+    if (!lonely.empty()) g = b.op("Expand", {b.unsqueeze(g, lonely), b.op("Shape", {b.I(i)})});
+    if (ellipsis) g = b.sum_to_shape_of(g, b.I(i));
+    b.set_GI(i, g);
+  }
+}
 void gemm_rule(Builder& b) {
   // Y = alpha op(A) op(B) + beta C: d op(A) = alpha dY op(B)^T, d op(B) = alpha op(A)^T dY,
   // dC = beta dY (summed to C's shape by the engine).
@@ -323,6 +402,7 @@ std::vector<Rule> math_rules() {
     {"", "Pow",               kIn01, true,  pow_rule,             "da = dy p a^(p-1), dp = dy y ln(a)"},
     {"", "PRelu",             kIn01, true,  prelu_rule,           "dx = dy (x > 0), dy slope otherwise; dslope = dy x where x <= 0"},
     {"", "Sum",               kAllInputs, true, sum_rule,         "dx_i = dy"},
+    {"", "Einsum",            kAllInputs, false, einsum_rule,     "dx_i = einsum(dy, the other inputs -> term of x_i); no repeated labels within x_i"},
     {"", "Mean",              kAllInputs, true, mean_rule,        "dx_i = dy / n"},
     {"", "Min",               kAllInputs, true, min_max_rule,     "dx_i = dy where x_i == y (ties each get dy)"},
     {"", "Max",               kAllInputs, true, min_max_rule,     "dx_i = dy where x_i == y (ties each get dy)"},

@@ -24,6 +24,7 @@ std::unique_ptr<Kernel> make_where(const KernelInit& init);
 // matmul.cpp
 std::unique_ptr<Kernel> make_matmul(const KernelInit& init);
 std::unique_ptr<Kernel> make_gemm(const KernelInit& init);
+std::unique_ptr<Kernel> make_einsum(const KernelInit& init);
 
 // conv.cpp
 std::unique_ptr<Kernel> make_conv(const KernelInit& init);

@@ -110,6 +110,7 @@ const KernelDef kKernels[] = {
   // --- linear algebra (matmul.cpp) ---
   {"", "MatMul",                1, kMaxOnnx, kNumeric,          make_matmul},
   {"", "Gemm",                  1, kMaxOnnx, kNumeric,          make_gemm},
+  {"", "Einsum",               12, kMaxOnnx, kNumeric,          make_einsum},  // einsum.cpp
 
   // --- convolution and pooling (conv.cpp, pool.cpp) ---
   {"", "Conv",                  1, kMaxOnnx, kFloat,            make_conv},

@@ -277,6 +277,12 @@ std::vector<Case> cases() {
   c.push_back({"Min", {}, {distinct({2, 3}), distinct({2, 3})}});
   c.push_back({"Where", {}, {fixed(Tensor::from_vector<bool>({2, 3}, {true, false, true, false, false, true})),
                              x({2, 3}), x({3})}});
+  auto eq = [](const char* e) { return std::vector<onnx::AttributeProto>{attr("equation", std::string(e))}; };
+  c.push_back({"Einsum", eq("bij,bjk->bik"), {x({2, 3, 4}), x({2, 4, 2})}, 1, 17, "", "batched matmul"});
+  c.push_back({"Einsum", eq("ij,j"), {x({3, 4}), x({4})}, 1, 17, "", "implicit output"});
+  c.push_back({"Einsum", eq("ij->i"), {x({3, 4})}, 1, 17, "", "a label summed within one input"});
+  c.push_back({"Einsum", eq("...ij,...jk->...ik"), {x({2, 1, 3, 4}), x({3, 4, 2})}, 1, 17, "", "broadcast ellipsis"});
+  c.push_back({"Einsum", eq("i,j,k->ijk"), {x({2}), x({3}), x({2})}, 1, 17, "", "three inputs"});
   c.push_back({"MatMul", {}, {x({3, 4}), x({4, 2})}, 1, 17, "", "2-D"});
   c.push_back({"MatMul", {}, {x({2, 3, 4}), x({4, 2})}, 1, 17, "", "batched"});
   c.push_back({"MatMul", {}, {x({4}), x({2, 4, 3})}, 1, 17, "", "1-D left"});

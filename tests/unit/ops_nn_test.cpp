@@ -167,6 +167,41 @@ TEST(MatMulTest, Errors) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Einsum (numpy's einsum; the backend tests cover batch matmul, diagonals, sums, transposes)
+
+TEST(EinsumTest, ImplicitOutputEllipsisAndDiagonal) {
+  const Attrs implicit = {attr("equation", std::string("...ij,jk"))};  // -> ...ik
+  const Tensor a = random({2, 3, 4}, 1), b = random({4, 5}, 2);
+  expect_both_paths("Einsum", {a, b}, implicit, run1("MatMul", {a, b}), 12);
+  // ij,ji->: every label summed, the trace of a product.
+  const Tensor m = f64({2, 2}, {1, 2, 3, 4}), n = f64({2, 2}, {5, 6, 7, 8});
+  expect_both_paths("Einsum", {m, n}, {attr("equation", std::string("ij,ji->"))}, f64({}, {1 * 5 + 2 * 7 + 3 * 6 + 4 * 8}), 12);
+  expect_both_paths("Einsum", {m}, {attr("equation", std::string("ii->i"))}, f64({2}, {1, 4}), 12);
+  expect_both_paths("Einsum", {m}, {attr("equation", std::string(" i j -> j i "))}, f64({2, 2}, {1, 3, 2, 4}), 12);
+  // '...' dims broadcast: [2, 1, 2] and [3, 2] -> [2, 3].
+  const Tensor p = f64({2, 1, 2}, {1, 2, 3, 4}), q = f64({3, 2}, {1, 0, 0, 1, 1, 1});
+  expect_both_paths("Einsum", {p, q}, {attr("equation", std::string("...i,...i->..."))},
+                    f64({2, 3}, {1, 2, 3, 3, 4, 7}), 12);
+}
+
+TEST(EinsumTest, Errors) {
+  const Tensor a = random({2, 3}, 1), b = random({4, 5}, 2);
+  auto error = [&](const std::string& equation, const std::vector<Tensor>& in) {
+    try {
+      run1("Einsum", in, {attr("equation", equation)}, 12);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("ij,jk->ik", {a, b}).find("label 'j' of 'ij,jk->ik' is 3 in one place and 4"), std::string::npos);
+  EXPECT_NE(error("ij->k", {a}).find("output label 'k' names no input dim"), std::string::npos);
+  EXPECT_NE(error("i1->i", {a}).find("unexpected character '1'"), std::string::npos);
+  EXPECT_NE(error("ijk->i", {a}).find("names 3 dims"), std::string::npos);
+  EXPECT_NE(error("ij,jk->ik", {a}).find("has 2 input terms but the node has 1 inputs"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Gemm
 
 // alpha * A' B' + beta * C, C of shape [M|1, N|1] or rank < 2 (right-aligned), float64.
