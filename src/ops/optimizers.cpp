@@ -9,6 +9,12 @@
 // the tensors' type.
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
@@ -239,6 +245,44 @@ class Adam final : public Kernel {
       const T rr = r, aa = a, bb = b, ee = eps, nn = norm, kk = keep;
       // Reciprocals: three divisions per element would make this loop compute-bound.
       const T sg = T(1) / k[0], sv = T(1) / k[1], sh = T(1) / k[2], mv = k[3], mh = k[4];
+#if defined(__AVX2__)
+      if constexpr (std::is_same_v<T, float>) {
+        // The outputs are written once and read only at the next step: streaming stores skip
+        // reading their cache lines first. Scalar elements until x1 + e is 32-byte aligned
+        // (v1 and h1 share the alignment: every tensor starts 64-byte aligned).
+        const auto one = [&](int64_t e) {
+          const T g = Scaled ? g0[e] * sg : g0[e], vp = Scaled ? v0[e] * sv : v0[e], hp = Scaled ? h0[e] * sh : h0[e];
+          const T gr = nn * x0[e] + g;
+          const T v = aa * vp + (T(1) - aa) * gr;
+          const T h = bb * hp + (T(1) - bb) * gr * gr;
+          x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
+          v1[e] = Scaled ? v * mv : v;
+          h1[e] = Scaled ? h * mh : h;
+        };
+        int64_t e = begin;
+        for (; e < end && (reinterpret_cast<uintptr_t>(x1 + e) & 31) != 0; ++e) one(e);
+        const __m256 vsg = _mm256_set1_ps(Scaled ? sg : 1.0f), vsv = _mm256_set1_ps(Scaled ? sv : 1.0f);
+        const __m256 vsh = _mm256_set1_ps(Scaled ? sh : 1.0f), vmv = _mm256_set1_ps(Scaled ? mv : 1.0f);
+        const __m256 vmh = _mm256_set1_ps(Scaled ? mh : 1.0f), va = _mm256_set1_ps(aa), va1 = _mm256_set1_ps(1.0f - aa);
+        const __m256 vb = _mm256_set1_ps(bb), vb1 = _mm256_set1_ps(1.0f - bb), vr = _mm256_set1_ps(rr);
+        const __m256 ve = _mm256_set1_ps(ee), vn = _mm256_set1_ps(nn), vk = _mm256_set1_ps(kk);
+        for (; e + 8 <= end; e += 8) {
+          const __m256 x = _mm256_loadu_ps(x0 + e);
+          const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(g0 + e), vsg);
+          const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), g);
+          const __m256 v = _mm256_add_ps(_mm256_mul_ps(va, _mm256_mul_ps(_mm256_loadu_ps(v0 + e), vsv)), _mm256_mul_ps(va1, gr));
+          const __m256 h = _mm256_add_ps(_mm256_mul_ps(vb, _mm256_mul_ps(_mm256_loadu_ps(h0 + e), vsh)),
+                                         _mm256_mul_ps(_mm256_mul_ps(vb1, gr), gr));
+          const __m256 u = _mm256_div_ps(_mm256_mul_ps(vr, v), _mm256_add_ps(_mm256_sqrt_ps(h), ve));
+          _mm256_stream_ps(x1 + e, _mm256_mul_ps(vk, _mm256_sub_ps(x, u)));
+          _mm256_stream_ps(v1 + e, _mm256_mul_ps(v, vmv));
+          _mm256_stream_ps(h1 + e, _mm256_mul_ps(h, vmh));
+        }
+        for (; e < end; ++e) one(e);
+        _mm_sfence();
+        return;
+      }
+#endif
 #pragma omp simd
       for (int64_t e = begin; e < end; ++e) {
         T g = g0[e], vp = v0[e], hp = h0[e];
