@@ -307,7 +307,9 @@ RnnShape check_inputs(const KernelContext& ctx, const RnnAttrs& a) {
   const std::string g = std::to_string(s.gates);
   expect_shape(ctx, kW, Shape{D, GH, s.input}, "[num_directions, " + g + "*hidden_size, input_size]");
   expect_shape(ctx, kR, Shape{D, GH, H}, "[num_directions, " + g + "*hidden_size, hidden_size]");
-  if (ctx.has_input(kB)) expect_shape(ctx, kB, Shape{D, 2 * GH}, "[num_directions, " + std::to_string(2 * s.gates) + "*hidden_size]");
+  if (ctx.has_input(kB)) {
+    expect_shape(ctx, kB, Shape{D, 2 * GH}, "[num_directions, " + std::to_string(2 * s.gates) + "*hidden_size]");
+  }
   const Shape state = a.batch_first ? Shape{s.batch, D, H} : Shape{D, s.batch, H};
   const std::string state_meaning =
       a.batch_first ? "[batch_size, num_directions, hidden_size]" : "[num_directions, batch_size, hidden_size]";
@@ -364,7 +366,8 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const V* a, int64_t lda, const V* 
                   std::to_string(static_cast<int>(st)) + ")");
     }
   } else {
-    parallel_for(M, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, N * K)), [&](int64_t begin, int64_t end) {
+    const int64_t grain = std::max<int64_t>(1, kParallelGrain / (N * K));
+    parallel_for(M, grain, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
         const V* __restrict row = a + m * lda;
         V* __restrict out = c + m * ldc;
@@ -425,11 +428,12 @@ class Recurrence {
  private:
   // Row of X (and of xw_) for time t of batch entry b.
   int64_t x_row(int64_t t, int64_t b) const { return a_.batch_first ? b * s_.seq + t : t * s_.batch + b; }
-  // Offset of [t, d, b, :] in Y, or of [d, b, :] in a state tensor.
+  // Offset of [t, d, b, :] in Y (of [b, t, d, :] for layout 1).
   int64_t y_offset(int64_t t, int64_t d, int64_t b) const {
     const int64_t D = s_.directions, N = s_.batch, S = s_.seq;
     return (a_.batch_first ? (b * S + t) * D + d : (t * D + d) * N + b) * s_.hidden;
   }
+  // Offset of [d, b, :] in initial_h/c and Y_h/c (of [b, d, :] for layout 1).
   int64_t state_offset(int64_t d, int64_t b) const {
     return (a_.batch_first ? b * s_.directions + d : d * s_.batch + b) * s_.hidden;
   }
