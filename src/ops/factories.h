@@ -49,6 +49,9 @@ std::unique_ptr<Kernel> make_arg_reduce(const KernelInit& init);  // ArgMax, Arg
 std::unique_ptr<Kernel> make_cumsum(const KernelInit& init);
 std::unique_ptr<Kernel> make_topk(const KernelInit& init);
 
+// rnn.cpp: the recurrent layers.
+std::unique_ptr<Kernel> make_rnn(const KernelInit& init);  // RNN, GRU, LSTM
+
 // loss.cpp
 std::unique_ptr<Kernel> make_softmax_cross_entropy_loss(const KernelInit& init);
 std::unique_ptr<Kernel> make_nll_loss(const KernelInit& init);

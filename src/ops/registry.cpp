@@ -154,6 +154,14 @@ const KernelDef kKernels[] = {
   {"", "TopK",                  1, 9,        kNumeric,          make_topk},  // k attribute
   {"", "TopK",                 10, kMaxOnnx, kNumeric,          make_topk},  // k input
 
+  // --- recurrent (rnn.cpp) ---
+  {"", "RNN",                   7, 13,       kFloat,            make_rnn},  // no layout attribute
+  {"", "RNN",                  14, kMaxOnnx, kFloat,            make_rnn},  // layout attribute
+  {"", "GRU",                   7, 13,       kFloat,            make_rnn},  // no layout attribute
+  {"", "GRU",                  14, kMaxOnnx, kFloat,            make_rnn},  // layout attribute
+  {"", "LSTM",                  7, 13,       kFloat,            make_rnn},  // no layout attribute
+  {"", "LSTM",                 14, kMaxOnnx, kFloat,            make_rnn},  // layout attribute
+
   // --- losses (loss.cpp) ---
   {"", "SoftmaxCrossEntropyLoss",   12, kMaxOnnx, kFloat,       make_softmax_cross_entropy_loss},
   {"", "NegativeLogLikelihoodLoss", 12, kMaxOnnx, kFloat,       make_nll_loss},

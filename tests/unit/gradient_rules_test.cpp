@@ -393,12 +393,19 @@ TEST(RuleTable, EveryRuleHasAFiniteDifferenceCase) {
 // The ONNX schemas tag each input Differentiable or not (libonnx OpSchema formal parameters).
 // Every tagged input of an operator onnxtrain runs must be in its rule's differentiable mask,
 // or the rule must declare the op non-differentiable (piecewise constant, like Hardmax).
+// The exceptions are operators that run forward only for now: a Gradient whose path crosses one
+// fails with "no gradient rule for <op>" (autodiff/engine.cpp). Each entry is a to-do.
 TEST(RuleTable, CoversEveryInputTheSchemasTagDifferentiable) {
+  const std::set<std::string> forward_only = {"RNN", "GRU", "LSTM"};
   std::vector<std::string> missing;
   std::set<std::string> seen;
   for (const auto& def : ops::kernel_table()) {
     if (!def.domain.empty() || !seen.insert(std::string(def.op_type)).second) continue;
     const std::string op(def.op_type);
+    if (forward_only.contains(op)) {
+      EXPECT_EQ(autodiff::find_rule("", op), nullptr) << op << " has a rule now: drop it from forward_only";
+      continue;
+    }
     const auto* schema = onnx::OpSchemaRegistry::Schema(op, 17, "");
     if (!schema) continue;
     const auto* rule = autodiff::find_rule("", op);

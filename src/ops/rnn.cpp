@@ -1,0 +1,681 @@
+// RNN, GRU, LSTM: one-layer recurrent networks (ai.onnx opsets 7-17; ONNX operator docs
+// "RNN", "GRU", "LSTM"). Opset 14 added `layout`.
+//
+// Shapes (D = num_directions, 2 for "bidirectional" else 1; H = hidden_size; G = gates: RNN 1,
+// GRU 3 in order z r h, LSTM 4 in order i o f c):
+//   X [S, N, I]   W [D, G*H, I]   R [D, G*H, H]   B [D, 2*G*H] = [Wb, Rb] per direction
+//   sequence_lens [N] (int32; int64 accepted)   initial_h, initial_c, Y_h, Y_c [D, N, H]
+//   P [D, 3*H] (LSTM peepholes, order i o f)    Y [S, D, N, H]
+// layout = 1 swaps the first two dims of X, initial_h/c, Y_h/c, and gives Y [N, S, D, H].
+// Omitted B, P, initial_h, initial_c are zeros; omitted sequence_lens are all S; hidden_size
+// defaults to R's last dim.
+//
+// With x = X[t], H = H[t-1], C = C[t-1], and b = Wb + Rb per gate:
+//   RNN:  H' = f(x W^T + H R^T + b)                                      (default f = Tanh)
+//   GRU:  z = f(x Wz^T + H Rz^T + bz),  r = f(x Wr^T + H Rr^T + br)   (default f = Sigmoid,
+//         h = g(x Wh^T + (r . H) Rh^T + bh)              linear_before_reset = 0    g = Tanh)
+//         h = g(x Wh^T + Wbh + r . (H Rh^T + Rbh))      linear_before_reset != 0
+//         H' = (1 - z) . h + z . H
+//   LSTM: i = f(x Wi^T + H Ri^T + Pi . C + bi),  f_t = f(x Wf^T + H Rf^T + Pf . C + bf)
+//         (input_forget = 1: f_t = 1 - i),  c = g(x Wc^T + H Rc^T + bc),  C' = f_t . C + i . c,
+//         o = f(x Wo^T + H Ro^T + Po . C' + bo),  H' = o . h(C')   (default f = Sigmoid,
+//                                                                    g = h = Tanh)
+// `clip` bounds every gate's pre-activation (the sums above) to [-clip, clip]; as in ONNX
+// Runtime it is not applied to C' before h.
+//
+// Directions: "forward" runs t = 0..len-1, "reverse" runs t = len-1..0, "bidirectional" runs
+// both with its own weights (direction index 0 forward, 1 reverse). len is the batch entry's
+// sequence length: Y is 0 at t >= len, and Y_h / Y_c hold the state after the entry's last
+// step (the initial state when len = 0).
+//
+// Activations: `activations` lists G' functions per direction (RNN 1: f; GRU 2: f g; LSTM 3:
+// f g h), the forward direction's first; a bidirectional node given only G' uses them for
+// both. Names (case-insensitive): Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu,
+// ScaledTanh, HardSigmoid, Elu, Softsign, Softplus, as defined in the operator docs.
+// `activation_alpha` / `activation_beta` are consumed in list order by the functions that take
+// them (as ONNX Runtime does); missing values take the defaults of the same-named ONNX ops:
+// LeakyRelu alpha 0.01, ThresholdedRelu alpha 1, Elu alpha 1, HardSigmoid 0.2 / 0.5, and
+// Affine 1 / 0, ScaledTanh 1 / 1.
+//
+// X W^T for all time steps is one GEMM per direction; each step adds H R^T (one GEMM over the
+// batch) and runs the gate arithmetic per batch entry. float32 GEMMs are oneDNN's sgemm,
+// float64 plain loops; float16 / bfloat16 are computed in float32.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <dnnl.hpp>
+
+#include "core/dispatch.h"
+#include "core/parallel.h"
+#include "ops/factories.h"
+
+namespace onnxtrain::ops {
+
+namespace {
+
+enum class Cell { Rnn, Gru, Lstm };
+enum class Direction { Forward, Reverse, Bidirectional };
+
+// Input and output positions (ONNX order).
+enum : int { kX = 0, kW, kR, kB, kSeqLens, kInitialH, kInitialC, kP };
+enum : int { kY = 0, kYh, kYc };
+
+// ---------------------------------------------------------------------------------------------
+// Activation functions
+
+enum class ActKind {
+  Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu,
+  Softsign, Softplus
+};
+
+struct ActInfo {
+  const char* name;
+  ActKind kind;
+  bool takes_alpha, takes_beta;
+  float alpha, beta;  // defaults
+};
+
+constexpr ActInfo kActivations[] = {
+    {"Relu", ActKind::Relu, false, false, 0.0f, 0.0f},
+    {"Tanh", ActKind::Tanh, false, false, 0.0f, 0.0f},
+    {"Sigmoid", ActKind::Sigmoid, false, false, 0.0f, 0.0f},
+    {"Affine", ActKind::Affine, true, true, 1.0f, 0.0f},
+    {"LeakyRelu", ActKind::LeakyRelu, true, false, 0.01f, 0.0f},
+    {"ThresholdedRelu", ActKind::ThresholdedRelu, true, false, 1.0f, 0.0f},
+    {"ScaledTanh", ActKind::ScaledTanh, true, true, 1.0f, 1.0f},
+    {"HardSigmoid", ActKind::HardSigmoid, true, true, 0.2f, 0.5f},
+    {"Elu", ActKind::Elu, true, false, 1.0f, 0.0f},
+    {"Softsign", ActKind::Softsign, false, false, 0.0f, 0.0f},
+    {"Softplus", ActKind::Softplus, false, false, 0.0f, 0.0f},
+};
+
+struct Activation {
+  ActKind kind = ActKind::Tanh;
+  float alpha = 0.0f, beta = 0.0f;
+};
+
+bool same_name(std::string_view a, std::string_view b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+const ActInfo& find_activation(const std::string& name) {
+  for (const ActInfo& info : kActivations) {
+    if (same_name(info.name, name)) return info;
+  }
+  std::string known;
+  for (const ActInfo& info : kActivations) known += (known.empty() ? "" : ", ") + std::string(info.name);
+  throw Error("attribute 'activations' names unknown function '" + name + "'; expected one of " + known);
+}
+
+// x[0..n) = act(x[0..n)); the switch is outside the loops so each loop vectorizes.
+template <class V>
+void activate(const Activation& a, V* __restrict x, int64_t n) {
+  const V alpha = static_cast<V>(a.alpha), beta = static_cast<V>(a.beta);
+  switch (a.kind) {
+    case ActKind::Relu:
+      for (int64_t j = 0; j < n; ++j) x[j] = x[j] > V(0) ? x[j] : V(0);
+      break;
+    case ActKind::Tanh:
+      for (int64_t j = 0; j < n; ++j) x[j] = std::tanh(x[j]);
+      break;
+    case ActKind::Sigmoid:
+      for (int64_t j = 0; j < n; ++j) x[j] = V(1) / (V(1) + std::exp(-x[j]));
+      break;
+    case ActKind::Affine:
+      for (int64_t j = 0; j < n; ++j) x[j] = alpha * x[j] + beta;
+      break;
+    case ActKind::LeakyRelu:
+      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= V(0) ? x[j] : alpha * x[j];
+      break;
+    case ActKind::ThresholdedRelu:
+      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= alpha ? x[j] : V(0);
+      break;
+    case ActKind::ScaledTanh:
+      for (int64_t j = 0; j < n; ++j) x[j] = alpha * std::tanh(beta * x[j]);
+      break;
+    case ActKind::HardSigmoid:
+      for (int64_t j = 0; j < n; ++j) x[j] = std::min(std::max(alpha * x[j] + beta, V(0)), V(1));
+      break;
+    case ActKind::Elu:
+      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= V(0) ? x[j] : alpha * (std::exp(x[j]) - V(1));
+      break;
+    case ActKind::Softsign:
+      for (int64_t j = 0; j < n; ++j) x[j] = x[j] / (V(1) + std::abs(x[j]));
+      break;
+    case ActKind::Softplus:  // log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)
+      for (int64_t j = 0; j < n; ++j) x[j] = std::max(x[j], V(0)) + std::log1p(std::exp(-std::abs(x[j])));
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attributes
+
+struct RnnAttrs {
+  std::string op;  // "RNN", "GRU" or "LSTM"
+  Cell cell = Cell::Rnn;
+  Direction direction = Direction::Forward;
+  int64_t num_directions = 1;
+  std::optional<int64_t> hidden_size;  // else R's last dim
+  std::optional<float> clip;
+  bool batch_first = false;  // layout = 1
+  bool linear_before_reset = false;
+  bool input_forget = false;
+  int64_t acts_per_direction = 1;
+  std::vector<Activation> activations;  // acts_per_direction per direction
+
+  int64_t gates() const { return cell == Cell::Rnn ? 1 : cell == Cell::Gru ? 3 : 4; }
+  const Activation& act(int64_t direction, int64_t k) const {
+    return activations[static_cast<size_t>(direction * acts_per_direction + k)];
+  }
+};
+
+RnnAttrs parse_attrs(const KernelInit& init) {
+  RnnAttrs a;
+  const std::string& op = init.op_type();
+  a.op = op;
+  a.cell = op == "RNN" ? Cell::Rnn : op == "GRU" ? Cell::Gru : Cell::Lstm;
+
+  const std::string direction = init.attr_string("direction", "forward");
+  if (direction == "forward") {
+    a.direction = Direction::Forward;
+  } else if (direction == "reverse") {
+    a.direction = Direction::Reverse;
+  } else if (direction == "bidirectional") {
+    a.direction = Direction::Bidirectional;
+    a.num_directions = 2;
+  } else {
+    throw Error("attribute 'direction' is '" + direction +
+                "', expected 'forward', 'reverse' or 'bidirectional'");
+  }
+
+  if (init.has_attr("hidden_size")) {
+    a.hidden_size = init.attr_int("hidden_size", 0);
+    if (*a.hidden_size <= 0) {
+      throw Error("attribute 'hidden_size' is " + std::to_string(*a.hidden_size) + ", expected > 0");
+    }
+  }
+  if (init.has_attr("clip")) {
+    a.clip = init.attr_float("clip", 0.0f);
+    if (!(*a.clip > 0.0f)) {
+      throw Error("attribute 'clip' is " + std::to_string(*a.clip) + ", expected a positive threshold");
+    }
+  }
+  if (init.opset() >= 14) {
+    const int64_t layout = init.attr_int("layout", 0);
+    if (layout != 0 && layout != 1) {
+      throw Error("attribute 'layout' is " + std::to_string(layout) + ", expected 0 or 1");
+    }
+    a.batch_first = layout == 1;
+  }
+  if (a.cell == Cell::Gru) a.linear_before_reset = init.attr_int("linear_before_reset", 0) != 0;
+  if (a.cell == Cell::Lstm) {
+    const int64_t input_forget = init.attr_int("input_forget", 0);
+    if (input_forget != 0 && input_forget != 1) {
+      throw Error("attribute 'input_forget' is " + std::to_string(input_forget) + ", expected 0 or 1");
+    }
+    a.input_forget = input_forget == 1;
+  }
+
+  // Activations: defaults per cell, or the attribute's list with alpha/beta consumed in order.
+  const std::vector<std::string> defaults =
+      a.cell == Cell::Rnn   ? std::vector<std::string>{"Tanh"}
+      : a.cell == Cell::Gru ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                            : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
+  a.acts_per_direction = static_cast<int64_t>(defaults.size());
+  std::vector<std::string> names = defaults;
+  if (const ir::Attribute* attr = init.attr("activations")) {
+    if (attr->type != ir::AttributeType::Strings) throw Error("attribute 'activations' must be a list of strings");
+    names = attr->strings;
+  }
+  const auto per_direction = static_cast<size_t>(a.acts_per_direction);
+  const auto all = per_direction * static_cast<size_t>(a.num_directions);
+  if (names.size() != per_direction && names.size() != all) {
+    throw Error("attribute 'activations' has " + std::to_string(names.size()) + " functions, expected " +
+                std::to_string(all) + " (" + std::to_string(per_direction) + " per direction) for " + op +
+                " with direction '" + direction + "'");
+  }
+  const std::vector<float> alphas = init.attr_floats("activation_alpha");
+  const std::vector<float> betas = init.attr_floats("activation_beta");
+  size_t next_alpha = 0, next_beta = 0;
+  for (const std::string& name : names) {
+    const ActInfo& info = find_activation(name);
+    Activation act{info.kind, info.alpha, info.beta};
+    if (info.takes_alpha && next_alpha < alphas.size()) act.alpha = alphas[next_alpha++];
+    if (info.takes_beta && next_beta < betas.size()) act.beta = betas[next_beta++];
+    a.activations.push_back(act);
+  }
+  if (a.activations.size() < all) {  // one list for both directions
+    a.activations.insert(a.activations.end(), a.activations.begin(), a.activations.end());
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shapes and inputs
+
+struct RnnShape {
+  int64_t seq = 0, batch = 0, input = 0, hidden = 0, directions = 1, gates = 1;
+};
+
+void expect_shape(const KernelContext& ctx, int i, const Shape& want, const std::string& meaning) {
+  const Tensor& t = ctx.input(i);
+  if (t.shape() != want) {
+    fail("input " + ctx.input_name(i) + " has shape " + t.shape().to_string() + ", expected " +
+         meaning + " = " + want.to_string());
+  }
+}
+
+// Checks every input's dtype and shape; returns the problem's sizes.
+RnnShape check_inputs(const KernelContext& ctx, const RnnAttrs& a) {
+  const Tensor& x = ctx.input(kX);
+  if (x.rank() != 3) {
+    fail("input " + ctx.input_name(kX) + " has shape " + x.shape().to_string() + ", expected rank 3 " +
+         (a.batch_first ? "[batch_size, seq_length, input_size]" : "[seq_length, batch_size, input_size]"));
+  }
+  for (int i : {kW, kR, kB, kInitialH, kInitialC, kP}) {
+    if (i == kInitialC && a.cell != Cell::Lstm) continue;
+    if (i == kP && a.cell != Cell::Lstm) continue;
+    if (ctx.has_input(i) && ctx.input(i).dtype() != x.dtype()) {
+      fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected " +
+           std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(kX));
+    }
+  }
+  RnnShape s;
+  s.directions = a.num_directions;
+  s.gates = a.gates();
+  s.seq = x.dim(a.batch_first ? 1 : 0);
+  s.batch = x.dim(a.batch_first ? 0 : 1);
+  s.input = x.dim(2);
+  const Tensor& r = ctx.input(kR);
+  if (a.hidden_size) {
+    s.hidden = *a.hidden_size;
+  } else if (r.rank() == 3 && r.dim(2) > 0) {
+    s.hidden = r.dim(2);
+  } else {
+    fail("input " + ctx.input_name(kR) + " has shape " + r.shape().to_string() +
+         ", expected [num_directions, " + std::to_string(s.gates) + "*hidden_size, hidden_size]");
+  }
+  const int64_t D = s.directions, GH = s.gates * s.hidden, H = s.hidden;
+  const std::string g = std::to_string(s.gates);
+  expect_shape(ctx, kW, Shape{D, GH, s.input}, "[num_directions, " + g + "*hidden_size, input_size]");
+  expect_shape(ctx, kR, Shape{D, GH, H}, "[num_directions, " + g + "*hidden_size, hidden_size]");
+  if (ctx.has_input(kB)) {
+    expect_shape(ctx, kB, Shape{D, 2 * GH}, "[num_directions, " + std::to_string(2 * s.gates) + "*hidden_size]");
+  }
+  const Shape state = a.batch_first ? Shape{s.batch, D, H} : Shape{D, s.batch, H};
+  const std::string state_meaning =
+      a.batch_first ? "[batch_size, num_directions, hidden_size]" : "[num_directions, batch_size, hidden_size]";
+  if (ctx.has_input(kInitialH)) expect_shape(ctx, kInitialH, state, state_meaning);
+  if (a.cell == Cell::Lstm) {
+    if (ctx.has_input(kInitialC)) expect_shape(ctx, kInitialC, state, state_meaning);
+    if (ctx.has_input(kP)) expect_shape(ctx, kP, Shape{D, 3 * H}, "[num_directions, 3*hidden_size]");
+  }
+  return s;
+}
+
+// Each batch entry's sequence length, checked against [0, seq_length].
+std::vector<int64_t> sequence_lengths(const KernelContext& ctx, const RnnShape& s) {
+  if (!ctx.has_input(kSeqLens)) return std::vector<int64_t>(static_cast<size_t>(s.batch), s.seq);
+  const Tensor& t = ctx.input(kSeqLens);
+  if (t.dtype() != DataType::Int32 && t.dtype() != DataType::Int64) {
+    fail("input " + ctx.input_name(kSeqLens) + " is " + t.description() + ", expected int32");
+  }
+  expect_shape(ctx, kSeqLens, Shape{s.batch}, "[batch_size]");
+  std::vector<int64_t> lens = t.to_int64_vector("input " + ctx.input_name(kSeqLens));
+  for (size_t b = 0; b < lens.size(); ++b) {
+    if (lens[b] < 0 || lens[b] > s.seq) {
+      fail("input " + ctx.input_name(kSeqLens) + " holds " + std::to_string(lens[b]) + " at batch entry " +
+           std::to_string(b) + ", expected a length in [0, seq_length = " + std::to_string(s.seq) + "]");
+    }
+  }
+  return lens;
+}
+
+// The float tensors of one run, in the compute type (optional ones undefined when omitted).
+struct RnnTensors {
+  Tensor x, w, r, b, initial_h, initial_c, p;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Matrix products
+
+// c[M, N] (row stride ldc) = a[M, K] (row stride lda) * b[N, K]^T, + c when accumulate.
+template <class V>
+void gemm_nt(int64_t M, int64_t N, int64_t K, const V* a, int64_t lda, const V* b, V* c, int64_t ldc,
+             bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate) {
+      for (int64_t m = 0; m < M; ++m) std::fill(c + m * ldc, c + m * ldc + N, V(0));
+    }
+    return;
+  }
+  if constexpr (std::is_same_v<V, float>) {
+    const dnnl::status st = dnnl::sgemm('N', 'T', M, N, K, 1.0f, a, lda, b, K, accumulate ? 1.0f : 0.0f, c, ldc);
+    if (st != dnnl::status::success) {
+      throw Error("oneDNN sgemm failed for [" + std::to_string(M) + "x" + std::to_string(K) + "] * [" +
+                  std::to_string(K) + "x" + std::to_string(N) + "] (status " +
+                  std::to_string(static_cast<int>(st)) + ")");
+    }
+  } else {
+    const int64_t grain = std::max<int64_t>(1, kParallelGrain / (N * K));
+    parallel_for(M, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        const V* __restrict row = a + m * lda;
+        V* __restrict out = c + m * ldc;
+        for (int64_t n = 0; n < N; ++n) {
+          const V* __restrict col = b + n * K;
+          V dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t k = 0; k < K; ++k) dot += row[k] * col[k];
+          out[n] = accumulate ? out[n] + dot : dot;
+        }
+      }
+    });
+  }
+}
+
+template <class V>
+void clip_to(V* x, int64_t n, V bound) {
+  for (int64_t j = 0; j < n; ++j) x[j] = std::min(std::max(x[j], -bound), bound);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The recurrence
+
+template <class V>
+class Recurrence {
+ public:
+  Recurrence(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in)
+      : a_(a), s_(s), lens_(lens), in_(in) {
+    max_len_ = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  }
+
+  // Writes Y, Y_h, Y_c where not null (in the layout of the attributes).
+  void run(V* y, V* y_h, V* y_c) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H;
+    if (y) std::fill(y, y + s_.seq * s_.directions * N * H, V(0));
+    xw_.resize(static_cast<size_t>(s_.seq * N * GH));
+    rec_.resize(static_cast<size_t>(N * GH));
+    h_.resize(static_cast<size_t>(N * H));
+    c_.resize(static_cast<size_t>(a_.cell == Cell::Lstm ? N * H : 0));
+    scratch_.assign(static_cast<size_t>(N * H), V(0));
+    for (int64_t d = 0; d < s_.directions; ++d) {
+      const bool reverse = a_.direction == Direction::Reverse || d == 1;
+      project_inputs(d);
+      load_state(in_.initial_h, d, h_);
+      if (a_.cell == Cell::Lstm) load_state(in_.initial_c, d, c_);
+      for (int64_t step = 0; step < max_len_; ++step) {
+        switch (a_.cell) {
+          case Cell::Rnn: rnn_step(d, step, reverse, y); break;
+          case Cell::Gru: gru_step(d, step, reverse, y); break;
+          case Cell::Lstm: lstm_step(d, step, reverse, y); break;
+        }
+      }
+      if (y_h) store_state(h_, d, y_h);
+      if (y_c) store_state(c_, d, y_c);
+    }
+  }
+
+ private:
+  // Row of X (and of xw_) for time t of batch entry b.
+  int64_t x_row(int64_t t, int64_t b) const { return a_.batch_first ? b * s_.seq + t : t * s_.batch + b; }
+  // Offset of [t, d, b, :] in Y (of [b, t, d, :] for layout 1).
+  int64_t y_offset(int64_t t, int64_t d, int64_t b) const {
+    const int64_t D = s_.directions, N = s_.batch, S = s_.seq;
+    return (a_.batch_first ? (b * S + t) * D + d : (t * D + d) * N + b) * s_.hidden;
+  }
+  // Offset of [d, b, :] in initial_h/c and Y_h/c (of [b, d, :] for layout 1).
+  int64_t state_offset(int64_t d, int64_t b) const {
+    return (a_.batch_first ? b * s_.directions + d : d * s_.batch + b) * s_.hidden;
+  }
+  // The time index batch entry b works on at `step`, or -1 when its sequence has ended.
+  int64_t time_of(int64_t step, int64_t b, bool reverse) const {
+    const int64_t len = lens_[static_cast<size_t>(b)];
+    if (step >= len) return -1;
+    return reverse ? len - 1 - step : step;
+  }
+
+  const V* weights(const Tensor& t, int64_t d) const { return t.data<V>() + d * (t.numel() / s_.directions); }
+
+  // xw_ = X W^T + bias for every time step, rows ordered like X's. The bias is Wb + Rb, except
+  // GRU's Rbh under linear_before_reset, which the step adds inside r . (...).
+  void project_inputs(int64_t d) {
+    const int64_t rows = s_.seq * s_.batch, GH = s_.gates * s_.hidden, H = s_.hidden;
+    gemm_nt<V>(rows, GH, s_.input, in_.x.data<V>(), s_.input, weights(in_.w, d), xw_.data(), GH, false);
+    if (!in_.b.defined()) return;
+    const V* wb = weights(in_.b, d);
+    const V* rb = wb + GH;
+    bias_.resize(static_cast<size_t>(GH));
+    for (int64_t j = 0; j < GH; ++j) bias_[static_cast<size_t>(j)] = wb[j] + rb[j];
+    if (a_.cell == Cell::Gru && a_.linear_before_reset) {
+      for (int64_t j = 2 * H; j < 3 * H; ++j) bias_[static_cast<size_t>(j)] = wb[j];
+    }
+    parallel_for(rows, std::max<int64_t>(1, kParallelGrain / GH), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        V* __restrict out = xw_.data() + row * GH;
+        const V* __restrict bias = bias_.data();
+        for (int64_t j = 0; j < GH; ++j) out[j] += bias[j];
+      }
+    });
+  }
+
+  void load_state(const Tensor& initial, int64_t d, std::vector<V>& state) const {
+    const int64_t H = s_.hidden;
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      V* dst = state.data() + b * H;
+      if (initial.defined()) {
+        const V* src = initial.data<V>() + state_offset(d, b);
+        std::copy(src, src + H, dst);
+      } else {
+        std::fill(dst, dst + H, V(0));
+      }
+    }
+  }
+
+  void store_state(const std::vector<V>& state, int64_t d, V* out) const {
+    const int64_t H = s_.hidden;
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      std::copy(state.data() + b * H, state.data() + (b + 1) * H, out + state_offset(d, b));
+    }
+  }
+
+  // Runs f(b, t) for each batch entry still inside its sequence at `step`, in parallel.
+  template <class F>
+  void for_active(int64_t step, bool reverse, int64_t work_per_entry, F&& f) const {
+    parallel_for(s_.batch, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, work_per_entry)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t b = begin; b < end; ++b) {
+                     const int64_t t = time_of(step, b, reverse);
+                     if (t >= 0) f(b, t);
+                   }
+                 });
+  }
+
+  void maybe_clip(V* x, int64_t n) const {
+    if (a_.clip) clip_to(x, n, static_cast<V>(*a_.clip));
+  }
+
+  // rec_ = h_ R^T for the rows [first, first + count) of R (in gate rows).
+  void recurrent_product(int64_t d, const V* h, int64_t first_row, int64_t count) {
+    const int64_t H = s_.hidden, GH = s_.gates * H;
+    gemm_nt<V>(s_.batch, count, H, h, H, weights(in_.r, d) + first_row * H, rec_.data() + first_row, GH, false);
+  }
+
+  void rnn_step(int64_t d, int64_t step, bool reverse, V* y) {
+    const int64_t H = s_.hidden;
+    recurrent_product(d, h_.data(), 0, H);
+    const Activation& f = a_.act(d, 0);
+    for_active(step, reverse, 4 * H, [&](int64_t b, int64_t t) {
+      V* __restrict g = rec_.data() + b * H;
+      const V* __restrict x = xw_.data() + x_row(t, b) * H;
+      for (int64_t j = 0; j < H; ++j) g[j] += x[j];
+      maybe_clip(g, H);
+      activate(f, g, H);
+      std::copy(g, g + H, h_.data() + b * H);
+      if (y) std::copy(g, g + H, y + y_offset(t, d, b));
+    });
+  }
+
+  void gru_step(int64_t d, int64_t step, bool reverse, V* y) {
+    const int64_t H = s_.hidden, GH = 3 * H;
+    const Activation& f = a_.act(d, 0);
+    const Activation& g_act = a_.act(d, 1);
+    const bool lbr = a_.linear_before_reset;
+    // z and r (and, before the reset, H Rh^T).
+    recurrent_product(d, h_.data(), 0, lbr ? GH : 2 * H);
+    for_active(step, reverse, 8 * H, [&](int64_t b, int64_t t) {
+      V* __restrict g = rec_.data() + b * GH;
+      const V* __restrict x = xw_.data() + x_row(t, b) * GH;
+      for (int64_t j = 0; j < 2 * H; ++j) g[j] += x[j];
+      maybe_clip(g, 2 * H);
+      activate(f, g, 2 * H);
+      if (!lbr) {  // scratch = r . H, the input of the hidden gate's product
+        const V* __restrict r = g + H;
+        const V* __restrict h = h_.data() + b * H;
+        V* __restrict rh = scratch_.data() + b * H;
+        for (int64_t j = 0; j < H; ++j) rh[j] = r[j] * h[j];
+      }
+    });
+    if (!lbr) recurrent_product(d, scratch_.data(), 2 * H, H);
+    const V* rbh = lbr && in_.b.defined() ? weights(in_.b, d) + GH + 2 * H : nullptr;
+    for_active(step, reverse, 8 * H, [&](int64_t b, int64_t t) {
+      V* __restrict g = rec_.data() + b * GH;
+      const V* __restrict x = xw_.data() + x_row(t, b) * GH + 2 * H;
+      const V* __restrict z = g;
+      const V* __restrict r = g + H;
+      V* __restrict hh = g + 2 * H;
+      if (lbr) {
+        for (int64_t j = 0; j < H; ++j) hh[j] = x[j] + r[j] * (hh[j] + (rbh ? rbh[j] : V(0)));
+      } else {
+        for (int64_t j = 0; j < H; ++j) hh[j] += x[j];
+      }
+      maybe_clip(hh, H);
+      activate(g_act, hh, H);
+      V* __restrict h = h_.data() + b * H;
+      for (int64_t j = 0; j < H; ++j) h[j] = (V(1) - z[j]) * hh[j] + z[j] * h[j];
+      if (y) std::copy(h, h + H, y + y_offset(t, d, b));
+    });
+  }
+
+  void lstm_step(int64_t d, int64_t step, bool reverse, V* y) {
+    const int64_t H = s_.hidden, GH = 4 * H;
+    recurrent_product(d, h_.data(), 0, GH);
+    const Activation& f = a_.act(d, 0);
+    const Activation& g_act = a_.act(d, 1);
+    const Activation& h_act = a_.act(d, 2);
+    const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
+    for_active(step, reverse, 16 * H, [&](int64_t b, int64_t t) {
+      V* __restrict g = rec_.data() + b * GH;
+      const V* __restrict x = xw_.data() + x_row(t, b) * GH;
+      for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
+      V* __restrict gi = g;
+      V* __restrict go = g + H;
+      V* __restrict gf = g + 2 * H;
+      V* __restrict gc = g + 3 * H;
+      V* __restrict c = c_.data() + b * H;
+      if (p) {  // peepholes on C[t-1] for i and f
+        for (int64_t j = 0; j < H; ++j) gi[j] += p[j] * c[j];
+        for (int64_t j = 0; j < H; ++j) gf[j] += p[2 * H + j] * c[j];
+      }
+      maybe_clip(gi, H);
+      activate(f, gi, H);
+      if (a_.input_forget) {
+        for (int64_t j = 0; j < H; ++j) gf[j] = V(1) - gi[j];
+      } else {
+        maybe_clip(gf, H);
+        activate(f, gf, H);
+      }
+      maybe_clip(gc, H);
+      activate(g_act, gc, H);
+      for (int64_t j = 0; j < H; ++j) c[j] = gf[j] * c[j] + gi[j] * gc[j];
+      if (p) {  // the output gate's peephole sees C[t]
+        for (int64_t j = 0; j < H; ++j) go[j] += p[H + j] * c[j];
+      }
+      maybe_clip(go, H);
+      activate(f, go, H);
+      V* __restrict hc = scratch_.data() + b * H;
+      std::copy(c, c + H, hc);
+      activate(h_act, hc, H);
+      V* __restrict h = h_.data() + b * H;
+      for (int64_t j = 0; j < H; ++j) h[j] = go[j] * hc[j];
+      if (y) std::copy(h, h + H, y + y_offset(t, d, b));
+    });
+  }
+
+  const RnnAttrs& a_;
+  const RnnShape& s_;
+  const std::vector<int64_t>& lens_;
+  const RnnTensors& in_;
+  int64_t max_len_ = 0;
+  std::vector<V> xw_;       // [S * N, G*H]: X W^T + bias
+  std::vector<V> rec_;      // [N, G*H]: H R^T, then the gates of the step in place
+  std::vector<V> h_, c_;    // [N, H]: the state of the current direction
+  std::vector<V> bias_;     // [G*H]
+  std::vector<V> scratch_;  // [N, H]: GRU's r . H, LSTM's h(C)
+};
+
+class RnnKernel final : public Kernel {
+ public:
+  explicit RnnKernel(RnnAttrs attrs) : a_(std::move(attrs)) {}
+
+  void run(KernelContext& ctx) override {
+    const RnnShape s = check_inputs(ctx, a_);
+    const std::vector<int64_t> lens = sequence_lengths(ctx, s);
+    const DataType dtype = ctx.input(kX).dtype();
+    const int64_t D = s.directions, N = s.batch, S = s.seq, H = s.hidden;
+    const Shape y_shape = a_.batch_first ? Shape{N, S, D, H} : Shape{S, D, N, H};
+    const Shape state_shape = a_.batch_first ? Shape{N, D, H} : Shape{D, N, H};
+    const int num_outputs = a_.cell == Cell::Lstm ? 3 : 2;
+
+    visit_dtype<FloatTypes>(dtype, a_.op + " input " + ctx.input_name(kX), [&]<class T>() {
+      using V = compute_t<T>;
+      RnnTensors in;
+      auto take = [&](int i) {
+        if (!ctx.has_input(i)) return Tensor();
+        return is_half_v<T> ? ctx.input(i).cast(DataType::Float32) : ctx.input(i);
+      };
+      in.x = take(kX);
+      in.w = take(kW);
+      in.r = take(kR);
+      in.b = take(kB);
+      in.initial_h = take(kInitialH);
+      if (a_.cell == Cell::Lstm) {
+        in.initial_c = take(kInitialC);
+        in.p = take(kP);
+      }
+      // Outputs: the kernel's own for float32/float64, float32 tensors cast at the end for halves.
+      Tensor out[3];
+      V* ptr[3] = {nullptr, nullptr, nullptr};
+      for (int i = 0; i < num_outputs; ++i) {
+        if (!ctx.has_output(i)) continue;
+        const Shape& shape = i == kY ? y_shape : state_shape;
+        out[i] = is_half_v<T> ? Tensor(DataType::Float32, shape) : ctx.allocate_output(i, dtype, shape);
+        ptr[i] = out[i].template data<V>();
+      }
+      Recurrence<V>(a_, s, lens, in).run(ptr[kY], ptr[kYh], ptr[kYc]);
+      if constexpr (is_half_v<T>) {
+        for (int i = 0; i < num_outputs; ++i) {
+          if (ctx.has_output(i)) ctx.set_output(i, out[i].cast(dtype));
+        }
+      }
+    });
+  }
+
+ private:
+  RnnAttrs a_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_rnn(const KernelInit& init) { return std::make_unique<RnnKernel>(parse_attrs(init)); }
+
+}  // namespace onnxtrain::ops
