@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <new>
+#include <string_view>
 
 #include "core/memory.h"
 
@@ -158,6 +159,11 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
 #if defined(__SANITIZE_ADDRESS__)
   return Tensor(dtype, shape);  // AddressSanitizer builds: one heap block per tensor, checked
 #endif
+  static const bool disabled = [] {
+    const char* env = std::getenv("ONNXTRAIN_ARENA");
+    return env && std::string_view(env) == "0";
+  }();
+  if (disabled) return Tensor(dtype, shape);  // ONNXTRAIN_ARENA=0: every output from the heap
   if (!is_supported(dtype) || std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
     return Tensor(dtype, shape);  // throws the tensor's own error
   }

@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""Real architectures exported from PyTorch train as PyTorch trains them.
+
+torchvision resnet18 and mobilenet_v2 (num_classes 10, 32x32 inputs, BatchNormalization in
+training mode) and an nn.TransformerEncoder text classifier (nn.Embedding, padding mask) are
+exported with torch.onnx.export (opset 17, TrainingMode.TRAINING, no constant folding, random
+initial weights), made trainable with `onnxtrain make-trainable --loss cross_entropy`, and
+trained for 5 steps on one batch of 8 with `onnxtrain step`, once with SGD momentum and once
+with AdamW. PyTorch trains the same modules from the same weights on the same batch. The loss
+of every step and every parameter after the last step must agree within rtol 1e-3 (atol 1e-5).
+Dropout is exported with p = 0. BatchNorm running statistics: running_mean must equal
+PyTorch's; running_var is compared with the ONNX definition (the batch's population variance)
+rather than PyTorch's, which uses the unbiased variance.
+
+Two exceptions, both properties of float32 arithmetic rather than of either implementation:
+- mobilenet_v2 at 32x32 is compared after 1 step. Its last blocks see 1x1 feature maps, and
+  its trajectory is so sensitive that PyTorch in float32 and PyTorch in float64 differ by 2.5 %
+  in the loss after 3 steps (batch 8; 2 % after 4 steps with batch 32). After 1 step
+  onnxtrain's gradients agree with PyTorch's to about 1e-4 relative.
+- AdamW divides each gradient entry by its own magnitude, so an entry whose gradient is float
+  noise (exactly zero in real arithmetic: the bias of a convolution or BatchNorm that feeds
+  another BatchNorm, the key bias of attention) moves by +-lr per step in a direction the
+  noise decides. Entries whose PyTorch gradient stays below 1e-3 of their tensor's largest, or
+  below 1e-6 of the model's largest, at every step may differ by up to 2 lr per step.
+
+Status (2026-11-23): the Transformer classifier and mobilenet_v2 pass and run in ctest
+(`--only transformer,mobilenet_v2`). resnet18 passes for 3 steps; after 5, SGD momentum leaves
+four weight tensors up to 6e-5 apart and layer3/layer4 running means up to 2.6e-4 apart,
+AdamW some layer3/layer4 weights up to 1.9e-4 (PyTorch float32 against float64 agrees within
+the tolerance there, so this is onnxtrain's to explain). The LSTM classifier of the
+architectures issue is not here yet: LSTM has no gradient rule.
+
+Usage: architecture_parity.py --onnxtrain build/release/src/onnxtrain
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+import torch
+import torchvision
+from onnx import numpy_helper
+
+RTOL, ATOL = 1e-3, 1e-5
+STEPS = 5
+failures = []
+
+
+def fail(message):
+    failures.append(message)
+    print("FAIL " + message)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(" ".join(cmd) + f" exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+class TextClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(50, 32)  # padding_idx masks a gradient ONNX cannot express
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, tokens):
+        h = self.encoder(self.embedding(tokens), src_key_padding_mask=tokens == 0)
+        return self.fc(h.mean(dim=1))
+
+
+def make(name):
+    torch.manual_seed(5)
+    g = torch.Generator().manual_seed(9)
+    if name == "transformer":
+        tokens = torch.randint(1, 50, (8, 7), generator=g)
+        tokens[:3, 5:] = 0  # padding
+        return TextClassifier(), tokens
+    model = getattr(torchvision.models, name)(num_classes=10)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model, torch.randn(8, 3, 32, 32, generator=g)
+
+
+# Learning rates small enough that 5 steps on one batch stay far from memorizing it: near a
+# loss of 0 the last float bits of the gradients decide the trajectory.
+OPTIMIZERS = {  # name: (make-trainable options, torch optimizer, lr)
+    "momentum": (["--optimizer", "momentum", "--lr", "0.001"], lambda p: torch.optim.SGD(p, lr=0.001, momentum=0.9), 0.001),
+    "adamw": (["--optimizer", "adamw", "--lr", "0.0001", "--weight-decay", "0.01"],
+              lambda p: torch.optim.AdamW(p, lr=0.0001, weight_decay=0.01), 0.0001),
+}
+STEPS_OF = {"mobilenet_v2": 1}  # see the module doc
+
+
+def check(onnxtrain, workdir, name, opt):
+    model, x = make(name)
+    label = torch.arange(8) % 10
+    path = os.path.join(workdir, f"{name}.onnx")
+    model.train()
+    torch.onnx.export(model, (x,), path, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False, input_names=["input"], output_names=["logits"])
+    # Tracing ran the model in training mode, so the exported BatchNorm statistics are those
+    # after one update: both sides start from the module's state after the export.
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    np.save(os.path.join(workdir, "input.npy"), x.numpy())
+    np.save(os.path.join(workdir, "label.npy"), label.numpy())
+    trainable = os.path.join(workdir, f"{name}_{opt}.onnx")
+    trained = os.path.join(workdir, f"{name}_{opt}_trained.onnx")
+    cli, make_optimizer, lr = OPTIMIZERS[opt]
+    steps = STEPS_OF.get(name, STEPS)
+    run([onnxtrain, "make-trainable", path, "-o", trainable, "--loss", "cross_entropy"] + cli)
+    out = run([onnxtrain, "step", trainable, "--input", "input=" + os.path.join(workdir, "input.npy"),
+               "--input", "label=" + os.path.join(workdir, "label.npy"), "--steps", str(steps), "-o", trained])
+    got_losses = [float(m.group(1)) for m in re.finditer(r"onnxtrain\.loss=(\S+)", out)]
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(trained).graph.initializer}
+
+    optimizer = make_optimizer(model.parameters())
+    want_losses, batch_vars = [], {}
+    hooks = []
+    for mod_name, m in model.named_modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            def record(module, inputs, _out, key=mod_name):
+                batch_vars.setdefault(key, []).append(inputs[0].detach().var(dim=(0, 2, 3), unbiased=False))
+            hooks.append(m.register_forward_hook(record))
+    largest_grad = {}  # per parameter, the largest |gradient| of each entry over the steps
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), label)
+        want_losses.append(loss.item())
+        loss.backward()
+        for pname, p in model.named_parameters():
+            g = p.grad.detach().abs()
+            largest_grad[pname] = torch.maximum(largest_grad[pname], g) if pname in largest_grad else g
+        optimizer.step()
+    for h in hooks:
+        h.remove()
+    what = f"{name} x {opt}"
+    if len(got_losses) != steps or not np.allclose(got_losses, want_losses, rtol=RTOL, atol=ATOL):
+        fail(f"{what}: losses differ\n  onnxtrain {got_losses}\n  torch     {want_losses}")
+        return
+    compared = 0
+    global_largest = max(float(g.max()) for g in largest_grad.values())
+    for pname, p in model.named_parameters():
+        if pname not in weights:
+            fail(f"{what}: parameter {pname} is not an initializer of the trained model")
+            continue
+        want = p.detach().numpy()
+        atol = np.full(want.shape, ATOL)
+        if opt == "adamw":  # gradient entries that are float noise: see the module doc
+            g = largest_grad[pname].numpy()
+            atol[(g <= 1e-3 * g.max()) | (g <= 1e-6 * global_largest)] = 2 * lr * steps
+        if not np.all(np.abs(weights[pname] - want) <= atol + RTOL * np.abs(want)):
+            fail(f"{what}: parameter {pname} differs by {np.max(np.abs(weights[pname] - want)):.3g}")
+        compared += 1
+    for mod_name, variances in batch_vars.items():
+        mean_name, var_name = mod_name + ".running_mean", mod_name + ".running_var"
+        want_mean = model.state_dict()[mean_name].numpy()
+        if not np.allclose(weights[mean_name], want_mean, rtol=RTOL, atol=ATOL):
+            fail(f"{what}: {mean_name} differs by {np.max(np.abs(weights[mean_name] - want_mean)):.3g}")
+        # ONNX: running_var = momentum running_var + (1 - momentum) population variance.
+        var = initial[var_name].clone()
+        for v in variances:
+            var = 0.9 * var + 0.1 * v
+        if not np.allclose(weights[var_name], var.numpy(), rtol=RTOL, atol=ATOL):
+            fail(f"{what}: {var_name} differs from the ONNX definition by {np.max(np.abs(weights[var_name] - var.numpy())):.3g}")
+        compared += 2
+    print(f"done {what}: {steps} losses {got_losses[0]:.4f} .. {got_losses[-1]:.4f}, {compared} tensors compared")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--onnxtrain", required=True)
+    parser.add_argument("--only", default="", help="comma-separated model names")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else ["resnet18", "mobilenet_v2", "transformer"]
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in names:
+            for opt in OPTIMIZERS:
+                try:
+                    check(args.onnxtrain, workdir, name, opt)
+                except RuntimeError as e:
+                    fail(f"{name} x {opt}: {e}")
+    print(f"architecture parity: {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
