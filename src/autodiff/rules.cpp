@@ -19,6 +19,7 @@
 #include "autodiff/gradient.h"
 #include "autodiff/rules_common.h"
 #include "onnxtrain/error.h"
+#include "ops/einsum_equation.h"
 
 namespace onnxtrain::autodiff {
 
@@ -242,19 +243,9 @@ void matmul_rule(Builder& b) {
 // '...' dims of x_i that broadcast are summed back to its shape.
 void einsum_rule(Builder& b) {
   const std::string eq = b.get_string("equation", "");
-  std::string e;
-  for (char c : eq) {
-    if (!std::isspace(static_cast<unsigned char>(c))) e += c;
-  }
-  const size_t arrow = e.find("->");
-  std::vector<std::string> terms;
-  for (size_t start = 0;;) {
-    const size_t comma = e.find(',', start);
-    const size_t stop = std::min(comma, arrow);
-    terms.push_back(e.substr(start, stop - start));
-    if (comma == std::string::npos || comma > arrow) break;
-    start = comma + 1;
-  }
+  const ops::EinsumTerms split = ops::split_einsum(eq);
+  const std::vector<std::string>& terms = split.inputs;
+  const std::string& out = split.output;
   auto letters_of = [](const std::string& t) {
     std::string l;
     for (char c : t) {
@@ -262,23 +253,6 @@ void einsum_rule(Builder& b) {
     }
     return l;
   };
-  std::string out;
-  if (arrow != std::string::npos) {
-    out = e.substr(arrow + 2);
-  } else {  // implicit: '...' if any, then the letters used once, sorted
-    std::string all;
-    bool ellipsis = false;
-    for (const auto& t : terms) {
-      all += letters_of(t);
-      ellipsis |= t.find("...") != std::string::npos;
-    }
-    std::string once;
-    for (char c : all) {
-      if (std::count(all.begin(), all.end(), c) == 1) once += c;
-    }
-    std::sort(once.begin(), once.end());
-    out = (ellipsis ? "..." : "") + once;
-  }
   for (int i = 0; i < static_cast<int>(terms.size()); ++i) {
     if (!b.needs(i)) continue;
     const std::string& term = terms[static_cast<size_t>(i)];

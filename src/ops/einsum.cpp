@@ -15,6 +15,7 @@
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/einsum_equation.h"
 #include "ops/factories.h"
 
 namespace onnxtrain::ops {
@@ -52,53 +53,26 @@ Term parse_term(const std::string& text, const std::string& equation) {
 
 struct Equation {
   std::vector<Term> inputs;
-  bool explicit_output = false;
-  Term output;
+  Term output;  // explicit or implicit (split_einsum)
 };
 
 Equation parse_equation(const std::string& equation) {
-  std::string e;
-  for (char c : equation) {
-    if (!std::isspace(static_cast<unsigned char>(c))) e += c;
-  }
+  const EinsumTerms terms = split_einsum(equation);
   Equation eq;
-  const size_t arrow = e.find("->");
-  const std::string lhs = e.substr(0, arrow);
-  size_t start = 0;
-  while (true) {
-    const size_t comma = lhs.find(',', start);
-    eq.inputs.push_back(parse_term(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start), equation));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  if (arrow != std::string::npos) {
-    eq.explicit_output = true;
-    eq.output = parse_term(e.substr(arrow + 2), equation);
-    std::vector<int> seen;
-    for (int l : eq.output.letters) {
-      if (l < 0) continue;
-      if (std::find(seen.begin(), seen.end(), l) != seen.end()) {
-        throw Error("attribute 'equation' is '" + equation + "': output label '" + std::string(1, static_cast<char>(l)) + "' repeats");
-      }
-      seen.push_back(l);
-      bool in_input = false;
-      for (const Term& t : eq.inputs) in_input |= std::find(t.letters.begin(), t.letters.end(), l) != t.letters.end();
-      if (!in_input) {
-        throw Error("attribute 'equation' is '" + equation + "': output label '" + std::string(1, static_cast<char>(l)) +
-                    "' names no input dim");
-      }
+  for (const std::string& term : terms.inputs) eq.inputs.push_back(parse_term(term, equation));
+  eq.output = parse_term(terms.output, equation);
+  std::vector<int> seen;
+  for (int l : eq.output.letters) {
+    if (l < 0) continue;
+    if (std::find(seen.begin(), seen.end(), l) != seen.end()) {
+      throw Error("attribute 'equation' is '" + equation + "': output label '" + std::string(1, static_cast<char>(l)) + "' repeats");
     }
-  } else {
-    int count[128] = {};
-    for (const Term& t : eq.inputs) {
-      eq.output.ellipsis |= t.ellipsis;
-      for (int l : t.letters) {
-        if (l >= 0) ++count[l];
-      }
-    }
-    if (eq.output.ellipsis) eq.output.letters.push_back(-1);
-    for (int l = 0; l < 128; ++l) {
-      if (count[l] == 1) eq.output.letters.push_back(l);
+    seen.push_back(l);
+    bool in_input = false;
+    for (const Term& t : eq.inputs) in_input |= std::find(t.letters.begin(), t.letters.end(), l) != t.letters.end();
+    if (!in_input) {
+      throw Error("attribute 'equation' is '" + equation + "': output label '" + std::string(1, static_cast<char>(l)) +
+                  "' names no input dim");
     }
   }
   return eq;
