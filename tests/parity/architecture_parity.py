@@ -8,6 +8,8 @@ initial weights), made trainable with `onnxtrain make-trainable --loss cross_ent
 trained on one batch of 8 with `onnxtrain step`, with SGD momentum and with AdamW. PyTorch
 trains the same modules from the same weights on the same batch. The loss of every step and
 every parameter after the last step must agree within rtol 1e-3 (atol 1e-5).
+For the first optimizer of each float32 case, the same `onnxtrain step` with ONNXTRAIN_ARENA=0
+(every kernel output on the heap) must give bit-identical losses and weights.
 Dropout is exported with p = 0. BatchNorm running statistics: running_mean must equal
 PyTorch's; running_var is compared with the ONNX definition (the batch's population variance)
 rather than PyTorch's, which uses the unbiased variance.
@@ -58,8 +60,8 @@ def fail(message):
     print("FAIL " + message)
 
 
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(" ".join(cmd) + f" exited {r.returncode}:\n{r.stdout}{r.stderr}")
     return r.stdout
@@ -107,7 +109,7 @@ CASES = [("transformer", torch.float32, 5, ["momentum", "adamw"]),
          ("mobilenet_v2", torch.float32, 1, ["momentum", "adamw"])]
 
 
-def check(onnxtrain, workdir, name, dtype, steps, opt):
+def check(onnxtrain, workdir, name, dtype, steps, opt, check_arena=False):
     model, x = make(name, dtype)
     label = torch.arange(8) % 10
     path = os.path.join(workdir, f"{name}.onnx")
@@ -123,10 +125,18 @@ def check(onnxtrain, workdir, name, dtype, steps, opt):
     trained = os.path.join(workdir, f"{name}_{opt}_trained.onnx")
     cli, make_optimizer, lr = OPTIMIZERS[opt]
     run([onnxtrain, "make-trainable", path, "-o", trainable, "--loss", "cross_entropy"] + cli)
-    out = run([onnxtrain, "step", trainable, "--input", "input=" + os.path.join(workdir, "input.npy"),
-               "--input", "label=" + os.path.join(workdir, "label.npy"), "--steps", str(steps), "-o", trained])
+    step_cmd = [onnxtrain, "step", trainable, "--input", "input=" + os.path.join(workdir, "input.npy"),
+                "--input", "label=" + os.path.join(workdir, "label.npy"), "--steps", str(steps), "-o", trained]
+    out = run(step_cmd)
     got_losses = [float(m.group(1)) for m in re.finditer(r"onnxtrain\.loss=(\S+)", out)]
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(trained).graph.initializer}
+    if check_arena:
+        # The memory plan must not change a bit: the same run with every output on the heap.
+        heap = os.path.join(workdir, f"{name}_{opt}_heap.onnx")
+        heap_out = run(step_cmd[:-1] + [heap], env=dict(os.environ, ONNXTRAIN_ARENA="0"))
+        heap_weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(heap).graph.initializer}
+        if heap_out.replace(heap, trained) != out or any(not np.array_equal(heap_weights[k], v) for k, v in weights.items()):
+            fail(f"{name} x {opt}: ONNXTRAIN_ARENA=0 gives other results than the memory plan")
 
     optimizer = make_optimizer(model.parameters())
     want_losses, batch_vars = [], {}
@@ -193,7 +203,8 @@ def main():
                 continue
             for opt in optimizers:
                 try:
-                    check(args.onnxtrain, workdir, name, dtype, steps, opt)
+                    check(args.onnxtrain, workdir, name, dtype, steps, opt,
+                          check_arena=dtype == torch.float32 and opt == optimizers[0])
                 except RuntimeError as e:
                     fail(f"{name} x {opt}: {e}")
     print(f"architecture parity: {len(failures)} failures")
