@@ -176,6 +176,7 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
   Graph g;
   g.name_ = proto.name();
   g.source_ = source;
+  g.base_dir_ = base_dir;
   const std::string where = g.description();
 
   for (const auto& input : proto.input()) {

@@ -97,6 +97,8 @@ class Graph {
 
   const std::string& name() const { return name_; }
   const std::string& source() const { return source_; }
+  // Where initializers stored as external data are read from.
+  const std::filesystem::path& base_dir() const { return base_dir_; }
   const std::vector<Value>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const Value& value(ValueId id) const { return values_[static_cast<size_t>(id)]; }
@@ -119,6 +121,7 @@ class Graph {
 
   std::string name_;
   std::string source_;
+  std::filesystem::path base_dir_;
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<ValueId> inputs_;

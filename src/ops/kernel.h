@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ir/graph.h"
@@ -24,14 +25,18 @@ namespace onnxtrain::ops {
 
 class KernelInit {
  public:
-  KernelInit(const ir::Graph& graph, const ir::Node& node, int opset)
-      : graph_(graph), node_(node), opset_(opset) {}
+  // `opsets`: every domain's imported version (for ops that plan subgraphs: If, Loop).
+  KernelInit(const ir::Graph& graph, const ir::Node& node, int opset,
+             const std::unordered_map<std::string, int>* opsets = nullptr)
+      : graph_(graph), node_(node), opset_(opset), opsets_(opsets) {}
 
   const ir::Node& node() const { return node_; }
   const ir::Graph& graph() const { return graph_; }
   const std::string& op_type() const { return node_.op_type; }
   // The version of the node's domain the model imports (opset_import).
   int opset() const { return opset_; }
+  // Every domain's version, or nullptr when the caller did not give them.
+  const std::unordered_map<std::string, int>* opsets() const { return opsets_; }
   int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
   int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
   bool has_input(int i) const { return i < num_inputs() && node_.inputs[static_cast<size_t>(i)] != ir::kNoValue; }
@@ -59,6 +64,7 @@ class KernelInit {
   const ir::Graph& graph_;
   const ir::Node& node_;
   int opset_;
+  const std::unordered_map<std::string, int>* opsets_;
 };
 
 // What a run shares with its kernels: the seed of random ops and which run this is.
@@ -108,6 +114,9 @@ class KernelContext {
 
   const ir::Node& node() const { return node_; }
   const RunContext& run_context() const { return run_; }
+  // Any value of the graph by id: what a subgraph reads from the enclosing graph (the node's
+  // implicit inputs). Undefined if it has been released (never for implicit inputs).
+  const Tensor& value(ir::ValueId id) const { return values_[static_cast<size_t>(id)]; }
 
  private:
   const ir::Graph& graph_;

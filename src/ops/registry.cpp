@@ -205,6 +205,10 @@ const KernelDef kKernels[] = {
   {"", "Range",                11, kMaxOnnx, kNumeric,          make_range},
   {"", "EyeLike",               9, kMaxOnnx, kAll,              make_eye_like},
 
+  // --- control flow (runtime/control_flow.cpp): If's condition is a bool; Loop checks its own ---
+  {"", "If",                    1, kMaxOnnx, kBool,             make_if},
+  {"", "Loop",                  1, kMaxOnnx, DTypeSet{},        make_loop},
+
   // --- random generators (random.cpp) ---
   {"", "RandomNormal",          1, kMaxOnnx, DTypeSet{},        make_random},
   {"", "RandomUniform",         1, kMaxOnnx, DTypeSet{},        make_random},

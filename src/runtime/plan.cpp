@@ -59,7 +59,7 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
     const ops::KernelDef& def = resolve(graph, node, opsets, opset);
     std::unique_ptr<ops::Kernel> kernel;
     try {
-      kernel = def.make(ops::KernelInit(graph, node, opset));
+      kernel = def.make(ops::KernelInit(graph, node, opset, &opsets));
     } catch (const Error& e) {
       throw e.with_context(graph.description() + ", " + node.description());
     }
