@@ -35,6 +35,12 @@ void pool_rule(Builder& b) {
   }
   b.set_GI(0, b.op(type, {b.GO(0), b.I(0)}, attrs, kInternalDomain));
 }
+void resize_rule(Builder& b) {
+  std::vector<std::string> in{b.GO(0), b.I(0)};
+  for (int i = 1; i < 4; ++i) in.push_back(b.has_input(i) ? b.I(i) : "");
+  while (in.back().empty()) in.pop_back();
+  b.set_GI(0, b.op("ResizeGrad", in, forward_attributes(b), kInternalDomain));
+}
 void global_average_pool_rule(Builder& b) {
   const std::string g = expand_like(b, b.GO(0), b.I(0));
   b.set_GI(0, div(b, mul(b, g, numel_as(b, b.O(0), b.I(0))), numel_as(b, b.I(0), b.I(0))));
@@ -240,7 +246,7 @@ void gather_grad_rule(Builder& b) {
 }
 void not_twice_differentiable(Builder& b) {
   throw Error(b.node().op_type() + " (the backward op of " + b.node().op_type().substr(0, b.node().op_type().size() - 4) +
-              ") is not differentiable: second derivatives through convolution and pooling are not supported");
+              ") is not differentiable: second derivatives through convolution, pooling and Resize are not supported");
 }
 
 }  // namespace
@@ -250,6 +256,7 @@ std::vector<Rule> nn_rules() {
   // clang-format off
   return {
     {"", "Conv",                 inputs_mask({0, 1, 2}), false, conv_rule,  "dX, dW, dB by ai.onnxtrain.ConvGrad (oneDNN backward)"},
+    {"", "Resize",               inputs_mask({0}),       false, resize_rule, "dx = the interpolation's transpose applied to dy (ai.onnxtrain.ResizeGrad)"},
     {"", "ConvTranspose",        inputs_mask({0, 1, 2}), false, conv_rule,  "dX, dW, dB by ai.onnxtrain.ConvTransposeGrad"},
     {"", "MaxPool",              kIn0, false, pool_rule,                 "dy routed to each window's maximum (ai.onnxtrain.MaxPoolGrad)"},
     {"", "AveragePool",          kIn0, false, pool_rule,                 "dy spread over each window (ai.onnxtrain.AveragePoolGrad)"},
@@ -269,6 +276,7 @@ std::vector<Rule> nn_rules() {
     {kInternalDomain, "GatherElementsGrad", kIn0, false, gather_grad_rule,  "dg = GatherElements(dy)"},
     {kInternalDomain, "GatherNDGrad",       kIn0, false, gather_grad_rule,  "dg = GatherND(dy)"},
     {kInternalDomain, "ConvGrad",           kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
+    {kInternalDomain, "ResizeGrad",         kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ConvTransposeGrad",  kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "MaxPoolGrad",        kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "AveragePoolGrad",    kAllInputs, false, not_twice_differentiable, "not twice differentiable"},

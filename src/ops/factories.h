@@ -25,6 +25,7 @@ std::unique_ptr<Kernel> make_where(const KernelInit& init);
 std::unique_ptr<Kernel> make_matmul(const KernelInit& init);
 std::unique_ptr<Kernel> make_gemm(const KernelInit& init);
 std::unique_ptr<Kernel> make_einsum(const KernelInit& init);
+std::unique_ptr<Kernel> make_resize(const KernelInit& init);  // resize.cpp
 std::unique_ptr<Kernel> make_if(const KernelInit& init);    // runtime/control_flow.cpp
 std::unique_ptr<Kernel> make_loop(const KernelInit& init);  // runtime/control_flow.cpp
 

@@ -205,6 +205,9 @@ const KernelDef kKernels[] = {
   {"", "Range",                11, kMaxOnnx, kNumeric,          make_range},
   {"", "EyeLike",               9, kMaxOnnx, kAll,              make_eye_like},
 
+  // --- resampling (resize.cpp) ---
+  {"", "Resize",               11, kMaxOnnx, kNumeric,          make_resize},
+
   // --- control flow (runtime/control_flow.cpp): If's condition is a bool; Loop checks its own ---
   {"", "If",                    1, kMaxOnnx, kBool,             make_if},
   {"", "Loop",                  1, kMaxOnnx, DTypeSet{},        make_loop},
@@ -231,6 +234,7 @@ const KernelDef kKernels[] = {
   {kInternal, "ConvTransposeGrad",  1, 1,    kFloat,            make_conv_grad},
   {kInternal, "MaxPoolGrad",        1, 1,    kFloat,            make_pool_grad},
   {kInternal, "AveragePoolGrad",    1, 1,    kFloat,            make_pool_grad},
+  {kInternal, "ResizeGrad",         1, 1,    kFloat,            make_resize},  // resize.cpp
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
 };

@@ -283,6 +283,14 @@ std::vector<Case> cases() {
   c.push_back({"Einsum", eq("ij->i"), {x({3, 4})}, 1, 17, "", "a label summed within one input"});
   c.push_back({"Einsum", eq("...ij,...jk->...ik"), {x({2, 1, 3, 4}), x({3, 4, 2})}, 1, 17, "", "broadcast ellipsis"});
   c.push_back({"Einsum", eq("i,j,k->ijk"), {x({2}), x({3}), x({2})}, 1, 17, "", "three inputs"});
+  auto resize = [&](const char* mode, const char* transform, std::vector<Input> in, const char* label) {
+    c.push_back({"Resize", {attr("mode", std::string(mode)), attr("coordinate_transformation_mode", std::string(transform))},
+                 std::move(in), 1, 17, "", label});
+  };
+  resize("linear", "half_pixel", {x({1, 2, 3, 4}), omitted(), fixed(Tensor::from_vector<float>({4}, {1, 1, 2, 1.5f}))}, "linear, scales");
+  resize("cubic", "align_corners", {x({1, 1, 4, 3}), omitted(), omitted(), fixed(Tensor::from_vector<int64_t>({4}, {1, 1, 3, 5}))},
+         "cubic, sizes, align_corners");
+  resize("nearest", "asymmetric", {x({2, 5}), omitted(), fixed(Tensor::from_vector<float>({2}, {1, 0.6f}))}, "nearest, downsampling");
   c.push_back({"MatMul", {}, {x({3, 4}), x({4, 2})}, 1, 17, "", "2-D"});
   c.push_back({"MatMul", {}, {x({2, 3, 4}), x({4, 2})}, 1, 17, "", "batched"});
   c.push_back({"MatMul", {}, {x({4}), x({2, 4, 3})}, 1, 17, "", "1-D left"});
@@ -489,8 +497,8 @@ std::string gradients_doc() {
   }
   out << "\n## Backward ops of the `ai.onnxtrain` domain\n\n"
       << "Emitted by rules where standard ONNX ops would be much slower or need a newer opset\n"
-      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`). Their own rules make\n"
-      << "second derivatives work, except through convolution and pooling.\n\n"
+      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`, `resize.cpp`). Their own rules make\n"
+      << "second derivatives work, except through convolution, pooling and Resize.\n\n"
       << "| operator | differentiable inputs | gradient | finite-difference cases |\n|---|---|---|---|\n";
   for (const auto* r : rules) {
     if (!std::string(r->domain).empty()) row(r);
