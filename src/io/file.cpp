@@ -3,7 +3,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <random>
 
@@ -31,17 +30,22 @@ void read_file(const fs::path& path, const std::function<void(int fd)>& read) {
 }
 
 std::string read_file(const fs::path& path) {
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) throw Error(path.string() + ": no such file");
-  if (fs::is_directory(status)) throw Error(path.string() + ": is a folder, expected a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot open for reading: " + std::strerror(errno));
   std::string bytes;
-  const auto size = fs::file_size(path, ec);
-  if (!ec) bytes.reserve(static_cast<size_t>(size));
-  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(path.string() + ": read failed: " + std::strerror(errno));
+  read_file(path, [&](int fd) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (!ec) bytes.reserve(static_cast<size_t>(size));
+    char buffer[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buffer, sizeof buffer);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error(path.string() + ": read failed: " + std::strerror(errno));
+      }
+      bytes.append(buffer, static_cast<size_t>(n));
+    }
+  });
   return bytes;
 }
 

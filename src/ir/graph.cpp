@@ -126,7 +126,8 @@ Attribute attribute_from_proto(const onnx::AttributeProto& proto, const fs::path
   return a;
 }
 
-// Names a graph reads but does not define: the values it takes from its enclosing scope.
+}  // namespace
+
 void collect_free_names(const onnx::GraphProto& g, std::unordered_set<std::string>& free) {
   std::unordered_set<std::string> defined;
   for (const auto& v : g.input()) defined.insert(v.name());
@@ -148,8 +149,6 @@ void collect_free_names(const onnx::GraphProto& g, std::unordered_set<std::strin
   }
   for (const auto& o : g.output()) use(o.name());
 }
-
-}  // namespace
 
 ValueId Graph::intern(const std::string& value_name) {
   auto [it, inserted] = by_name_.try_emplace(value_name, static_cast<ValueId>(values_.size()));

@@ -131,6 +131,10 @@ class Graph {
   std::vector<NodeId> order_;
 };
 
+// Adds to `free` the names `graph` reads but does not define (recursively through its own
+// subgraphs): the values a subgraph takes from its enclosing scopes.
+void collect_free_names(const onnx::GraphProto& graph, std::unordered_set<std::string>& free);
+
 // Reads a TypeProto (tensor types only; other types give an Undefined dtype).
 TensorType tensor_type_from_proto(const onnx::TypeProto& type);
 

@@ -245,20 +245,25 @@ class Adam final : public Kernel {
       const T rr = r, aa = a, bb = b, ee = eps, nn = norm, kk = keep;
       // Reciprocals: three divisions per element would make this loop compute-bound.
       const T sg = T(1) / k[0], sv = T(1) / k[1], sh = T(1) / k[2], mv = k[3], mh = k[4];
+      const auto one = [&](int64_t e) {
+        T g = g0[e], vp = v0[e], hp = h0[e];
+        if constexpr (Scaled) {
+          g = g * sg;
+          vp = vp * sv;
+          hp = hp * sh;
+        }
+        const T gr = nn * x0[e] + g;
+        const T v = aa * vp + (T(1) - aa) * gr;
+        const T h = bb * hp + (T(1) - bb) * gr * gr;
+        x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
+        v1[e] = Scaled ? v * mv : v;
+        h1[e] = Scaled ? h * mh : h;
+      };
 #if defined(__AVX2__)
       if constexpr (std::is_same_v<T, float>) {
         // The outputs are written once and read only at the next step: streaming stores skip
         // reading their cache lines first. Scalar elements until x1 + e is 32-byte aligned
         // (v1 and h1 share the alignment: every tensor starts 64-byte aligned).
-        const auto one = [&](int64_t e) {
-          const T g = Scaled ? g0[e] * sg : g0[e], vp = Scaled ? v0[e] * sv : v0[e], hp = Scaled ? h0[e] * sh : h0[e];
-          const T gr = nn * x0[e] + g;
-          const T v = aa * vp + (T(1) - aa) * gr;
-          const T h = bb * hp + (T(1) - bb) * gr * gr;
-          x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
-          v1[e] = Scaled ? v * mv : v;
-          h1[e] = Scaled ? h * mh : h;
-        };
         int64_t e = begin;
         for (; e < end && (reinterpret_cast<uintptr_t>(x1 + e) & 31) != 0; ++e) one(e);
         const __m256 vsg = _mm256_set1_ps(Scaled ? sg : 1.0f), vsv = _mm256_set1_ps(Scaled ? sv : 1.0f);
@@ -284,25 +289,7 @@ class Adam final : public Kernel {
       }
 #endif
 #pragma omp simd
-      for (int64_t e = begin; e < end; ++e) {
-        T g = g0[e], vp = v0[e], hp = h0[e];
-        if constexpr (Scaled) {
-          g = g * sg;
-          vp = vp * sv;
-          hp = hp * sh;
-        }
-        const T gr = nn * x0[e] + g;
-        const T v = aa * vp + (T(1) - aa) * gr;
-        const T h = bb * hp + (T(1) - bb) * gr * gr;
-        x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
-        if constexpr (Scaled) {
-          v1[e] = v * mv;
-          h1[e] = h * mh;
-        } else {
-          v1[e] = v;
-          h1[e] = h;
-        }
-      }
+      for (int64_t e = begin; e < end; ++e) one(e);
     });
   }
 

@@ -90,7 +90,8 @@ PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x
   p.channels = x[0] * x[1];
   const auto dims = x.to_vector();
   p.in.assign(dims.begin() + 2, dims.end());
-  const auto taps = dim_taps(a, x_name, p);
+  p.taps = dim_taps(a, x_name, p);
+  const auto& taps = p.taps;
   std::vector<int64_t> row_stride(nd, 1), column_stride(nd, 1);
   for (size_t d = nd; d-- > 1;) row_stride[d - 1] = row_stride[d] * p.in[d];
   for (size_t d = 1; d < nd; ++d) column_stride[d] = column_stride[d - 1] * p.in[d - 1];
@@ -98,13 +99,11 @@ PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x
     p.in_size *= p.in[d];
     p.out_size *= p.out[d];
   }
-  p.taps = taps;
   p.dilations = a.dilations;
-  p.last_taps = taps[nd - 1];
   p.last_column_stride = column_stride[nd - 1];
   p.last_stride = a.strides[nd - 1];
   const int64_t out_last = p.out[nd - 1], in_last = p.in[nd - 1];
-  const int64_t pad_last = p.out[nd - 1] > 0 ? -p.last_taps[0].start : 0;
+  const int64_t pad_last = p.out[nd - 1] > 0 ? -p.last_taps()[0].start : 0;
   for (int64_t k = 0; k < a.kernel[nd - 1]; ++k) {
     const int64_t shift = k * a.dilations[nd - 1] - pad_last;
     const int64_t first = std::clamp<int64_t>(ceil_div(-shift, p.last_stride), 0, out_last);

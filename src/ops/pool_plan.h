@@ -46,7 +46,7 @@ struct PoolPlan {
   int64_t in_size = 1, out_size = 1;
   std::vector<std::vector<Taps>> taps;  // per spatial dim, per output coord along it
   std::vector<int64_t> dilations;       // per spatial dim
-  std::vector<Taps> last_taps;  // per output coord of the last dim
+  const std::vector<Taps>& last_taps() const { return taps.back(); }  // along the last dim
   int64_t last_column_stride = 1;
   // Along the last dim, kernel tap k of output ol reads input ol * stride + shift[k], inside the
   // input for ol in [first[k], last[k]).
@@ -65,7 +65,7 @@ PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x
 // The divisor of AveragePool for output o of output line l (see PoolPlan): the number of
 // window elements inside the input, or inside the padded input with count_include_pad.
 inline int64_t average_pool_count(const PoolPlan& p, size_t l, int64_t o, bool count_include_pad) {
-  const Taps& t = p.last_taps[static_cast<size_t>(o)];
+  const Taps& t = p.last_taps()[static_cast<size_t>(o)];
   return count_include_pad ? p.line_padded[l] * t.padded
                            : (p.line_begin[l + 1] - p.line_begin[l]) * (t.hi - t.lo);
 }

@@ -41,7 +41,11 @@ struct Tap {
 };
 
 struct ResizeAttrs {
-  std::string mode, transform, nearest_mode;
+  // Parsed once, when the node is planned; the orders are those of the lists in the factory.
+  enum class Mode { Nearest, Linear, Cubic } mode = Mode::Nearest;
+  enum class Transform { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric, TfHalfPixelForNn, TfCropAndResize };
+  Transform transform = Transform::HalfPixel;
+  enum class Rounding { RoundPreferFloor, RoundPreferCeil, Floor, Ceil } nearest_mode = Rounding::RoundPreferFloor;
   double cubic_a = -0.75;
   bool exclude_outside = false;
   double extrapolation_value = 0;
@@ -54,15 +58,16 @@ std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t
   for (int64_t o = 0; o < out; ++o) {
     const double xo = static_cast<double>(o);
     double x = 0;
-    if (a.transform == "half_pixel") {
+    using T = ResizeAttrs::Transform;
+    if (a.transform == T::HalfPixel) {
       x = (xo + 0.5) / scale - 0.5;
-    } else if (a.transform == "pytorch_half_pixel") {
+    } else if (a.transform == T::PytorchHalfPixel) {
       x = out > 1 ? (xo + 0.5) / scale - 0.5 : 0;
-    } else if (a.transform == "align_corners") {  // out as in * scale, before flooring (the reference's)
+    } else if (a.transform == T::AlignCorners) {  // out as in * scale, before flooring (the reference's)
       x = out > 1 ? xo * static_cast<double>(in - 1) / (static_cast<double>(in) * scale - 1) : 0;
-    } else if (a.transform == "asymmetric") {
+    } else if (a.transform == T::Asymmetric) {
       x = xo / scale;
-    } else if (a.transform == "tf_half_pixel_for_nn") {
+    } else if (a.transform == T::TfHalfPixelForNn) {
       x = (xo + 0.5) / scale;
     } else {  // tf_crop_and_resize
       x = out > 1 ? roi_start * static_cast<double>(in - 1) +
@@ -72,15 +77,16 @@ std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t
     }
     auto& t = taps[static_cast<size_t>(o)];
     const auto clamp = [in](int64_t i) { return std::clamp<int64_t>(i, 0, in - 1); };
-    if (a.mode == "nearest") {
+    if (a.mode == ResizeAttrs::Mode::Nearest) {
       const double f = std::floor(x);
       const double frac = x - f;
       int64_t i = static_cast<int64_t>(f);
-      if (a.nearest_mode == "ceil") {
+      using R = ResizeAttrs::Rounding;
+      if (a.nearest_mode == R::Ceil) {
         i = static_cast<int64_t>(std::ceil(x));
-      } else if (a.nearest_mode == "round_prefer_ceil") {
+      } else if (a.nearest_mode == R::RoundPreferCeil) {
         i += frac >= 0.5 ? 1 : 0;
-      } else if (a.nearest_mode == "round_prefer_floor") {
+      } else if (a.nearest_mode == R::RoundPreferFloor) {
         i += frac > 0.5 ? 1 : 0;
       }  // floor: i as is
       t.push_back({clamp(i), 1.0});
@@ -89,7 +95,7 @@ std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t
     const double f = std::floor(x);
     const double r = x - f;
     const auto base = static_cast<int64_t>(f);
-    if (a.mode == "linear") {
+    if (a.mode == ResizeAttrs::Mode::Linear) {
       t.push_back({base, 1 - r});
       t.push_back({base + 1, r});
     } else {  // cubic, Keys' kernel
@@ -116,24 +122,27 @@ std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t
 class ResizeKernel final : public Kernel {
  public:
   ResizeKernel(const KernelInit& init, bool grad) : grad_(grad) {
-    a_.mode = init.attr_string("mode", "nearest");
-    a_.transform = init.attr_string("coordinate_transformation_mode", "half_pixel");
-    a_.nearest_mode = init.attr_string("nearest_mode", "round_prefer_floor");
     a_.cubic_a = init.attr_float("cubic_coeff_a", -0.75f);
     a_.exclude_outside = init.attr_int("exclude_outside", 0) != 0;
     a_.extrapolation_value = init.attr_float("extrapolation_value", 0.0f);
-    auto one_of = [](const std::string& name, const std::string& v, std::initializer_list<const char*> allowed) {
+    // The index of the attribute's value in `allowed` (its default: the first).
+    auto one_of = [&](const std::string& name, std::initializer_list<const char*> allowed) {
+      const std::string v = init.attr_string(name, *allowed.begin());
       std::string list;
+      int i = 0;
       for (const char* x : allowed) {
-        if (v == x) return;
+        if (v == x) return i;
         list += (list.empty() ? "" : ", ") + std::string(x);
+        ++i;
       }
       fail("attribute '" + name + "' is '" + v + "', expected one of " + list);
     };
-    one_of("mode", a_.mode, {"nearest", "linear", "cubic"});
-    one_of("coordinate_transformation_mode", a_.transform,
-           {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"});
-    one_of("nearest_mode", a_.nearest_mode, {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"});
+    a_.mode = static_cast<ResizeAttrs::Mode>(one_of("mode", {"nearest", "linear", "cubic"}));
+    a_.transform = static_cast<ResizeAttrs::Transform>(one_of(
+        "coordinate_transformation_mode",
+        {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"}));
+    a_.nearest_mode = static_cast<ResizeAttrs::Rounding>(
+        one_of("nearest_mode", {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"}));
   }
 
   void run(KernelContext& ctx) override {
@@ -142,7 +151,7 @@ class ResizeKernel final : public Kernel {
     const size_t rank = x.rank();
     std::vector<double> roi;
     if (ctx.has_input(1 + shift) && ctx.input(1 + shift).numel() > 0) roi = ctx.input(1 + shift).to_double_vector();
-    if (a_.transform == "tf_crop_and_resize" && roi.size() != 2 * rank) {
+    if (a_.transform == ResizeAttrs::Transform::TfCropAndResize && roi.size() != 2 * rank) {
       fail("roi " + ctx.input_name(1 + shift) + " must hold 2 x rank = " + std::to_string(2 * rank) +
            " values for tf_crop_and_resize, got " + std::to_string(roi.size()));
     }
@@ -181,8 +190,7 @@ class ResizeKernel final : public Kernel {
       Shape shape = x.shape();
       for (size_t d = rank; d-- > 0;) {
         const int64_t in = shape[d], out = out_shape[d];
-        const bool identity = in == out && scales[d] == 1.0 && a_.transform != "tf_crop_and_resize";
-        if (identity) continue;
+        if (unchanged(in, out, scales[d])) continue;
         const auto taps = plan_dim(a_, in, out, scales[d], roi.empty() ? 0 : roi[d], roi.empty() ? 1 : roi[d + rank]);
         const int64_t outer = shape.numel(0, d), inner = shape.numel(d + 1, rank);
         std::vector<double> next(static_cast<size_t>(outer * out * inner));
@@ -230,7 +238,7 @@ class ResizeKernel final : public Kernel {
       Shape shape = out_shape;
       for (size_t d = 0; d < rank; ++d) {
         const int64_t in = x.dim(d), out = out_shape[d];
-        if (in == out && scales[d] == 1.0 && a_.transform != "tf_crop_and_resize") continue;
+        if (unchanged(in, out, scales[d])) continue;
         const auto taps = plan_dim(a_, in, out, scales[d], roi.empty() ? 0 : roi[d], roi.empty() ? 1 : roi[d + rank]);
         const int64_t outer = shape.numel(0, d), inner = shape.numel(d + 1, rank);
         std::vector<double> next(static_cast<size_t>(outer * in * inner), 0.0);
@@ -251,6 +259,11 @@ class ResizeKernel final : public Kernel {
       T* pdx = dx.data<T>();
       for (size_t i = 0; i < cur.size(); ++i) pdx[i] = convert<T>(cur[i]);
     });
+  }
+
+  // A dim the interpolation maps onto itself (skipped).
+  bool unchanged(int64_t in, int64_t out, double scale) const {
+    return in == out && scale == 1.0 && a_.transform != ResizeAttrs::Transform::TfCropAndResize;
   }
 
   ResizeAttrs a_;

@@ -36,8 +36,9 @@ class Branch {
     if (!init.opsets()) fail("needs the model's opsets to plan its subgraphs (internal error)");
     const std::string source = outer.description() + ", " + init.node().description() + " " + attribute;
     ir::Graph graph = ir::Graph::from_proto(*a->g, source, outer.base_dir(), visible);
-    for (const ir::Value& v : graph.values()) {
-      if (v.is_outer_scope) reads_.push_back({graph.find(v.name), outer.find(v.name)});
+    for (size_t id = 0; id < graph.values().size(); ++id) {
+      const ir::Value& v = graph.values()[id];
+      if (v.is_outer_scope) reads_.push_back({static_cast<ir::ValueId>(id), outer.find(v.name)});
     }
     for (ir::ValueId id : graph.outputs()) output_names_.push_back(graph.value(id).name);
     runner_ = std::make_unique<runtime::GraphRunner>(std::move(graph), *init.opsets(), source);

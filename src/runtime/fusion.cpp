@@ -2,12 +2,14 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <functional>
 #include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
+
+#include "ir/graph.h"
 
 namespace onnxtrain::runtime {
 
@@ -31,22 +33,6 @@ bool one_element(const onnx::TypeProto& type) {
   return true;
 }
 
-// Names read by any subgraph attribute, at any depth (such values must keep their producers).
-void collect_subgraph_reads(const onnx::GraphProto& graph, std::set<std::string>& names) {
-  for (const auto& node : graph.node()) {
-    for (const auto& attr : node.attribute()) {
-      auto visit = [&](const onnx::GraphProto& sub) {
-        for (const auto& n : sub.node()) {
-          for (const auto& in : n.input()) names.insert(in);
-        }
-        collect_subgraph_reads(sub, names);
-      };
-      if (attr.has_g()) visit(attr.g());
-      for (const auto& g : attr.graphs()) visit(g);
-    }
-  }
-}
-
 class Matcher {
  public:
   explicit Matcher(const onnx::GraphProto& graph) : graph_(graph) {
@@ -60,7 +46,12 @@ class Matcher {
       }
     }
     for (const auto& out : graph.output()) pinned_.insert(out.name());
-    collect_subgraph_reads(graph, pinned_);
+    for (const auto& node : graph.node()) {  // values subgraphs read must keep their producers
+      for (const auto& attr : node.attribute()) {
+        if (attr.has_g()) ir::collect_free_names(attr.g(), pinned_);
+        for (const auto& g : attr.graphs()) ir::collect_free_names(g, pinned_);
+      }
+    }
     for (const auto& init : graph.initializer()) scalar_[init.name()] = one_element(init.dims());
     for (const auto& in : graph.input()) scalar_.try_emplace(in.name(), one_element(in.type()));
     for (const auto& vi : graph.value_info()) {
@@ -112,7 +103,7 @@ class Matcher {
   const onnx::GraphProto& graph_;
   std::unordered_map<std::string, int> producer_;
   std::unordered_map<std::string, std::vector<int>> readers_;
-  std::set<std::string> pinned_;
+  std::unordered_set<std::string> pinned_;
   std::unordered_map<std::string, bool> scalar_;
 };
 

@@ -171,8 +171,7 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
   Shared& s = *shared_;
   const size_t k = s.begin + next_++;
   if (s.recording) {
-    void* data = std::aligned_alloc(Tensor::kAlignment, bytes);
-    if (!data) throw std::bad_alloc();
+    void* data = take_block(bytes);  // counted like any tensor block; freed to the system
     s.blocks.push_back({bytes, s.step, kAlive, 0, false, {}});
     s.owners.push_back({});
     s.owners.back().shared = &s;

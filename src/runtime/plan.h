@@ -34,8 +34,6 @@ class Plan {
   void run(std::vector<Tensor>& values, const ops::RunContext& run_context);
 
   size_t num_steps() const { return steps_.size(); }
-  // Bytes of the arena kernel outputs are placed in (0 before the first run ends).
-  size_t arena_bytes() const { return memory_.arena_bytes(); }
 
  private:
   struct Step {

@@ -104,8 +104,6 @@ struct TrainingSession::Impl {
     return graphs;
   }
 
-  // Builds and plans `proto`, records which of its initializers are variables, and adds
-  // variables seen for the first time to the state with their initializer values.
   // Moves the values of the variables among `g`'s initializers into the state (the first
   // graph to hold one gives its value), leaving stubs: name, element type and dims.
   void hold_variables(onnx::GraphProto& g, const std::set<std::string>& keys, const std::string& label) {
@@ -120,32 +118,36 @@ struct TrainingSession::Impl {
     }
   }
 
+  // Turns the variables among `graph`'s initializers into graph inputs typed like them; returns
+  // their names.
+  static std::set<std::string> variables_as_inputs(onnx::GraphProto& graph, const std::set<std::string>& keys) {
+    std::set<std::string> inputs, supplied;
+    for (const auto& in : graph.input()) inputs.insert(in.name());
+    google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+    for (auto& t : *graph.mutable_initializer()) {
+      if (!keys.contains(t.name())) {
+        kept.Add()->Swap(&t);
+        continue;
+      }
+      supplied.insert(t.name());
+      if (inputs.contains(t.name())) continue;  // IR < 4: initializers are also listed as inputs
+      auto* in = graph.add_input();
+      in->set_name(t.name());
+      auto* type = in->mutable_type()->mutable_tensor_type();
+      type->set_elem_type(t.data_type());
+      auto* shape = type->mutable_shape();
+      for (int64_t d : t.dims()) shape->add_dim()->set_dim_value(d);
+    }
+    graph.mutable_initializer()->Swap(&kept);
+    return supplied;
+  }
+
   // Builds and plans `proto`. Its variables (initializer stubs, see hold_variables) become
   // typed graph inputs that every run supplies from the state, so no graph holds a copy.
   BoundGraph make_bound(const onnx::GraphProto& proto, const std::string& label,
                         const runtime::OpsetMap& opsets, const std::set<std::string>& keys) {
     onnx::GraphProto graph = proto;
-    std::set<std::string> supplied;
-    {
-      std::set<std::string> inputs;
-      for (const auto& in : graph.input()) inputs.insert(in.name());
-      google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
-      for (auto& t : *graph.mutable_initializer()) {
-        if (!keys.contains(t.name())) {
-          kept.Add()->Swap(&t);
-          continue;
-        }
-        supplied.insert(t.name());
-        if (inputs.contains(t.name())) continue;  // IR < 4: initializers are also listed as inputs
-        auto* in = graph.add_input();
-        in->set_name(t.name());
-        auto* type = in->mutable_type()->mutable_tensor_type();
-        type->set_elem_type(t.data_type());
-        auto* shape = type->mutable_shape();
-        for (int64_t d : t.dims()) shape->add_dim()->set_dim_value(d);
-      }
-      graph.mutable_initializer()->Swap(&kept);
-    }
+    const std::set<std::string> supplied = variables_as_inputs(graph, keys);
     run_checker(model, graph, label);
     if (autodiff::has_gradient_nodes(graph)) {
       autodiff::expand_gradients(graph, opsets, label);
