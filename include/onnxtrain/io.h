@@ -48,7 +48,8 @@ struct SaveOptions {
   uint64_t external_threshold = kMaxProtoBytes;
   uint64_t external_min_bytes = 1024;
 };
-// Writes a model atomically (see the file comment). Throws Error naming `path` when the
+// Writes a model atomically (see the file comment), serializing it straight into the file
+// (taken by value: move a model in to avoid a copy). Throws Error naming `path` when the
 // folder is not writable or the disk is full; the previous file, if any, is left intact.
 void save_model(onnx::ModelProto model, const std::filesystem::path& path,
                 const SaveOptions& options = {});

@@ -56,7 +56,8 @@ class Tensor {
   // Uninitialized storage for `shape` elements of `dtype`. Throws Error for a dtype a tensor
   // cannot hold or a negative dim.
   Tensor(DataType dtype, const Shape& shape);
-  // A tensor over existing storage, which must hold at least nbytes() bytes.
+  // A tensor over existing storage, which must hold at least nbytes() bytes. Throws Error when
+  // it does not or the dtype cannot be held.
   Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> storage);
   static Tensor zeros(DataType dtype, const Shape& shape);
   // A copy of `values` with the given shape (values.size() must equal shape.numel()).

@@ -201,6 +201,29 @@ TEST(EinsumTest, Errors) {
   EXPECT_NE(error("ij,jk->ik", {a}).find("has 2 input terms but the node has 1 inputs"), std::string::npos);
 }
 
+// Resize: the backend tests cover every mode; here the errors.
+TEST(ResizeTest, Errors) {
+  const Tensor x = random({1, 1, 2, 2}, 1);
+  const Tensor scales = Tensor::from_vector<float>({4}, {1, 1, 2, 2});
+  const Tensor sizes = Tensor::from_vector<int64_t>({4}, {1, 1, 4, 4});
+  auto error = [&](const std::vector<Tensor>& in, Attrs attrs) {
+    try {
+      run1("Resize", in, std::move(attrs), 13);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({x, Tensor(), scales, sizes}, {}).find("exactly one of scales and sizes"), std::string::npos);
+  EXPECT_NE(error({x, Tensor(), Tensor::from_vector<float>({2}, {2, 2})}, {}).find("has 2 values for input rank 4"),
+            std::string::npos);
+  EXPECT_NE(error({x, Tensor(), scales}, {attr("mode", std::string("area"))}).find("attribute 'mode' is 'area', expected one of nearest, linear, cubic"),
+            std::string::npos);
+  EXPECT_NE(error({x, Tensor(), scales}, {attr("coordinate_transformation_mode", std::string("tf_crop_and_resize"))})
+                .find("must hold 2 x rank = 8 values"),
+            std::string::npos);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gemm
 
