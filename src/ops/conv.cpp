@@ -15,15 +15,24 @@
 // input shape, cached in the kernel; float16/bfloat16 are converted to float32 and back;
 // float64 and other ranks use the im2col reference of conv_ref.h.
 //
+// ai.onnxtrain.FusedConv (made by runtime/fusion.h, never saved) is a Conv followed by Relu
+// (attribute activation = "Relu") and MaxPool without Indices (MaxPool's attributes as
+// pool_kernel_shape, pool_strides, ...). For float32 through oneDNN the convolution writes
+// channels-last into a scratch block and max_pool_channels_last (pool.cpp) reads it, so the
+// largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
+//
 // Attribute parsing, shape resolution and the oneDNN view of a geometry are declared in
 // conv_geometry.h: ConvGrad / ConvTransposeGrad (conv_grad.cpp) resolve them the same way.
 #include <cstring>
 #include <unordered_map>
 
 #include "core/dispatch.h"
+#include "core/memory.h"
+#include "core/parallel.h"
 #include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
+#include "ops/pool_plan.h"
 
 namespace onnxtrain::ops {
 
@@ -262,7 +271,21 @@ struct ConvEntry {
   std::vector<float> dst_buffer;
 };
 
-ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
+// A dense channels-last descriptor ([N, C, D...] dims stored as N, D..., C).
+dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
+  dnnl::memory::dims strides(dims.size());
+  int64_t stride = dims[1];
+  for (size_t d = dims.size(); d-- > 2;) {
+    strides[d] = stride;
+    stride *= dims[d];
+  }
+  strides[1] = 1;
+  strides[0] = stride;
+  return du::strided_f32(dims, strides);
+}
+
+// `channels_last_dst`: y is written channels-last, for max_pool_channels_last to read.
+ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channels_last_dst = false) {
   using dnnl::memory;
   ConvEntry e;
   e.dims = dnnl_conv_dims(g);
@@ -272,9 +295,11 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias) {
     return e;
   }
   const memory::desc src = du::plain_f32(dims_of(g.N, g.C, g.in));
-  const memory::desc dst = du::plain_f32(dims_of(g.N, g.M, d.dst_dims));
+  const memory::desc dst = channels_last_dst ? channels_last_f32(dims_of(g.N, g.M, d.dst_dims))
+                                             : du::plain_f32(dims_of(g.N, g.M, d.dst_dims));
   const memory::desc any_src(src.dims(), memory::data_type::f32, memory::format_tag::any);
-  const memory::desc any_dst(dst.dims(), memory::data_type::f32, memory::format_tag::any);
+  const memory::desc any_dst =
+      channels_last_dst ? dst : memory::desc(dst.dims(), memory::data_type::f32, memory::format_tag::any);
   memory::desc src_wanted = src, dst_wanted = dst;
   const memory::desc user_weights = conv_weights_desc(g, transpose);
   const memory::desc any_weights(user_weights.dims(), memory::data_type::f32,
@@ -344,9 +369,17 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
 
 // ---------------------------------------------------------------------------------------------
 
+// What ai.onnxtrain.FusedConv (runtime/fusion.h) runs after the convolution: Relu, then MaxPool
+// without Indices. Plain Conv and ConvTranspose have neither.
+struct ConvEpilogue {
+  bool relu = false;
+  std::optional<PoolAttrs> pool;
+};
+
 class ConvKernel final : public Kernel {
  public:
-  explicit ConvKernel(ConvAttrs attrs) : attrs_(std::move(attrs)) {}
+  explicit ConvKernel(ConvAttrs attrs, ConvEpilogue epilogue = {})
+      : attrs_(std::move(attrs)), epilogue_(std::move(epilogue)) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -363,7 +396,17 @@ class ConvKernel final : public Kernel {
              std::to_string(g.M) + "] (one bias per output channel)");
       }
     }
-    const Shape out = conv_output_shape(g);
+    Shape out = conv_output_shape(g);
+    const PoolPlan* pool = nullptr;
+    if (epilogue_.pool) {
+      if (!pool_plan_ || !(pool_shape_ == out)) {
+        pool_plan_ = make_pool_plan(*epilogue_.pool, out, "(the convolution's output)");
+        pool_shape_ = out;
+      }
+      pool = &*pool_plan_;
+      out = Shape{g.N, g.M};
+      for (int64_t d : pool->out) out.push_back(d);
+    }
     const std::string what = ctx.node().op_type + " input " + ctx.input_name(0);
     visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
       const Tensor& w = ctx.input(1);
@@ -373,43 +416,95 @@ class ConvKernel final : public Kernel {
           return t.defined() ? t.cast(DataType::Float32) : Tensor();
         };
         Tensor y(DataType::Float32, out);
-        compute<float>(g, f32(x), f32(w), f32(b), y);
+        compute<float>(g, pool, f32(x), f32(w), f32(b), y);
         ctx.set_output(0, y.cast(x.dtype()));
       } else {
-        compute<T>(g, x, w, b, ctx.allocate_output(0, x.dtype(), out));
+        compute<T>(g, pool, x, w, b, ctx.allocate_output(0, x.dtype(), out));
       }
     });
   }
 
  private:
+  // y = the convolution, then the epilogue (`pool` planned for the convolution's output shape).
   template <class T>
-  void compute(const ConvGeometry& g, const Tensor& x, const Tensor& w, const Tensor& b,
-               Tensor& y) {
+  void compute(const ConvGeometry& g, const PoolPlan* pool, const Tensor& x, const Tensor& w,
+               const Tensor& b, Tensor& y) {
     if (y.numel() == 0) return;
     const T* bias = b.defined() ? b.data<T>() : nullptr;
+    if (!pool) {
+      convolve<T>(g, x, w, bias, y.data<T>());
+      if (epilogue_.relu) relu_in_place<T>(y);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      // oneDNN writes the convolution channels-last into a scratch block, which the pool reads:
+      // no reorder to the plain layout, and Relu costs nothing (it commutes with the maximum).
+      if (g.rank() <= 3 && x.numel() > 0 && w.numel() > 0) {
+        ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(b.defined()).add(1),
+                                  [&] { return plan(g, attrs_.transpose, b.defined(), true); });
+        if (!e.use_reference && !e.dims.embed) {
+          const size_t bytes = (static_cast<size_t>(g.N * g.M * g.out_size()) * sizeof(float) + 63) / 64 * 64;
+          const ScratchBlock scratch(bytes);
+          float* conv_out = static_cast<float*>(scratch.data);
+          execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out);
+          max_pool_channels_last(*pool, g.M, epilogue_.relu, conv_out, y.data<float>());
+          return;
+        }
+      }
+    }
+    Tensor conv_out(x.dtype(), conv_output_shape(g));
+    convolve<T>(g, x, w, bias, conv_out.data<T>());
+    max_pool_forward(*pool, conv_out, y);
+    if (epilogue_.relu) relu_in_place<T>(y);
+  }
+
+  // y [N, M, O...] (plain) = the convolution of x with w, plus bias.
+  template <class T>
+  void convolve(const ConvGeometry& g, const Tensor& x, const Tensor& w, const T* bias, T* y) {
     if (x.numel() == 0 || w.numel() == 0) {  // no input reaches the output
-      conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), bias, y.data<T>());
+      conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), bias, y);
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
       if (g.rank() <= 3) {
-        ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(b.defined()),
-                                  [&] { return plan(g, attrs_.transpose, b.defined()); });
+        ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(bias != nullptr).add(0),
+                                  [&] { return plan(g, attrs_.transpose, bias != nullptr); });
         if (!e.use_reference) {
-          execute(e, g, x.data<float>(), w.data<float>(), bias, y.data<float>());
+          execute(e, g, x.data<float>(), w.data<float>(), bias, y);
           return;
         }
       }
     }
     if (attrs_.transpose) {
-      conv_transpose_reference<T>(g, x.data<T>(), w.data<T>(), bias, y.data<T>());
+      conv_transpose_reference<T>(g, x.data<T>(), w.data<T>(), bias, y);
     } else {
-      conv_reference<T>(g, x.data<T>(), w.data<T>(), bias, y.data<T>());
+      conv_reference<T>(g, x.data<T>(), w.data<T>(), bias, y);
     }
   }
 
+  template <class T>
+  static void relu_in_place(Tensor& y) {  // as the Relu op: max(v, 0), NaN kept
+    T* v = y.data<T>();
+    parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) v[i] = v[i] < T(0) ? T(0) : v[i];
+    });
+  }
+
+  // A block of the tensor block cache (core/memory.h) for one run.
+  struct ScratchBlock {
+    explicit ScratchBlock(size_t n) : data(take_block(n)), bytes(n) {}
+    ~ScratchBlock() { give_block(data, bytes); }
+    ScratchBlock(const ScratchBlock&) = delete;
+    ScratchBlock& operator=(const ScratchBlock&) = delete;
+    void* data;
+    size_t bytes;
+  };
+
   ConvAttrs attrs_;
+  ConvEpilogue epilogue_;
   du::PrimitiveCache<ConvEntry> cache_;
+  Shape pool_shape_;  // the convolution output shape pool_plan_ was made for
+  std::optional<PoolPlan> pool_plan_;
 };
 
 }  // namespace
@@ -450,6 +545,28 @@ std::unique_ptr<Kernel> make_conv(const KernelInit& init) {
 
 std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init) {
   return std::make_unique<ConvKernel>(parse_conv_attrs(init, true));
+}
+
+std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
+  ConvEpilogue epilogue;
+  const std::string activation = init.attr_string("activation", "");
+  if (!activation.empty() && activation != "Relu") {
+    throw Error("attribute 'activation' is '" + activation + "', expected Relu or none");
+  }
+  epilogue.relu = activation == "Relu";
+  if (init.has_attr("pool_kernel_shape")) {  // MaxPool's attributes, named pool_<name>
+    ir::Node pool_node;
+    pool_node.name = init.node().name;
+    pool_node.op_type = "MaxPool";
+    constexpr std::string_view kPrefix = "pool_";
+    for (const ir::Attribute& attr : init.node().attributes) {
+      if (!attr.name.starts_with(kPrefix)) continue;
+      pool_node.attributes.push_back(attr);
+      pool_node.attributes.back().name = attr.name.substr(kPrefix.size());
+    }
+    epilogue.pool = parse_pool_attrs(KernelInit(init.graph(), pool_node, init.opset()), true);
+  }
+  return std::make_unique<ConvKernel>(parse_conv_attrs(init, false), std::move(epilogue));
 }
 
 }  // namespace onnxtrain::ops

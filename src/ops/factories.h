@@ -32,6 +32,7 @@ std::unique_ptr<Kernel> make_loop(const KernelInit& init);  // runtime/control_f
 // conv.cpp
 std::unique_ptr<Kernel> make_conv(const KernelInit& init);
 std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init);
+std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init);  // ai.onnxtrain.FusedConv
 
 // pool.cpp
 std::unique_ptr<Kernel> make_pool(const KernelInit& init);         // MaxPool, AveragePool

@@ -320,6 +320,59 @@ void global_pool(bool is_max, int64_t channels, int64_t size, const T* x, T* y) 
 
 }  // namespace
 
+namespace {
+// Taps per output, for the parallel grain: window positions of the first line times last-dim taps.
+int64_t window_estimate(const PoolPlan& p) {
+  const int64_t outer = p.line_begin.size() > 1 ? p.line_begin[1] - p.line_begin[0] : 1;
+  return std::max<int64_t>(1, outer * static_cast<int64_t>(p.last_shift.size()));
+}
+}  // namespace
+
+void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y) {
+  visit_dtype<NumericTypes>(x.dtype(), "MaxPool input", [&]<class T>() {
+    max_pool<T, false>(p, window_estimate(p), false, x.data<T>(), y.data<T>(), nullptr);
+  });
+}
+
+void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, const float* x, float* y) {
+  if (p.out_size == 0 || channels == 0) return;
+  const int64_t C = channels, N = p.channels / C, out_last = p.out.back();
+  const int64_t lines = static_cast<int64_t>(p.line_begin.size()) - 1;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, out_last * C * window_estimate(p)));
+  parallel_for(N * lines, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> best(static_cast<size_t>(out_last * C));  // [out_last, C], like the input
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / lines;
+      const auto l = static_cast<size_t>(task % lines);
+      const float* xn = x + n * p.in_size * C;
+      std::fill(best.begin(), best.end(), -std::numeric_limits<float>::infinity());
+      for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
+        const float* row = xn + p.row_base[static_cast<size_t>(b)] * C;
+        for (size_t k = 0; k < p.last_shift.size(); ++k) {
+          for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
+            const float* __restrict in = row + (o * p.last_stride + p.last_shift[k]) * C;
+            float* __restrict out = best.data() + o * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; ++c) {
+              const float v = in[c], m = out[c];
+              out[c] = (v > m) | (v != v) ? v : m;  // NaN propagates
+            }
+          }
+        }
+      }
+      float* yl = y + n * C * p.out_size + static_cast<int64_t>(l) * out_last;
+      for (int64_t c = 0; c < C; ++c) {
+        float* __restrict yc = yl + c * p.out_size;
+        const float* __restrict bc = best.data() + c;
+        for (int64_t o = 0; o < out_last; ++o) {
+          const float v = bc[o * C];
+          yc[o] = relu && v < 0.0f ? 0.0f : v;
+        }
+      }
+    }
+  });
+}
+
 PoolAttrs parse_pool_attrs(const KernelInit& init, bool is_max) {
   PoolAttrs a;
   a.is_max = is_max;

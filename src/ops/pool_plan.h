@@ -62,6 +62,16 @@ struct PoolPlan {
 // Throws Error when X's rank does not fit kernel_shape or a window does not fit.
 PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x_name);
 
+// MaxPool without the Indices output: y [N, C, O...] = the maximum of each window of the plain
+// x [N, C, D...] (`p` made for x's shape); a NaN in a window gives NaN. Any numeric dtype.
+void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y);
+
+// The same from a channels-last float32 x [N, D..., C] (a convolution's output in oneDNN's
+// nhwc-style layout; `p` made for the plain shape [N, C, D...]) into the plain y [N, C, O...],
+// then Relu (max(v, 0), NaN kept) when `relu`. MaxPool then Relu equals Relu then MaxPool, as
+// both are monotonic and keep NaN, so this also runs Conv -> Relu -> MaxPool (runtime/fusion.h).
+void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, const float* x, float* y);
+
 // The divisor of AveragePool for output o of output line l (see PoolPlan): the number of
 // window elements inside the input, or inside the padded input with count_include_pad.
 inline int64_t average_pool_count(const PoolPlan& p, size_t l, int64_t o, bool count_include_pad) {

@@ -237,6 +237,7 @@ const KernelDef kKernels[] = {
   {kInternal, "ResizeGrad",         1, 1,    kFloat,            make_resize},  // resize.cpp
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
+  {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)
 };
 // clang-format on
 

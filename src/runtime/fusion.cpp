@@ -173,6 +173,19 @@ std::optional<Fusion> match(Matcher& m, int adam) {
   return f;
 }
 
+bool is_onnx_op(const onnx::NodeProto& node, const char* op_type) {
+  return (node.domain().empty() || node.domain() == "ai.onnx") && node.op_type() == op_type;
+}
+
+// Removes the nodes marked in `drop`, keeping the order of the others.
+void drop_nodes(onnx::GraphProto& graph, const std::vector<bool>& drop) {
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    if (!drop[static_cast<size_t>(i)]) kept.Add()->Swap(graph.mutable_node(i));
+  }
+  graph.mutable_node()->Swap(&kept);
+}
+
 }  // namespace
 
 int fuse_scaled_adam(onnx::GraphProto& graph) {
@@ -197,12 +210,64 @@ int fuse_scaled_adam(onnx::GraphProto& graph) {
     node.clear_output();
     for (const auto& out : f.outputs) node.add_output(out);
   }
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-  for (int i = 0; i < graph.node_size(); ++i) {
-    if (!drop[static_cast<size_t>(i)]) kept.Add()->Swap(graph.mutable_node(i));
-  }
-  graph.mutable_node()->Swap(&kept);
+  drop_nodes(graph, drop);
   return static_cast<int>(fusions.size());
+}
+
+int fuse_conv_pool(onnx::GraphProto& graph) {
+  struct Chain {
+    int conv = -1, relu = -1, pool = -1;
+  };
+  std::vector<Chain> chains;
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& pool = graph.node(i);
+      if (!is_onnx_op(pool, "MaxPool") || pool.input_size() != 1) continue;
+      if (pool.output_size() > 1 && !pool.output(1).empty()) continue;  // Indices wanted
+      Chain c;
+      c.pool = i;
+      std::string x = pool.input(0);
+      if (m.sole_reader(x) != i) continue;
+      const onnx::NodeProto* p = m.producer(x);
+      if (p && is_onnx_op(*p, "Relu") && p->input_size() == 1) {
+        c.relu = m.producer_index(x);
+        x = p->input(0);
+        if (m.sole_reader(x) != c.relu) continue;
+        p = m.producer(x);
+      }
+      if (!p || !is_onnx_op(*p, "Conv") || p->output_size() != 1) continue;
+      c.conv = m.producer_index(x);
+      chains.push_back(c);
+    }
+  }
+  if (chains.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const Chain& c : chains) {
+    onnx::NodeProto fused = graph.node(c.conv);  // inputs, name and attributes
+    fused.set_domain(kInternalDomain);
+    fused.set_op_type("FusedConv");
+    fused.clear_output();
+    const onnx::NodeProto& pool = graph.node(c.pool);
+    fused.add_output(pool.output(0));
+    if (c.relu >= 0) {
+      auto* attr = fused.add_attribute();
+      attr->set_name("activation");
+      attr->set_type(onnx::AttributeProto::STRING);
+      attr->set_s("Relu");
+      drop[static_cast<size_t>(c.relu)] = true;
+    }
+    for (const auto& attr : pool.attribute()) {
+      if (attr.name() == "storage_order") continue;  // orders Indices only
+      auto* copy = fused.add_attribute();
+      *copy = attr;
+      copy->set_name("pool_" + attr.name());
+    }
+    drop[static_cast<size_t>(c.conv)] = true;
+    graph.mutable_node(c.pool)->Swap(&fused);  // at the MaxPool's place: every input is ready there
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(chains.size());
 }
 
 }  // namespace onnxtrain::runtime

@@ -22,4 +22,14 @@ namespace onnxtrain::runtime {
 // element-wise math on such values). Returns the number of Adam nodes fused.
 int fuse_scaled_adam(onnx::GraphProto& graph);
 
+// Replaces each Conv -> [Relu ->] MaxPool chain whose intermediate values have no other reader
+// (and are neither graph outputs nor read by a subgraph), and whose MaxPool has no Indices
+// output, with one ai.onnxtrain.FusedConv node (ops/conv.cpp): the Conv's inputs and
+// attributes, activation = "Relu" when there is one, the MaxPool's attributes renamed
+// pool_<name>, the MaxPool's output. Results are the three ops' (the convolution may run in
+// another oneDNN layout, so values may differ in the last bits). The node keeps the Conv's name.
+// Inference graphs match; in a training graph the backward pass reads the Relu's output, so
+// nothing fuses there. Returns the number of chains fused.
+int fuse_conv_pool(onnx::GraphProto& graph);
+
 }  // namespace onnxtrain::runtime

@@ -47,8 +47,8 @@ Profiler::~Profiler() {
   std::fprintf(stderr, "most expensive nodes:\n");
   for (size_t i = 0; i < std::min<size_t>(15, nodes.size()); ++i) {
     const auto& [node, rest] = nodes[i];
-    std::fprintf(stderr, "  %10.1f ms %10lld runs  %s (%s)\n", rest.second.ns / 1e6,
-                 static_cast<long long>(rest.second.runs), node.c_str(), rest.first.c_str());
+    std::fprintf(stderr, "  %10.1f ms %10lld runs  %s\n", rest.second.ns / 1e6,
+                 static_cast<long long>(rest.second.runs), node.c_str());  // the label names the op
   }
 }
 

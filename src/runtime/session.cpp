@@ -3,8 +3,11 @@
 #include <omp.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
+#include "runtime/fusion.h"
 #include "runtime/graph_runner.h"
 
 namespace onnxtrain::runtime {
@@ -21,12 +24,17 @@ std::string ValueInfo::type_string() const {
 }
 
 namespace {
-// The model's graph, with Gradient nodes replaced by their backward nodes.
+// The model's graph, with Gradient nodes replaced by their backward nodes, and fused.
 ir::Graph inference_graph(const onnx::ModelProto& model, const std::filesystem::path& base_dir,
-                          const std::string& source) {
-  if (!autodiff::has_gradient_nodes(model.graph())) return ir::Graph::from_proto(model.graph(), source, base_dir);
+                          const std::string& source, bool fuse) {
+  const bool expand = autodiff::has_gradient_nodes(model.graph());
+  // Copying the graph (initializers included) pays only where fuse_conv_pool may match.
+  fuse = fuse && std::any_of(model.graph().node().begin(), model.graph().node().end(),
+                             [](const onnx::NodeProto& n) { return n.op_type() == "MaxPool"; });
+  if (!expand && !fuse) return ir::Graph::from_proto(model.graph(), source, base_dir);
   onnx::GraphProto graph = model.graph();
-  autodiff::expand_gradients(graph, opsets_of(model, source), source + ", graph '" + graph.name() + "'");
+  if (expand) autodiff::expand_gradients(graph, opsets_of(model, source), source + ", graph '" + graph.name() + "'");
+  if (fuse) fuse_conv_pool(graph);
   return ir::Graph::from_proto(graph, source, base_dir);
 }
 }  // namespace
@@ -34,8 +42,9 @@ ir::Graph inference_graph(const onnx::ModelProto& model, const std::filesystem::
 struct Session::Impl {
   GraphRunner runner;
   Impl(const onnx::ModelProto& model, const std::filesystem::path& base_dir, const std::string& source,
-       uint64_t seed)
-      : runner(inference_graph(model, base_dir, source), opsets_of(model, source), source, seed) {}
+       const SessionOptions& options)
+      : runner(inference_graph(model, base_dir, source, options.fuse), opsets_of(model, source), source,
+               options.seed) {}
 };
 
 namespace {
@@ -48,13 +57,13 @@ Session::Session(const std::filesystem::path& path, SessionOptions options) {
   apply(options);
   const onnx::ModelProto model = io::load_model(path);
   impl_ = std::make_unique<Impl>(model, path.parent_path().empty() ? "." : path.parent_path(), path.string(),
-                                 options.seed);
+                                 options);
 }
 
 Session::Session(const onnx::ModelProto& model, SessionOptions options,
                  const std::filesystem::path& base_dir, const std::string& source) {
   apply(options);
-  impl_ = std::make_unique<Impl>(model, base_dir, source, options.seed);
+  impl_ = std::make_unique<Impl>(model, base_dir, source, options);
 }
 
 Session::~Session() = default;

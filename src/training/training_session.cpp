@@ -153,6 +153,7 @@ struct TrainingSession::Impl {
       autodiff::expand_gradients(graph, opsets, label);
       if (options.fuse) runtime::fuse_scaled_adam(graph);
     }
+    if (options.fuse) runtime::fuse_conv_pool(graph);
     BoundGraph bound;
     bound.label = label;
     bound.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,

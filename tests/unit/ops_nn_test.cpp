@@ -11,6 +11,7 @@
 
 #include "onnxtrain/error.h"
 #include "ops/dnnl_util.h"
+#include "runtime/fusion.h"
 #include "test_util.h"
 
 namespace onnxtrain {
@@ -850,6 +851,200 @@ TEST(ThreadsDeathTest, OneOmpThreadRunsOnOneThread) {
         std::exit(thread_count() == 1 ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conv -> [Relu ->] MaxPool fused into ai.onnxtrain.FusedConv (runtime/fusion.h): the fused
+// session gives the unfused one's results, on the oneDNN channels-last path (float32, 1-3
+// spatial dims) and the fallbacks (float64, float16, 4 spatial dims).
+
+struct ChainSpec {
+  Attrs conv, pool;
+  bool relu = true;
+  bool has_bias = true;
+  int opset = 17;
+  bool relu_is_output = false;   // the Relu's output is also a graph output: no fusion
+  bool pool_indices = false;     // MaxPool's Indices wanted: no fusion
+};
+
+onnx::ModelProto chain_model(const ChainSpec& c, const Tensor& x, const Tensor& w, const Tensor& b) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(c.opset);
+  auto* g = model.mutable_graph();
+  g->set_name("chain");
+  const auto add_input = [&](const std::string& name, const Tensor& t) {
+    auto* in = g->add_input();
+    in->set_name(name);
+    auto* type = in->mutable_type()->mutable_tensor_type();
+    type->set_elem_type(static_cast<int32_t>(t.dtype()));
+    for (int64_t d : t.shape()) type->mutable_shape()->add_dim()->set_dim_value(d);
+  };
+  add_input("x", x);
+  add_input("w", w);
+  auto* conv = g->add_node();
+  conv->set_op_type("Conv");
+  conv->set_name("conv");
+  conv->add_input("x");
+  conv->add_input("w");
+  if (c.has_bias) {
+    add_input("b", b);
+    conv->add_input("b");
+  }
+  conv->add_output("c");
+  for (const auto& a : c.conv) *conv->add_attribute() = a;
+  std::string pooled = "c";
+  if (c.relu) {
+    auto* relu = g->add_node();
+    relu->set_op_type("Relu");
+    relu->add_input("c");
+    relu->add_output("r");
+    pooled = "r";
+    if (c.relu_is_output) g->add_output()->set_name("r");
+  }
+  auto* pool = g->add_node();
+  pool->set_op_type("MaxPool");
+  pool->add_input(pooled);
+  pool->add_output("y");
+  if (c.pool_indices) pool->add_output("indices");
+  for (const auto& a : c.pool) *pool->add_attribute() = a;
+  g->add_output()->set_name("y");
+  return model;
+}
+
+// Runs the chain fused and unfused; checks the fusion happened and the outputs agree.
+void expect_fused_chain(const ChainSpec& c, const Tensor& x, const Tensor& w, const Tensor& b,
+                        double rtol = 1e-5) {
+  const onnx::ModelProto model = chain_model(c, x, w, b);
+  onnx::GraphProto graph = model.graph();
+  ASSERT_EQ(runtime::fuse_conv_pool(graph), 1);
+  ASSERT_EQ(graph.node_size(), 1);
+  EXPECT_EQ(graph.node(0).op_type(), "FusedConv");
+  EXPECT_EQ(graph.node(0).name(), "conv");
+  runtime::NamedTensors feeds{{"x", x}, {"w", w}};
+  if (c.has_bias) feeds["b"] = b;
+  runtime::Session fused(model), unfused(model, {.fuse = false});
+  const Tensor got = fused.run(feeds).at("y"), want = unfused.run(feeds).at("y");
+  expect_close(got, want, rtol, rtol);
+  // The fused session runs again with the same result (cached primitives and pool plan).
+  expect_close(fused.run(feeds).at("y"), got, 0, 0);
+}
+
+Tensor random32(const Shape& shape, uint32_t seed) { return random(shape, seed).cast(DataType::Float32); }
+
+TEST(FusedConvTest, MatchesConvReluMaxPoolOnTheOneDnnPath) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{5, 5}), attr("pads", Ints{2, 2, 2, 2})};
+  c.pool = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  expect_fused_chain(c, random32({3, 2, 12, 10}, 1), random32({8, 2, 5, 5}, 2), random32({8}, 3));
+  c.relu = false;  // Conv -> MaxPool
+  expect_fused_chain(c, random32({3, 2, 12, 10}, 1), random32({8, 2, 5, 5}, 2), random32({8}, 3));
+  c.has_bias = false;
+  c.conv = {attr("kernel_shape", Ints{3, 3})};
+  expect_fused_chain(c, random32({1, 3, 9, 9}, 4), random32({5, 3, 3, 3}, 5), Tensor());
+}
+
+TEST(FusedConvTest, PoolPaddingCeilModeDilationsAndGroups) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{3, 3}), attr("strides", Ints{2, 1}), attr("group", int64_t{2}),
+            attr("pads", Ints{1, 0, 1, 2})};
+  c.pool = {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 2}), attr("pads", Ints{1, 1, 1, 0}),
+            attr("dilations", Ints{1, 2}), attr("ceil_mode", int64_t{1})};
+  expect_fused_chain(c, random32({2, 4, 11, 9}, 6), random32({6, 2, 3, 3}, 7), random32({6}, 8));
+  c.pool = {attr("kernel_shape", Ints{3, 3}), attr("auto_pad", std::string("SAME_UPPER"))};
+  expect_fused_chain(c, random32({2, 4, 11, 9}, 6), random32({6, 2, 3, 3}, 7), random32({6}, 8));
+}
+
+TEST(FusedConvTest, OneAndThreeSpatialDims) {
+  ChainSpec c1;
+  c1.conv = {attr("kernel_shape", Ints{3}), attr("pads", Ints{1, 1})};
+  c1.pool = {attr("kernel_shape", Ints{3}), attr("strides", Ints{2})};
+  expect_fused_chain(c1, random32({2, 3, 17}, 9), random32({4, 3, 3}, 10), random32({4}, 11));
+  ChainSpec c3;
+  c3.conv = {attr("kernel_shape", Ints{2, 2, 2})};
+  c3.pool = {attr("kernel_shape", Ints{2, 2, 2}), attr("strides", Ints{1, 2, 2})};
+  expect_fused_chain(c3, random32({2, 2, 5, 6, 7}, 12), random32({3, 2, 2, 2, 2}, 13), random32({3}, 14));
+}
+
+TEST(FusedConvTest, FallbackPathsForOtherDtypesAndRanks) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{3, 3}), attr("pads", Ints{1, 1, 1, 1})};
+  c.pool = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  // float64 runs the reference convolution, then the plain pool and Relu: exact.
+  expect_fused_chain(c, random({2, 3, 8, 8}, 15), random({4, 3, 3, 3}, 16), random({4}, 17), 0);
+  expect_fused_chain(c, random({2, 3, 8, 8}, 15).cast(DataType::Float16),
+                     random({4, 3, 3, 3}, 16).cast(DataType::Float16), random({4}, 17).cast(DataType::Float16),
+                     0);
+  ChainSpec c4;  // 4 spatial dims: no oneDNN convolution
+  c4.conv = {attr("kernel_shape", Ints{2, 1, 2, 1})};
+  c4.pool = {attr("kernel_shape", Ints{2, 2, 1, 2})};
+  expect_fused_chain(c4, random({1, 2, 3, 4, 3, 4}, 18), random({2, 2, 2, 1, 2, 1}, 19), random({2}, 20), 0);
+}
+
+TEST(FusedConvTest, NaNAndNegativeValuesKeepMaxPoolAndReluSemantics) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{1, 1})};
+  c.pool = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  // A 1x1 convolution with weight 1 passes x through: the pool sees NaN, -inf and negatives.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const Tensor x = f32({1, 1, 2, 6}, {nan, -1, -5, -3, 2, -inf,  //
+                                      -2, -4, -6, -7, -inf, 1});
+  const Tensor w = f32({1, 1, 1, 1}, {1});
+  const Tensor b = f32({1}, {0});
+  expect_fused_chain(c, x, w, b);
+  runtime::Session fused(chain_model(c, x, w, b));
+  const Tensor y = fused.run({{"x", x}, {"w", w}, {"b", b}}).at("y");
+  const auto v = y.to_double_vector();
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_TRUE(std::isnan(v[0]));       // NaN wins its window
+  EXPECT_EQ(v[1], 0.0);                // max -3 -> Relu 0
+  EXPECT_FALSE(std::signbit(v[1]));    // +0, as Relu gives
+  EXPECT_EQ(v[2], 2.0);
+}
+
+TEST(FusedConvTest, NotFusedWhereAnIntermediateIsNeededOrIndicesAreWanted) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{3, 3})};
+  c.pool = {attr("kernel_shape", Ints{2, 2})};
+  const Tensor x = random32({1, 2, 6, 6}, 21), w = random32({3, 2, 3, 3}, 22), b = random32({3}, 23);
+  c.relu_is_output = true;
+  onnx::GraphProto graph = chain_model(c, x, w, b).graph();
+  EXPECT_EQ(runtime::fuse_conv_pool(graph), 0);
+  EXPECT_EQ(graph.node_size(), 3);
+  c.relu_is_output = false;
+  c.pool_indices = true;
+  graph = chain_model(c, x, w, b).graph();
+  EXPECT_EQ(runtime::fuse_conv_pool(graph), 0);
+  // A second reader of the convolution's output keeps the Conv, so nothing fuses.
+  c.pool_indices = false;
+  graph = chain_model(c, x, w, b).graph();
+  auto* extra = graph.add_node();
+  extra->set_op_type("Identity");
+  extra->add_input("c");
+  extra->add_output("c_copy");
+  graph.add_output()->set_name("c_copy");
+  EXPECT_EQ(runtime::fuse_conv_pool(graph), 0);
+}
+
+TEST(FusedConvTest, BadAttributesAreErrors) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{3, 3})};
+  c.pool = {attr("kernel_shape", Ints{2, 2})};
+  onnx::ModelProto model = chain_model(c, random32({1, 1, 4, 4}, 24), random32({1, 1, 3, 3}, 25), random32({1}, 26));
+  onnx::GraphProto graph = model.graph();
+  ASSERT_EQ(runtime::fuse_conv_pool(graph), 1);
+  for (auto& a : *graph.mutable_node(0)->mutable_attribute()) {
+    if (a.name() == "activation") a.set_s("Tanh");
+  }
+  *model.mutable_graph() = graph;
+  model.add_opset_import()->set_domain("ai.onnxtrain");
+  model.mutable_opset_import(1)->set_version(1);
+  try {
+    runtime::Session session(model, {.fuse = false});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'activation' is 'Tanh'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
