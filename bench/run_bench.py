@@ -49,15 +49,16 @@ def run_measured(cmd, env=None):
 
 
 def flops_per_step(model):
-    """Multiply-adds x 2 of forward + backward (x3 of forward) per batch of 128."""
+    """Multiply-adds x 2 of one training step on a batch of 128: the forward pass, the weight
+    gradients (as many as the forward) and the input gradients of every layer but the first
+    (the images need none)."""
     if model == "mlp":
-        forward = 2 * BATCH * (784 * 512 + 512 * 512 + 512 * 10)
+        layers = [784 * 512, 512 * 512, 512 * 10]
+        forward = [2 * BATCH * m for m in layers]
     else:
-        conv1 = 2 * BATCH * 28 * 28 * 32 * 25
-        conv2 = 2 * BATCH * 14 * 14 * 64 * 32 * 25
-        fc = 2 * BATCH * (3136 * 1024 + 1024 * 10)
-        forward = conv1 + conv2 + fc
-    return 3 * forward
+        forward = [2 * BATCH * 28 * 28 * 32 * 25, 2 * BATCH * 14 * 14 * 64 * 32 * 25,
+                   2 * BATCH * 3136 * 1024, 2 * BATCH * 1024 * 10]
+    return 2 * sum(forward) + sum(forward[1:])
 
 
 def onnxtrain_train(model, threads, steps):
