@@ -62,6 +62,49 @@ TEST(Momentum, UsesBetaAfterTheFirstStep) {
   }
 }
 
+// Large float32 tensors take the blocked, streaming-store loop (an L1 buffer per 256 elements,
+// scalar heads and tails where threads split the range): every element must still follow the
+// pseudo code. Reference values in float64 from the same float32 inputs.
+TEST(Optimizers, LargeFloat32TensorsFollowThePseudoCode) {
+  const int64_t n = 100003;
+  std::vector<float> x(n), g(n), state(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[static_cast<size_t>(i)] = std::sin(0.001f * static_cast<float>(i));
+    g[static_cast<size_t>(i)] = std::cos(0.003f * static_cast<float>(i)) * 0.1f;
+    state[static_cast<size_t>(i)] = 0.5f + 0.25f * std::sin(0.007f * static_cast<float>(i));
+  }
+  const auto tensor = [&](const std::vector<float>& v) { return Tensor::from_vector<float>({n}, v); };
+  const float r = 0.05f, alpha = 0.9f, beta = 0.5f, norm = 0.001f;
+  for (const char* mode : {"standard", "nesterov"}) {
+    NodeSpec spec{.op_type = "Momentum", .domain = kTraining, .opset = 1,
+                  .attributes = {attr("alpha", alpha), attr("beta", beta), attr("norm_coefficient", norm),
+                                 attr("mode", std::string(mode))},
+                  .num_outputs = 2};
+    const auto out = testing::run_node(spec, {Tensor::scalar<float>(r), Tensor::scalar<int64_t>(2), tensor(x), tensor(g),
+                                              tensor(state)});
+    std::vector<double> x_new(n), v_new(n);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double gr = double{norm} * x[i] + g[i];
+      const double v = double{alpha} * state[i] + double{beta} * gr;
+      v_new[i] = v;
+      x_new[i] = std::string(mode) == "nesterov" ? x[i] - double{r} * (gr + double{alpha} * v) : x[i] - double{r} * v;
+    }
+    testing::expect_close(out[0].cast(DataType::Float64), Tensor::from_vector<double>({n}, x_new), 1e-5, 1e-6);
+    testing::expect_close(out[1].cast(DataType::Float64), Tensor::from_vector<double>({n}, v_new), 1e-5, 1e-6);
+  }
+  NodeSpec adagrad{.op_type = "Adagrad", .domain = kTraining, .opset = 1, .num_outputs = 2};
+  const auto out = testing::run_node(adagrad, {Tensor::scalar<float>(r), Tensor::scalar<int64_t>(0), tensor(x), tensor(g),
+                                               tensor(state)});
+  std::vector<double> x_new(n), h_new(n);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double h = double{state[i]} + double{g[i]} * g[i];
+    h_new[i] = h;
+    x_new[i] = x[i] - double{r} * g[i] / (std::sqrt(h) + double{1e-6f});
+  }
+  testing::expect_close(out[0].cast(DataType::Float64), Tensor::from_vector<double>({n}, x_new), 1e-5, 1e-6);
+  testing::expect_close(out[1].cast(DataType::Float64), Tensor::from_vector<double>({n}, h_new), 1e-5, 1e-6);
+}
+
 TEST(Adam, AppliesBiasCorrectionAndPostRegularization) {
   const double r = 0.01, alpha = 0.9, beta = 0.999, eps = 1e-8, norm = 0.02, post = 0.1;
   const int64_t t = 5;
