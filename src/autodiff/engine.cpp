@@ -428,6 +428,15 @@ class Engine {
   // Fills this engine's graph, a copy of `forward`'s nodes, as backward_subgraph describes.
   void differentiate_subgraph(const onnx::GraphProto& forward, const std::vector<std::string>& output_gradients,
                               const std::vector<std::string>& wrt);
+  // An Identity node from `value` to the output name `out`.
+  void emit_identity(const std::string& value, const std::string& out) {
+    onnx::NodeProto identity;
+    identity.set_op_type("Identity");
+    identity.set_name(fresh("output"));
+    identity.add_input(value);
+    identity.add_output(out);
+    emitted_.push_back(std::move(identity));
+  }
   std::string zeros_like(const std::string& value) {
     static const onnx::NodeProto none;
     return EngineBuilder(*this, none, -1, {}).zeros_like(value);
@@ -718,14 +727,7 @@ void Engine::differentiate_subgraph(const onnx::GraphProto& forward, const std::
     std::string g = gradient_of(w);
     if (g.empty()) g = zeros_like(w);
     const std::string out = fresh("gradient");
-    emitted_.push_back([&] {
-      onnx::NodeProto identity;
-      identity.set_op_type("Identity");
-      identity.set_name(fresh("output"));
-      identity.add_input(g);
-      identity.add_output(out);
-      return identity;
-    }());
+    emit_identity(g, out);
     auto* info = graph_.add_output();
     info->set_name(out);
     auto* type = info->mutable_type()->mutable_tensor_type();
@@ -807,22 +809,16 @@ void Engine::expand(int index) {
     for (size_t i = 0; i < roots.size(); ++i) rename[roots[i]] = gradient.input(static_cast<int>(i));
     for (int i : order) {
       if (!anc.contains(i) || !desc_nodes.contains(i)) continue;
-      onnx::NodeProto clone = graph_.node(i);
+      const onnx::NodeProto& original = graph_.node(i);
+      onnx::NodeProto clone = copy_node(original, rename, [&](const std::string&) { return fresh("clone"); });
       clone.set_name(fresh("clone_" + clone.op_type()));
-      for (auto& in : *clone.mutable_input()) {
-        const auto it = rename.find(in);
-        if (it != rename.end()) in = it->second;
-      }
-      rename_implicit_inputs(clone, rename);
-      for (auto& o : *clone.mutable_output()) {
+      for (int k = 0; k < clone.output_size(); ++k) {
+        const std::string &o = original.output(k), &renamed = clone.output(k);
         if (o.empty()) continue;
-        const std::string renamed = fresh("clone");
         const auto t = types_.find(o);
         if (t != types_.end()) types_[renamed] = t->second;
         const auto r = ranks_.find(o);
         if (r != ranks_.end()) ranks_[renamed] = r->second;
-        rename[o] = renamed;
-        o = renamed;
       }
       clones.push_back(std::move(clone));
     }
@@ -860,12 +856,7 @@ void Engine::expand(int index) {
     if (out.empty()) continue;
     std::string g = gradient_of(x_values[static_cast<size_t>(k)]);
     if (g.empty()) g = zeros_like(x_values[static_cast<size_t>(k)]);  // y does not depend on this x
-    onnx::NodeProto identity;
-    identity.set_op_type("Identity");
-    identity.set_name(fresh("output"));
-    identity.add_input(g);
-    identity.add_output(out);
-    emitted_.push_back(std::move(identity));
+    emit_identity(g, out);
   }
 
   // Splice: the emitted nodes take the Gradient node's place; clones were appended already.

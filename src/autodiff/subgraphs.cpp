@@ -4,6 +4,7 @@
 #include <functional>
 #include <unordered_set>
 
+#include "autodiff/builder.h"
 #include "ir/graph.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -58,22 +59,6 @@ std::optional<int64_t> scalar_of(const onnx::TensorProto& proto, DataType want, 
   if (t.dtype() != want || t.numel() != 1) return std::nullopt;
   if (want == DataType::Bool) return t.data<bool>()[0] ? 1 : 0;
   return t.data<int64_t>()[0];
-}
-
-onnx::AttributeProto int_attribute(const std::string& name, int64_t v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INT);
-  a.set_i(v);
-  return a;
-}
-
-onnx::AttributeProto tensor_attribute(const std::string& name, const onnx::TensorProto& t) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::TENSOR);
-  *a.mutable_t() = t;
-  return a;
 }
 
 }  // namespace
@@ -140,6 +125,23 @@ std::vector<int> topological_order(const onnx::GraphProto& graph) {
   };
   for (int i = 0; i < graph.node_size(); ++i) visit(i);
   return order;
+}
+
+onnx::NodeProto copy_node(const onnx::NodeProto& node, std::unordered_map<std::string, std::string>& renames,
+                          const std::function<std::string(const std::string&)>& fresh) {
+  onnx::NodeProto copy = node;
+  for (auto& in : *copy.mutable_input()) {
+    const auto it = renames.find(in);
+    if (it != renames.end()) in = it->second;
+  }
+  rename_implicit_inputs(copy, renames);
+  for (auto& o : *copy.mutable_output()) {
+    if (o.empty()) continue;
+    const std::string renamed = fresh(o);
+    renames[o] = renamed;
+    o = renamed;
+  }
+  return copy;
 }
 
 void rename_implicit_inputs(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& renames) {
@@ -318,7 +320,7 @@ class Unroller {
     onnx::TensorProto t = value;
     t.clear_name();
     const std::string out = scope_.fresh(hint);
-    add("Constant", {}, out, {tensor_attribute("value", t)});
+    add("Constant", {}, out, {attr_tensor("value", t)});
     return out;
   }
 
@@ -343,19 +345,8 @@ class Unroller {
 
   // Copies a body node into the enclosing graph: reads renamed by `names`, outputs fresh.
   void copy_body_node(const onnx::NodeProto& node, std::unordered_map<std::string, std::string>& names) {
-    onnx::NodeProto copy = node;
+    onnx::NodeProto copy = copy_node(node, names, scope_.fresh);
     copy.set_name(scope_.fresh(node.name().empty() ? node.op_type() : node.name()));
-    for (auto& in : *copy.mutable_input()) {
-      const auto it = names.find(in);
-      if (it != names.end()) in = it->second;
-    }
-    rename_implicit_inputs(copy, names);
-    for (auto& o : *copy.mutable_output()) {
-      if (o.empty()) continue;
-      const std::string renamed = scope_.fresh(o);
-      names[o] = renamed;
-      o = renamed;
-    }
     nodes_.push_back(std::move(copy));
   }
 
@@ -368,7 +359,7 @@ class Unroller {
       onnx::TensorProto empty;
       empty.set_data_type(elem);
       empty.add_dims(0);
-      add("Constant", {}, out, {tensor_attribute("value", empty)});
+      add("Constant", {}, out, {attr_tensor("value", empty)});
       return;
     }
     std::vector<std::string> unsqueezed;
@@ -384,15 +375,11 @@ class Unroller {
         }
         add("Unsqueeze", {p, axis0_}, u);
       } else {
-        onnx::AttributeProto axes;
-        axes.set_name("axes");
-        axes.set_type(onnx::AttributeProto::INTS);
-        axes.add_ints(0);
-        add("Unsqueeze", {p}, u, {axes});
+        add("Unsqueeze", {p}, u, {attr_ints("axes", {0})});
       }
       unsqueezed.push_back(u);
     }
-    add("Concat", unsqueezed, out, {int_attribute("axis", 0)});
+    add("Concat", unsqueezed, out, {attr_int("axis", 0)});
   }
 
   void add(const std::string& type, const std::vector<std::string>& inputs, const std::string& output,

@@ -33,6 +33,11 @@ void rename_enclosing_reads(onnx::GraphProto& graph, const std::unordered_map<st
 // The same for the subgraph attributes of `node`.
 void rename_implicit_inputs(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& renames);
 
+// A copy of `node` that reads renames[v] for each value v it reads (inputs and implicit inputs)
+// that `renames` holds, its outputs renamed to fresh(output), which `renames` records.
+onnx::NodeProto copy_node(const onnx::NodeProto& node, std::unordered_map<std::string, std::string>& renames,
+                          const std::function<std::string(const std::string&)>& fresh);
+
 // Whether `graph` defines `name` (as an input, initializer or node output).
 bool defines(const onnx::GraphProto& graph, const std::string& name);
 
