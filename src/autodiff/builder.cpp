@@ -46,6 +46,14 @@ onnx::AttributeProto attr_tensor(const std::string& name, const onnx::TensorProt
   return a;
 }
 
+onnx::AttributeProto attr_graph(const std::string& name, const onnx::GraphProto& v) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::GRAPH);
+  *a.mutable_g() = v;
+  return a;
+}
+
 namespace {
 
 // A tensor of `dims` filled with `value` converted to `dtype`, as raw_data.

@@ -6,6 +6,9 @@
 //                                            output has one; check has_GO(i) to skip work)
 //   needs(i)            whether the engine wants the gradient of input i
 //   set_GI(i, name)     declares `name` as the gradient of input i
+// For a node with subgraph attributes (If), the values of the enclosing graph its subgraphs
+// read are its implicit inputs: implicit_inputs(), needs_implicit(j), set_implicit_GI(j, name),
+// and backward_subgraph() differentiates a subgraph with the engine itself.
 // A rule emits nodes with op()/op_n(); each returns fresh output names. The engine sums
 // gradients of values used several times and, for rules marked `unbroadcast`, reduces a
 // gradient back to its input's shape, so a rule never handles either.
@@ -28,6 +31,7 @@ onnx::AttributeProto attr_ints(const std::string& name, const std::vector<int64_
 onnx::AttributeProto attr_float(const std::string& name, float v);
 onnx::AttributeProto attr_string(const std::string& name, const std::string& v);
 onnx::AttributeProto attr_tensor(const std::string& name, const onnx::TensorProto& v);
+onnx::AttributeProto attr_graph(const std::string& name, const onnx::GraphProto& v);
 
 class Builder {
  public:
@@ -61,6 +65,20 @@ class Builder {
   float get_float(const std::string& name, float fallback) const;
   std::string get_string(const std::string& name, const std::string& fallback) const;
   std::optional<std::vector<int64_t>> get_ints(const std::string& name) const;
+
+  // --- subgraphs (rules marked `enclosing_values`) ---
+  // The values of the enclosing graph that the node's subgraph attributes read, sorted by name.
+  virtual const std::vector<std::string>& implicit_inputs() const = 0;
+  virtual bool needs_implicit(int j) const = 0;
+  virtual void set_implicit_GI(int j, const std::string& gradient) = 0;
+  // A graph without inputs that recomputes `subgraph` (which takes none, like an If branch) and
+  // outputs the gradients of `wrt`, values of the enclosing graph it reads, given
+  // output_gradients[k] flowing into its output k ("" for none): zeros for a value it does not
+  // depend on. Built by the engine, so nested If and Loop nodes are differentiated as anywhere
+  // else. `label` names the subgraph in errors.
+  virtual onnx::GraphProto backward_subgraph(const onnx::GraphProto& subgraph,
+                                             const std::vector<std::string>& output_gradients,
+                                             const std::vector<std::string>& wrt, const std::string& label) = 0;
 
   // --- emitting nodes ---
   // One node with one output; returns the output's fresh name.
@@ -99,8 +117,11 @@ struct Rule {
   // The op broadcasts its inputs (numpy rules): the engine sums each input's gradient back to
   // the input's shape.
   bool unbroadcast;
-  RuleFn build;  // nullptr when differentiable == 0
+  RuleFn build;  // nullptr when differentiable == 0 and !enclosing_values
   const char* note;  // the derivation, for docs/gradients.md
+  // The values the node's subgraphs read from the enclosing graph (Builder::implicit_inputs)
+  // carry gradients too (If).
+  bool enclosing_values = false;
 };
 
 // Every input i.

@@ -5,6 +5,14 @@
 // node's rule with the summed gradients of its outputs, reduce broadcast gradients back to
 // their input's shape for rules marked `unbroadcast`, and sum the contributions to every x.
 // Rules live in rules*.cpp; this file owns everything that is not specific to one op.
+//
+// Control flow: a node's subgraphs read values of the enclosing graph (its implicit inputs),
+// and paths from xs to y run through those reads like through inputs. A Loop on such a path is
+// unrolled first (subgraphs.h), when its trip count is a constant and nothing else ends it, so
+// the ordinary rules differentiate its iterations; any other Loop there is an error. An If's
+// rule (rules_control_flow.cpp) asks the engine for the backward graph of each branch
+// (backward_subgraph): a second Engine works on a copy of the branch, with the enclosing
+// graph's types and constants, and may recurse into nested If nodes the same way.
 #include "autodiff/gradient.h"
 
 #include <onnx/onnx_pb.h>
@@ -12,13 +20,15 @@
 
 #include <algorithm>
 #include <deque>
-#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "autodiff/builder.h"
+#include "autodiff/subgraphs.h"
+#include "ir/graph.h"
 #include "onnxtrain/error.h"
 
 namespace onnxtrain::autodiff {
@@ -47,38 +57,26 @@ std::string string_attr(const onnx::NodeProto& n, const std::string& name) {
   return {};
 }
 
-// Node indices of `graph` in an order where producers come first (the node list of a valid
-// ONNX graph already is, but a graph being rewritten may not be).
-std::vector<int> topological_order(const onnx::GraphProto& graph) {
-  std::unordered_map<std::string, int> producer;
-  for (int i = 0; i < graph.node_size(); ++i) {
-    for (const auto& o : graph.node(i).output()) {
-      if (!o.empty()) producer[o] = i;
-    }
-  }
-  std::vector<int> order, state(static_cast<size_t>(graph.node_size()), 0);
-  std::function<void(int)> visit = [&](int i) {
-    if (state[static_cast<size_t>(i)] != 0) return;  // done, or on the stack (a cycle: the planner reports it)
-    state[static_cast<size_t>(i)] = 1;
-    for (const auto& in : graph.node(i).input()) {
-      const auto it = producer.find(in);
-      if (it != producer.end()) visit(it->second);
-    }
-    state[static_cast<size_t>(i)] = 2;
-    order.push_back(i);
-  };
-  for (int i = 0; i < graph.node_size(); ++i) visit(i);
-  return order;
-}
-
 struct ValueTypes {
   std::unordered_map<std::string, DataType> dtypes;
   std::unordered_map<std::string, int> ranks;
   std::unordered_map<std::string, int64_t> lengths;  // dim 0 of 1-D values, where known
 };
 
+// The declared type of the subgraph output that becomes output k of an If or Loop node.
+const onnx::TypeProto* subgraph_output_type(const onnx::NodeProto& node, int k) {
+  const bool is_if = node.op_type() == "If";
+  for (const auto& a : node.attribute()) {
+    if (a.name() != (is_if ? "then_branch" : "body") || !a.has_g()) continue;
+    const int index = is_if ? k : k + 1;
+    if (index < a.g().output_size()) return &a.g().output(index).type();
+  }
+  return nullptr;
+}
+
 // Element types and ranks of the graph's values: declared ones, then ONNX type inference.
-ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
+// `enclosing` holds those of the enclosing graphs when `graph` is a subgraph.
+ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets, const ValueTypes* enclosing) {
   ValueTypes result;
   auto& types = result.dtypes;
   auto record = [&](const onnx::ValueInfoProto& v) {
@@ -91,6 +89,25 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
     }
   };
   onnx::GraphProto copy = graph;
+  if (enclosing) {
+    // The enclosing values the subgraph reads, declared as inputs so inference sees their types.
+    std::unordered_set<std::string> free;
+    ir::collect_free_names(graph, free);
+    for (const auto& name : free) {
+      const auto t = enclosing->dtypes.find(name);
+      if (t == enclosing->dtypes.end() || t->second == DataType::Undefined) continue;
+      auto* v = copy.add_input();
+      v->set_name(name);
+      auto* type = v->mutable_type()->mutable_tensor_type();
+      type->set_elem_type(static_cast<int32_t>(t->second));
+      const auto r = enclosing->ranks.find(name);
+      if (r == enclosing->ranks.end()) continue;
+      auto* shape = type->mutable_shape();
+      for (int d = 0; d < r->second; ++d) shape->add_dim();
+      const auto length = enclosing->lengths.find(name);
+      if (r->second == 1 && length != enclosing->lengths.end()) shape->mutable_dim(0)->set_dim_value(length->second);
+    }
+  }
   try {
     onnx::shape_inference::InferShapes(&copy, opsets, onnx::OpSchemaRegistry::Instance(),
                                        onnx::ShapeInferenceOptions(false, 0, true));
@@ -111,6 +128,11 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets) {
     for (const auto& a : n.attribute()) {
       if (a.name() == "value" && a.t().dims_size() == 1) result.lengths[n.output(0)] = a.t().dims(0);
     }
+  }
+  if (enclosing) {
+    for (const auto& [name, t] : enclosing->dtypes) result.dtypes.try_emplace(name, t);
+    for (const auto& [name, r] : enclosing->ranks) result.ranks.try_emplace(name, r);
+    for (const auto& [name, n] : enclosing->lengths) result.lengths.try_emplace(name, n);
   }
   return result;
 }
@@ -156,6 +178,10 @@ void assign_output_types(const onnx::NodeProto& node, std::unordered_map<std::st
       t = input_type(1);
     } else if (onnx && type == "OneHot") {
       t = input_type(2);
+    } else if (onnx && (type == "If" || type == "Loop")) {
+      const onnx::TypeProto* declared = subgraph_output_type(node, k);
+      const bool typed = declared && declared->has_tensor_type() && declared->tensor_type().elem_type() != 0;
+      t = typed ? static_cast<DataType>(declared->tensor_type().elem_type()) : DataType::Undefined;
     }
     if (t != DataType::Undefined) types[o] = t;
   }
@@ -203,6 +229,20 @@ void assign_output_ranks(const onnx::NodeProto& node, std::unordered_map<std::st
                                                    "And", "Or", "Xor", "Where", "PRelu"};
   const std::string& op = node.op_type();
   if (!node.domain().empty() && node.domain() != "ai.onnx") return;
+  if (op == "If" || op == "Loop") {
+    // As the subgraph declares; a Loop's scan outputs gain a leading axis.
+    const int carried = node.input_size() - 2;
+    for (int k = 0; k < node.output_size(); ++k) {
+      const onnx::TypeProto* declared = subgraph_output_type(node, k);
+      if (node.output(k).empty() || ranks.contains(node.output(k)) || !declared || !declared->has_tensor_type() ||
+          !declared->tensor_type().has_shape()) {
+        continue;
+      }
+      const int declared_rank = declared->tensor_type().shape().dim_size();
+      ranks[node.output(k)] = op == "Loop" && k >= carried ? declared_rank + 1 : declared_rank;
+    }
+    return;
+  }
   int r = -1;
   if (kSameRank.contains(op)) {
     r = rank(0);
@@ -252,8 +292,10 @@ class Engine;
 
 class EngineBuilder final : public Builder {
  public:
-  EngineBuilder(Engine& engine, const onnx::NodeProto& node, int index, std::vector<bool> needs)
-      : engine_(engine), node_(node), index_(index), needs_(std::move(needs)) {}
+  EngineBuilder(Engine& engine, const onnx::NodeProto& node, int index, std::vector<bool> needs,
+                std::vector<std::string> implicit = {}, std::vector<bool> implicit_needs = {})
+      : engine_(engine), node_(node), index_(index), needs_(std::move(needs)), implicit_(std::move(implicit)),
+        implicit_needs_(std::move(implicit_needs)) {}
 
   const onnx::NodeProto& node() const override { return node_; }
   std::string GO(int i) override;
@@ -263,6 +305,16 @@ class EngineBuilder final : public Builder {
     if (!needs(i)) return;
     gi_.emplace_back(i, gradient);
   }
+  const std::vector<std::string>& implicit_inputs() const override { return implicit_; }
+  bool needs_implicit(int j) const override {
+    return j >= 0 && j < static_cast<int>(implicit_needs_.size()) && implicit_needs_[static_cast<size_t>(j)];
+  }
+  void set_implicit_GI(int j, const std::string& gradient) override {
+    if (!needs_implicit(j)) return;
+    implicit_gi_.emplace_back(j, gradient);
+  }
+  onnx::GraphProto backward_subgraph(const onnx::GraphProto& subgraph, const std::vector<std::string>& output_gradients,
+                                     const std::vector<std::string>& wrt, const std::string& label) override;
   int opset() const override;
   DataType dtype(const std::string& value) const override;
   int rank(const std::string& value) const override;
@@ -272,19 +324,23 @@ class EngineBuilder final : public Builder {
                                 const std::vector<bool>& wanted) override;
 
   const std::vector<std::pair<int, std::string>>& input_gradients() const { return gi_; }
+  const std::vector<std::pair<int, std::string>>& implicit_gradients() const { return implicit_gi_; }
 
  private:
   Engine& engine_;
   const onnx::NodeProto& node_;
   int index_;
   std::vector<bool> needs_;
-  std::vector<std::pair<int, std::string>> gi_;
+  std::vector<std::string> implicit_;
+  std::vector<bool> implicit_needs_;
+  std::vector<std::pair<int, std::string>> gi_, implicit_gi_;
 };
 
 class Engine {
  public:
-  Engine(onnx::GraphProto& graph, const OpsetMap& opsets, std::string where)
-      : graph_(graph), opsets_(opsets), where_(std::move(where)) {}
+  // `parent`: the engine of the enclosing graph when `graph` is a copy of one of its subgraphs.
+  Engine(onnx::GraphProto& graph, const OpsetMap& opsets, std::string where, Engine* parent = nullptr)
+      : graph_(graph), opsets_(opsets), where_(std::move(where)), parent_(parent) {}
 
   // Expands the Gradient node at `index`.
   void expand(int index);
@@ -336,6 +392,9 @@ class Engine {
     const auto it = grads_.find(value);
     return it != grads_.end() && !it->second.empty();
   }
+  // See Builder::backward_subgraph.
+  onnx::GraphProto backward_subgraph(const onnx::GraphProto& subgraph, const std::vector<std::string>& output_gradients,
+                                     const std::vector<std::string>& wrt, const std::string& label);
 
  private:
   std::string fresh(const std::string& hint) {
@@ -344,18 +403,58 @@ class Engine {
       if (names_.insert(name).second) return name;
     }
   }
+  // Records the producers of the graph's values, leaving out node `skip` (the Gradient node),
+  // and every name in use.
+  void index_graph(int skip);
+  // Element types and ranks of every value, with those of the enclosing graphs for a subgraph.
+  void infer_value_types();
+  ValueTypes value_types() const { return {types_, ranks_, lengths_}; }
+  // The value of `name` when it is a constant of this graph or of an enclosing one.
+  std::optional<onnx::TensorProto> constant_value(const std::string& name) const;
+  // Nodes that read `roots`, directly or not (through inputs or subgraphs), leaving out `skip`.
+  std::pair<std::unordered_set<std::string>, std::unordered_set<int>> descendants_of(const std::vector<std::string>& roots,
+                                                                                  const std::vector<int>& order,
+                                                                                  int skip) const;
+  // Nodes the targets depend on, not looking past `stop` values.
+  std::unordered_set<int> ancestors_of(const std::vector<std::string>& targets,
+                                       const std::unordered_set<std::string>& stop) const;
+  // Unrolls every Loop between xs and the targets (subgraphs.h); returns `skip` moved along
+  // with the nodes.
+  int unroll_loops_on_path(const std::vector<std::string>& xs, const std::vector<std::string>& targets, int skip);
+  // The backward walk from `seeds` (value, gradient flowing into it) over the nodes between
+  // x_values and the seeded values; `y` names the target in errors.
+  void backward(const std::vector<std::string>& x_values, const std::vector<std::pair<std::string, std::string>>& seeds,
+                const std::string& y, int skip);
+  // Fills this engine's graph, a copy of `forward`'s nodes, as backward_subgraph describes.
+  void differentiate_subgraph(const onnx::GraphProto& forward, const std::vector<std::string>& output_gradients,
+                              const std::vector<std::string>& wrt);
+  // An Identity node from `value` to the output name `out`.
+  void emit_identity(const std::string& value, const std::string& out) {
+    onnx::NodeProto identity;
+    identity.set_op_type("Identity");
+    identity.set_name(fresh("output"));
+    identity.add_input(value);
+    identity.add_output(out);
+    emitted_.push_back(std::move(identity));
+  }
+  std::string zeros_like(const std::string& value) {
+    static const onnx::NodeProto none;
+    return EngineBuilder(*this, none, -1, {}).zeros_like(value);
+  }
   [[noreturn]] void missing_rule(const onnx::NodeProto& node, int index, const std::vector<std::string>& xs,
                                  const std::string& y);
 
   onnx::GraphProto& graph_;
   const OpsetMap& opsets_;
   std::string where_;
+  Engine* parent_;
   std::string context_;
   std::string prefix_;
   int counter_ = 0;
   std::unordered_set<std::string> names_;
   std::unordered_map<std::string, DataType> types_;
   std::unordered_map<std::string, int> ranks_;
+  std::unordered_map<std::string, int64_t> lengths_;
   std::unordered_map<std::string, std::vector<std::string>> grads_;
   std::vector<onnx::NodeProto> emitted_;
   std::unordered_map<std::string, int> producer_;
@@ -374,6 +473,11 @@ std::vector<std::string> EngineBuilder::op_n(const std::string& type, const std:
                                              int n, const std::vector<onnx::AttributeProto>& attrs,
                                              const std::string& domain, const std::vector<bool>& wanted) {
   return engine_.emit(type, inputs, n, attrs, domain, wanted);
+}
+onnx::GraphProto EngineBuilder::backward_subgraph(const onnx::GraphProto& subgraph,
+                                                  const std::vector<std::string>& output_gradients,
+                                                  const std::vector<std::string>& wrt, const std::string& label) {
+  return engine_.backward_subgraph(subgraph, output_gradients, wrt, label + " of " + node_label(node_, index_));
 }
 
 std::vector<std::string> Engine::emit(const std::string& type, const std::vector<std::string>& inputs, int n,
@@ -402,27 +506,20 @@ void Engine::missing_rule(const onnx::NodeProto& node, int index, const std::vec
   // consumers forward to y.
   std::vector<std::string> back;
   std::set<std::string> x_set(xs.begin(), xs.end());
-  std::string v = node.input_size() ? node.input(0) : "";
-  for (const auto& in : node.input()) {
-    if (x_set.contains(in) || producer_.contains(in)) {
-      v = in;
-      break;
+  auto on_path = [&](const onnx::NodeProto& n, const std::string& fallback) {
+    for (const auto& in : node_reads(n)) {
+      if (x_set.contains(in) || producer_.contains(in)) return in;
     }
-  }
+    return fallback;
+  };
+  std::string v = on_path(node, node.input_size() ? node.input(0) : "");
   std::set<std::string> seen;
   while (!v.empty() && !x_set.contains(v) && seen.insert(v).second) {
     const auto it = producer_.find(v);
     if (it == producer_.end()) break;
     const auto& p = graph_.node(it->second);
     back.push_back(p.op_type());
-    std::string next;
-    for (const auto& in : p.input()) {
-      if (x_set.contains(in) || producer_.contains(in)) {
-        next = in;
-        break;
-      }
-    }
-    v = next;
+    v = on_path(p, "");
   }
   std::string path = v.empty() ? "?" : "'" + v + "'";
   for (auto it = back.rbegin(); it != back.rend(); ++it) path += " -> " + *it;
@@ -430,6 +527,218 @@ void Engine::missing_rule(const onnx::NodeProto& node, int index, const std::vec
   throw Error(context_ + ": no gradient rule for " + (node.domain().empty() ? "" : node.domain() + ".") +
               node.op_type() + " at " + node_label(node, index) + ", on the path " + path +
               " (see docs/gradients.md for the operators onnxtrain differentiates)");
+}
+
+void Engine::index_graph(int skip) {
+  producer_.clear();
+  for (const auto& v : graph_.input()) names_.insert(v.name());
+  for (const auto& t : graph_.initializer()) names_.insert(t.name());
+  for (int i = 0; i < graph_.node_size(); ++i) {
+    for (const auto& o : graph_.node(i).output()) {
+      if (o.empty()) continue;
+      names_.insert(o);
+      if (i != skip) producer_[o] = i;
+    }
+  }
+}
+
+void Engine::infer_value_types() {
+  const ValueTypes enclosing = parent_ ? parent_->value_types() : ValueTypes{};
+  ValueTypes inferred = infer_types(graph_, opsets_, parent_ ? &enclosing : nullptr);
+  types_ = std::move(inferred.dtypes);
+  ranks_ = std::move(inferred.ranks);
+  lengths_ = std::move(inferred.lengths);
+  for (int i : topological_order(graph_)) {
+    assign_output_types(graph_.node(i), types_);
+    assign_output_ranks(graph_.node(i), ranks_, lengths_);
+  }
+}
+
+std::optional<onnx::TensorProto> Engine::constant_value(const std::string& name) const {
+  if (auto value = constant_in(graph_, name)) return value;
+  if (defines(graph_, name) || !parent_) return std::nullopt;
+  return parent_->constant_value(name);
+}
+
+std::pair<std::unordered_set<std::string>, std::unordered_set<int>> Engine::descendants_of(
+    const std::vector<std::string>& roots, const std::vector<int>& order, int skip) const {
+  std::unordered_set<std::string> values(roots.begin(), roots.end());
+  std::unordered_set<int> nodes;
+  for (int i : order) {
+    if (i == skip) continue;
+    const auto& n = graph_.node(i);
+    const std::vector<std::string> reads = node_reads(n);
+    if (std::any_of(reads.begin(), reads.end(), [&](const std::string& in) { return values.contains(in); })) {
+      nodes.insert(i);
+      for (const auto& o : n.output()) {
+        if (!o.empty()) values.insert(o);
+      }
+    }
+  }
+  return {values, nodes};
+}
+
+std::unordered_set<int> Engine::ancestors_of(const std::vector<std::string>& targets,
+                                             const std::unordered_set<std::string>& stop) const {
+  std::unordered_set<int> nodes;
+  std::deque<std::string> queue(targets.begin(), targets.end());
+  std::unordered_set<std::string> seen(targets.begin(), targets.end());
+  while (!queue.empty()) {
+    const std::string v = queue.front();
+    queue.pop_front();
+    if (stop.contains(v)) continue;
+    const auto it = producer_.find(v);
+    if (it == producer_.end()) continue;
+    if (!nodes.insert(it->second).second) continue;
+    for (const auto& in : node_reads(graph_.node(it->second))) {
+      if (seen.insert(in).second) queue.push_back(in);
+    }
+  }
+  return nodes;
+}
+
+int Engine::unroll_loops_on_path(const std::vector<std::string>& xs, const std::vector<std::string>& targets, int skip) {
+  const std::unordered_set<std::string> stop(xs.begin(), xs.end());
+  const LoopScope scope{[this](const std::string& hint) { return fresh(hint); },
+                        [this](const std::string& name) { return constant_value(name); }, opset(), context_};
+  for (;;) {
+    const std::vector<int> order = topological_order(graph_);
+    const auto desc_nodes = descendants_of(xs, order, skip).second;
+    const auto anc = ancestors_of(targets, stop);
+    const auto loop = std::find_if(order.begin(), order.end(), [&](int i) {
+      const auto& n = graph_.node(i);
+      return n.op_type() == "Loop" && (n.domain().empty() || n.domain() == "ai.onnx") && desc_nodes.contains(i) &&
+             anc.contains(i);
+    });
+    if (loop == order.end()) return skip;
+    const int at = *loop;
+    std::vector<onnx::NodeProto> unrolled = unroll_loop(graph_.node(at), node_label(graph_.node(at), at), scope);
+    google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+    for (int i = 0; i < graph_.node_size(); ++i) {
+      if (i != at) {
+        nodes.Add()->Swap(graph_.mutable_node(i));
+        continue;
+      }
+      for (auto& n : unrolled) nodes.Add()->Swap(&n);
+    }
+    graph_.mutable_node()->Swap(&nodes);
+    if (skip > at) skip += static_cast<int>(unrolled.size()) - 1;
+    index_graph(skip);
+  }
+}
+
+void Engine::backward(const std::vector<std::string>& x_values,
+                      const std::vector<std::pair<std::string, std::string>>& seeds, const std::string& y, int skip) {
+  const std::vector<int> walk_order = topological_order(graph_);
+  const auto [desc_values, desc_nodes] = descendants_of(x_values, walk_order, skip);
+  std::vector<std::string> targets;
+  for (const auto& [value, gradient] : seeds) {
+    targets.push_back(value);
+    grads_[value].push_back(gradient);
+  }
+  const auto anc = ancestors_of(targets, std::unordered_set<std::string>(x_values.begin(), x_values.end()));
+  // Whether the gradient of value v is wanted: v depends on xs and may be floating-point.
+  auto wanted = [&](const std::string& v) {
+    if (v.empty() || !desc_values.contains(v)) return false;
+    const auto t = types_.find(v);
+    return t == types_.end() || t->second == DataType::Undefined || is_floating(t->second);
+  };
+
+  for (auto it = walk_order.rbegin(); it != walk_order.rend(); ++it) {
+    const int i = *it;
+    if (i == skip || !anc.contains(i) || !desc_nodes.contains(i)) continue;
+    const onnx::NodeProto& node = graph_.node(i);
+    if (std::none_of(node.output().begin(), node.output().end(),
+                     [&](const std::string& o) { return !o.empty() && has_gradient(o); })) {
+      continue;
+    }
+    const Rule* rule = find_rule(node.domain() == "ai.onnx" ? "" : node.domain(), node.op_type());
+    if (!rule) missing_rule(node, i, x_values, y);
+    std::vector<bool> needs(static_cast<size_t>(node.input_size()), false);
+    bool any = false;
+    for (int k = 0; k < node.input_size() && k < 32; ++k) {
+      if (!(rule->differentiable & (1u << k)) || !wanted(node.input(k))) continue;
+      needs[static_cast<size_t>(k)] = true;
+      any = true;
+    }
+    std::vector<std::string> implicit;
+    std::vector<bool> implicit_needs;
+    if (rule->enclosing_values) {
+      implicit = implicit_inputs(node);
+      for (const auto& v : implicit) {
+        implicit_needs.push_back(wanted(v));
+        any = any || implicit_needs.back();
+      }
+    }
+    if (!any) continue;
+    EngineBuilder builder(*this, node, i, needs, implicit, implicit_needs);
+    try {
+      rule->build(builder);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (in the gradient rule of " + node_label(node, i) + ")");
+    }
+    for (const auto& [k, g] : builder.input_gradients()) {
+      const std::string& in = node.input(k);
+      grads_[in].push_back(rule->unbroadcast ? builder.sum_to_shape_of(g, in) : g);
+    }
+    for (const auto& [j, g] : builder.implicit_gradients()) grads_[implicit[static_cast<size_t>(j)]].push_back(g);
+  }
+}
+
+onnx::GraphProto Engine::backward_subgraph(const onnx::GraphProto& subgraph,
+                                           const std::vector<std::string>& output_gradients,
+                                           const std::vector<std::string>& wrt, const std::string& label) {
+  if (subgraph.input_size() > 0) {
+    throw Error(context_ + ": " + label + " takes inputs; only subgraphs without inputs (If branches) are differentiated");
+  }
+  if (static_cast<int>(output_gradients.size()) > subgraph.output_size()) {
+    throw Error(context_ + ": " + label + " has " + std::to_string(subgraph.output_size()) + " outputs but " +
+                std::to_string(output_gradients.size()) + " gradients flow into them");
+  }
+  onnx::GraphProto g;
+  g.set_name((subgraph.name().empty() ? std::string("subgraph") : subgraph.name()) + "_gradient");
+  *g.mutable_initializer() = subgraph.initializer();
+  *g.mutable_node() = subgraph.node();
+  *g.mutable_value_info() = subgraph.value_info();
+  Engine sub(g, opsets_, where_, this);
+  sub.context_ = context_ + ", " + label;
+  sub.prefix_ = fresh(g.name());
+  sub.names_ = names_;  // every name visible in the subgraph, so that no fresh name hides one
+  sub.differentiate_subgraph(subgraph, output_gradients, wrt);
+  return g;
+}
+
+void Engine::differentiate_subgraph(const onnx::GraphProto& forward, const std::vector<std::string>& output_gradients,
+                                    const std::vector<std::string>& wrt) {
+  index_graph(-1);
+  std::vector<std::pair<std::string, std::string>> seeds;
+  std::vector<std::string> targets;
+  for (size_t k = 0; k < output_gradients.size(); ++k) {
+    if (output_gradients[k].empty()) continue;
+    seeds.emplace_back(forward.output(static_cast<int>(k)).name(), output_gradients[k]);
+    targets.push_back(seeds.back().first);
+  }
+  unroll_loops_on_path(wrt, targets, -1);
+  infer_value_types();
+  const std::string what = "the outputs of " + (forward.name().empty() ? std::string("the subgraph") : "'" + forward.name() + "'");
+  backward(wrt, seeds, what, -1);
+  // One output per value of wrt: its gradient, or zeros where the subgraph does not depend on it.
+  for (const auto& w : wrt) {
+    std::string g = gradient_of(w);
+    if (g.empty()) g = zeros_like(w);
+    const std::string out = fresh("gradient");
+    emit_identity(g, out);
+    auto* info = graph_.add_output();
+    info->set_name(out);
+    auto* type = info->mutable_type()->mutable_tensor_type();
+    type->set_elem_type(static_cast<int32_t>(dtype(w)));
+    const int r = rank(w);
+    for (int d = 0; d < r; ++d) type->mutable_shape()->add_dim();
+    if (r == 0) type->mutable_shape();  // a scalar: an empty shape, not an unknown one
+  }
+  for (auto& e : emitted_) graph_.mutable_node()->Add()->Swap(&e);
+  emitted_.clear();
+  prune_to_outputs(graph_);
 }
 
 void Engine::expand(int index) {
@@ -457,19 +766,11 @@ void Engine::expand(int index) {
   }
 
   // Every name the graph defines, apart from the Gradient node's own outputs.
+  index_graph(index);
   std::unordered_set<std::string> defined;
   for (const auto& v : graph_.input()) defined.insert(v.name());
   for (const auto& t : graph_.initializer()) defined.insert(t.name());
-  for (int i = 0; i < graph_.node_size(); ++i) {
-    for (const auto& o : graph_.node(i).output()) {
-      if (o.empty()) continue;
-      names_.insert(o);
-      if (i == index) continue;
-      defined.insert(o);
-      producer_[o] = i;
-    }
-  }
-  names_.insert(defined.begin(), defined.end());
+  for (const auto& [name, producer] : producer_) defined.insert(name);
   auto check_defined = [&](const std::string& name, const char* attr) {
     if (!defined.contains(name)) {
       throw Error(context_ + ": attribute '" + attr + "' names '" + name + "', which the graph does not define");
@@ -479,15 +780,8 @@ void Engine::expand(int index) {
   for (const auto& z : zs) check_defined(z, "zs");
   check_defined(y, "y");
 
-  {
-    ValueTypes inferred = infer_types(graph_, opsets_);
-    types_ = std::move(inferred.dtypes);
-    ranks_ = std::move(inferred.ranks);
-    for (int i : topological_order(graph_)) {
-      assign_output_types(graph_.node(i), types_);
-      assign_output_ranks(graph_.node(i), ranks_, inferred.lengths);
-    }
-  }
+  index = unroll_loops_on_path(xs, {y}, index);
+  infer_value_types();
   for (const auto& x : xs) {
     const auto it = types_.find(x);
     if (it != types_.end() && it->second != DataType::Undefined && !is_floating(it->second)) {
@@ -501,72 +795,30 @@ void Engine::expand(int index) {
   std::vector<std::string> x_values = xs;
   std::string y_value = y;
 
-  // Nodes that read xs or zs, directly or not (their values change when the node's inputs do).
-  auto descendants_of = [&](const std::vector<std::string>& roots, const std::vector<int>& node_order) {
-    std::unordered_set<std::string> values(roots.begin(), roots.end());
-    std::unordered_set<int> nodes;
-    for (int i : node_order) {
-      if (i == index) continue;
-      const auto& n = graph_.node(i);
-      if (std::any_of(n.input().begin(), n.input().end(), [&](const std::string& in) { return values.contains(in); })) {
-        nodes.insert(i);
-        for (const auto& o : n.output()) {
-          if (!o.empty()) values.insert(o);
-        }
-      }
-    }
-    return std::pair{values, nodes};
-  };
-  // Nodes y depends on, not looking past `stop` values.
-  auto ancestors_of = [&](const std::string& target, const std::unordered_set<std::string>& stop) {
-    std::unordered_set<int> nodes;
-    std::deque<std::string> queue{target};
-    std::unordered_set<std::string> seen{target};
-    while (!queue.empty()) {
-      const std::string v = queue.front();
-      queue.pop_front();
-      if (stop.contains(v)) continue;
-      const auto it = producer_.find(v);
-      if (it == producer_.end()) continue;
-      if (!nodes.insert(it->second).second) continue;
-      for (const auto& in : graph_.node(it->second).input()) {
-        if (!in.empty() && seen.insert(in).second) queue.push_back(in);
-      }
-    }
-    return nodes;
-  };
-
   bool reuse = true;
   for (size_t i = 0; i < xs.size(); ++i) reuse = reuse && gradient.input(static_cast<int>(i)) == xs[i];
   for (size_t i = 0; i < zs.size(); ++i) reuse = reuse && gradient.input(static_cast<int>(xs.size() + i)) == zs[i];
 
-  std::unordered_set<std::string> leaf_set(xs.begin(), xs.end());
   if (!reuse) {
     // Clone the nodes between xs+zs and y, reading the Gradient node's inputs instead.
     std::vector<std::string> roots = xs;
     roots.insert(roots.end(), zs.begin(), zs.end());
-    const auto [desc_values, desc_nodes] = descendants_of(roots, order);
-    std::unordered_set<std::string> stop(roots.begin(), roots.end());
-    const auto anc = ancestors_of(y, stop);
+    const auto desc_nodes = descendants_of(roots, order, index).second;
+    const auto anc = ancestors_of({y}, std::unordered_set<std::string>(roots.begin(), roots.end()));
     std::unordered_map<std::string, std::string> rename;
     for (size_t i = 0; i < roots.size(); ++i) rename[roots[i]] = gradient.input(static_cast<int>(i));
     for (int i : order) {
       if (!anc.contains(i) || !desc_nodes.contains(i)) continue;
-      onnx::NodeProto clone = graph_.node(i);
+      const onnx::NodeProto& original = graph_.node(i);
+      onnx::NodeProto clone = copy_node(original, rename, [&](const std::string&) { return fresh("clone"); });
       clone.set_name(fresh("clone_" + clone.op_type()));
-      for (auto& in : *clone.mutable_input()) {
-        const auto it = rename.find(in);
-        if (it != rename.end()) in = it->second;
-      }
-      for (auto& o : *clone.mutable_output()) {
+      for (int k = 0; k < clone.output_size(); ++k) {
+        const std::string &o = original.output(k), &renamed = clone.output(k);
         if (o.empty()) continue;
-        const std::string renamed = fresh("clone");
         const auto t = types_.find(o);
         if (t != types_.end()) types_[renamed] = t->second;
         const auto r = ranks_.find(o);
         if (r != ranks_.end()) ranks_[renamed] = r->second;
-        rename[o] = renamed;
-        o = renamed;
       }
       clones.push_back(std::move(clone));
     }
@@ -588,71 +840,23 @@ void Engine::expand(int index) {
         if (!o.empty()) producer_[o] = i;
       }
     }
-    leaf_set = std::unordered_set<std::string>(x_values.begin(), x_values.end());
   }
 
-  // The backward walk over nodes between x_values and y_value.
-  const std::vector<int> walk_order = topological_order(graph_);
-  const auto [desc_values, desc_nodes] = descendants_of(x_values, walk_order);
-  const auto anc = ancestors_of(y_value, leaf_set);
   if (!is_floating(dtype(y_value))) {
     throw Error(context_ + ": y '" + y + "' is " + std::string(dtype_name(dtype(y_value))) +
                 "; only a floating-point tensor can be differentiated");
   }
   // The seed: ones shaped like y, so the result is the gradient of sum(y).
   const std::string seed = EngineBuilder(*this, gradient, index, {}).ones_like(y_value);
-  grads_[y_value].push_back(seed);
-
-  for (auto it = walk_order.rbegin(); it != walk_order.rend(); ++it) {
-    const int i = *it;
-    if (i == index || !anc.contains(i) || !desc_nodes.contains(i)) continue;
-    const onnx::NodeProto& node = graph_.node(i);
-    if (std::none_of(node.output().begin(), node.output().end(),
-                     [&](const std::string& o) { return !o.empty() && has_gradient(o); })) {
-      continue;
-    }
-    const Rule* rule = find_rule(node.domain() == "ai.onnx" ? "" : node.domain(), node.op_type());
-    if (!rule) missing_rule(node, i, x_values, y);
-    if (rule->differentiable == 0) continue;
-    std::vector<bool> needs(static_cast<size_t>(node.input_size()), false);
-    bool any = false;
-    for (int k = 0; k < node.input_size(); ++k) {
-      const std::string& in = node.input(k);
-      if (in.empty() || !desc_values.contains(in) || k >= 32 || !(rule->differentiable & (1u << k))) continue;
-      const auto t = types_.find(in);
-      if (t != types_.end() && t->second != DataType::Undefined && !is_floating(t->second)) continue;
-      needs[static_cast<size_t>(k)] = true;
-      any = true;
-    }
-    if (!any) continue;
-    EngineBuilder builder(*this, node, i, needs);
-    try {
-      rule->build(builder);
-    } catch (const Error& e) {
-      throw Error(std::string(e.what()) + " (in the gradient rule of " + node_label(node, i) + ")");
-    }
-    for (const auto& [k, g] : builder.input_gradients()) {
-      const std::string& in = node.input(k);
-      grads_[in].push_back(rule->unbroadcast ? builder.sum_to_shape_of(g, in) : g);
-    }
-  }
+  backward(x_values, {{y_value, seed}}, y, index);
 
   // The Gradient node's outputs.
   for (int k = 0; k < gradient.output_size(); ++k) {
     const std::string& out = gradient.output(k);
     if (out.empty()) continue;
     std::string g = gradient_of(x_values[static_cast<size_t>(k)]);
-    if (g.empty()) {
-      // y does not depend on this x: zeros shaped like it.
-      EngineBuilder builder(*this, gradient, index, {});
-      g = builder.zeros_like(x_values[static_cast<size_t>(k)]);
-    }
-    onnx::NodeProto identity;
-    identity.set_op_type("Identity");
-    identity.set_name(fresh("output"));
-    identity.add_input(g);
-    identity.add_output(out);
-    emitted_.push_back(std::move(identity));
+    if (g.empty()) g = zeros_like(x_values[static_cast<size_t>(k)]);  // y does not depend on this x
+    emit_identity(g, out);
   }
 
   // Splice: the emitted nodes take the Gradient node's place; clones were appended already.

@@ -12,9 +12,18 @@
 //     of ones shaped like y (so the result is the gradient of sum(y)).
 //   - An x that y does not depend on gets zeros shaped like x; an empty output name skips
 //     that gradient.
+//   - Control flow: paths from xs to y run through the values an If's branches or a Loop's body
+//     read from the enclosing graph, as through node inputs. An If is differentiated by an If
+//     on the same condition whose branches recompute the forward branch and its backward pass
+//     (nested If nodes alike). A Loop on such a path is unrolled into copies of its body first,
+//     which needs its trip count M to be an initializer or Constant and its condition to end
+//     nothing early (the cond input omitted or a constant, the body's cond output a constant
+//     or its cond input passed through); its outputs keep their values and names.
 //   - Errors (onnxtrain::Error): an operator without a gradient rule on a path from xs to y
 //     (naming the op, the node and the path), an integer tensor in xs, a name in xs/zs/y that
-//     the graph does not define, a node whose inputs do not match xs+zs.
+//     the graph does not define, a node whose inputs do not match xs+zs, a Loop on a path
+//     from xs to y that cannot be unrolled (naming the node and why: "the trip count is not
+//     known when the graph is planned" or "the loop ends on a condition computed from data").
 #pragma once
 
 #include <string>

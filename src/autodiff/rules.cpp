@@ -324,6 +324,7 @@ void gemm_rule(Builder& b) {
 // Defined in rules_shape.cpp and rules_nn.cpp.
 std::vector<Rule> shape_rules();
 std::vector<Rule> nn_rules();
+std::vector<Rule> control_flow_rules();
 
 namespace {
 
@@ -415,6 +416,7 @@ const std::vector<Rule>& table() {
     std::vector<Rule> all = math_rules();
     for (auto& r : shape_rules()) all.push_back(r);
     for (auto& r : nn_rules()) all.push_back(r);
+    for (auto& r : control_flow_rules()) all.push_back(r);
     return all;
   }();
   return rules;

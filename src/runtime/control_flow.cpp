@@ -1,11 +1,13 @@
 // If and Loop (ai.onnx opsets 1-17; ONNX operator docs "If", "Loop"), tensors only (no
-// sequence or optional types); no gradients through them yet.
+// sequence or optional types). Their gradients are graph rewrites (autodiff/engine.cpp):
+// If by the rule in autodiff/rules_control_flow.cpp, Loop by unrolling (autodiff/subgraphs.h).
 //   If: runs then_branch or else_branch by the one-element bool `cond` and returns the
 //     branch's outputs. Branches take no inputs.
 //   Loop(M, cond, v_initial...): runs `body(iteration_num, cond, v...) -> (cond, v..., scan...)`
 //     while (M is omitted or iteration_num < M) and (cond is omitted or true). Outputs: the
 //     final loop-carried values v, then each scan output stacked over the iterations along a
-//     new first axis (an iteration count of 0 gives scan outputs of shape [0]).
+//     new first axis (an iteration count of 0 gives scan outputs of shape [0], typed as the body
+//     declares them).
 // Subgraphs read values of the enclosing graphs by name (the node's implicit inputs). Each is
 // planned once, when the node is, as its own GraphRunner with the model's opsets; a run feeds
 // it the enclosing values it reads as overrides.
@@ -46,6 +48,7 @@ class Branch {
 
   size_t num_outputs() const { return output_names_.size(); }
   const std::vector<runtime::ValueInfo>& inputs() const { return runner_->inputs(); }
+  const std::vector<runtime::ValueInfo>& outputs() const { return runner_->outputs(); }
 
   // Runs the subgraph on `feeds` (its inputs by name) and the enclosing values it reads;
   // returns its outputs in order.
@@ -143,14 +146,21 @@ class LoopKernel final : public Kernel {
     }
     for (int k = 0; k < scans_; ++k) {
       if (!ctx.has_output(carried_ + k)) continue;
-      ctx.set_output(carried_ + k, stack(scanned[static_cast<size_t>(k)], k));
+      ctx.set_output(carried_ + k, stack(scanned[static_cast<size_t>(k)], k, scan_dtype(k)));
     }
   }
 
  private:
-  // The per-iteration values of scan output k stacked along a new first axis.
-  static Tensor stack(const std::vector<Tensor>& parts, int k) {
-    if (parts.empty()) return Tensor(DataType::Float32, Shape{0});
+  // The element type the body declares for scan output k (float32 when it declares none).
+  DataType scan_dtype(int k) const {
+    const DataType declared = body_.outputs()[static_cast<size_t>(1 + carried_ + k)].dtype;
+    return declared == DataType::Undefined ? DataType::Float32 : declared;
+  }
+
+  // The per-iteration values of scan output k stacked along a new first axis; no iteration
+  // gives shape [0] of the declared type.
+  static Tensor stack(const std::vector<Tensor>& parts, int k, DataType declared) {
+    if (parts.empty()) return Tensor(declared, Shape{0});
     const Tensor& first = parts[0];
     Shape shape{static_cast<int64_t>(parts.size())};
     for (int64_t d : first.shape()) shape.push_back(d);

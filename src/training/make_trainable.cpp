@@ -13,6 +13,7 @@
 
 #include "autodiff/builder.h"
 #include "autodiff/gradient.h"
+#include "autodiff/subgraphs.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/tensor.h"
@@ -117,7 +118,8 @@ int ai_onnx_opset(const onnx::ModelProto& model) {
 
 // Float initializers of rank >= 1 on a differentiable path to `output`, in graph order. The walk
 // follows only the inputs that the gradient rules differentiate, and never BatchNormalization's
-// running statistics (inputs 3 and 4), so shape tensors, indices and buffers are not trainable.
+// running statistics (inputs 3 and 4), so shape tensors, indices and buffers are not trainable;
+// it follows every value an If's branches or a Loop's body read from the graph.
 std::vector<Param> trainable_candidates(const onnx::GraphProto& g, const std::set<std::string>& roots) {
   std::unordered_map<std::string, const onnx::NodeProto*> producer;
   for (const auto& n : g.node()) {
@@ -138,6 +140,10 @@ std::vector<Param> trainable_candidates(const onnx::GraphProto& g, const std::se
       if (rule && (i >= 32 || !(rule->differentiable & (1u << i)))) continue;
       if (n.op_type() == "BatchNormalization" && i >= 3) continue;
       stack.push_back(n.input(i));
+    }
+    // The values its subgraphs read (an If's branches, a Loop's body).
+    if (!rule || rule->enclosing_values) {
+      for (auto& name : autodiff::implicit_inputs(n)) stack.push_back(std::move(name));
     }
   }
   std::vector<Param> params;

@@ -2,8 +2,9 @@
 """Gradient parity with PyTorch: onnxtrain's Gradient operator against torch.autograd.
 
 For each model (an MLP, a small CNN with BatchNorm in training mode, a transformer encoder
-layer): export it with torch.onnx.export, append a SoftmaxCrossEntropyLoss node and a Gradient
-node (xs = every parameter, y = the loss) to the exported graph, run that model with
+layer, a scripted module with an `if` and a `for` in either branch): export it with
+torch.onnx.export, append a SoftmaxCrossEntropyLoss node and a Gradient node (xs = every
+parameter, y = the loss) to the exported graph, run that model with
 `onnxtrain run`, and compare each gradient with torch.autograd.grad of the same loss
 (rtol 1e-4 and atol 1e-6, float32).
 
@@ -61,6 +62,28 @@ class Encoder(torch.nn.Module):
         return self.head(self.layer(x).mean(dim=1))
 
 
+class ControlFlow(torch.nn.Module):
+    """Scripted: an `if` on a tensor condition becomes an If whose branches read the weights of a
+    and b; TorchScript unrolls the 64-step `for` by 8 into a Loop with a constant trip count of 8,
+    which the Gradient operator unrolls again."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 8)
+        self.b = torch.nn.Linear(6, 8)
+        self.c = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            h = torch.tanh(self.a(x))
+        else:
+            h = torch.relu(self.b(x)) * 0.5
+        for _ in range(64):
+            h = h + 0.02 * torch.tanh(self.c(h))
+        return self.head(h)
+
+
 def cases():
     g = torch.Generator().manual_seed(7)
     yield "mlp", Mlp(), torch.randn(6, 12, generator=g)
@@ -70,6 +93,10 @@ def cases():
     # (Slice with computed starts, Reshape to computed shapes); the engine's own rank
     # propagation must recover them.
     yield "transformer_dynamic_batch", Encoder(), torch.randn(3, 4, 8, generator=g)
+    # Both branches of the If: the sign of sum(x) picks one.
+    x = torch.randn(4, 6, generator=g).abs()
+    yield "control_flow_then", torch.jit.script(ControlFlow()), x
+    yield "control_flow_else", torch.jit.script(ControlFlow()), -x
 
 
 def sanitize(name):
@@ -86,8 +113,11 @@ def check(name, model, x, onnxtrain, workdir):
     # The reference: gradients of mean cross-entropy by autograd.
     params = dict(model.named_parameters())
     loss = torch.nn.functional.cross_entropy(model(x), labels)
-    grads = torch.autograd.grad(loss, list(params.values()))
-    expected = {n: g.detach().numpy() for n, g in zip(params, grads)}
+    # A parameter the taken branch of an `if` does not read gets no gradient from autograd
+    # (None) and zeros from the Gradient operator.
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    expected = {n: (torch.zeros_like(p) if g is None else g).detach().numpy()
+                for (n, p), g in zip(params.items(), grads)}
 
     buffer = io.BytesIO()
     dynamic = {"x": {0: "N"}, "logits": {0: "N"}} if name.endswith("dynamic_batch") else None

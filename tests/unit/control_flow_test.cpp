@@ -13,27 +13,9 @@
 namespace onnxtrain::runtime {
 namespace {
 
-void tensor_value(onnx::ValueInfoProto* v, const std::string& name, int elem, std::vector<int64_t> dims) {
-  v->set_name(name);
-  auto* t = v->mutable_type()->mutable_tensor_type();
-  t->set_elem_type(elem);
-  for (int64_t d : dims) t->mutable_shape()->add_dim()->set_dim_value(d);
-}
-
-onnx::NodeProto* add(onnx::GraphProto& g, const std::string& op, std::vector<std::string> in, std::vector<std::string> out) {
-  auto* n = g.add_node();
-  n->set_op_type(op);
-  for (const auto& i : in) n->add_input(i);
-  for (const auto& o : out) n->add_output(o);
-  return n;
-}
-
-void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::GRAPH);
-  *a->mutable_g() = g;
-}
+using testing::add_node;
+using testing::graph_attr;
+using testing::typed_value;
 
 constexpr int kFloat = onnx::TensorProto::FLOAT, kBool = onnx::TensorProto::BOOL, kInt64 = onnx::TensorProto::INT64;
 
@@ -44,19 +26,19 @@ onnx::ModelProto if_model() {
   m.add_opset_import()->set_version(17);
   auto& g = *m.mutable_graph();
   g.set_name("main");
-  tensor_value(g.add_input(), "c", kBool, {});
-  tensor_value(g.add_input(), "x", kFloat, {3});
+  typed_value(g.add_input(), "c", kBool, {});
+  typed_value(g.add_input(), "x", kFloat, {3});
   onnx::GraphProto then_g, else_g;
   then_g.set_name("then");
-  add(then_g, "Mul", {"x", "x"}, {"t"});
-  tensor_value(then_g.add_output(), "t", kFloat, {3});
+  add_node(then_g, "Mul", {"x", "x"}, {"t"});
+  typed_value(then_g.add_output(), "t", kFloat, {3});
   else_g.set_name("else");
-  add(else_g, "Add", {"x", "x"}, {"e"});
-  tensor_value(else_g.add_output(), "e", kFloat, {3});
-  auto* n = add(g, "If", {"c"}, {"y"});
+  add_node(else_g, "Add", {"x", "x"}, {"e"});
+  typed_value(else_g.add_output(), "e", kFloat, {3});
+  auto* n = add_node(g, "If", {"c"}, {"y"});
   graph_attr(n, "then_branch", then_g);
   graph_attr(n, "else_branch", else_g);
-  tensor_value(g.add_output(), "y", kFloat, {3});
+  typed_value(g.add_output(), "y", kFloat, {3});
   return m;
 }
 
@@ -78,7 +60,7 @@ TEST(If, ErrorsNameTheNode) {
   }
   // A branch with another number of outputs than the node.
   auto* else_g = m.mutable_graph()->mutable_node(0)->mutable_attribute(1)->mutable_g();
-  tensor_value(else_g->add_output(), "x", kFloat, {3});
+  typed_value(else_g->add_output(), "x", kFloat, {3});
   try {
     Session bad(m);
     FAIL() << "no error";
@@ -95,31 +77,31 @@ onnx::ModelProto loop_model() {
   m.add_opset_import()->set_version(17);
   auto& g = *m.mutable_graph();
   g.set_name("main");
-  tensor_value(g.add_input(), "M", kInt64, {});
-  tensor_value(g.add_input(), "cond", kBool, {});
-  tensor_value(g.add_input(), "s0", kFloat, {2});
-  tensor_value(g.add_input(), "step", kFloat, {2});
-  tensor_value(g.add_input(), "limit", kFloat, {});
+  typed_value(g.add_input(), "M", kInt64, {});
+  typed_value(g.add_input(), "cond", kBool, {});
+  typed_value(g.add_input(), "s0", kFloat, {2});
+  typed_value(g.add_input(), "step", kFloat, {2});
+  typed_value(g.add_input(), "limit", kFloat, {});
   onnx::GraphProto body;
   body.set_name("body");
-  tensor_value(body.add_input(), "i", kInt64, {});
-  tensor_value(body.add_input(), "c_in", kBool, {});
-  tensor_value(body.add_input(), "s_in", kFloat, {2});
-  add(body, "Add", {"s_in", "step"}, {"s_out"});
-  add(body, "ReduceMax", {"s_out"}, {"top"})->add_attribute()->CopyFrom([] {
+  typed_value(body.add_input(), "i", kInt64, {});
+  typed_value(body.add_input(), "c_in", kBool, {});
+  typed_value(body.add_input(), "s_in", kFloat, {2});
+  add_node(body, "Add", {"s_in", "step"}, {"s_out"});
+  add_node(body, "ReduceMax", {"s_out"}, {"top"})->add_attribute()->CopyFrom([] {
     onnx::AttributeProto a;
     a.set_name("keepdims");
     a.set_type(onnx::AttributeProto::INT);
     a.set_i(0);
     return a;
   }());
-  add(body, "Less", {"top", "limit"}, {"c_out"});
-  add(body, "Identity", {"s_out"}, {"scan"});
-  tensor_value(body.add_output(), "c_out", kBool, {});
-  tensor_value(body.add_output(), "s_out", kFloat, {2});
-  tensor_value(body.add_output(), "scan", kFloat, {2});
-  graph_attr(add(g, "Loop", {"M", "cond", "s0"}, {"s_final", "history"}), "body", body);
-  tensor_value(g.add_output(), "s_final", kFloat, {2});
+  add_node(body, "Less", {"top", "limit"}, {"c_out"});
+  add_node(body, "Identity", {"s_out"}, {"scan"});
+  typed_value(body.add_output(), "c_out", kBool, {});
+  typed_value(body.add_output(), "s_out", kFloat, {2});
+  typed_value(body.add_output(), "scan", kFloat, {2});
+  graph_attr(add_node(g, "Loop", {"M", "cond", "s0"}, {"s_final", "history"}), "body", body);
+  typed_value(g.add_output(), "s_final", kFloat, {2});
   auto* h = g.add_output();
   h->set_name("history");
   h->mutable_type()->mutable_tensor_type()->set_elem_type(kFloat);

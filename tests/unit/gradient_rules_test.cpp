@@ -48,6 +48,9 @@ struct Case {
   int opset = 17;
   std::string domain;
   std::string label;  // distinguishes cases of one op
+  // How many of `inputs` the node reads as inputs (-1: all); the rest are graph inputs that
+  // only its subgraph attributes read (an If's branches).
+  int node_inputs = -1;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.op << (c.label.empty() ? "" : " (" + c.label + ")"); }
@@ -119,12 +122,13 @@ onnx::ModelProto make_model(const Case& c, const std::vector<Tensor>& weights, b
   node->set_name("node");
   for (const auto& a : c.attrs) *node->add_attribute() = a;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const bool read_by_node = c.node_inputs < 0 || static_cast<int>(i) < c.node_inputs;
     if (!c.inputs[i].value.defined()) {
-      node->add_input("");
+      if (read_by_node) node->add_input("");
       continue;
     }
     const std::string name = "in" + std::to_string(i);
-    node->add_input(name);
+    if (read_by_node) node->add_input(name);
     *g->add_input() = value_info(name, c.inputs[i].value);
   }
   for (int k = 0; k < c.outputs; ++k) node->add_output("out" + std::to_string(k));
@@ -237,6 +241,29 @@ void check_case(const Case& c) {
           << name << "[" << j << "]";
     }
   }
+}
+
+// An If node's branch attribute: `nodes` (op, inputs, output) computing `outputs`; the branch
+// reads in1, in2, ... of the case's graph.
+onnx::AttributeProto branch(const std::string& name, const std::vector<std::vector<std::string>>& nodes,
+                            const std::vector<std::string>& outputs) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::GRAPH);
+  auto* g = a.mutable_g();
+  g->set_name(name);
+  for (const auto& n : nodes) {
+    auto* node = g->add_node();
+    node->set_op_type(n[0]);
+    for (size_t i = 1; i + 1 < n.size(); ++i) node->add_input(n[i]);
+    node->add_output(n.back());
+  }
+  for (const auto& o : outputs) {
+    auto* v = g->add_output();
+    v->set_name(o);
+    v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::DOUBLE);
+  }
+  return a;
 }
 
 std::vector<Case> cases() {
@@ -365,6 +392,16 @@ std::vector<Case> cases() {
   c.push_back({"SoftmaxCrossEntropyLoss", {}, {x({2, 3, 2}), fixed(i64({2, 2}, {0, 2, 1, 1}))}, 2, 17, "", "log_prob used"});
   c.push_back({"NegativeLogLikelihoodLoss", {attr("reduction", std::string("mean"))},
                {x({3, 4}), fixed(i64({3, 0, 1})), fixed(uniform({4}, 0.5, 1.5))}});
+  // If: the node reads only the condition; its branches read in1 and in2 of the graph. The
+  // else_branch returns in2 itself as its second output.
+  for (const bool cond : {true, false}) {
+    Case c_if{"If",
+              {branch("then_branch", {{"Mul", "in1", "in2", "p"}, {"Tanh", "p", "t0"}, {"Exp", "in1", "t1"}}, {"t0", "t1"}),
+               branch("else_branch", {{"Sub", "in1", "in2", "e0"}}, {"e0", "in2"})},
+              {fixed(Tensor::scalar(cond)), x({2, 3}), x({2, 3})}, 2, 17, "", cond ? "then_branch" : "else_branch"};
+    c_if.node_inputs = 1;
+    c.push_back(c_if);
+  }
   // onnxtrain's own backward ops, differentiated again (second-order gradients).
   c.push_back({"SumToShape", {}, {x({2, 3}), fixed(i64({3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"GatherGrad", {}, {x({2, 3}), fixed(i64({2}, {1, 1})), fixed(i64({4, 3}))}, 1, 1, "ai.onnxtrain"});
@@ -392,7 +429,9 @@ TEST(RuleTable, EveryRuleHasAFiniteDifferenceCase) {
   std::set<std::string> covered;
   for (const Case& c : cases()) covered.insert(c.domain + "." + c.op);
   for (const auto* rule : autodiff::all_rules()) {
-    if (rule->differentiable == 0 || std::string(rule->note) == "not twice differentiable") continue;
+    if ((rule->differentiable == 0 && !rule->enclosing_values) || std::string(rule->note) == "not twice differentiable") {
+      continue;
+    }
     EXPECT_TRUE(covered.contains(std::string(rule->domain) + "." + rule->op_type))
         << rule->op_type << " has a rule but no finite-difference case";
   }
@@ -450,6 +489,11 @@ std::string gradients_doc() {
       << "  otherwise the part of the graph between them and `y` is cloned and evaluated at the node's inputs.\n"
       << "- The engine, not the rules, sums the gradients of a value used several times and sums a\n"
       << "  broadcast gradient back to its input's shape (`ai.onnxtrain.SumToShape`).\n"
+      << "- Control flow: paths run through the values an `If`'s branches or a `Loop`'s body read from the\n"
+      << "  enclosing graph. `If` has a rule (below). A `Loop` on a path from `xs` to `y` is unrolled into copies\n"
+      << "  of its body first, which needs its trip count to be an initializer or `Constant` and nothing else\n"
+      << "  to end it (the `cond` input omitted or constant, the body's `cond` output constant or its `cond`\n"
+      << "  input passed through); other Loops on such a path are errors that say why.\n"
       << "- Errors: an operator without a rule on a path from `xs` to `y` (the message names the op, the\n"
       << "  node and the path), an integer tensor in `xs`, a name in `xs`, `zs` or `y` the graph does not define.\n\n"
       << "## Rules\n\n"
@@ -467,6 +511,8 @@ std::string gradients_doc() {
     std::string inputs;
     if (std::string(rule->note) == "not twice differentiable") {
       inputs = "- (differentiating it is an error)";
+    } else if (rule->enclosing_values) {
+      inputs = "the values its subgraphs read from the enclosing graph";
     } else if (rule->differentiable == 0) {
       inputs = "none";
     } else if (rule->differentiable == autodiff::kAllInputs) {

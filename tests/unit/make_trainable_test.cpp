@@ -21,15 +21,7 @@
 namespace onnxtrain::training {
 namespace {
 
-void typed(onnx::ValueInfoProto* v, const std::string& name, int elem, std::vector<int64_t> dims) {
-  v->set_name(name);
-  auto* t = v->mutable_type()->mutable_tensor_type();
-  t->set_elem_type(elem);
-  for (int64_t d : dims) {
-    if (d < 0) t->mutable_shape()->add_dim()->set_dim_param("N");
-    else t->mutable_shape()->add_dim()->set_dim_value(d);
-  }
-}
+using testing::typed_value;
 
 // logits [N, 3] = x [N, 4] . W [4, 3] + b [3], plus an integer initializer the loss never sees.
 onnx::ModelProto classifier(int opset = 17) {
@@ -38,7 +30,7 @@ onnx::ModelProto classifier(int opset = 17) {
   m.add_opset_import()->set_version(opset);
   auto& g = *m.mutable_graph();
   g.set_name("classifier");
-  typed(g.add_input(), "x", onnx::TensorProto::FLOAT, {-1, 4});
+  typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {-1, 4});
   std::vector<float> w(12);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * static_cast<float>(static_cast<int>(i % 5) - 2);
   io::tensor_to_proto(Tensor::from_vector<float>({4, 3}, w), "W", *g.add_initializer());
@@ -54,7 +46,7 @@ onnx::ModelProto classifier(int opset = 17) {
   add->add_input("xw");
   add->add_input("b");
   add->add_output("logits");
-  typed(g.add_output(), "logits", onnx::TensorProto::FLOAT, {-1, 3});
+  typed_value(g.add_output(), "logits", onnx::TensorProto::FLOAT, {-1, 3});
   return m;
 }
 
@@ -141,8 +133,8 @@ TEST(MakeTrainable, CustomLossGraph) {
   loss.add_opset_import()->set_version(17);
   auto& g = *loss.mutable_graph();
   g.set_name("loss");
-  typed(g.add_input(), "logits", onnx::TensorProto::FLOAT, {-1, 3});
-  typed(g.add_input(), "target", onnx::TensorProto::FLOAT, {-1, 3});
+  typed_value(g.add_input(), "logits", onnx::TensorProto::FLOAT, {-1, 3});
+  typed_value(g.add_input(), "target", onnx::TensorProto::FLOAT, {-1, 3});
   auto* mul = g.add_node();
   mul->set_op_type("Mul");
   mul->add_input("logits");
@@ -156,7 +148,7 @@ TEST(MakeTrainable, CustomLossGraph) {
   keep->set_name("keepdims");
   keep->set_type(onnx::AttributeProto::INT);
   keep->set_i(0);
-  typed(g.add_output(), "value", onnx::TensorProto::FLOAT, {});
+  typed_value(g.add_output(), "value", onnx::TensorProto::FLOAT, {});
   const auto dir = std::filesystem::temp_directory_path() / ("onnxtrain_loss_graph_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   io::save_model(loss, dir / "loss.onnx");

@@ -6,6 +6,32 @@
 
 namespace onnxtrain::testing {
 
+void typed_value(onnx::ValueInfoProto* v, const std::string& name, int elem, const std::vector<int64_t>& dims) {
+  v->set_name(name);
+  auto* t = v->mutable_type()->mutable_tensor_type();
+  t->set_elem_type(elem);
+  for (int64_t d : dims) {
+    if (d < 0) t->mutable_shape()->add_dim()->set_dim_param("N");
+    else t->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+}
+
+onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op, const std::vector<std::string>& inputs,
+                          const std::vector<std::string>& outputs) {
+  auto* n = g.add_node();
+  n->set_op_type(op);
+  for (const auto& i : inputs) n->add_input(i);
+  for (const auto& o : outputs) n->add_output(o);
+  return n;
+}
+
+void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::GRAPH);
+  *a->mutable_g() = g;
+}
+
 onnx::ModelProto node_model(const NodeSpec& spec, const std::vector<Tensor>& inputs) {
   onnx::ModelProto model;
   model.set_ir_version(8);

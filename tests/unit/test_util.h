@@ -48,6 +48,14 @@ inline onnx::AttributeProto attr(const std::string& name, const std::vector<floa
   return a;
 }
 
+// Hand-built graphs: `v` declared as a tensor `name` of ONNX element type `elem` and `dims`
+// (-1: the symbolic dim "N"; no dims: the shape left undeclared); a node appended to `g`; a
+// graph attribute of `n`.
+void typed_value(onnx::ValueInfoProto* v, const std::string& name, int elem, const std::vector<int64_t>& dims);
+onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op, const std::vector<std::string>& inputs,
+                          const std::vector<std::string>& outputs);
+void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g);
+
 struct NodeSpec {
   std::string op_type;
   std::string domain;  // "" for ai.onnx
