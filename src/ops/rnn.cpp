@@ -386,7 +386,9 @@ class Recurrence {
     const auto N = static_cast<size_t>(s_.batch), H = static_cast<size_t>(s_.hidden);
     const auto steps = static_cast<size_t>(max_len_);
     trace_->steps = max_len_;
-    trace_->gates.resize(steps * N * static_cast<size_t>(s_.gates) * H);
+    trace_->pre.resize(steps * N * static_cast<size_t>(s_.gates) * H);
+    trace_->gates.resize(trace_->pre.size());
+    trace_->hc.resize(a_.cell == Cell::Lstm ? steps * N * H : 0);
     trace_->h.resize((steps + 1) * N * H);
     trace_->c.resize(a_.cell == Cell::Lstm ? (steps + 1) * N * H : 0);
     trace_->hr.resize(a_.cell == Cell::Gru && a_.linear_before_reset ? steps * N * H : 0);
@@ -396,12 +398,17 @@ class Recurrence {
     std::copy(h_.begin(), h_.end(), trace_->h.begin() + step * NH);
     if (a_.cell == Cell::Lstm) std::copy(c_.begin(), c_.end(), trace_->c.begin() + step * NH);
   }
-  // Keeps n pre-activations of batch entry b at `step`, from gate column `column` on.
-  void record_gate(int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
-    if (trace_) {
-      const int64_t GH = s_.gates * s_.hidden;
-      std::copy(g, g + n, trace_->gates.begin() + (step * s_.batch + b) * GH + column);
-    }
+  // Keeps n values of batch entry b at `step` in `to` ([steps, batch, width]) from `column` on.
+  void record(std::vector<V>& to, int64_t width, int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
+    if (trace_) std::copy(g, g + n, to.begin() + (step * s_.batch + b) * width + column);
+  }
+  // g[0..n) = act(clip(g)) for gate columns [column, column + n) of entry b at `step`.
+  void apply_gate(const Activation& act, int64_t step, int64_t b, int64_t column, V* g, int64_t n) {
+    const int64_t GH = s_.gates * s_.hidden;
+    if (trace_) record(trace_->pre, GH, step, b, column, g, n);
+    maybe_clip(g, n);
+    activate(act, g, n);
+    if (trace_) record(trace_->gates, GH, step, b, column, g, n);
   }
 
   // xw_ = X W^T + bias for every time step, rows ordered like X's. The bias is Wb + Rb, except
@@ -471,9 +478,7 @@ class Recurrence {
       V* __restrict g = rec_.data() + b * H;
       const V* __restrict x = xw_.data() + s_.x_row(t, b) * H;
       for (int64_t j = 0; j < H; ++j) g[j] += x[j];
-      record_gate(step, b, 0, g, H);
-      maybe_clip(g, H);
-      activate(f, g, H);
+      apply_gate(f, step, b, 0, g, H);
       std::copy(g, g + H, h_.data() + b * H);
       if (y) std::copy(g, g + H, y + s_.y_offset(t, d, b));
     });
@@ -490,9 +495,7 @@ class Recurrence {
       V* __restrict g = rec_.data() + b * GH;
       const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
       for (int64_t j = 0; j < 2 * H; ++j) g[j] += x[j];
-      record_gate(step, b, 0, g, 2 * H);
-      maybe_clip(g, 2 * H);
-      activate(f, g, 2 * H);
+      apply_gate(f, step, b, 0, g, 2 * H);
       if (!lbr) {  // scratch = r . H, the input of the hidden gate's product
         const V* __restrict r = g + H;
         const V* __restrict h = h_.data() + b * H;
@@ -512,14 +515,12 @@ class Recurrence {
         if (rbh) {
           for (int64_t j = 0; j < H; ++j) hh[j] += rbh[j];
         }
-        if (trace_) std::copy(hh, hh + H, trace_->hr.begin() + (step * s_.batch + b) * H);
+        if (trace_) record(trace_->hr, H, step, b, 0, hh, H);
         for (int64_t j = 0; j < H; ++j) hh[j] = x[j] + r[j] * hh[j];
       } else {
         for (int64_t j = 0; j < H; ++j) hh[j] += x[j];
       }
-      record_gate(step, b, 2 * H, hh, H);
-      maybe_clip(hh, H);
-      activate(g_act, hh, H);
+      apply_gate(g_act, step, b, 2 * H, hh, H);
       V* __restrict h = h_.data() + b * H;
       for (int64_t j = 0; j < H; ++j) h[j] = (V(1) - z[j]) * hh[j] + z[j] * h[j];
       if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));
@@ -546,29 +547,23 @@ class Recurrence {
         for (int64_t j = 0; j < H; ++j) gi[j] += p[j] * c[j];
         for (int64_t j = 0; j < H; ++j) gf[j] += p[2 * H + j] * c[j];
       }
-      record_gate(step, b, 0, gi, H);
-      maybe_clip(gi, H);
-      activate(f, gi, H);
+      apply_gate(f, step, b, 0, gi, H);
       if (a_.input_forget) {
         for (int64_t j = 0; j < H; ++j) gf[j] = V(1) - gi[j];
+        if (trace_) record(trace_->gates, GH, step, b, 2 * H, gf, H);
       } else {
-        record_gate(step, b, 2 * H, gf, H);
-        maybe_clip(gf, H);
-        activate(f, gf, H);
+        apply_gate(f, step, b, 2 * H, gf, H);
       }
-      record_gate(step, b, 3 * H, gc, H);
-      maybe_clip(gc, H);
-      activate(g_act, gc, H);
+      apply_gate(g_act, step, b, 3 * H, gc, H);
       for (int64_t j = 0; j < H; ++j) c[j] = gf[j] * c[j] + gi[j] * gc[j];
       if (p) {  // the output gate's peephole sees C[t]
         for (int64_t j = 0; j < H; ++j) go[j] += p[H + j] * c[j];
       }
-      record_gate(step, b, H, go, H);
-      maybe_clip(go, H);
-      activate(f, go, H);
+      apply_gate(f, step, b, H, go, H);
       V* __restrict hc = scratch_.data() + b * H;
       std::copy(c, c + H, hc);
       activate(h_act, hc, H);
+      if (trace_) record(trace_->hc, H, step, b, 0, hc, H);
       V* __restrict h = h_.data() + b * H;
       for (int64_t j = 0; j < H; ++j) h[j] = go[j] * hc[j];
       if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));

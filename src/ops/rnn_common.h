@@ -192,9 +192,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
 template <class V>
 struct Trace {
   int64_t steps = 0;     // the longest sequence length
-  std::vector<V> gates;  // [steps, batch, gates * hidden]: each gate's pre-activation, before clip
+  std::vector<V> pre;    // [steps, batch, gates * hidden]: each gate's pre-activation, before clip
+  std::vector<V> gates;  // [steps, batch, gates * hidden]: each gate's value (LSTM's f = 1 - i
+                         //   under input_forget, whose pre-activation is not kept)
   std::vector<V> h;      // [steps + 1, batch, hidden]: the hidden state before step s (then the last)
   std::vector<V> c;      // LSTM: [steps + 1, batch, hidden]: the cell state likewise
+  std::vector<V> hc;     // LSTM: [steps, batch, hidden]: h(C) of the cell state after step s
   std::vector<V> hr;     // GRU with linear_before_reset: [steps, batch, hidden]: H Rh^T + Rbh
 };
 

@@ -10,8 +10,8 @@
 //          are not computed; an output whose forward input is omitted must be unnamed.
 // float32 and float64.
 //
-// Each direction runs the forward recurrence again, keeping every step's pre-activations and
-// states (rnn::Trace), then walks the steps backwards. With dH and dC the gradients flowing
+// Each direction runs the forward recurrence again, keeping every step's pre-activations, gate
+// values and states (rnn::Trace), then walks the steps backwards. With dH and dC the gradients flowing
 // into a step's output state, s = act'(pre-activation) (0 where `clip` cut it off), and P_
 // the peepholes:
 //   RNN:  da = dH s;                       dH_prev = da R
@@ -44,17 +44,14 @@ namespace {
 
 using namespace rnn;
 
-// y = act(clip(x)) and slope = d act(clip(x)) / dx for n pre-activations x; the slope is 0
-// where clip cut x off.
+// slope = d act(clip(x)) / dx for n pre-activations x whose values y = act(clip(x)) the forward
+// pass computed; the slope is 0 where clip cut x off.
 template <class V>
-void activate_with_slope(const Activation& a, const std::optional<float>& clip, const V* x, V* __restrict y,
-                         V* __restrict slope, int64_t n) {
+void slopes(const Activation& a, const std::optional<float>& clip, const V* x, const V* y, V* slope, int64_t n) {
   std::copy(x, x + n, slope);
   if (clip) clip_to(slope, n, static_cast<V>(*clip));
-  std::copy(slope, slope + n, y);
-  activate(a, y, n);
   const V alpha = static_cast<V>(a.alpha), beta = static_cast<V>(a.beta);
-  V* __restrict v = slope;  // holds the (clipped) pre-activation until overwritten by the slope
+  const V* v = slope;  // slope[j] holds the (clipped) pre-activation until replaced by its slope
   switch (a.kind) {
     case ActKind::Relu:
       for (int64_t j = 0; j < n; ++j) slope[j] = v[j] > V(0) ? V(1) : V(0);
@@ -153,7 +150,6 @@ class Backward {
       if (!a_.linear_before_reset) rh_.resize(static_cast<size_t>(rows * H));
     }
     dg_.resize(static_cast<size_t>(N * GH));
-    act_.resize(static_cast<size_t>(N * (GH + H)));
     slope_.resize(static_cast<size_t>(N * (GH + H)));
     dh_.resize(static_cast<size_t>(N * H));
     dc_.resize(static_cast<size_t>(N * H));
@@ -187,12 +183,24 @@ class Backward {
     }
   }
 
+  // The steps write every row of the all-steps buffers an entry's sequence reaches; the rows
+  // past its length stay zero.
+  void zero_rows_past_lengths() {
+    const int64_t H = s_.hidden, GH = s_.gates * H;
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      for (int64_t t = lens_[static_cast<size_t>(b)]; t < s_.seq; ++t) {
+        const int64_t row = s_.x_row(t, b);
+        std::fill(dg_all_.begin() + row * GH, dg_all_.begin() + (row + 1) * GH, V(0));
+        for (std::vector<V>* m : {&h_in_, &dg_rec_h_, &rh_}) {
+          if (!m->empty()) std::fill(m->begin() + row * H, m->begin() + (row + 1) * H, V(0));
+        }
+      }
+    }
+  }
+
   void backward(int64_t d) {
     const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H;
-    std::fill(dg_all_.begin(), dg_all_.end(), V(0));
-    std::fill(h_in_.begin(), h_in_.end(), V(0));
-    std::fill(dg_rec_h_.begin(), dg_rec_h_.end(), V(0));
-    std::fill(rh_.begin(), rh_.end(), V(0));
+    zero_rows_past_lengths();
     std::fill(dp_.begin(), dp_.end(), V(0));
     load_final_gradients(d);
     const bool reverse = a_.reverse(d);
@@ -222,8 +230,7 @@ class Backward {
     }
     return dh;
   }
-  // Entry b's gate values (LSTM: then h(C)) and their slopes.
-  V* gate_values(int64_t b) { return act_.data() + b * (s_.gates + 1) * s_.hidden; }
+  // The slopes of entry b's gates (LSTM: then of h at C).
   V* gate_slopes(int64_t b) { return slope_.data() + b * (s_.gates + 1) * s_.hidden; }
 
   // Keeps entry b's gate gradients and recurrent input of time t for the weight gradients.
@@ -238,9 +245,9 @@ class Backward {
     const int64_t H = s_.hidden;
     for_active(lens_, step, reverse, 8 * H, [&](int64_t b, int64_t t) {
       V* __restrict dh = step_dh(d, b, t);
-      V* __restrict y = gate_values(b);
       V* __restrict slope = gate_slopes(b);
-      activate_with_slope(a_.act(d, 0), a_.clip, at(trace_.gates, step, b, s_.batch, H), y, slope, H);
+      slopes(a_.act(d, 0), a_.clip, at(trace_.pre, step, b, s_.batch, H), at(trace_.gates, step, b, s_.batch, H), slope,
+             H);
       V* __restrict da = dg_.data() + b * H;
       for (int64_t j = 0; j < H; ++j) da[j] = dh[j] * slope[j];
       std::fill(dh, dh + H, V(0));  // all of dH_prev comes through R
@@ -254,11 +261,11 @@ class Backward {
     // Pass 1: the gates, dz, dah, and the direct part dH z of dH_prev.
     for_active(lens_, step, reverse, 16 * H, [&](int64_t b, int64_t t) {
       V* __restrict dh = step_dh(d, b, t);
-      const V* pre = at(trace_.gates, step, b, N, GH);
-      V* __restrict y = gate_values(b);
+      const V* pre = at(trace_.pre, step, b, N, GH);
+      const V* y = at(trace_.gates, step, b, N, GH);
       V* __restrict slope = gate_slopes(b);
-      activate_with_slope(a_.act(d, 0), a_.clip, pre, y, slope, 2 * H);
-      activate_with_slope(a_.act(d, 1), a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
+      slopes(a_.act(d, 0), a_.clip, pre, y, slope, 2 * H);
+      slopes(a_.act(d, 1), a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
       const V* z = y;
       const V* hh = y + 2 * H;
       const V* h_prev = at(trace_.h, step, b, N, H);
@@ -274,7 +281,7 @@ class Backward {
     }
     // Pass 2: dr, and what the weight gradients need.
     for_active(lens_, step, reverse, 8 * H, [&](int64_t b, int64_t t) {
-      const V* r = gate_values(b) + H;
+      const V* r = at(trace_.gates, step, b, N, GH) + H;
       const V* slope_r = gate_slopes(b) + H;
       const V* h_prev = at(trace_.h, step, b, N, H);
       V* __restrict dg = dg_.data() + b * GH;
@@ -311,22 +318,18 @@ class Backward {
     for_active(lens_, step, reverse, 32 * H, [&](int64_t b, int64_t t) {
       V* __restrict dh = step_dh(d, b, t);
       V* __restrict dc = dc_.data() + b * H;
-      const V* pre = at(trace_.gates, step, b, N, GH);
-      V* __restrict y = gate_values(b);
+      // Gate blocks i o f c (f = 1 - i under input_forget, which has no f slope).
+      const V* pre = at(trace_.pre, step, b, N, GH);
+      const V* y = at(trace_.gates, step, b, N, GH);
       V* __restrict slope = gate_slopes(b);
-      // Gate blocks i o f c; y's f block holds 1 - i under input_forget.
-      activate_with_slope(f, a_.clip, pre, y, slope, 2 * H);
-      if (a_.input_forget) {
-        for (int64_t j = 0; j < H; ++j) y[2 * H + j] = V(1) - y[j];
-      } else {
-        activate_with_slope(f, a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
-      }
-      activate_with_slope(a_.act(d, 1), a_.clip, pre + 3 * H, y + 3 * H, slope + 3 * H, H);
+      slopes(f, a_.clip, pre, y, slope, 2 * H);
+      if (!a_.input_forget) slopes(f, a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
+      slopes(a_.act(d, 1), a_.clip, pre + 3 * H, y + 3 * H, slope + 3 * H, H);
       const V* c_prev = at(trace_.c, step, b, N, H);
       const V* c = at(trace_.c, step + 1, b, N, H);
-      V* __restrict hc = y + GH;  // h(C) and h'(C)
+      const V* hc = at(trace_.hc, step, b, N, H);  // h(C) and its slope
       V* __restrict hc_slope = slope + GH;
-      activate_with_slope(h_act, std::optional<float>(), c, hc, hc_slope, H);
+      slopes(h_act, std::optional<float>(), c, hc, hc_slope, H);
       const V *i = y, *o = y + H, *ff = y + 2 * H, *cc = y + 3 * H;
       V* __restrict dg = dg_.data() + b * GH;
       V* __restrict dp = dp_.data() + b * 3 * H;
@@ -399,7 +402,7 @@ class Backward {
   std::vector<V> rh_;        // GRU without linear_before_reset: [S * N, H]: r . H_prev
   // One step, rows by batch entry:
   std::vector<V> dg_;             // [N, G*H]: the gradients multiplied by R
-  std::vector<V> act_, slope_;    // [N, (G+1)*H]: the gates (LSTM: and h(C)), their slopes
+  std::vector<V> slope_;          // [N, (G+1)*H]: the gates' slopes (LSTM: and h's at C)
   std::vector<V> dh_, dc_;        // [N, H]: gradients flowing into the state
   std::vector<V> drh_;            // GRU: [N, H]: d(r . H_prev)
   std::vector<V> dp_;             // LSTM: [N, 3H]: the peepholes' gradient per entry
