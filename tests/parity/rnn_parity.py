@@ -208,26 +208,18 @@ def main():
     for kind in ["LSTM", "GRU", "RNN"]:
         for bidirectional in [False, True]:
             for batch_first in [False, True]:
-                name = f"exported_{kind.lower()}_{'bi' if bidirectional else 'uni'}_{'bf' if batch_first else 'sf'}"
+                suffix = f"{kind.lower()}_{'bi' if bidirectional else 'uni'}_{'bf' if batch_first else 'sf'}"
                 module = torch_module(kind, bidirectional, batch_first)
-                cases.append((name, lambda k=kind, m=module, n=name: check_exported(
-                    args.onnxtrain, workdir, n, k, m, gen, opset=14)))
+                for name, check in [("exported_" + suffix, check_exported), ("gradients_" + suffix, check_gradients)]:
+                    cases.append((name, lambda c=check, k=kind, m=module, n=name: c(
+                        args.onnxtrain, workdir, n, k, m, gen, opset=14)))
         for bidirectional in [False, True]:
             name = f"layout1_{kind.lower()}_{'bi' if bidirectional else 'uni'}"
             cases.append((name, lambda k=kind, b=bidirectional, n=name: check_hand_built(
                 args.onnxtrain, workdir, n, k, b, gen)))
-    for kind in ["LSTM", "GRU", "RNN"]:
-        for bidirectional in [False, True]:
-            for batch_first in [False, True]:
-                name = f"gradients_{kind.lower()}_{'bi' if bidirectional else 'uni'}_{'bf' if batch_first else 'sf'}"
-                module = torch_module(kind, bidirectional, batch_first)
-                cases.append((name, lambda k=kind, m=module, n=name: check_gradients(
-                    args.onnxtrain, workdir, n, k, m, gen, opset=14)))
     relu = torch_module("RNN", True, False, nonlinearity="relu")
-    cases.append(("exported_rnn_relu_opset17", lambda: check_exported(
-        args.onnxtrain, workdir, "exported_rnn_relu_opset17", "RNN", relu, gen, opset=17)))
-    cases.append(("gradients_rnn_relu_opset17", lambda: check_gradients(
-        args.onnxtrain, workdir, "gradients_rnn_relu_opset17", "RNN", relu, gen, opset=17)))
+    for name, check in [("exported_rnn_relu_opset17", check_exported), ("gradients_rnn_relu_opset17", check_gradients)]:
+        cases.append((name, lambda c=check, n=name: c(args.onnxtrain, workdir, n, "RNN", relu, gen, opset=17)))
     ok = True
     with tempfile.TemporaryDirectory() as workdir:
         for name, check in cases:

@@ -408,16 +408,17 @@ std::vector<Case> cases() {
   };
   c.push_back({"RNN", {attr("hidden_size", int64_t{3}), attr("direction", std::string("bidirectional"))},
                {x({3, 2, 2}), x({2, 3, 2}), x({2, 3, 3}), x({2, 6}), omitted(), x({2, 2, 3})}, 2, 17, "",
-               "bidirectional, initial_h"});
+               "bidirectional with initial_h"});
+  c.push_back({"RNN", {attr("hidden_size", int64_t{3})}, {x({2, 2, 2}), x({1, 3, 2}), x({1, 3, 3})}, 2, 7, "", "opset 7"});
   c.push_back({"GRU", {attr("hidden_size", int64_t{3}), attr("direction", std::string("reverse"))},
                {x({3, 2, 2}), x({1, 9, 2}), x({1, 9, 3}), x({1, 18}), seq_lens({3, 2}), x({1, 2, 3})}, 2, 17, "",
-               "reverse, sequence_lens"});
+               "reverse with sequence_lens"});
   c.push_back({"GRU", {attr("hidden_size", int64_t{3}), attr("linear_before_reset", int64_t{1}), attr("layout", int64_t{1})},
-               {x({2, 3, 2}), x({1, 9, 2}), x({1, 9, 3}), x({1, 18})}, 2, 14, "", "linear_before_reset, layout 1"});
+               {x({2, 3, 2}), x({1, 9, 2}), x({1, 9, 3}), x({1, 18})}, 2, 14, "", "linear_before_reset in layout 1"});
   c.push_back({"LSTM", {attr("hidden_size", int64_t{3}), attr("direction", std::string("bidirectional"))},
                {x({3, 2, 2}), x({2, 12, 2}), x({2, 12, 3}), x({2, 24}), seq_lens({1, 3}), x({2, 2, 3}), x({2, 2, 3}),
                 x({2, 9})},
-               3, 17, "", "bidirectional, sequence_lens, initial states, peepholes"});
+               3, 17, "", "bidirectional with sequence_lens, initial states and peepholes"});
   // onnxtrain's own backward ops, differentiated again (second-order gradients).
   c.push_back({"SumToShape", {}, {x({2, 3}), fixed(i64({3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"GatherGrad", {}, {x({2, 3}), fixed(i64({2}, {1, 1})), fixed(i64({4, 3}))}, 1, 1, "ai.onnxtrain"});

@@ -4,9 +4,6 @@
 // against float64; every direction, sequence_lens (with zero lengths), layout 1, initial
 // states, peepholes, input_forget, linear_before_reset, clip, every activation function;
 // omitted output gradients, unnamed outputs, and errors.
-#include <chrono>
-#include <cstdio>
-#include <random>
 
 #include "onnxtrain/error.h"
 #include "test_util.h"
@@ -22,21 +19,8 @@ using Attrs = std::vector<onnx::AttributeProto>;
 
 constexpr const char* kInternal = "ai.onnxtrain";
 
-Tensor random(const Shape& shape, uint32_t seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-scale, scale);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (auto& x : v) x = dist(gen);
-  return Tensor::from_vector<double>(shape, v);
-}
-
-onnx::AttributeProto strings(const std::string& name, const std::vector<std::string>& values) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::STRINGS);
-  for (const auto& v : values) a.add_strings(v);
-  return a;
-}
+using testing::random_f64;
+using Strings = std::vector<std::string>;
 
 // A forward node and its inputs.
 struct Config {
@@ -63,15 +47,15 @@ struct Config {
   std::vector<Tensor> inputs(uint32_t seed) const {
     const Shape state = layout1 ? Shape{N, D(), H} : Shape{D(), N, H};
     std::vector<Tensor> in(static_cast<size_t>(forward_inputs()));
-    in[0] = random(layout1 ? Shape{N, S, I} : Shape{S, N, I}, seed);
-    in[1] = random({D(), G() * H, I}, seed + 1);
-    in[2] = random({D(), G() * H, H}, seed + 2);
-    if (bias) in[3] = random({D(), 2 * G() * H}, seed + 3);
+    in[0] = random_f64(layout1 ? Shape{N, S, I} : Shape{S, N, I}, seed);
+    in[1] = random_f64({D(), G() * H, I}, seed + 1);
+    in[2] = random_f64({D(), G() * H, H}, seed + 2);
+    if (bias) in[3] = random_f64({D(), 2 * G() * H}, seed + 3);
     if (!lens.empty()) in[4] = Tensor::from_vector<int32_t>(Shape{N}, lens);
-    if (initial_h) in[5] = random(state, seed + 5);
+    if (initial_h) in[5] = random_f64(state, seed + 5);
     if (op == "LSTM") {
-      if (initial_c) in[6] = random(state, seed + 6);
-      if (peepholes) in[7] = random({D(), 3 * H}, seed + 7);
+      if (initial_c) in[6] = random_f64(state, seed + 6);
+      if (peepholes) in[7] = random_f64({D(), 3 * H}, seed + 7);
     }
     return in;
   }
@@ -115,20 +99,12 @@ class Loss {
 
 // dL/d inputs[i] by central differences (eps 1e-6).
 Tensor numeric_grad(Loss& loss, std::vector<Tensor> inputs, size_t i, const std::vector<Tensor>& r) {
-  constexpr double kEps = 1e-6;
-  inputs[i] = inputs[i].clone();
-  double* v = inputs[i].data<double>();
-  std::vector<double> g(static_cast<size_t>(inputs[i].numel()));
-  for (size_t j = 0; j < g.size(); ++j) {
-    const double saved = v[j];
-    v[j] = saved + kEps;
-    const double plus = loss(inputs, r);
-    v[j] = saved - kEps;
-    const double minus = loss(inputs, r);
-    v[j] = saved;
-    g[j] = (plus - minus) / (2 * kEps);
-  }
-  return Tensor::from_vector<double>(inputs[i].shape(), g);
+  return testing::central_differences(
+      [&](const Tensor& x) {
+        inputs[i] = x;
+        return loss(inputs, r);
+      },
+      inputs[i]);
 }
 
 // The gradient op's model: outputs for the forward inputs in `wanted` that are present, the
@@ -179,7 +155,7 @@ std::vector<Tensor> cast_all(const std::vector<Tensor>& ts, DataType dtype) {
 // Random output gradients shaped like the forward outputs.
 std::vector<Tensor> output_gradients(Loss& loss, const std::vector<Tensor>& inputs, uint32_t seed) {
   std::vector<Tensor> r;
-  for (const Tensor& y : loss.forward(inputs)) r.push_back(random(y.shape(), seed++));
+  for (const Tensor& y : loss.forward(inputs)) r.push_back(random_f64(y.shape(), seed++));
   return r;
 }
 
@@ -273,17 +249,17 @@ TEST(RnnGradTest, EveryActivationFunction) {
       {"Softsign"}, {"Softplus"}, {"Affine"}, {"Sigmoid"}};
   for (const auto& list : lists) {
     check({.name = "RNN " + list[0], .op = "RNN", .initial_h = true,
-           .extra = {strings("activations", list), attr("activation_alpha", std::vector<float>{0.3f}),
+           .extra = {attr("activations", list), attr("activation_alpha", std::vector<float>{0.3f}),
                      attr("activation_beta", std::vector<float>{0.6f})}});
   }
   check({.name = "GRU HardSigmoid Softsign / Sigmoid Elu", .op = "GRU", .direction = "bidirectional",
-         .extra = {strings("activations", {"HardSigmoid", "Softsign", "Sigmoid", "Elu"}),
+         .extra = {attr("activations", Strings{"HardSigmoid", "Softsign", "Sigmoid", "Elu"}),
                    attr("activation_alpha", std::vector<float>{0.4f, 0.8f}),
                    attr("activation_beta", std::vector<float>{0.45f})}});
   // A gate function above 1 (Softplus as f) would let C grow geometrically and the loss reach
   // ~1e5, where central differences lose 5 digits to rounding: f stays in [0, 1] here.
   check({.name = "LSTM HardSigmoid ScaledTanh Softplus", .op = "LSTM", .peepholes = true,
-         .extra = {strings("activations", {"HardSigmoid", "ScaledTanh", "Softplus"}),
+         .extra = {attr("activations", Strings{"HardSigmoid", "ScaledTanh", "Softplus"}),
                    attr("activation_alpha", std::vector<float>{0.3f, 1.5f}),
                    attr("activation_beta", std::vector<float>{0.55f, 0.7f})}});
 }
@@ -357,9 +333,9 @@ runtime::NamedTensors feeds_of(const std::vector<Tensor>& all) {
   EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message)
 
 TEST(RnnGradErrors, UnknownActivationNamesTheNodeAndTheFunction) {
-  Config c{.op = "GRU", .extra = {strings("activations", {"Sigmoid", "Gelu"})}};
+  Config c{.op = "GRU", .extra = {attr("activations", Strings{"Sigmoid", "Gelu"})}};
   const auto in = c.inputs(1);
-  const std::vector<Tensor> r{random({4, 1, 3, 2}, 2), random({1, 3, 2}, 3)};
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2), random_f64({1, 3, 2}, 3)};
   std::vector<Tensor> all = in;
   all.insert(all.end(), r.begin(), r.end());
   const std::string m = error_of(grad_model(c, in, r, {0, 1}), feeds_of(all));
@@ -371,7 +347,7 @@ TEST(RnnGradErrors, UnknownActivationNamesTheNodeAndTheFunction) {
 TEST(RnnGradErrors, BadOutputGradientShapeNamesTheTensor) {
   Config c{.op = "LSTM"};
   const auto in = c.inputs(1);
-  const std::vector<Tensor> r{random({4, 1, 3, 2}, 2), random({1, 3, 2}, 3), random({1, 2, 3}, 4)};
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2), random_f64({1, 3, 2}, 3), random_f64({1, 2, 3}, 4)};
   std::vector<Tensor> all = in;
   all.insert(all.end(), r.begin(), r.end());
   const std::string m = error_of(grad_model(c, in, r, {0}), feeds_of(all));
@@ -382,7 +358,7 @@ TEST(RnnGradErrors, BadOutputGradientShapeNamesTheTensor) {
 TEST(RnnGradErrors, OutputOfAnOmittedInput) {
   Config c{.op = "RNN", .bias = false};
   const auto in = c.inputs(1);
-  const std::vector<Tensor> r{random({4, 1, 3, 2}, 2)};
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2)};
   std::vector<Tensor> all = in;
   all.insert(all.end(), r.begin(), r.end());
   onnx::ModelProto m = grad_model(c, in, r, {0});
@@ -396,7 +372,7 @@ TEST(RnnGradErrors, OutputOfAnOmittedInput) {
 TEST(RnnGradErrors, Float16IsNotSupported) {
   Config c{.op = "RNN"};
   const auto in = cast_all(c.inputs(1), DataType::Float16);
-  const std::vector<Tensor> r{random({4, 1, 3, 2}, 2).cast(DataType::Float16)};
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2).cast(DataType::Float16)};
   std::vector<Tensor> all = in;
   all.insert(all.end(), r.begin(), r.end());
   const std::string m = error_of(grad_model(c, in, r, {0}), feeds_of(all));
