@@ -625,7 +625,9 @@ class RnnKernel final : public Kernel {
         ptr[i] = out[i].template data<V>();
       }
       if (ptr[kY]) std::fill(ptr[kY], ptr[kY] + out[kY].numel(), V(0));
-      for (int64_t d = 0; d < s.directions; ++d) run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], nullptr);
+      for (int64_t d = 0; d < s.directions; ++d) {
+        run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], nullptr);
+      }
       if constexpr (is_half_v<T>) {
         for (int i = 0; i < num_outputs; ++i) {
           if (ctx.has_output(i)) ctx.set_output(i, out[i].cast(dtype));

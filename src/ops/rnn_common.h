@@ -129,7 +129,9 @@ struct RnnShape {
   Shape y_shape() const {
     return batch_first ? Shape{batch, seq, directions, hidden} : Shape{seq, directions, batch, hidden};
   }
-  Shape state_shape() const { return batch_first ? Shape{batch, directions, hidden} : Shape{directions, batch, hidden}; }
+  Shape state_shape() const {
+    return batch_first ? Shape{batch, directions, hidden} : Shape{directions, batch, hidden};
+  }
 };
 
 // The time index a batch entry of sequence length `len` works on at `step`, or -1 when its

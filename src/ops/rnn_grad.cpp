@@ -208,7 +208,9 @@ class Backward {
     for (int64_t step = trace_.steps - 1; step >= 0; --step) {
       // Entries past their length contribute zero rows to the step's GEMMs.
       for (int64_t b = 0; b < N; ++b) {
-        if (time_of(step, lens_[static_cast<size_t>(b)], reverse) < 0) std::fill(dg_.begin() + b * GH, dg_.begin() + (b + 1) * GH, V(0));
+        if (time_of(step, lens_[static_cast<size_t>(b)], reverse) < 0) {
+          std::fill(dg_.begin() + b * GH, dg_.begin() + (b + 1) * GH, V(0));
+        }
       }
       switch (a_.cell) {
         case Cell::Rnn: rnn_step(d, step, reverse); break;
@@ -457,6 +459,8 @@ class RnnGradKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init) { return std::make_unique<RnnGradKernel>(parse_attrs(init)); }
+std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init) {
+  return std::make_unique<RnnGradKernel>(parse_attrs(init));
+}
 
 }  // namespace onnxtrain::ops

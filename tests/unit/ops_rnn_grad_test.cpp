@@ -4,6 +4,7 @@
 // against float64; every direction, sequence_lens (with zero lengths), layout 1, initial
 // states, peepholes, input_forget, linear_before_reset, clip, every activation function;
 // omitted output gradients, unnamed outputs, and errors.
+#include <algorithm>
 
 #include "onnxtrain/error.h"
 #include "test_util.h"
@@ -120,7 +121,8 @@ onnx::ModelProto grad_model(const Config& c, const std::vector<Tensor>& inputs, 
   g->clear_output();
   for (int k = 0; k < outputs; ++k) {
     const int i = input_of_output(k);
-    const bool named = inputs[static_cast<size_t>(i)].defined() && std::find(wanted.begin(), wanted.end(), i) != wanted.end();
+    const bool named =
+        inputs[static_cast<size_t>(i)].defined() && std::find(wanted.begin(), wanted.end(), i) != wanted.end();
     g->mutable_node(0)->set_output(k, named ? "grad" + std::to_string(i) : "");
     if (named) g->add_output()->set_name("grad" + std::to_string(i));
   }
@@ -231,7 +233,8 @@ TEST(RnnGradTest, ClipZeroesTheGradientOfClippedPreActivations) {
     check({.name = op, .op = op, .direction = "bidirectional", .initial_h = true, .peepholes = true,
            .extra = {attr("clip", 0.7f)}});
   }
-  check({.name = "GRU linear_before_reset", .op = "GRU", .extra = {attr("clip", 0.7f), attr("linear_before_reset", int64_t{1})}});
+  check({.name = "GRU linear_before_reset", .op = "GRU",
+         .extra = {attr("clip", 0.7f), attr("linear_before_reset", int64_t{1})}});
   // Clip saturates every gate: only the paths that skip the gates carry gradient.
   Config saturated{.name = "saturated", .op = "RNN", .extra = {attr("clip", 1e-3f)}};
   const auto in = saturated.inputs(11);
