@@ -8,7 +8,7 @@
 //     piecewise constant or integer, so their inputs' gradient is zero, not missing;
 //   - rules emit standard ONNX ops in the form the model's opset defines; where those would
 //     be much slower they emit ops of the ai.onnxtrain domain (src/ops/gradient_ops.cpp,
-//     conv_grad.cpp, pool_grad.cpp).
+//     conv_grad.cpp, pool_grad.cpp, rnn_grad.cpp).
 // The table generates docs/gradients.md and the finite-difference tests
 // (tests/unit/gradient_rules_test.cpp).
 #include <algorithm>
@@ -321,10 +321,11 @@ void gemm_rule(Builder& b) {
 
 }  // namespace
 
-// Defined in rules_shape.cpp and rules_nn.cpp.
+// Defined in rules_shape.cpp, rules_nn.cpp, rules_control_flow.cpp and rules_rnn.cpp.
 std::vector<Rule> shape_rules();
 std::vector<Rule> nn_rules();
 std::vector<Rule> control_flow_rules();
+std::vector<Rule> rnn_rules();
 
 namespace {
 
@@ -417,6 +418,7 @@ const std::vector<Rule>& table() {
     for (auto& r : shape_rules()) all.push_back(r);
     for (auto& r : nn_rules()) all.push_back(r);
     for (auto& r : control_flow_rules()) all.push_back(r);
+    for (auto& r : rnn_rules()) all.push_back(r);
     return all;
   }();
   return rules;

@@ -1,10 +1,13 @@
 // Small node-emitting helpers shared by the rule files: arithmetic that works in every opset
-// (before opset 7 a broadcasting binary op needs the attribute broadcast=1) and selections.
+// (before opset 7 a broadcasting binary op needs the attribute broadcast=1), selections, and
+// what rules that emit ai.onnxtrain backward ops share.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "autodiff/builder.h"
+#include "onnxtrain/error.h"
 
 namespace onnxtrain::autodiff {
 
@@ -43,6 +46,19 @@ inline std::string expand_like(Builder& b, const std::string& g, const std::stri
 // Number of elements of `x` as a scalar of `like`'s type.
 inline std::string numel_as(Builder& b, const std::string& x, const std::string& like) {
   return cast_to(b, b.op("Size", {x}), b.dtype(like));
+}
+
+// The forward node's attributes, for a backward op of the ai.onnxtrain domain that takes them.
+inline std::vector<onnx::AttributeProto> forward_attributes(Builder& b) {
+  return {b.node().attribute().begin(), b.node().attribute().end()};
+}
+
+// The rule of a backward op <Op>Grad that has no gradient of its own.
+inline void not_twice_differentiable(Builder& b) {
+  const std::string& type = b.node().op_type();
+  throw Error(type + " (the backward op of " + type.substr(0, type.size() - 4) +
+              ") is not differentiable: second derivatives through convolution, pooling, Resize and the recurrent "
+              "layers are not supported");
 }
 
 }  // namespace onnxtrain::autodiff

@@ -8,10 +8,6 @@ namespace onnxtrain::autodiff {
 
 namespace {
 
-std::vector<onnx::AttributeProto> forward_attributes(Builder& b) {
-  return {b.node().attribute().begin(), b.node().attribute().end()};
-}
-
 std::vector<int64_t> range(int64_t begin, int64_t end) {
   std::vector<int64_t> v;
   for (int64_t i = begin; i < end; ++i) v.push_back(i);
@@ -243,10 +239,6 @@ void gather_grad_rule(Builder& b) {
   }
   b.set_GI(0, b.op(op == "GatherGrad" ? "Gather" : "GatherElements", {b.GO(0), b.I(1)},
                    {attr_int("axis", b.get_int("axis", 0))}));
-}
-void not_twice_differentiable(Builder& b) {
-  throw Error(b.node().op_type() + " (the backward op of " + b.node().op_type().substr(0, b.node().op_type().size() - 4) +
-              ") is not differentiable: second derivatives through convolution, pooling and Resize are not supported");
 }
 
 }  // namespace

@@ -111,5 +111,8 @@ std::unique_ptr<Kernel> make_gather_grad(const KernelInit& init);  // GatherGrad
 std::unique_ptr<Kernel> make_conv_grad(const KernelInit& init);
 // pool_grad.cpp: MaxPoolGrad, AveragePoolGrad (dX of MaxPool / AveragePool).
 std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init);
+// rnn_grad.cpp: RNNGrad, GRUGrad, LSTMGrad (gradients of RNN / GRU / LSTM, backpropagation
+// through time).
+std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init);
 
 }  // namespace onnxtrain::ops

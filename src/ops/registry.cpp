@@ -224,7 +224,7 @@ const KernelDef kKernels[] = {
   {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
   {kTraining, "Adam",           1, 1,        kFloat32And64,     make_adam},
 
-  // --- ai.onnxtrain: backward ops emitted by gradient rules (gradient_ops.cpp, conv_grad.cpp, pool_grad.cpp) ---
+  // --- ai.onnxtrain: backward ops emitted by gradient rules (gradient_ops.cpp, conv_grad.cpp, pool_grad.cpp, rnn_grad.cpp) ---
   {kInternal, "SumToShape",         1, 1,    kNumeric,          make_sum_to_shape},
   {kInternal, "GatherGrad",         1, 1,    kFloat,            make_gather_grad},
   {kInternal, "GatherElementsGrad", 1, 1,    kFloat,            make_gather_grad},
@@ -235,6 +235,9 @@ const KernelDef kKernels[] = {
   {kInternal, "MaxPoolGrad",        1, 1,    kFloat,            make_pool_grad},
   {kInternal, "AveragePoolGrad",    1, 1,    kFloat,            make_pool_grad},
   {kInternal, "ResizeGrad",         1, 1,    kFloat,            make_resize},  // resize.cpp
+  {kInternal, "RNNGrad",            1, 1,    kFloat32And64,     make_rnn_grad},  // rnn_grad.cpp
+  {kInternal, "GRUGrad",            1, 1,    kFloat32And64,     make_rnn_grad},
+  {kInternal, "LSTMGrad",           1, 1,    kFloat32And64,     make_rnn_grad},
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)

@@ -40,6 +40,10 @@
 // X W^T for all time steps is one GEMM per direction; each step adds H R^T (one GEMM over the
 // batch) and runs the gate arithmetic per batch entry. float32 GEMMs are oneDNN's sgemm,
 // float64 plain loops; float16 / bfloat16 are computed in float32.
+// The gradients (rnn_grad.cpp) run the same recurrence, direction by direction, keeping each
+// step's pre-activations and states (rnn_common.h: run_direction, Trace).
+#include "ops/rnn_common.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -56,22 +60,9 @@
 
 namespace onnxtrain::ops {
 
+namespace rnn {
+
 namespace {
-
-enum class Cell { Rnn, Gru, Lstm };
-enum class Direction { Forward, Reverse, Bidirectional };
-
-// Input and output positions (ONNX order).
-enum : int { kX = 0, kW, kR, kB, kSeqLens, kInitialH, kInitialC, kP };
-enum : int { kY = 0, kYh, kYc };
-
-// ---------------------------------------------------------------------------------------------
-// Activation functions
-
-enum class ActKind {
-  Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu,
-  Softsign, Softplus
-};
 
 struct ActInfo {
   const char* name;
@@ -94,11 +85,6 @@ constexpr ActInfo kActivations[] = {
     {"Softplus", ActKind::Softplus, false, false, 0.0f, 0.0f},
 };
 
-struct Activation {
-  ActKind kind = ActKind::Tanh;
-  float alpha = 0.0f, beta = 0.0f;
-};
-
 bool same_name(std::string_view a, std::string_view b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
     return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
@@ -114,72 +100,16 @@ const ActInfo& find_activation(const std::string& name) {
   throw Error("attribute 'activations' names unknown function '" + name + "'; expected one of " + known);
 }
 
-// x[0..n) = act(x[0..n)); the switch is outside the loops so each loop vectorizes.
-template <class V>
-void activate(const Activation& a, V* __restrict x, int64_t n) {
-  const V alpha = static_cast<V>(a.alpha), beta = static_cast<V>(a.beta);
-  switch (a.kind) {
-    case ActKind::Relu:
-      for (int64_t j = 0; j < n; ++j) x[j] = x[j] > V(0) ? x[j] : V(0);
-      break;
-    case ActKind::Tanh:
-      for (int64_t j = 0; j < n; ++j) x[j] = std::tanh(x[j]);
-      break;
-    case ActKind::Sigmoid:
-      for (int64_t j = 0; j < n; ++j) x[j] = V(1) / (V(1) + std::exp(-x[j]));
-      break;
-    case ActKind::Affine:
-      for (int64_t j = 0; j < n; ++j) x[j] = alpha * x[j] + beta;
-      break;
-    case ActKind::LeakyRelu:
-      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= V(0) ? x[j] : alpha * x[j];
-      break;
-    case ActKind::ThresholdedRelu:
-      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= alpha ? x[j] : V(0);
-      break;
-    case ActKind::ScaledTanh:
-      for (int64_t j = 0; j < n; ++j) x[j] = alpha * std::tanh(beta * x[j]);
-      break;
-    case ActKind::HardSigmoid:
-      for (int64_t j = 0; j < n; ++j) x[j] = std::min(std::max(alpha * x[j] + beta, V(0)), V(1));
-      break;
-    case ActKind::Elu:
-      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= V(0) ? x[j] : alpha * (std::exp(x[j]) - V(1));
-      break;
-    case ActKind::Softsign:
-      for (int64_t j = 0; j < n; ++j) x[j] = x[j] / (V(1) + std::abs(x[j]));
-      break;
-    case ActKind::Softplus:  // log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)
-      for (int64_t j = 0; j < n; ++j) x[j] = std::max(x[j], V(0)) + std::log1p(std::exp(-std::abs(x[j])));
-      break;
-  }
-}
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Attributes
 
-struct RnnAttrs {
-  std::string op;  // "RNN", "GRU" or "LSTM"
-  Cell cell = Cell::Rnn;
-  Direction direction = Direction::Forward;
-  int64_t num_directions = 1;
-  std::optional<int64_t> hidden_size;  // else R's last dim
-  std::optional<float> clip;
-  bool batch_first = false;  // layout = 1
-  bool linear_before_reset = false;
-  bool input_forget = false;
-  int64_t acts_per_direction = 1;
-  std::vector<Activation> activations;  // acts_per_direction per direction
-
-  int64_t gates() const { return cell == Cell::Rnn ? 1 : cell == Cell::Gru ? 3 : 4; }
-  const Activation& act(int64_t direction, int64_t k) const {
-    return activations[static_cast<size_t>(direction * acts_per_direction + k)];
-  }
-};
-
 RnnAttrs parse_attrs(const KernelInit& init) {
   RnnAttrs a;
-  const std::string& op = init.op_type();
+  const bool gradient = init.node().domain == "ai.onnxtrain";  // RNNGrad, GRUGrad, LSTMGrad
+  const std::string& type = init.op_type();
+  const std::string op = gradient ? type.substr(0, type.size() - 4) : type;
   a.op = op;
   a.cell = op == "RNN" ? Cell::Rnn : op == "GRU" ? Cell::Gru : Cell::Lstm;
 
@@ -208,7 +138,7 @@ RnnAttrs parse_attrs(const KernelInit& init) {
       throw Error("attribute 'clip' is " + std::to_string(*a.clip) + ", expected a positive threshold");
     }
   }
-  if (init.opset() >= 14) {
+  if (gradient || init.opset() >= 14) {
     const int64_t layout = init.attr_int("layout", 0);
     if (layout != 0 && layout != 1) {
       throw Error("attribute 'layout' is " + std::to_string(layout) + ", expected 0 or 1");
@@ -261,10 +191,6 @@ RnnAttrs parse_attrs(const KernelInit& init) {
 // ---------------------------------------------------------------------------------------------
 // Shapes and inputs
 
-struct RnnShape {
-  int64_t seq = 0, batch = 0, input = 0, hidden = 0, directions = 1, gates = 1;
-};
-
 void expect_shape(const KernelContext& ctx, int i, const Shape& want, const std::string& meaning) {
   const Tensor& t = ctx.input(i);
   if (t.shape() != want) {
@@ -289,6 +215,7 @@ RnnShape check_inputs(const KernelContext& ctx, const RnnAttrs& a) {
     }
   }
   RnnShape s;
+  s.batch_first = a.batch_first;
   s.directions = a.num_directions;
   s.gates = a.gates();
   s.seq = x.dim(a.batch_first ? 1 : 0);
@@ -310,7 +237,7 @@ RnnShape check_inputs(const KernelContext& ctx, const RnnAttrs& a) {
   if (ctx.has_input(kB)) {
     expect_shape(ctx, kB, Shape{D, 2 * GH}, "[num_directions, " + std::to_string(2 * s.gates) + "*hidden_size]");
   }
-  const Shape state = a.batch_first ? Shape{s.batch, D, H} : Shape{D, s.batch, H};
+  const Shape state = s.state_shape();
   const std::string state_meaning =
       a.batch_first ? "[batch_size, num_directions, hidden_size]" : "[num_directions, batch_size, hidden_size]";
   if (ctx.has_input(kInitialH)) expect_shape(ctx, kInitialH, state, state_meaning);
@@ -339,18 +266,30 @@ std::vector<int64_t> sequence_lengths(const KernelContext& ctx, const RnnShape& 
   return lens;
 }
 
-// The float tensors of one run, in the compute type (optional ones undefined when omitted).
-struct RnnTensors {
-  Tensor x, w, r, b, initial_h, initial_c, p;
-};
+RnnTensors load_inputs(const KernelContext& ctx, const RnnAttrs& a, bool to_float32) {
+  auto take = [&](int i) {
+    if (!ctx.has_input(i)) return Tensor();
+    return to_float32 ? ctx.input(i).cast(DataType::Float32) : ctx.input(i);
+  };
+  RnnTensors in;
+  in.x = take(kX);
+  in.w = take(kW);
+  in.r = take(kR);
+  in.b = take(kB);
+  in.initial_h = take(kInitialH);
+  if (a.cell == Cell::Lstm) {
+    in.initial_c = take(kInitialC);
+    in.p = take(kP);
+  }
+  return in;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Matrix products
 
-// c[M, N] (row stride ldc) = a[M, K] (row stride lda) * b[N, K]^T, + c when accumulate.
 template <class V>
-void gemm_nt(int64_t M, int64_t N, int64_t K, const V* a, int64_t lda, const V* b, V* c, int64_t ldc,
-             bool accumulate) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* a, int64_t lda, const V* b,
+          int64_t ldb, V* c, int64_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     if (!accumulate) {
@@ -359,98 +298,125 @@ void gemm_nt(int64_t M, int64_t N, int64_t K, const V* a, int64_t lda, const V* 
     return;
   }
   if constexpr (std::is_same_v<V, float>) {
-    const dnnl::status st = dnnl::sgemm('N', 'T', M, N, K, 1.0f, a, lda, b, K, accumulate ? 1.0f : 0.0f, c, ldc);
+    const dnnl::status st = dnnl::sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, a, lda, b, ldb,
+                                        accumulate ? 1.0f : 0.0f, c, ldc);
     if (st != dnnl::status::success) {
       throw Error("oneDNN sgemm failed for [" + std::to_string(M) + "x" + std::to_string(K) + "] * [" +
                   std::to_string(K) + "x" + std::to_string(N) + "] (status " +
                   std::to_string(static_cast<int>(st)) + ")");
     }
   } else {
+    // Row m of c: dot products with b's rows when b is transposed, else a sum of b's rows.
     const int64_t grain = std::max<int64_t>(1, kParallelGrain / (N * K));
     parallel_for(M, grain, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
-        const V* __restrict row = a + m * lda;
         V* __restrict out = c + m * ldc;
-        for (int64_t n = 0; n < N; ++n) {
-          const V* __restrict col = b + n * K;
-          V dot = 0;
+        if (!accumulate) std::fill(out, out + N, V(0));
+        const int64_t a_step = trans_a ? lda : 1;
+        const V* a_row = trans_a ? a + m : a + m * lda;
+        if (trans_b) {
+          for (int64_t n = 0; n < N; ++n) {
+            const V* __restrict col = b + n * ldb;
+            V dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t k = 0; k < K; ++k) dot += row[k] * col[k];
-          out[n] = accumulate ? out[n] + dot : dot;
+            for (int64_t k = 0; k < K; ++k) dot += a_row[k * a_step] * col[k];
+            out[n] += dot;
+          }
+        } else {
+          for (int64_t k = 0; k < K; ++k) {
+            const V av = a_row[k * a_step];
+            const V* __restrict row = b + k * ldb;
+            for (int64_t n = 0; n < N; ++n) out[n] += av * row[n];
+          }
         }
       }
     });
   }
 }
 
-template <class V>
-void clip_to(V* x, int64_t n, V bound) {
-  for (int64_t j = 0; j < n; ++j) x[j] = std::min(std::max(x[j], -bound), bound);
-}
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
+                          float*, int64_t, bool);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*, int64_t,
+                           double*, int64_t, bool);
 
 // ---------------------------------------------------------------------------------------------
 // The recurrence
 
+namespace {
+
 template <class V>
 class Recurrence {
  public:
-  Recurrence(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in)
-      : a_(a), s_(s), lens_(lens), in_(in) {
+  Recurrence(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
+             Trace<V>* trace)
+      : a_(a), s_(s), lens_(lens), in_(in), trace_(trace) {
     max_len_ = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
   }
 
-  // Writes Y, Y_h, Y_c where not null (in the layout of the attributes).
-  void run(V* y, V* y_h, V* y_c) {
+  // Runs direction d and writes Y, Y_h, Y_c where not null (in the layout of the attributes).
+  void run(int64_t d, V* y, V* y_h, V* y_c) {
     const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H;
-    if (y) std::fill(y, y + s_.seq * s_.directions * N * H, V(0));
     xw_.resize(static_cast<size_t>(s_.seq * N * GH));
     rec_.resize(static_cast<size_t>(N * GH));
     h_.resize(static_cast<size_t>(N * H));
     c_.resize(static_cast<size_t>(a_.cell == Cell::Lstm ? N * H : 0));
     scratch_.assign(static_cast<size_t>(N * H), V(0));
-    for (int64_t d = 0; d < s_.directions; ++d) {
-      const bool reverse = a_.direction == Direction::Reverse || d == 1;
-      project_inputs(d);
-      load_state(in_.initial_h, d, h_);
-      if (a_.cell == Cell::Lstm) load_state(in_.initial_c, d, c_);
-      for (int64_t step = 0; step < max_len_; ++step) {
-        switch (a_.cell) {
-          case Cell::Rnn: rnn_step(d, step, reverse, y); break;
-          case Cell::Gru: gru_step(d, step, reverse, y); break;
-          case Cell::Lstm: lstm_step(d, step, reverse, y); break;
-        }
+    if (trace_) start_trace();
+    const bool reverse = a_.reverse(d);
+    project_inputs(d);
+    load_state(in_.initial_h, d, h_);
+    if (a_.cell == Cell::Lstm) load_state(in_.initial_c, d, c_);
+    for (int64_t step = 0; step < max_len_; ++step) {
+      if (trace_) record_states(step);
+      switch (a_.cell) {
+        case Cell::Rnn: rnn_step(d, step, reverse, y); break;
+        case Cell::Gru: gru_step(d, step, reverse, y); break;
+        case Cell::Lstm: lstm_step(d, step, reverse, y); break;
       }
-      if (y_h) store_state(h_, d, y_h);
-      if (y_c) store_state(c_, d, y_c);
     }
+    if (trace_) record_states(max_len_);
+    if (y_h) store_state(h_, d, y_h);
+    if (y_c) store_state(c_, d, y_c);
   }
 
  private:
-  // Row of X (and of xw_) for time t of batch entry b.
-  int64_t x_row(int64_t t, int64_t b) const { return a_.batch_first ? b * s_.seq + t : t * s_.batch + b; }
-  // Offset of [t, d, b, :] in Y (of [b, t, d, :] for layout 1).
-  int64_t y_offset(int64_t t, int64_t d, int64_t b) const {
-    const int64_t D = s_.directions, N = s_.batch, S = s_.seq;
-    return (a_.batch_first ? (b * S + t) * D + d : (t * D + d) * N + b) * s_.hidden;
-  }
-  // Offset of [d, b, :] in initial_h/c and Y_h/c (of [b, d, :] for layout 1).
-  int64_t state_offset(int64_t d, int64_t b) const {
-    return (a_.batch_first ? b * s_.directions + d : d * s_.batch + b) * s_.hidden;
-  }
-  // The time index batch entry b works on at `step`, or -1 when its sequence has ended.
-  int64_t time_of(int64_t step, int64_t b, bool reverse) const {
-    const int64_t len = lens_[static_cast<size_t>(b)];
-    if (step >= len) return -1;
-    return reverse ? len - 1 - step : step;
-  }
+  const V* weights(const Tensor& t, int64_t d) const { return RnnTensors::of_direction<V>(t, d, s_.directions); }
 
-  const V* weights(const Tensor& t, int64_t d) const { return t.data<V>() + d * (t.numel() / s_.directions); }
+  void start_trace() {
+    const auto N = static_cast<size_t>(s_.batch), H = static_cast<size_t>(s_.hidden);
+    const auto steps = static_cast<size_t>(max_len_);
+    trace_->steps = max_len_;
+    trace_->pre.resize(steps * N * static_cast<size_t>(s_.gates) * H);
+    trace_->gates.resize(trace_->pre.size());
+    trace_->hc.resize(a_.cell == Cell::Lstm ? steps * N * H : 0);
+    trace_->h.resize((steps + 1) * N * H);
+    trace_->c.resize(a_.cell == Cell::Lstm ? (steps + 1) * N * H : 0);
+    trace_->hr.resize(a_.cell == Cell::Gru && a_.linear_before_reset ? steps * N * H : 0);
+  }
+  void record_states(int64_t step) {
+    const int64_t NH = s_.batch * s_.hidden;
+    std::copy(h_.begin(), h_.end(), trace_->h.begin() + step * NH);
+    if (a_.cell == Cell::Lstm) std::copy(c_.begin(), c_.end(), trace_->c.begin() + step * NH);
+  }
+  // Keeps n values of batch entry b at `step` in `to` ([steps, batch, width]) from `column` on.
+  void record(std::vector<V>& to, int64_t width, int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
+    if (trace_) std::copy(g, g + n, to.begin() + (step * s_.batch + b) * width + column);
+  }
+  // g[0..n) = act(clip(g)) for gate columns [column, column + n) of entry b at `step`.
+  void apply_gate(const Activation& act, int64_t step, int64_t b, int64_t column, V* g, int64_t n) {
+    const int64_t GH = s_.gates * s_.hidden;
+    if (trace_) record(trace_->pre, GH, step, b, column, g, n);
+    maybe_clip(g, n);
+    activate(act, g, n);
+    if (trace_) record(trace_->gates, GH, step, b, column, g, n);
+  }
 
   // xw_ = X W^T + bias for every time step, rows ordered like X's. The bias is Wb + Rb, except
   // GRU's Rbh under linear_before_reset, which the step adds inside r . (...).
   void project_inputs(int64_t d) {
     const int64_t rows = s_.seq * s_.batch, GH = s_.gates * s_.hidden, H = s_.hidden;
-    gemm_nt<V>(rows, GH, s_.input, in_.x.data<V>(), s_.input, weights(in_.w, d), xw_.data(), GH, false);
+    gemm<V>(false, true, rows, GH, s_.input, in_.x.data<V>(), s_.input, weights(in_.w, d), s_.input, xw_.data(), GH,
+            false);
     if (!in_.b.defined()) return;
     const V* wb = weights(in_.b, d);
     const V* rb = wb + GH;
@@ -473,7 +439,7 @@ class Recurrence {
     for (int64_t b = 0; b < s_.batch; ++b) {
       V* dst = state.data() + b * H;
       if (initial.defined()) {
-        const V* src = initial.data<V>() + state_offset(d, b);
+        const V* src = initial.data<V>() + s_.state_offset(d, b);
         std::copy(src, src + H, dst);
       } else {
         std::fill(dst, dst + H, V(0));
@@ -484,20 +450,13 @@ class Recurrence {
   void store_state(const std::vector<V>& state, int64_t d, V* out) const {
     const int64_t H = s_.hidden;
     for (int64_t b = 0; b < s_.batch; ++b) {
-      std::copy(state.data() + b * H, state.data() + (b + 1) * H, out + state_offset(d, b));
+      std::copy(state.data() + b * H, state.data() + (b + 1) * H, out + s_.state_offset(d, b));
     }
   }
 
-  // Runs f(b, t) for each batch entry still inside its sequence at `step`, in parallel.
   template <class F>
   void for_active(int64_t step, bool reverse, int64_t work_per_entry, F&& f) const {
-    parallel_for(s_.batch, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, work_per_entry)),
-                 [&](int64_t begin, int64_t end) {
-                   for (int64_t b = begin; b < end; ++b) {
-                     const int64_t t = time_of(step, b, reverse);
-                     if (t >= 0) f(b, t);
-                   }
-                 });
+    rnn::for_active(lens_, step, reverse, work_per_entry, std::forward<F>(f));
   }
 
   void maybe_clip(V* x, int64_t n) const {
@@ -507,7 +466,8 @@ class Recurrence {
   // rec_ = h_ R^T for the rows [first, first + count) of R (in gate rows).
   void recurrent_product(int64_t d, const V* h, int64_t first_row, int64_t count) {
     const int64_t H = s_.hidden, GH = s_.gates * H;
-    gemm_nt<V>(s_.batch, count, H, h, H, weights(in_.r, d) + first_row * H, rec_.data() + first_row, GH, false);
+    gemm<V>(false, true, s_.batch, count, H, h, H, weights(in_.r, d) + first_row * H, H, rec_.data() + first_row, GH,
+            false);
   }
 
   void rnn_step(int64_t d, int64_t step, bool reverse, V* y) {
@@ -516,12 +476,11 @@ class Recurrence {
     const Activation& f = a_.act(d, 0);
     for_active(step, reverse, 4 * H, [&](int64_t b, int64_t t) {
       V* __restrict g = rec_.data() + b * H;
-      const V* __restrict x = xw_.data() + x_row(t, b) * H;
+      const V* __restrict x = xw_.data() + s_.x_row(t, b) * H;
       for (int64_t j = 0; j < H; ++j) g[j] += x[j];
-      maybe_clip(g, H);
-      activate(f, g, H);
+      apply_gate(f, step, b, 0, g, H);
       std::copy(g, g + H, h_.data() + b * H);
-      if (y) std::copy(g, g + H, y + y_offset(t, d, b));
+      if (y) std::copy(g, g + H, y + s_.y_offset(t, d, b));
     });
   }
 
@@ -534,10 +493,9 @@ class Recurrence {
     recurrent_product(d, h_.data(), 0, lbr ? GH : 2 * H);
     for_active(step, reverse, 8 * H, [&](int64_t b, int64_t t) {
       V* __restrict g = rec_.data() + b * GH;
-      const V* __restrict x = xw_.data() + x_row(t, b) * GH;
+      const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
       for (int64_t j = 0; j < 2 * H; ++j) g[j] += x[j];
-      maybe_clip(g, 2 * H);
-      activate(f, g, 2 * H);
+      apply_gate(f, step, b, 0, g, 2 * H);
       if (!lbr) {  // scratch = r . H, the input of the hidden gate's product
         const V* __restrict r = g + H;
         const V* __restrict h = h_.data() + b * H;
@@ -549,20 +507,23 @@ class Recurrence {
     const V* rbh = lbr && in_.b.defined() ? weights(in_.b, d) + GH + 2 * H : nullptr;
     for_active(step, reverse, 8 * H, [&](int64_t b, int64_t t) {
       V* __restrict g = rec_.data() + b * GH;
-      const V* __restrict x = xw_.data() + x_row(t, b) * GH + 2 * H;
+      const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH + 2 * H;
       const V* __restrict z = g;
       const V* __restrict r = g + H;
       V* __restrict hh = g + 2 * H;
       if (lbr) {
-        for (int64_t j = 0; j < H; ++j) hh[j] = x[j] + r[j] * (hh[j] + (rbh ? rbh[j] : V(0)));
+        if (rbh) {
+          for (int64_t j = 0; j < H; ++j) hh[j] += rbh[j];
+        }
+        if (trace_) record(trace_->hr, H, step, b, 0, hh, H);
+        for (int64_t j = 0; j < H; ++j) hh[j] = x[j] + r[j] * hh[j];
       } else {
         for (int64_t j = 0; j < H; ++j) hh[j] += x[j];
       }
-      maybe_clip(hh, H);
-      activate(g_act, hh, H);
+      apply_gate(g_act, step, b, 2 * H, hh, H);
       V* __restrict h = h_.data() + b * H;
       for (int64_t j = 0; j < H; ++j) h[j] = (V(1) - z[j]) * hh[j] + z[j] * h[j];
-      if (y) std::copy(h, h + H, y + y_offset(t, d, b));
+      if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));
     });
   }
 
@@ -575,7 +536,7 @@ class Recurrence {
     const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
     for_active(step, reverse, 16 * H, [&](int64_t b, int64_t t) {
       V* __restrict g = rec_.data() + b * GH;
-      const V* __restrict x = xw_.data() + x_row(t, b) * GH;
+      const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
       for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
       V* __restrict gi = g;
       V* __restrict go = g + H;
@@ -586,28 +547,26 @@ class Recurrence {
         for (int64_t j = 0; j < H; ++j) gi[j] += p[j] * c[j];
         for (int64_t j = 0; j < H; ++j) gf[j] += p[2 * H + j] * c[j];
       }
-      maybe_clip(gi, H);
-      activate(f, gi, H);
+      apply_gate(f, step, b, 0, gi, H);
       if (a_.input_forget) {
         for (int64_t j = 0; j < H; ++j) gf[j] = V(1) - gi[j];
+        if (trace_) record(trace_->gates, GH, step, b, 2 * H, gf, H);
       } else {
-        maybe_clip(gf, H);
-        activate(f, gf, H);
+        apply_gate(f, step, b, 2 * H, gf, H);
       }
-      maybe_clip(gc, H);
-      activate(g_act, gc, H);
+      apply_gate(g_act, step, b, 3 * H, gc, H);
       for (int64_t j = 0; j < H; ++j) c[j] = gf[j] * c[j] + gi[j] * gc[j];
       if (p) {  // the output gate's peephole sees C[t]
         for (int64_t j = 0; j < H; ++j) go[j] += p[H + j] * c[j];
       }
-      maybe_clip(go, H);
-      activate(f, go, H);
+      apply_gate(f, step, b, H, go, H);
       V* __restrict hc = scratch_.data() + b * H;
       std::copy(c, c + H, hc);
       activate(h_act, hc, H);
+      if (trace_) record(trace_->hc, H, step, b, 0, hc, H);
       V* __restrict h = h_.data() + b * H;
       for (int64_t j = 0; j < H; ++j) h[j] = go[j] * hc[j];
-      if (y) std::copy(h, h + H, y + y_offset(t, d, b));
+      if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));
     });
   }
 
@@ -615,6 +574,7 @@ class Recurrence {
   const RnnShape& s_;
   const std::vector<int64_t>& lens_;
   const RnnTensors& in_;
+  Trace<V>* trace_;
   int64_t max_len_ = 0;
   std::vector<V> xw_;       // [S * N, G*H]: X W^T + bias
   std::vector<V> rec_;      // [N, G*H]: H R^T, then the gates of the step in place
@@ -622,6 +582,25 @@ class Recurrence {
   std::vector<V> bias_;     // [G*H]
   std::vector<V> scratch_;  // [N, H]: GRU's r . H, LSTM's h(C)
 };
+
+}  // namespace
+
+template <class V>
+void run_direction(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
+                   int64_t d, V* y, V* y_h, V* y_c, Trace<V>* trace) {
+  Recurrence<V>(a, s, lens, in, trace).run(d, y, y_h, y_c);
+}
+
+template void run_direction<float>(const RnnAttrs&, const RnnShape&, const std::vector<int64_t>&, const RnnTensors&,
+                                   int64_t, float*, float*, float*, Trace<float>*);
+template void run_direction<double>(const RnnAttrs&, const RnnShape&, const std::vector<int64_t>&, const RnnTensors&,
+                                    int64_t, double*, double*, double*, Trace<double>*);
+
+}  // namespace rnn
+
+namespace {
+
+using namespace rnn;
 
 class RnnKernel final : public Kernel {
  public:
@@ -631,37 +610,24 @@ class RnnKernel final : public Kernel {
     const RnnShape s = check_inputs(ctx, a_);
     const std::vector<int64_t> lens = sequence_lengths(ctx, s);
     const DataType dtype = ctx.input(kX).dtype();
-    const int64_t D = s.directions, N = s.batch, S = s.seq, H = s.hidden;
-    const Shape y_shape = a_.batch_first ? Shape{N, S, D, H} : Shape{S, D, N, H};
-    const Shape state_shape = a_.batch_first ? Shape{N, D, H} : Shape{D, N, H};
     const int num_outputs = a_.cell == Cell::Lstm ? 3 : 2;
 
     visit_dtype<FloatTypes>(dtype, a_.op + " input " + ctx.input_name(kX), [&]<class T>() {
       using V = compute_t<T>;
-      RnnTensors in;
-      auto take = [&](int i) {
-        if (!ctx.has_input(i)) return Tensor();
-        return is_half_v<T> ? ctx.input(i).cast(DataType::Float32) : ctx.input(i);
-      };
-      in.x = take(kX);
-      in.w = take(kW);
-      in.r = take(kR);
-      in.b = take(kB);
-      in.initial_h = take(kInitialH);
-      if (a_.cell == Cell::Lstm) {
-        in.initial_c = take(kInitialC);
-        in.p = take(kP);
-      }
+      const RnnTensors in = load_inputs(ctx, a_, is_half_v<T>);
       // Outputs: the kernel's own for float32/float64, float32 tensors cast at the end for halves.
       Tensor out[3];
       V* ptr[3] = {nullptr, nullptr, nullptr};
       for (int i = 0; i < num_outputs; ++i) {
         if (!ctx.has_output(i)) continue;
-        const Shape& shape = i == kY ? y_shape : state_shape;
+        const Shape shape = i == kY ? s.y_shape() : s.state_shape();
         out[i] = is_half_v<T> ? Tensor(DataType::Float32, shape) : ctx.allocate_output(i, dtype, shape);
         ptr[i] = out[i].template data<V>();
       }
-      Recurrence<V>(a_, s, lens, in).run(ptr[kY], ptr[kYh], ptr[kYc]);
+      if (ptr[kY]) std::fill(ptr[kY], ptr[kY] + out[kY].numel(), V(0));
+      for (int64_t d = 0; d < s.directions; ++d) {
+        run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], nullptr);
+      }
       if constexpr (is_half_v<T>) {
         for (int i = 0; i < num_outputs; ++i) {
           if (ctx.has_output(i)) ctx.set_output(i, out[i].cast(dtype));

@@ -1,14 +1,19 @@
 #!/usr/bin/python3
-"""RNN, GRU and LSTM parity with PyTorch: onnxtrain's forward kernels against torch.nn.
+"""RNN, GRU and LSTM parity with PyTorch: onnxtrain's forward kernels and their gradients
+against torch.nn and torch.autograd.
 
-Two kinds of cases, each run with `onnxtrain run` and compared with torch's outputs in float32
+Three kinds of cases, each run with `onnxtrain run` and compared with torch in float32
 (rtol 1e-4, atol 1e-5):
 - exported: torch.nn.LSTM / GRU / RNN (2 layers, uni- and bidirectional, batch_first or not,
   tanh and relu RNNs) exported by torch.onnx.export, whose exporter reorders the gates and
   emits one ONNX node per layer (GRU with linear_before_reset = 1);
 - hand-built: one ONNX node with layout = 1 whose weights this script reorders from torch's
   (torch's LSTM gates are i f g o, ONNX's i o f c; torch's GRU gates are r z n, ONNX's z r h),
-  with initial states, checked against a batch_first torch module.
+  with initial states, checked against a batch_first torch module;
+- gradients: the exported modules (weights kept as initializers named like torch's
+  parameters) with loss = sum(y * R_y) + sum(h_n * R_h) (+ sum(c_n * R_c)) for fixed random R
+  and a Gradient node (xs = every parameter, x and the initial states); each gradient is
+  compared with torch.autograd.grad of the same loss.
 
 Usage: rnn_parity.py --onnxtrain build/release/src/onnxtrain
 Needs Debian's python3-torch and python3-onnx (scripts/setup-deps installs them).
@@ -61,14 +66,14 @@ def run_onnxtrain(onnxtrain, workdir, name, model_bytes, feeds):
     return lambda output: np.load(os.path.join(workdir, name + "_out", output + ".npy"))
 
 
-def compare(name, results):
+def compare(name, results, what=None):
     ok = True
     for output, (got, want) in results.items():
         if got.shape != want.shape or not np.allclose(got, want, rtol=RTOL, atol=ATOL):
             worst = np.max(np.abs(got - want)) if got.shape == want.shape else float("nan")
-            print(f"FAIL {name}: output {output} {want.shape} vs {got.shape}: max |diff| {worst:.3g}")
+            print(f"FAIL {name}: {output} {want.shape} vs {got.shape}: max |diff| {worst:.3g}")
             ok = False
-    print(("ok   " if ok else "FAIL ") + f"{name}: {', '.join(results)} against torch")
+    print(("ok   " if ok else "FAIL ") + f"{name}: {what or ', '.join(results)} against torch")
     return ok
 
 
@@ -92,6 +97,53 @@ def check_exported(onnxtrain, workdir, name, kind, module, gen, opset):
     for n, f in zip(final_names, finals):
         results[n] = (load(n), f.numpy())
     return compare(name, results)
+
+
+def check_gradients(onnxtrain, workdir, name, kind, module, gen, opset):
+    x, state = random_inputs(kind, module, gen)
+    states = list(state) if kind == "LSTM" else [state]
+    state_names = ["h0", "c0"][: len(states)]
+    final_names = ["hn", "cn"][: len(states)]
+    params = dict(module.named_parameters())
+
+    # The reference: autograd of the loss with respect to the parameters, x and the states.
+    leaves = [t.clone().requires_grad_() for t in [x] + states]
+    y, final = module(leaves[0], tuple(leaves[1:]) if kind == "LSTM" else leaves[1])
+    outputs = [y] + (list(final) if kind == "LSTM" else [final])
+    weights = [torch.randn(o.shape, generator=gen) for o in outputs]
+    loss = sum((o * w).sum() for o, w in zip(outputs, weights))
+    names = list(params) + ["x"] + state_names
+    grads = torch.autograd.grad(loss, list(params.values()) + leaves)
+    expected = {n: g.numpy() for n, g in zip(names, grads)}
+
+    # do_constant_folding=False keeps the parameters as initializers under torch's names (the
+    # exporter's gate reordering stays as Slice/Concat nodes the gradient flows through).
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (x, state if kind != "LSTM" else tuple(states)), buffer, opset_version=opset,
+                      input_names=["x"] + state_names, output_names=["y"] + final_names,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    m = onnx.load_from_string(buffer.getvalue())
+    g = m.graph
+    missing = sorted(set(params) - {i.name for i in g.initializer})
+    if missing:
+        raise RuntimeError(f"parameters not found as initializers: {missing}")
+    terms = []
+    for output, w in zip(["y"] + final_names, weights):
+        g.initializer.append(numpy_helper.from_array(w.numpy(), "R_" + output))
+        g.node.append(helper.make_node("Mul", [output, "R_" + output], ["weighted_" + output]))
+        g.node.append(helper.make_node("ReduceSum", ["weighted_" + output], ["sum_" + output], keepdims=0))
+        terms.append("sum_" + output)
+    g.node.append(helper.make_node("Sum", terms, ["loss"]))
+    gradient_outputs = ["grad_" + n for n in names]
+    g.node.append(helper.make_node("Gradient", names, gradient_outputs, domain="ai.onnx.preview.training",
+                                   name="gradient", xs=names, y="loss"))
+    for o in gradient_outputs:
+        g.output.append(helper.make_empty_tensor_value_info(o))
+    m.opset_import.append(helper.make_opsetid("ai.onnx.preview.training", 1))
+    feeds = {"x": x.numpy(), **{n: s.numpy() for n, s in zip(state_names, states)}}
+    load = run_onnxtrain(onnxtrain, workdir, name, m.SerializeToString(), feeds)
+    return compare(name, {"gradient of " + n: (load("grad_" + n), expected[n]) for n in names},
+                   f"gradients of {len(params)} parameters, x, {', '.join(state_names)}")
 
 
 # ONNX gate order from torch's, as row blocks of a [gates * HIDDEN, ...] weight or bias.
@@ -156,17 +208,18 @@ def main():
     for kind in ["LSTM", "GRU", "RNN"]:
         for bidirectional in [False, True]:
             for batch_first in [False, True]:
-                name = f"exported_{kind.lower()}_{'bi' if bidirectional else 'uni'}_{'bf' if batch_first else 'sf'}"
+                suffix = f"{kind.lower()}_{'bi' if bidirectional else 'uni'}_{'bf' if batch_first else 'sf'}"
                 module = torch_module(kind, bidirectional, batch_first)
-                cases.append((name, lambda k=kind, m=module, n=name: check_exported(
-                    args.onnxtrain, workdir, n, k, m, gen, opset=14)))
+                for name, check in [("exported_" + suffix, check_exported), ("gradients_" + suffix, check_gradients)]:
+                    cases.append((name, lambda c=check, k=kind, m=module, n=name: c(
+                        args.onnxtrain, workdir, n, k, m, gen, opset=14)))
         for bidirectional in [False, True]:
             name = f"layout1_{kind.lower()}_{'bi' if bidirectional else 'uni'}"
             cases.append((name, lambda k=kind, b=bidirectional, n=name: check_hand_built(
                 args.onnxtrain, workdir, n, k, b, gen)))
     relu = torch_module("RNN", True, False, nonlinearity="relu")
-    cases.append(("exported_rnn_relu_opset17", lambda: check_exported(
-        args.onnxtrain, workdir, "exported_rnn_relu_opset17", "RNN", relu, gen, opset=17)))
+    for name, check in [("exported_rnn_relu_opset17", check_exported), ("gradients_rnn_relu_opset17", check_gradients)]:
+        cases.append((name, lambda c=check, n=name: c(args.onnxtrain, workdir, n, "RNN", relu, gen, opset=17)))
     ok = True
     with tempfile.TemporaryDirectory() as workdir:
         for name, check in cases:

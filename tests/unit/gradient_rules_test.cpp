@@ -402,6 +402,23 @@ std::vector<Case> cases() {
     c_if.node_inputs = 1;
     c.push_back(c_if);
   }
+  // Recurrent layers (hidden size 3; B is [directions, 2 * gates * 3]).
+  auto seq_lens = [](const std::vector<int32_t>& v) {
+    return fixed(Tensor::from_vector<int32_t>(Shape{static_cast<int64_t>(v.size())}, v));
+  };
+  c.push_back({"RNN", {attr("hidden_size", int64_t{3}), attr("direction", std::string("bidirectional"))},
+               {x({3, 2, 2}), x({2, 3, 2}), x({2, 3, 3}), x({2, 6}), omitted(), x({2, 2, 3})}, 2, 17, "",
+               "bidirectional with initial_h"});
+  c.push_back({"RNN", {attr("hidden_size", int64_t{3})}, {x({2, 2, 2}), x({1, 3, 2}), x({1, 3, 3})}, 2, 7, "", "opset 7"});
+  c.push_back({"GRU", {attr("hidden_size", int64_t{3}), attr("direction", std::string("reverse"))},
+               {x({3, 2, 2}), x({1, 9, 2}), x({1, 9, 3}), x({1, 18}), seq_lens({3, 2}), x({1, 2, 3})}, 2, 17, "",
+               "reverse with sequence_lens"});
+  c.push_back({"GRU", {attr("hidden_size", int64_t{3}), attr("linear_before_reset", int64_t{1}), attr("layout", int64_t{1})},
+               {x({2, 3, 2}), x({1, 9, 2}), x({1, 9, 3}), x({1, 18})}, 2, 14, "", "linear_before_reset in layout 1"});
+  c.push_back({"LSTM", {attr("hidden_size", int64_t{3}), attr("direction", std::string("bidirectional"))},
+               {x({3, 2, 2}), x({2, 12, 2}), x({2, 12, 3}), x({2, 24}), seq_lens({1, 3}), x({2, 2, 3}), x({2, 2, 3}),
+                x({2, 9})},
+               3, 17, "", "bidirectional with sequence_lens, initial states and peepholes"});
   // onnxtrain's own backward ops, differentiated again (second-order gradients).
   c.push_back({"SumToShape", {}, {x({2, 3}), fixed(i64({3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"GatherGrad", {}, {x({2, 3}), fixed(i64({2}, {1, 1})), fixed(i64({4, 3}))}, 1, 1, "ai.onnxtrain"});
@@ -440,19 +457,12 @@ TEST(RuleTable, EveryRuleHasAFiniteDifferenceCase) {
 // The ONNX schemas tag each input Differentiable or not (libonnx OpSchema formal parameters).
 // Every tagged input of an operator onnxtrain runs must be in its rule's differentiable mask,
 // or the rule must declare the op non-differentiable (piecewise constant, like Hardmax).
-// The exceptions are operators that run forward only for now: a Gradient whose path crosses one
-// fails with "no gradient rule for <op>" (autodiff/engine.cpp). Each entry is a to-do.
 TEST(RuleTable, CoversEveryInputTheSchemasTagDifferentiable) {
-  const std::set<std::string> forward_only = {"RNN", "GRU", "LSTM"};
   std::vector<std::string> missing;
   std::set<std::string> seen;
   for (const auto& def : ops::kernel_table()) {
     if (!def.domain.empty() || !seen.insert(std::string(def.op_type)).second) continue;
     const std::string op(def.op_type);
-    if (forward_only.contains(op)) {
-      EXPECT_EQ(autodiff::find_rule("", op), nullptr) << op << " has a rule now: drop it from forward_only";
-      continue;
-    }
     const auto* schema = onnx::OpSchemaRegistry::Schema(op, 17, "");
     if (!schema) continue;
     const auto* rule = autodiff::find_rule("", op);
@@ -543,8 +553,8 @@ std::string gradients_doc() {
   }
   out << "\n## Backward ops of the `ai.onnxtrain` domain\n\n"
       << "Emitted by rules where standard ONNX ops would be much slower or need a newer opset\n"
-      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`, `resize.cpp`). Their own rules make\n"
-      << "second derivatives work, except through convolution, pooling and Resize.\n\n"
+      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`, `resize.cpp`, `rnn_grad.cpp`). Their own\n"
+      << "rules make second derivatives work, except through convolution, pooling, Resize and the recurrent layers.\n\n"
       << "| operator | differentiable inputs | gradient | finite-difference cases |\n|---|---|---|---|\n";
   for (const auto* r : rules) {
     if (!std::string(r->domain).empty()) row(r);

@@ -22,13 +22,7 @@ using Ints = std::vector<int64_t>;
 constexpr const char* kInternal = "ai.onnxtrain";
 
 // Uniform values in [-1, 1), float64.
-Tensor random(const Shape& shape, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (auto& x : v) x = dist(gen);
-  return Tensor::from_vector<double>(shape, v);
-}
+Tensor random(const Shape& shape, uint32_t seed) { return testing::random_f64(shape, seed); }
 
 std::vector<Tensor> cast_all(const std::vector<Tensor>& ts, DataType dtype) {
   std::vector<Tensor> out;
@@ -68,20 +62,12 @@ class Loss {
 
 // dL/d inputs[i] by central differences (eps 1e-6).
 Tensor numeric_grad(Loss& loss, std::vector<Tensor> inputs, size_t i, const Tensor& r) {
-  constexpr double kEps = 1e-6;
-  inputs[i] = inputs[i].clone();
-  double* v = inputs[i].data<double>();
-  std::vector<double> g(static_cast<size_t>(inputs[i].numel()));
-  for (size_t j = 0; j < g.size(); ++j) {
-    const double saved = v[j];
-    v[j] = saved + kEps;
-    const double plus = loss(inputs, r);
-    v[j] = saved - kEps;
-    const double minus = loss(inputs, r);
-    v[j] = saved;
-    g[j] = (plus - minus) / (2 * kEps);
-  }
-  return Tensor::from_vector<double>(inputs[i].shape(), g);
+  return testing::central_differences(
+      [&](const Tensor& x) {
+        inputs[i] = x;
+        return loss(inputs, r);
+      },
+      inputs[i]);
 }
 
 // The gradient op of c: dX (and dW, dB for the convolutions) for dY = r.

@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <random>
 
 #include "onnxtrain/io.h"
 
@@ -88,6 +89,30 @@ Tensor iota(const Shape& shape) {
   std::vector<float> v(static_cast<size_t>(shape.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
   return f32(shape, v);
+}
+
+Tensor random_f64(const Shape& shape, uint32_t seed, double scale) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-scale, scale);
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (auto& x : v) x = dist(gen);
+  return Tensor::from_vector<double>(shape, v);
+}
+
+Tensor central_differences(const std::function<double(const Tensor&)>& f, const Tensor& x, double eps) {
+  Tensor shifted = x.clone();
+  double* v = shifted.data<double>();
+  std::vector<double> g(static_cast<size_t>(x.numel()));
+  for (size_t j = 0; j < g.size(); ++j) {
+    const double saved = v[j];
+    v[j] = saved + eps;
+    const double plus = f(shifted);
+    v[j] = saved - eps;
+    const double minus = f(shifted);
+    v[j] = saved;
+    g[j] = (plus - minus) / (2 * eps);
+  }
+  return Tensor::from_vector<double>(x.shape(), g);
 }
 
 Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs, const std::vector<Tensor>& in) {

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,13 @@ inline onnx::AttributeProto attr(const std::string& name, const std::vector<floa
   for (float v : values) a.add_floats(v);
   return a;
 }
+inline onnx::AttributeProto attr(const std::string& name, const std::vector<std::string>& values) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::STRINGS);
+  for (const auto& v : values) a.add_strings(v);
+  return a;
+}
 
 // Hand-built graphs: `v` declared as a tensor `name` of ONNX element type `elem` and `dims`
 // (-1: the symbolic dim "N"; no dims: the shape left undeclared); a node appended to `g`; a
@@ -80,6 +89,13 @@ Tensor iota(const Shape& shape);
 
 // Runs a one-output ai.onnx node at `opset` and returns its output.
 Tensor run1(const std::string& op, int opset, std::vector<onnx::AttributeProto> attrs, const std::vector<Tensor>& in);
+
+// float64 values uniform in [-scale, scale), drawn by std::mt19937(seed).
+Tensor random_f64(const Shape& shape, uint32_t seed, double scale = 1.0);
+
+// d f / d x at the float64 tensor x by central differences, element by element:
+// (f(x + eps e_j) - f(x - eps e_j)) / (2 eps).
+Tensor central_differences(const std::function<double(const Tensor&)>& f, const Tensor& x, double eps = 1e-6);
 
 // Element-wise comparison with |got - want| <= atol + rtol * |want|; shapes and dtypes equal.
 void expect_close(const Tensor& got, const Tensor& want, double rtol = 1e-5, double atol = 1e-6);

@@ -1,0 +1,466 @@
+// RNNGrad, GRUGrad, LSTMGrad (domain ai.onnxtrain, version 1): the gradients of RNN, GRU and
+// LSTM (rnn.cpp) by backpropagation through time, emitted by autodiff/rules_rnn.cpp.
+//
+// Attributes: the forward node's, verbatim (`layout` is read at any opset).
+// Inputs:  the forward node's inputs in their positions (RNN, GRU: X, W, R, B, sequence_lens,
+//          initial_h; LSTM also initial_c, P; omitted ones ""), then dY, dY_h (and dY_c for
+//          LSTM), the gradients flowing into the outputs; an omitted one is zero.
+// Outputs: dX, dW, dR, dB, d_initial_h (and d_initial_c, dP for LSTM): the gradient of each
+//          forward input but sequence_lens, shaped like it. Outputs the graph leaves unnamed
+//          are not computed; an output whose forward input is omitted must be unnamed.
+// float32 and float64.
+//
+// Each direction runs the forward recurrence again, keeping every step's pre-activations, gate
+// values and states (rnn::Trace), then walks the steps backwards. With dH and dC the gradients flowing
+// into a step's output state, s = act'(pre-activation) (0 where `clip` cut it off), and P_
+// the peepholes:
+//   RNN:  da = dH s;                       dH_prev = da R
+//   GRU:  dh = dH (1 - z), dz = dH (H_prev - h), dah = dh s_h;
+//         linear_before_reset: dr = dah (H_prev Rh^T + Rbh), dah' = dah r (into Rh, Rbh)
+//         otherwise:           d(rH) = dah Rh,  dr = d(rH) H_prev  (dah into Rh, Rbh)
+//         daz = dz s_z, dar = dr s_r;      dH_prev = dH z + [daz, dar, dah'] R  (+ d(rH) r)
+//   LSTM: do = dH h(C), dC += dH o h'(C), dao = do s_o, dC += dao P_o;
+//         di = dC c, df = dC C_prev, dc = dC i (input_forget: di -= df, no f gate);
+//         dai = di s_i, daf = df s_f, dac = dc s_c;
+//         dC_prev = dC f + dai P_i + daf P_f,  dH_prev = [dai, dao, daf, dac] R
+// Each step's products with R are one GEMM over the batch; an entry past its sequence length
+// keeps dH and dC unchanged (its rows of the step's gradients are zero). The gate gradients of
+// all steps, kept in X's row order, give the weight gradients in one GEMM each:
+//   dX = dG W,  dW = dG^T X,  dR = dG_rec^T H_in,  dWb = colsum(dG),  dRb = colsum(dG_rec)
+// where dG_rec equals dG except for GRU's h gate (dah' above) and H_in is H_prev except for
+// GRU's h gate without linear_before_reset (r . H_prev).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "ops/factories.h"
+#include "ops/rnn_common.h"
+
+namespace onnxtrain::ops {
+
+namespace {
+
+using namespace rnn;
+
+// slope = d act(clip(x)) / dx for n pre-activations x whose values y = act(clip(x)) the forward
+// pass computed; the slope is 0 where clip cut x off.
+template <class V>
+void slopes(const Activation& a, const std::optional<float>& clip, const V* x, const V* y, V* slope, int64_t n) {
+  std::copy(x, x + n, slope);
+  if (clip) clip_to(slope, n, static_cast<V>(*clip));
+  const V alpha = static_cast<V>(a.alpha), beta = static_cast<V>(a.beta);
+  const V* v = slope;  // slope[j] holds the (clipped) pre-activation until replaced by its slope
+  switch (a.kind) {
+    case ActKind::Relu:
+      for (int64_t j = 0; j < n; ++j) slope[j] = v[j] > V(0) ? V(1) : V(0);
+      break;
+    case ActKind::Tanh:
+      for (int64_t j = 0; j < n; ++j) slope[j] = V(1) - y[j] * y[j];
+      break;
+    case ActKind::Sigmoid:
+      for (int64_t j = 0; j < n; ++j) slope[j] = y[j] * (V(1) - y[j]);
+      break;
+    case ActKind::Affine:
+      for (int64_t j = 0; j < n; ++j) slope[j] = alpha;
+      break;
+    case ActKind::LeakyRelu:
+      for (int64_t j = 0; j < n; ++j) slope[j] = v[j] >= V(0) ? V(1) : alpha;
+      break;
+    case ActKind::ThresholdedRelu:
+      for (int64_t j = 0; j < n; ++j) slope[j] = v[j] >= alpha ? V(1) : V(0);
+      break;
+    case ActKind::ScaledTanh:  // alpha beta (1 - tanh^2(beta v)), tanh(beta v) = y / alpha
+      for (int64_t j = 0; j < n; ++j) {
+        const V t = alpha == V(0) ? V(0) : y[j] / alpha;
+        slope[j] = alpha * beta * (V(1) - t * t);
+      }
+      break;
+    case ActKind::HardSigmoid:
+      for (int64_t j = 0; j < n; ++j) {
+        const V u = alpha * v[j] + beta;
+        slope[j] = u > V(0) && u < V(1) ? alpha : V(0);
+      }
+      break;
+    case ActKind::Elu:  // alpha e^v = y + alpha below 0
+      for (int64_t j = 0; j < n; ++j) slope[j] = v[j] >= V(0) ? V(1) : y[j] + alpha;
+      break;
+    case ActKind::Softsign:
+      for (int64_t j = 0; j < n; ++j) {
+        const V d = V(1) + std::abs(v[j]);
+        slope[j] = V(1) / (d * d);
+      }
+      break;
+    case ActKind::Softplus:  // sigmoid(v) = 1 - e^-y
+      for (int64_t j = 0; j < n; ++j) slope[j] = -std::expm1(-y[j]);
+      break;
+  }
+  if (clip) {
+    const V bound = static_cast<V>(*clip);
+    for (int64_t j = 0; j < n; ++j) slope[j] = std::abs(x[j]) > bound ? V(0) : slope[j];
+  }
+}
+
+// out[0..cols) = the sums of the columns of the [rows, cols] matrix m (row stride ld).
+template <class V>
+void column_sums(const V* m, int64_t rows, int64_t cols, int64_t ld, V* out) {
+  std::fill(out, out + cols, V(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const V* __restrict row = m + r * ld;
+    for (int64_t c = 0; c < cols; ++c) out[c] += row[c];
+  }
+}
+
+// The gradient inputs (after the forward inputs) and outputs (one per forward input but
+// sequence_lens).
+struct GradLayout {
+  int dy, dy_h, dy_c;  // input positions
+  static GradLayout of(const RnnAttrs& a) {
+    const int first = a.cell == Cell::Lstm ? 8 : 6;
+    return {first, first + 1, first + 2};
+  }
+};
+enum : int { kDX = 0, kDW, kDR, kDB, kDInitialH, kDInitialC, kDP };
+// The forward input whose gradient output k is.
+constexpr int input_of_output(int k) { return k < kSeqLens ? k : k + 1; }
+
+template <class V>
+struct GradIn {
+  const V *dy = nullptr, *dy_h = nullptr, *dy_c = nullptr;  // null when omitted
+};
+template <class V>
+struct GradOut {
+  V* of[7] = {};  // by output position; null when not asked for
+};
+
+template <class V>
+class Backward {
+ public:
+  Backward(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
+           const GradIn<V>& g, const GradOut<V>& out)
+      : a_(a), s_(s), lens_(lens), in_(in), g_(g), out_(out) {}
+
+  void run() {
+    const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H, rows = s_.seq * N;
+    dg_all_.resize(static_cast<size_t>(rows * GH));
+    h_in_.resize(static_cast<size_t>(rows * H));
+    if (a_.cell == Cell::Gru) {
+      dg_rec_h_.resize(static_cast<size_t>(rows * H));
+      if (!a_.linear_before_reset) rh_.resize(static_cast<size_t>(rows * H));
+    }
+    dg_.resize(static_cast<size_t>(N * GH));
+    slope_.resize(static_cast<size_t>(N * (GH + H)));
+    dh_.resize(static_cast<size_t>(N * H));
+    dc_.resize(static_cast<size_t>(N * H));
+    drh_.resize(static_cast<size_t>(N * H));
+    dp_.resize(static_cast<size_t>(N * 3 * H));
+    for (int64_t d = 0; d < s_.directions; ++d) {
+      run_direction<V>(a_, s_, lens_, in_, d, nullptr, nullptr, nullptr, &trace_);
+      backward(d);
+      weight_gradients(d);
+    }
+  }
+
+ private:
+  const V* weights(const Tensor& t, int64_t d) const { return RnnTensors::of_direction<V>(t, d, s_.directions); }
+  // Row of a step-major trace buffer of `width` columns.
+  static V* at(std::vector<V>& buffer, int64_t step, int64_t b, int64_t batch, int64_t width) {
+    return buffer.data() + (step * batch + b) * width;
+  }
+
+  // The gradients flowing into direction d's final states.
+  void load_final_gradients(int64_t d) {
+    const int64_t H = s_.hidden;
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      V* dh = dh_.data() + b * H;
+      V* dc = dc_.data() + b * H;
+      const int64_t offset = s_.state_offset(d, b);
+      if (g_.dy_h) std::copy(g_.dy_h + offset, g_.dy_h + offset + H, dh);
+      else std::fill(dh, dh + H, V(0));
+      if (g_.dy_c) std::copy(g_.dy_c + offset, g_.dy_c + offset + H, dc);
+      else std::fill(dc, dc + H, V(0));
+    }
+  }
+
+  // The steps write every row of the all-steps buffers an entry's sequence reaches; the rows
+  // past its length stay zero.
+  void zero_rows_past_lengths() {
+    const int64_t H = s_.hidden, GH = s_.gates * H;
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      for (int64_t t = lens_[static_cast<size_t>(b)]; t < s_.seq; ++t) {
+        const int64_t row = s_.x_row(t, b);
+        std::fill(dg_all_.begin() + row * GH, dg_all_.begin() + (row + 1) * GH, V(0));
+        for (std::vector<V>* m : {&h_in_, &dg_rec_h_, &rh_}) {
+          if (!m->empty()) std::fill(m->begin() + row * H, m->begin() + (row + 1) * H, V(0));
+        }
+      }
+    }
+  }
+
+  void backward(int64_t d) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H;
+    zero_rows_past_lengths();
+    std::fill(dp_.begin(), dp_.end(), V(0));
+    load_final_gradients(d);
+    const bool reverse = a_.reverse(d);
+    const V* r = weights(in_.r, d);
+    for (int64_t step = trace_.steps - 1; step >= 0; --step) {
+      // Entries past their length contribute zero rows to the step's GEMMs.
+      for (int64_t b = 0; b < N; ++b) {
+        if (time_of(step, lens_[static_cast<size_t>(b)], reverse) < 0) {
+          std::fill(dg_.begin() + b * GH, dg_.begin() + (b + 1) * GH, V(0));
+        }
+      }
+      switch (a_.cell) {
+        case Cell::Rnn: rnn_step(d, step, reverse); break;
+        case Cell::Gru: gru_step(d, step, reverse); break;
+        case Cell::Lstm: lstm_step(d, step, reverse); break;
+      }
+      // dH_prev += dG R over the blocks whose recurrent input is H_prev.
+      const int64_t blocks = a_.cell == Cell::Gru && !a_.linear_before_reset ? 2 * H : GH;
+      gemm<V>(false, false, N, H, blocks, dg_.data(), GH, r, H, dh_.data(), H, true);
+    }
+  }
+
+  // dH at time t of entry b: the gradient from the later steps plus dY[t].
+  V* step_dh(int64_t d, int64_t b, int64_t t) {
+    V* dh = dh_.data() + b * s_.hidden;
+    if (g_.dy) {
+      const V* dy = g_.dy + s_.y_offset(t, d, b);
+      for (int64_t j = 0; j < s_.hidden; ++j) dh[j] += dy[j];
+    }
+    return dh;
+  }
+  // The slopes of entry b's gates (LSTM: then of h at C).
+  V* gate_slopes(int64_t b) { return slope_.data() + b * (s_.gates + 1) * s_.hidden; }
+
+  // Keeps entry b's gate gradients and recurrent input of time t for the weight gradients.
+  void keep_row(int64_t step, int64_t b, int64_t t) {
+    const int64_t H = s_.hidden, GH = s_.gates * H, row = s_.x_row(t, b);
+    std::copy(dg_.begin() + b * GH, dg_.begin() + (b + 1) * GH, dg_all_.begin() + row * GH);
+    const V* h_prev = at(trace_.h, step, b, s_.batch, H);
+    std::copy(h_prev, h_prev + H, h_in_.begin() + row * H);
+  }
+
+  void rnn_step(int64_t d, int64_t step, bool reverse) {
+    const int64_t H = s_.hidden;
+    for_active(lens_, step, reverse, 8 * H, [&](int64_t b, int64_t t) {
+      V* __restrict dh = step_dh(d, b, t);
+      V* __restrict slope = gate_slopes(b);
+      slopes(a_.act(d, 0), a_.clip, at(trace_.pre, step, b, s_.batch, H), at(trace_.gates, step, b, s_.batch, H), slope,
+             H);
+      V* __restrict da = dg_.data() + b * H;
+      for (int64_t j = 0; j < H; ++j) da[j] = dh[j] * slope[j];
+      std::fill(dh, dh + H, V(0));  // all of dH_prev comes through R
+      keep_row(step, b, t);
+    });
+  }
+
+  void gru_step(int64_t d, int64_t step, bool reverse) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = 3 * H;
+    const bool lbr = a_.linear_before_reset;
+    // Pass 1: the gates, dz, dah, and the direct part dH z of dH_prev.
+    for_active(lens_, step, reverse, 16 * H, [&](int64_t b, int64_t t) {
+      V* __restrict dh = step_dh(d, b, t);
+      const V* pre = at(trace_.pre, step, b, N, GH);
+      const V* y = at(trace_.gates, step, b, N, GH);
+      V* __restrict slope = gate_slopes(b);
+      slopes(a_.act(d, 0), a_.clip, pre, y, slope, 2 * H);
+      slopes(a_.act(d, 1), a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
+      const V* z = y;
+      const V* hh = y + 2 * H;
+      const V* h_prev = at(trace_.h, step, b, N, H);
+      V* __restrict dg = dg_.data() + b * GH;
+      for (int64_t j = 0; j < H; ++j) {
+        dg[j] = dh[j] * (h_prev[j] - hh[j]) * slope[j];                // daz
+        dg[2 * H + j] = dh[j] * (V(1) - z[j]) * slope[2 * H + j];      // dah
+        dh[j] *= z[j];
+      }
+    });
+    if (!lbr) {  // d(rH) = dah Rh
+      gemm<V>(false, false, N, H, H, dg_.data() + 2 * H, GH, weights(in_.r, d) + 2 * H * H, H, drh_.data(), H, false);
+    }
+    // Pass 2: dr, and what the weight gradients need.
+    for_active(lens_, step, reverse, 8 * H, [&](int64_t b, int64_t t) {
+      const V* r = at(trace_.gates, step, b, N, GH) + H;
+      const V* slope_r = gate_slopes(b) + H;
+      const V* h_prev = at(trace_.h, step, b, N, H);
+      V* __restrict dg = dg_.data() + b * GH;
+      V* __restrict dah = dg + 2 * H;
+      const int64_t row = s_.x_row(t, b);
+      V* __restrict rec = dg_rec_h_.data() + row * H;  // the gradient of the h gate's recurrent product
+      if (lbr) {
+        const V* hr = at(trace_.hr, step, b, N, H);
+        for (int64_t j = 0; j < H; ++j) {
+          dg[H + j] = dah[j] * hr[j] * slope_r[j];
+          rec[j] = dah[j] * r[j];
+        }
+      } else {
+        const V* drh = drh_.data() + b * H;
+        V* __restrict dh = dh_.data() + b * H;
+        V* __restrict rh = rh_.data() + row * H;
+        for (int64_t j = 0; j < H; ++j) {
+          dg[H + j] = drh[j] * h_prev[j] * slope_r[j];
+          dh[j] += drh[j] * r[j];
+          rec[j] = dah[j];
+          rh[j] = r[j] * h_prev[j];
+        }
+      }
+      keep_row(step, b, t);
+      if (lbr) std::copy(rec, rec + H, dah);  // the step's GEMM with R takes dah r
+    });
+  }
+
+  void lstm_step(int64_t d, int64_t step, bool reverse) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
+    const Activation& f = a_.act(d, 0);
+    const Activation& h_act = a_.act(d, 2);
+    const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
+    for_active(lens_, step, reverse, 32 * H, [&](int64_t b, int64_t t) {
+      V* __restrict dh = step_dh(d, b, t);
+      V* __restrict dc = dc_.data() + b * H;
+      // Gate blocks i o f c (f = 1 - i under input_forget, which has no f slope).
+      const V* pre = at(trace_.pre, step, b, N, GH);
+      const V* y = at(trace_.gates, step, b, N, GH);
+      V* __restrict slope = gate_slopes(b);
+      slopes(f, a_.clip, pre, y, slope, 2 * H);
+      if (!a_.input_forget) slopes(f, a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
+      slopes(a_.act(d, 1), a_.clip, pre + 3 * H, y + 3 * H, slope + 3 * H, H);
+      const V* c_prev = at(trace_.c, step, b, N, H);
+      const V* c = at(trace_.c, step + 1, b, N, H);
+      const V* hc = at(trace_.hc, step, b, N, H);  // h(C) and its slope
+      V* __restrict hc_slope = slope + GH;
+      slopes(h_act, std::optional<float>(), c, hc, hc_slope, H);
+      const V *i = y, *o = y + H, *ff = y + 2 * H, *cc = y + 3 * H;
+      V* __restrict dg = dg_.data() + b * GH;
+      V* __restrict dp = dp_.data() + b * 3 * H;
+      for (int64_t j = 0; j < H; ++j) {
+        const V dao = dh[j] * hc[j] * slope[H + j];
+        V dct = dc[j] + dh[j] * o[j] * hc_slope[j] + (p ? dao * p[H + j] : V(0));
+        const V df = dct * c_prev[j];
+        const V di = dct * cc[j] - (a_.input_forget ? df : V(0));
+        const V dai = di * slope[j];
+        const V daf = a_.input_forget ? V(0) : df * slope[2 * H + j];
+        const V dac = dct * i[j] * slope[3 * H + j];
+        dc[j] = dct * ff[j] + (p ? dai * p[j] + daf * p[2 * H + j] : V(0));
+        dg[j] = dai;
+        dg[H + j] = dao;
+        dg[2 * H + j] = daf;
+        dg[3 * H + j] = dac;
+        dp[j] += dai * c_prev[j];
+        dp[H + j] += dao * c[j];
+        dp[2 * H + j] += daf * c_prev[j];
+      }
+      std::fill(dh, dh + H, V(0));  // all of dH_prev comes through R
+      keep_row(step, b, t);
+    });
+  }
+
+  void weight_gradients(int64_t d) {
+    const int64_t N = s_.batch, H = s_.hidden, I = s_.input, G = s_.gates, GH = G * H, rows = s_.seq * N;
+    const bool gru = a_.cell == Cell::Gru;
+    const V* dg = dg_all_.data();
+    if (V* dx = out_.of[kDX]) gemm<V>(false, false, rows, I, GH, dg, GH, weights(in_.w, d), I, dx, I, d > 0);
+    if (V* dw = out_.of[kDW]) gemm<V>(true, false, GH, I, rows, dg, GH, in_.x.data<V>(), I, dw + d * GH * I, I, false);
+    if (V* dr = out_.of[kDR]) {
+      dr += d * GH * H;
+      const int64_t shared = gru ? 2 * H : GH;  // gate rows whose recurrent input is H_prev
+      gemm<V>(true, false, shared, H, rows, dg, GH, h_in_.data(), H, dr, H, false);
+      if (gru) {
+        const V* input = a_.linear_before_reset ? h_in_.data() : rh_.data();
+        gemm<V>(true, false, H, H, rows, dg_rec_h_.data(), H, input, H, dr + 2 * H * H, H, false);
+      }
+    }
+    if (V* db = out_.of[kDB]) {
+      db += d * 2 * GH;
+      column_sums(dg, rows, GH, GH, db);         // Wb
+      std::copy(db, db + GH, db + GH);           // Rb: the same sums, but GRU's h gate's
+      if (gru) column_sums(dg_rec_h_.data(), rows, H, H, db + GH + 2 * H);
+    }
+    const std::vector<V>* states[2] = {&dh_, &dc_};
+    for (int k : {kDInitialH, kDInitialC}) {
+      V* out = out_.of[k];
+      if (!out) continue;
+      const std::vector<V>& state = *states[k - kDInitialH];
+      for (int64_t b = 0; b < N; ++b) {
+        std::copy(state.begin() + b * H, state.begin() + (b + 1) * H, out + s_.state_offset(d, b));
+      }
+    }
+    if (V* dp = out_.of[kDP]) column_sums(dp_.data(), N, 3 * H, 3 * H, dp + d * 3 * H);
+  }
+
+  const RnnAttrs& a_;
+  const RnnShape& s_;
+  const std::vector<int64_t>& lens_;
+  const RnnTensors& in_;
+  const GradIn<V>& g_;
+  const GradOut<V>& out_;
+  Trace<V> trace_;
+  // All steps, rows in X's order (zero for times past an entry's length):
+  std::vector<V> dg_all_;    // [S * N, G*H]: gradients of the gates' pre-activations
+  std::vector<V> h_in_;      // [S * N, H]: H_prev of each row
+  std::vector<V> dg_rec_h_;  // GRU: [S * N, H]: gradient of the h gate's recurrent product
+  std::vector<V> rh_;        // GRU without linear_before_reset: [S * N, H]: r . H_prev
+  // One step, rows by batch entry:
+  std::vector<V> dg_;             // [N, G*H]: the gradients multiplied by R
+  std::vector<V> slope_;          // [N, (G+1)*H]: the gates' slopes (LSTM: and h's at C)
+  std::vector<V> dh_, dc_;        // [N, H]: gradients flowing into the state
+  std::vector<V> drh_;            // GRU: [N, H]: d(r . H_prev)
+  std::vector<V> dp_;             // LSTM: [N, 3H]: the peepholes' gradient per entry
+};
+
+class RnnGradKernel final : public Kernel {
+ public:
+  explicit RnnGradKernel(RnnAttrs attrs) : a_(std::move(attrs)) {}
+
+  void run(KernelContext& ctx) override {
+    const RnnShape s = check_inputs(ctx, a_);
+    const std::vector<int64_t> lens = sequence_lengths(ctx, s);
+    const DataType dtype = ctx.input(kX).dtype();
+    const GradLayout layout = GradLayout::of(a_);
+    const int grads_in = a_.cell == Cell::Lstm ? 3 : 2;
+    for (int k = 0; k < grads_in; ++k) {
+      const int i = layout.dy + k;
+      if (!ctx.has_input(i)) continue;
+      if (ctx.input(i).dtype() != dtype) {
+        fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected " +
+             std::string(dtype_name(dtype)) + " like " + ctx.input_name(kX));
+      }
+      expect_shape(ctx, i, k == 0 ? s.y_shape() : s.state_shape(),
+                   std::string(k == 0 ? "the shape of Y" : k == 1 ? "the shape of Y_h" : "the shape of Y_c"));
+    }
+    const int outputs = a_.cell == Cell::Lstm ? 7 : 5;
+    for (int k = 0; k < outputs; ++k) {
+      if (ctx.has_output(k) && !ctx.has_input(input_of_output(k))) {
+        fail("output " + ctx.output_name(k) + " is the gradient of input " + std::to_string(input_of_output(k)) +
+             ", which is omitted; leave the output unnamed");
+      }
+    }
+    visit_dtype<TypeList<float, double>>(dtype, a_.op + "Grad input " + ctx.input_name(kX), [&]<class V>() {
+      const RnnTensors in = load_inputs(ctx, a_, false);
+      GradIn<V> g;
+      auto grad = [&](int i) { return ctx.has_input(i) ? ctx.input(i).data<V>() : nullptr; };
+      g.dy = grad(layout.dy);
+      g.dy_h = grad(layout.dy_h);
+      if (a_.cell == Cell::Lstm) g.dy_c = grad(layout.dy_c);
+      GradOut<V> out;
+      for (int k = 0; k < outputs; ++k) {
+        if (!ctx.has_output(k)) continue;
+        out.of[k] = ctx.allocate_output(k, dtype, ctx.input(input_of_output(k)).shape()).template data<V>();
+      }
+      Backward<V>(a_, s, lens, in, g, out).run();
+    });
+  }
+
+ private:
+  RnnAttrs a_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init) {
+  return std::make_unique<RnnGradKernel>(parse_attrs(init));
+}
+
+}  // namespace onnxtrain::ops

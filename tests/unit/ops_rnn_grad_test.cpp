@@ -1,0 +1,387 @@
+// Unit tests for the ai.onnxtrain backward ops RNNGrad, GRUGrad and LSTMGrad (rnn_grad.cpp):
+// central differences in float64 of L = sum(Y * R_Y) + sum(Y_h * R_h) (+ sum(Y_c * R_c)) with
+// the forward op run through onnxtrain (so dY = R_Y, ...), at tight tolerance; the float32 path
+// against float64; every direction, sequence_lens (with zero lengths), layout 1, initial
+// states, peepholes, input_forget, linear_before_reset, clip, every activation function;
+// omitted output gradients, unnamed outputs, and errors.
+#include <algorithm>
+
+#include "onnxtrain/error.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+using testing::expect_close;
+using testing::node_model;
+using testing::NodeSpec;
+using Attrs = std::vector<onnx::AttributeProto>;
+
+constexpr const char* kInternal = "ai.onnxtrain";
+
+using testing::random_f64;
+using Strings = std::vector<std::string>;
+
+// A forward node and its inputs.
+struct Config {
+  std::string name;
+  std::string op;  // RNN, GRU, LSTM
+  std::string direction = "forward";
+  bool layout1 = false, bias = true, initial_h = false, initial_c = false, peepholes = false;
+  std::vector<int32_t> lens;  // empty: sequence_lens omitted
+  Attrs extra;                // clip, linear_before_reset, input_forget, activations, ...
+  int64_t S = 4, N = 3, I = 3, H = 2;
+  int opset = 17;
+
+  int64_t D() const { return direction == "bidirectional" ? 2 : 1; }
+  int64_t G() const { return op == "RNN" ? 1 : op == "GRU" ? 3 : 4; }
+  int forward_inputs() const { return op == "LSTM" ? 8 : 6; }
+  int forward_outputs() const { return op == "LSTM" ? 3 : 2; }
+  Attrs attributes() const {
+    Attrs a{attr("hidden_size", H), attr("direction", direction)};
+    if (layout1) a.push_back(attr("layout", int64_t{1}));
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  // Inputs in ONNX order, float64, all forward_inputs() of them (undefined where omitted).
+  std::vector<Tensor> inputs(uint32_t seed) const {
+    const Shape state = layout1 ? Shape{N, D(), H} : Shape{D(), N, H};
+    std::vector<Tensor> in(static_cast<size_t>(forward_inputs()));
+    in[0] = random_f64(layout1 ? Shape{N, S, I} : Shape{S, N, I}, seed);
+    in[1] = random_f64({D(), G() * H, I}, seed + 1);
+    in[2] = random_f64({D(), G() * H, H}, seed + 2);
+    if (bias) in[3] = random_f64({D(), 2 * G() * H}, seed + 3);
+    if (!lens.empty()) in[4] = Tensor::from_vector<int32_t>(Shape{N}, lens);
+    if (initial_h) in[5] = random_f64(state, seed + 5);
+    if (op == "LSTM") {
+      if (initial_c) in[6] = random_f64(state, seed + 6);
+      if (peepholes) in[7] = random_f64({D(), 3 * H}, seed + 7);
+    }
+    return in;
+  }
+};
+
+// Output k of the gradient op is the gradient of forward input k, sequence_lens (4) skipped.
+int input_of_output(int k) { return k < 4 ? k : k + 1; }
+
+// L(inputs) = sum_k sum(out_k * r[k]) through one session of the forward node.
+class Loss {
+ public:
+  Loss(const Config& c, const std::vector<Tensor>& inputs)
+      : outputs_(c.forward_outputs()),
+        session_(node_model(NodeSpec{c.op, "", c.opset, c.attributes(), c.forward_outputs()}, inputs)) {}
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) {
+    runtime::NamedTensors feeds;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].defined()) feeds["in" + std::to_string(i)] = inputs[i];
+    }
+    auto result = session_.run(feeds);
+    std::vector<Tensor> out;
+    for (int k = 0; k < outputs_; ++k) out.push_back(result.at("out" + std::to_string(k)));
+    return out;
+  }
+  double operator()(const std::vector<Tensor>& inputs, const std::vector<Tensor>& r) {
+    const auto y = forward(inputs);
+    double sum = 0;
+    for (size_t k = 0; k < y.size(); ++k) {
+      if (!r[k].defined()) continue;
+      const auto yv = y[k].to_double_vector(), rv = r[k].to_double_vector();
+      for (size_t j = 0; j < yv.size(); ++j) sum += yv[j] * rv[j];
+    }
+    return sum;
+  }
+
+ private:
+  int outputs_;
+  runtime::Session session_;
+};
+
+// dL/d inputs[i] by central differences (eps 1e-6).
+Tensor numeric_grad(Loss& loss, std::vector<Tensor> inputs, size_t i, const std::vector<Tensor>& r) {
+  return testing::central_differences(
+      [&](const Tensor& x) {
+        inputs[i] = x;
+        return loss(inputs, r);
+      },
+      inputs[i]);
+}
+
+// The gradient op's model: outputs for the forward inputs in `wanted` that are present, the
+// others left unnamed; the output gradients r (undefined: omitted).
+onnx::ModelProto grad_model(const Config& c, const std::vector<Tensor>& inputs, const std::vector<Tensor>& r,
+                            const std::vector<int>& wanted) {
+  std::vector<Tensor> all = inputs;
+  all.insert(all.end(), r.begin(), r.end());
+  while (!all.back().defined()) all.pop_back();
+  const int outputs = c.forward_inputs() - 1;
+  onnx::ModelProto m = node_model(NodeSpec{c.op + "Grad", kInternal, 1, c.attributes(), outputs}, all);
+  auto* g = m.mutable_graph();
+  g->clear_output();
+  for (int k = 0; k < outputs; ++k) {
+    const int i = input_of_output(k);
+    const bool named =
+        inputs[static_cast<size_t>(i)].defined() && std::find(wanted.begin(), wanted.end(), i) != wanted.end();
+    g->mutable_node(0)->set_output(k, named ? "grad" + std::to_string(i) : "");
+    if (named) g->add_output()->set_name("grad" + std::to_string(i));
+  }
+  return m;
+}
+
+// Gradients by forward input position (undefined where not asked for or omitted).
+std::vector<Tensor> run_grad(const Config& c, const std::vector<Tensor>& inputs, const std::vector<Tensor>& r,
+                             const std::vector<int>& wanted = {0, 1, 2, 3, 5, 6, 7}) {
+  runtime::Session session(grad_model(c, inputs, r, wanted));
+  runtime::NamedTensors feeds;
+  std::vector<Tensor> all = inputs;
+  all.insert(all.end(), r.begin(), r.end());
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].defined()) feeds["in" + std::to_string(i)] = all[i];
+  }
+  const auto result = session.run(feeds);
+  std::vector<Tensor> grads(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto it = result.find("grad" + std::to_string(i));
+    if (it != result.end()) grads[i] = it->second;
+  }
+  return grads;
+}
+
+std::vector<Tensor> cast_all(const std::vector<Tensor>& ts, DataType dtype) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(t.defined() && t.dtype() == DataType::Float64 ? t.cast(dtype) : t);
+  return out;
+}
+
+// Random output gradients shaped like the forward outputs.
+std::vector<Tensor> output_gradients(Loss& loss, const std::vector<Tensor>& inputs, uint32_t seed) {
+  std::vector<Tensor> r;
+  for (const Tensor& y : loss.forward(inputs)) r.push_back(random_f64(y.shape(), seed++));
+  return r;
+}
+
+void check(const Config& c) {
+  SCOPED_TRACE(c.name);
+  const std::vector<Tensor> inputs = c.inputs(11);
+  Loss loss(c, inputs);
+  const std::vector<Tensor> r = output_gradients(loss, inputs, 91);
+  const std::vector<Tensor> got = run_grad(c, inputs, r);
+  const std::vector<Tensor> got32 = run_grad(c, cast_all(inputs, DataType::Float32), cast_all(r, DataType::Float32));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i == 4 || !inputs[i].defined()) continue;
+    SCOPED_TRACE("gradient of input " + std::to_string(i));
+    ASSERT_TRUE(got[i].defined());
+    expect_close(got[i], numeric_grad(loss, inputs, i, r), 1e-6, 1e-7);
+    ASSERT_EQ(got32[i].dtype(), DataType::Float32);
+    // float32 against float64: rounding accumulated over 4 steps and the GEMMs' sums.
+    expect_close(got32[i].cast(DataType::Float64), got[i], 1e-4, 1e-5);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finite differences
+
+TEST(RnnGradTest, Directions) {
+  for (const char* direction : {"forward", "reverse", "bidirectional"}) {
+    check({.name = std::string("RNN ") + direction, .op = "RNN", .direction = direction});
+    check({.name = std::string("GRU ") + direction, .op = "GRU", .direction = direction});
+    check({.name = std::string("LSTM ") + direction, .op = "LSTM", .direction = direction});
+  }
+}
+
+TEST(RnnGradTest, SequenceLengthsAndInitialStates) {
+  // Entry 1 has length 0: its Y_h is initial_h, whose gradient is dY_h unchanged.
+  for (const char* direction : {"forward", "reverse", "bidirectional"}) {
+    for (const char* op : {"RNN", "GRU", "LSTM"}) {
+      check({.name = std::string(op) + " " + direction, .op = op, .direction = direction, .initial_h = true,
+             .initial_c = true, .lens = {4, 0, 2}});
+    }
+  }
+}
+
+TEST(RnnGradTest, Layout1) {
+  for (const char* op : {"RNN", "GRU", "LSTM"}) {
+    check({.name = op, .op = op, .direction = "bidirectional", .layout1 = true, .initial_h = true, .initial_c = true,
+           .lens = {2, 4, 1}});
+  }
+}
+
+TEST(RnnGradTest, NoBias) {
+  check({.name = "GRU", .op = "GRU", .bias = false, .initial_h = true});
+  check({.name = "LSTM", .op = "LSTM", .direction = "reverse", .bias = false});
+}
+
+TEST(RnnGradTest, LstmPeepholesAndInputForget) {
+  check({.name = "peepholes", .op = "LSTM", .initial_h = true, .initial_c = true, .peepholes = true});
+  check({.name = "peepholes bidirectional", .op = "LSTM", .direction = "bidirectional", .initial_c = true,
+         .peepholes = true, .lens = {3, 4, 1}});
+  check({.name = "input_forget", .op = "LSTM", .direction = "reverse", .initial_c = true, .peepholes = true,
+         .extra = {attr("input_forget", int64_t{1})}});
+}
+
+TEST(RnnGradTest, GruLinearBeforeReset) {
+  check({.name = "forward", .op = "GRU", .initial_h = true, .extra = {attr("linear_before_reset", int64_t{1})}});
+  check({.name = "bidirectional, lens", .op = "GRU", .direction = "bidirectional", .lens = {1, 4, 3},
+         .extra = {attr("linear_before_reset", int64_t{1})}});
+  check({.name = "no bias", .op = "GRU", .bias = false, .extra = {attr("linear_before_reset", int64_t{1})}});
+}
+
+TEST(RnnGradTest, ClipZeroesTheGradientOfClippedPreActivations) {
+  // With |pre-activation| up to ~4 and clip 0.7 both sides of the bound occur.
+  for (const char* op : {"RNN", "GRU", "LSTM"}) {
+    check({.name = op, .op = op, .direction = "bidirectional", .initial_h = true, .peepholes = true,
+           .extra = {attr("clip", 0.7f)}});
+  }
+  check({.name = "GRU linear_before_reset", .op = "GRU",
+         .extra = {attr("clip", 0.7f), attr("linear_before_reset", int64_t{1})}});
+  // Clip saturates every gate: only the paths that skip the gates carry gradient.
+  Config saturated{.name = "saturated", .op = "RNN", .extra = {attr("clip", 1e-3f)}};
+  const auto in = saturated.inputs(11);
+  Loss loss(saturated, in);
+  const auto r = output_gradients(loss, in, 91);
+  const auto got = run_grad(saturated, in, r);
+  const std::vector<double> zeros(static_cast<size_t>(got[1].numel()), 0.0);
+  expect_close(got[1], Tensor::from_vector<double>(got[1].shape(), zeros));
+}
+
+TEST(RnnGradTest, EveryActivationFunction) {
+  // One function per forward-direction slot, alpha / beta consumed in list order.
+  const std::vector<std::vector<std::string>> lists = {
+      {"Relu"}, {"LeakyRelu"}, {"ThresholdedRelu"}, {"ScaledTanh"}, {"HardSigmoid"}, {"Elu"},
+      {"Softsign"}, {"Softplus"}, {"Affine"}, {"Sigmoid"}};
+  for (const auto& list : lists) {
+    check({.name = "RNN " + list[0], .op = "RNN", .initial_h = true,
+           .extra = {attr("activations", list), attr("activation_alpha", std::vector<float>{0.3f}),
+                     attr("activation_beta", std::vector<float>{0.6f})}});
+  }
+  check({.name = "GRU HardSigmoid Softsign / Sigmoid Elu", .op = "GRU", .direction = "bidirectional",
+         .extra = {attr("activations", Strings{"HardSigmoid", "Softsign", "Sigmoid", "Elu"}),
+                   attr("activation_alpha", std::vector<float>{0.4f, 0.8f}),
+                   attr("activation_beta", std::vector<float>{0.45f})}});
+  // A gate function above 1 (Softplus as f) would let C grow geometrically and the loss reach
+  // ~1e5, where central differences lose 5 digits to rounding: f stays in [0, 1] here.
+  check({.name = "LSTM HardSigmoid ScaledTanh Softplus", .op = "LSTM", .peepholes = true,
+         .extra = {attr("activations", Strings{"HardSigmoid", "ScaledTanh", "Softplus"}),
+                   attr("activation_alpha", std::vector<float>{0.3f, 1.5f}),
+                   attr("activation_beta", std::vector<float>{0.55f, 0.7f})}});
+}
+
+TEST(RnnGradTest, OlderOpsets) {
+  // Opset 7: no layout attribute.
+  check({.name = "LSTM opset 7", .op = "LSTM", .direction = "bidirectional", .initial_h = true, .opset = 7});
+  check({.name = "GRU opset 13", .op = "GRU", .lens = {1, 2, 4}, .opset = 13});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Omitted gradients and outputs
+
+TEST(RnnGradTest, OmittedOutputGradientsAreZero) {
+  const Config c{.name = "LSTM", .op = "LSTM", .direction = "bidirectional", .initial_h = true, .initial_c = true,
+                 .peepholes = true, .lens = {4, 1, 3}};
+  const auto in = c.inputs(5);
+  Loss loss(c, in);
+  const auto r = output_gradients(loss, in, 7);
+  for (size_t omitted = 0; omitted < r.size(); ++omitted) {
+    SCOPED_TRACE("omitted output gradient " + std::to_string(omitted));
+    std::vector<Tensor> some = r, zeros = r;
+    some[omitted] = Tensor();
+    const std::vector<double> z(static_cast<size_t>(r[omitted].numel()), 0.0);
+    zeros[omitted] = Tensor::from_vector<double>(r[omitted].shape(), z);
+    const auto got = run_grad(c, in, some);
+    const auto want = run_grad(c, in, zeros);
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (want[i].defined()) expect_close(got[i], want[i], 0, 0);
+    }
+  }
+}
+
+TEST(RnnGradTest, ComputesOnlyTheOutputsAskedFor) {
+  const Config c{.name = "GRU", .op = "GRU", .direction = "reverse", .initial_h = true, .lens = {2, 4, 3}};
+  const auto in = c.inputs(5);
+  Loss loss(c, in);
+  const auto r = output_gradients(loss, in, 7);
+  const auto all = run_grad(c, in, r);
+  for (int i : {0, 1, 2, 3, 5}) {
+    SCOPED_TRACE("only the gradient of input " + std::to_string(i));
+    const auto one = run_grad(c, in, r, {i});
+    for (size_t k = 0; k < in.size(); ++k) EXPECT_EQ(one[k].defined(), static_cast<int>(k) == i) << k;
+    expect_close(one[static_cast<size_t>(i)], all[static_cast<size_t>(i)], 0, 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+std::string error_of(const onnx::ModelProto& model, const runtime::NamedTensors& feeds) {
+  try {
+    runtime::Session session(model);
+    session.run(feeds);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+runtime::NamedTensors feeds_of(const std::vector<Tensor>& all) {
+  runtime::NamedTensors feeds;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].defined()) feeds["in" + std::to_string(i)] = all[i];
+  }
+  return feeds;
+}
+
+#define EXPECT_ERROR_HAS(message, part) \
+  EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message)
+
+TEST(RnnGradErrors, UnknownActivationNamesTheNodeAndTheFunction) {
+  Config c{.op = "GRU", .extra = {attr("activations", Strings{"Sigmoid", "Gelu"})}};
+  const auto in = c.inputs(1);
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2), random_f64({1, 3, 2}, 3)};
+  std::vector<Tensor> all = in;
+  all.insert(all.end(), r.begin(), r.end());
+  const std::string m = error_of(grad_model(c, in, r, {0, 1}), feeds_of(all));
+  EXPECT_ERROR_HAS(m, "GRUGrad");
+  EXPECT_ERROR_HAS(m, "'node'");
+  EXPECT_ERROR_HAS(m, "unknown function 'Gelu'");
+}
+
+TEST(RnnGradErrors, BadOutputGradientShapeNamesTheTensor) {
+  Config c{.op = "LSTM"};
+  const auto in = c.inputs(1);
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2), random_f64({1, 3, 2}, 3), random_f64({1, 2, 3}, 4)};
+  std::vector<Tensor> all = in;
+  all.insert(all.end(), r.begin(), r.end());
+  const std::string m = error_of(grad_model(c, in, r, {0}), feeds_of(all));
+  EXPECT_ERROR_HAS(m, "'in10'");
+  EXPECT_ERROR_HAS(m, "the shape of Y_c = [1,3,2]");
+}
+
+TEST(RnnGradErrors, OutputOfAnOmittedInput) {
+  Config c{.op = "RNN", .bias = false};
+  const auto in = c.inputs(1);
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2)};
+  std::vector<Tensor> all = in;
+  all.insert(all.end(), r.begin(), r.end());
+  onnx::ModelProto m = grad_model(c, in, r, {0});
+  m.mutable_graph()->mutable_node(0)->set_output(3, "dB");  // B is omitted
+  m.mutable_graph()->add_output()->set_name("dB");
+  const std::string message = error_of(m, feeds_of(all));
+  EXPECT_ERROR_HAS(message, "'dB'");
+  EXPECT_ERROR_HAS(message, "which is omitted");
+}
+
+TEST(RnnGradErrors, Float16IsNotSupported) {
+  Config c{.op = "RNN"};
+  const auto in = cast_all(c.inputs(1), DataType::Float16);
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2).cast(DataType::Float16)};
+  std::vector<Tensor> all = in;
+  all.insert(all.end(), r.begin(), r.end());
+  const std::string m = error_of(grad_model(c, in, r, {0}), feeds_of(all));
+  EXPECT_ERROR_HAS(m, "RNNGrad");
+  EXPECT_ERROR_HAS(m, "float16");
+}
+
+}  // namespace
+}  // namespace onnxtrain
