@@ -2,7 +2,8 @@
 """Real architectures exported from PyTorch train as PyTorch trains them.
 
 torchvision resnet18 and mobilenet_v2 (num_classes 10, 32x32 inputs, BatchNormalization in
-training mode) and an nn.TransformerEncoder text classifier (nn.Embedding, padding mask) are
+training mode), an nn.TransformerEncoder text classifier (nn.Embedding, padding mask) and a
+2-layer nn.LSTM sequence classifier are
 exported with torch.onnx.export (opset 17, TrainingMode.TRAINING, no constant folding, random
 initial weights), made trainable with `onnxtrain make-trainable --loss cross_entropy`, and
 trained on one batch of 8 with `onnxtrain step`, with SGD momentum and with AdamW. PyTorch
@@ -33,7 +34,8 @@ What each case covers (CASES), and why some are shorter or in float64:
   noise decides. Entries whose PyTorch gradient stays below 1e-3 of their tensor's largest, or
   below 1e-6 of the model's largest, at every step may differ by up to 2 lr per step.
 
-The LSTM classifier of the architectures issue is not here yet: LSTM has no gradient rule.
+- The 2-layer nn.LSTM sequence classifier (batch_first, the last step's output through a
+  Linear layer): float32, 5 steps, both optimizers.
 
 Usage: architecture_parity.py --onnxtrain build/release/src/onnxtrain
 """
@@ -80,9 +82,22 @@ class TextClassifier(torch.nn.Module):
         return self.fc(h.mean(dim=1))
 
 
+class SequenceClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.fc(y[:, -1])
+
+
 def make(name, dtype):
     torch.manual_seed(5)
     g = torch.Generator().manual_seed(9)
+    if name == "lstm":
+        return SequenceClassifier().to(dtype), torch.randn(8, 12, 16, generator=g).to(dtype)
     if name == "transformer":
         tokens = torch.randint(1, 50, (8, 7), generator=g)
         tokens[:3, 5:] = 0  # padding
@@ -103,6 +118,7 @@ OPTIMIZERS = {  # name: (make-trainable options, torch optimizer, lr)
 }
 # (model, element type, steps): see the module doc for the float64 and 1-step cases.
 CASES = [("transformer", torch.float32, 5, ["momentum", "adamw"]),
+         ("lstm", torch.float32, 5, ["momentum", "adamw"]),
          ("resnet18", torch.float64, 5, ["momentum", "adamw"]),
          ("resnet18", torch.float32, 3, ["momentum"]),
          ("mobilenet_v2", torch.float64, 2, ["momentum", "adamw"]),
