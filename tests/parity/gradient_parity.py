@@ -2,7 +2,8 @@
 """Gradient parity with PyTorch: onnxtrain's Gradient operator against torch.autograd.
 
 For each model (an MLP, a small CNN with BatchNorm in training mode, a transformer encoder
-layer, a scripted module with an `if` and a `for` in either branch): export it with
+layer with GELU (exported as its Erf pattern), a scripted module with an `if` and a `for` in
+either branch): export it with
 torch.onnx.export, append a SoftmaxCrossEntropyLoss node and a Gradient node (xs = every
 parameter, y = the loss) to the exported graph, run that model with
 `onnxtrain run`, and compare each gradient with torch.autograd.grad of the same loss
@@ -54,8 +55,9 @@ class Cnn(torch.nn.Module):
 class Encoder(torch.nn.Module):
     def __init__(self):
         super().__init__()
+        # activation="gelu" exports GELU as its Erf pattern (Div, Erf, Add, Mul, Mul) at opset 17.
         self.layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0,
-                                                      batch_first=True)
+                                                      batch_first=True, activation="gelu")
         self.head = torch.nn.Linear(8, 5)
 
     def forward(self, x):
