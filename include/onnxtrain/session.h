@@ -29,9 +29,11 @@ struct SessionOptions {
   // Seed of random ops (RandomNormal, Dropout in training mode, ...) that have no `seed`
   // attribute. The same seed gives the same numbers, run after run of a new Session.
   uint64_t seed = 0;
-  // Plan the graph with the runtime's fusions (src/runtime/fusion.h: Conv -> Relu -> MaxPool
-  // chains become one kernel that never stores the convolution's output in the plain layout).
-  // Results agree to rounding either way; false runs every node as the model has it.
+  // Plan the graph with the runtime's rewrites: constant folding (src/runtime/constant_folding.h:
+  // nodes whose inputs are all constants run once, when the graph is planned) and fusions
+  // (src/runtime/fusion.h: Conv -> Relu -> MaxPool chains become one kernel that never stores
+  // the convolution's output in the plain layout). Results agree to rounding either way; false
+  // runs every node as the model has it.
   bool fuse = true;
 };
 

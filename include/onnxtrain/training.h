@@ -40,9 +40,10 @@ struct TrainingOptions {
   int threads = 0;
   // Reject a step or initialization whose bound values hold NaN or Inf.
   bool nan_guard = true;
-  // Plan graphs with the runtime's fusions (src/runtime/fusion.h: the Div-Adam-Mul pattern of
-  // make-trainable's Adam; Conv -> Relu -> MaxPool where nothing else reads the
-  // intermediates, as in an inference graph). Results agree to rounding either way.
+  // Plan graphs with the runtime's rewrites: constant folding (src/runtime/constant_folding.h)
+  // and fusions (src/runtime/fusion.h: the Div-Adam-Mul pattern of make-trainable's Adam;
+  // Conv -> Relu -> MaxPool where nothing else reads the intermediates, as in an inference
+  // graph). Results agree to rounding either way.
   bool fuse = true;
   // Seed of random ops without a `seed` attribute (RandomNormal in an initialization graph,
   // Dropout in training mode). Random numbers depend only on the seed, the node and the

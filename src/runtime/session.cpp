@@ -3,10 +3,10 @@
 #include <omp.h>
 #include <onnx/onnx_pb.h>
 
-#include <algorithm>
 
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
+#include "runtime/constant_folding.h"
 #include "runtime/fusion.h"
 #include "runtime/graph_runner.h"
 
@@ -24,17 +24,19 @@ std::string ValueInfo::type_string() const {
 }
 
 namespace {
-// The model's graph, with Gradient nodes replaced by their backward nodes, and fused.
+// The model's graph, with Gradient nodes replaced by their backward nodes, constants folded and
+// fused (runtime/constant_folding.h, runtime/fusion.h).
 ir::Graph inference_graph(const onnx::ModelProto& model, const std::filesystem::path& base_dir,
-                          const std::string& source, bool fuse) {
+                          const std::string& source, bool rewrite) {
   const bool expand = autodiff::has_gradient_nodes(model.graph());
-  // Copying the graph (initializers included) pays only where fuse_conv_pool may match.
-  fuse = fuse && std::any_of(model.graph().node().begin(), model.graph().node().end(),
-                             [](const onnx::NodeProto& n) { return n.op_type() == "MaxPool"; });
-  if (!expand && !fuse) return ir::Graph::from_proto(model.graph(), source, base_dir);
+  if (!expand && !rewrite) return ir::Graph::from_proto(model.graph(), source, base_dir);
   onnx::GraphProto graph = model.graph();
-  if (expand) autodiff::expand_gradients(graph, opsets_of(model, source), source + ", graph '" + graph.name() + "'");
-  if (fuse) fuse_conv_pool(graph);
+  const OpsetMap opsets = opsets_of(model, source);
+  if (expand) autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
+  if (rewrite) {
+    fold_constants(graph, opsets, base_dir);
+    fuse_conv_pool(graph);
+  }
   return ir::Graph::from_proto(graph, source, base_dir);
 }
 }  // namespace

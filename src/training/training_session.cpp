@@ -9,6 +9,7 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
+#include "runtime/constant_folding.h"
 #include "runtime/fusion.h"
 #include "runtime/graph_runner.h"
 #include "training/combined_graph.h"
@@ -153,7 +154,10 @@ struct TrainingSession::Impl {
       autodiff::expand_gradients(graph, opsets, label);
       if (options.fuse) runtime::fuse_scaled_adam(graph);
     }
-    if (options.fuse) runtime::fuse_conv_pool(graph);
+    if (options.fuse) {
+      runtime::fold_constants(graph, opsets, base_dir);
+      runtime::fuse_conv_pool(graph);
+    }
     BoundGraph bound;
     bound.label = label;
     bound.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,

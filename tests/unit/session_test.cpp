@@ -2,7 +2,9 @@
 #include <onnx/onnx_pb.h>
 
 #include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
+#include "runtime/constant_folding.h"
 #include "test_util.h"
 
 namespace onnxtrain::runtime {
@@ -94,6 +96,90 @@ TEST(Session, InitializerInputsAreOptionalFeeds) {
   const Tensor x = Tensor::from_vector<float>({2}, {1, 2});
   EXPECT_EQ(session.run({{"in0", x}}).at("out0").to_double_vector(), (std::vector<double>{11, 22}));
   EXPECT_EQ(session.run({{"in0", x}, {"in1", x}}).at("out0").to_double_vector(), (std::vector<double>{2, 4}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Constant folding (runtime/constant_folding.h)
+
+onnx::AttributeProto tensor_attr(const std::string& name, const Tensor& t) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::TENSOR);
+  io::tensor_to_proto(t, "", *a.mutable_t());
+  return a;
+}
+
+// y = Reshape(x, Concat(Unsqueeze(c0), Unsqueeze(c1))) with c0, c1 Constant nodes: the exporter
+// shape pattern; plus a RandomUniform and a node reading an initializer that is also an input.
+onnx::ModelProto folding_model() {
+  onnx::ModelProto m = testing::empty_model("folding");
+  auto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {2, 6});
+  testing::typed_value(g.add_input(), "scale", onnx::TensorProto::FLOAT, {1});
+  io::tensor_to_proto(Tensor::from_vector<float>({1}, {2.0f}), "scale", *g.add_initializer());
+  io::tensor_to_proto(Tensor::from_vector<int64_t>({1}, {0}), "axes", *g.add_initializer());
+  *testing::add_node(g, "Constant", {}, {"c0"})->add_attribute() = tensor_attr("value", Tensor::scalar<int64_t>(3));
+  *testing::add_node(g, "Constant", {}, {"c1"})->add_attribute() = tensor_attr("value", Tensor::scalar<int64_t>(4));
+  testing::add_node(g, "Unsqueeze", {"c0", "axes"}, {"u0"});
+  testing::add_node(g, "Unsqueeze", {"c1", "axes"}, {"u1"});
+  *testing::add_node(g, "Concat", {"u0", "u1"}, {"shape"})->add_attribute() = testing::attr("axis", int64_t{0});
+  testing::add_node(g, "Reshape", {"x", "shape"}, {"r"});
+  testing::add_node(g, "Mul", {"r", "scale"}, {"y"});
+  auto* random = testing::add_node(g, "RandomUniform", {}, {"noise"});
+  *random->add_attribute() = testing::attr("shape", std::vector<int64_t>{2});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {3, 4});
+  testing::typed_value(g.add_output(), "shape", onnx::TensorProto::INT64, {2});
+  testing::typed_value(g.add_output(), "noise", onnx::TensorProto::FLOAT, {2});
+  return m;
+}
+
+TEST(ConstantFolding, FoldsTheExporterShapeArithmeticOnly) {
+  const onnx::ModelProto m = folding_model();
+  onnx::GraphProto g = m.graph();
+  // Unsqueeze x2 and Concat fold; Reshape reads x, Mul reads an overridable initializer, and
+  // RandomUniform draws anew every run.
+  EXPECT_EQ(fold_constants(g, {{"", 17}}, "."), 3);
+  int constants = 0;
+  for (const auto& n : g.node()) {
+    constants += n.op_type() == "Constant";
+    EXPECT_NE(n.op_type(), "Concat");
+    EXPECT_NE(n.op_type(), "Unsqueeze");
+  }
+  EXPECT_EQ(constants, 5);  // c0, c1, u0, u1, shape
+  EXPECT_EQ(g.node_size(), 8);
+}
+
+TEST(ConstantFolding, FoldedAndUnfoldedSessionsAgree) {
+  const onnx::ModelProto m = folding_model();
+  const Tensor x = testing::iota({2, 6});
+  Session folded(m), plain(m, {.fuse = false});
+  for (const NamedTensors& feeds : {NamedTensors{{"x", x}}, NamedTensors{{"x", x}, {"scale", Tensor::from_vector<float>({1}, {-1.0f})}}}) {
+    const NamedTensors a = folded.run(feeds), b = plain.run(feeds);
+    testing::expect_close(a.at("y"), b.at("y"), 0, 0);
+    EXPECT_EQ(a.at("y").shape(), (Shape{3, 4}));
+    testing::expect_close(a.at("shape"), b.at("shape"), 0, 0);
+  }
+  // RandomUniform is not folded: two runs draw different numbers.
+  EXPECT_NE(folded.run({{"x", x}}).at("noise").to_double_vector(), folded.run({{"x", x}}).at("noise").to_double_vector());
+}
+
+TEST(ConstantFolding, LeavesLargeOutputsAndFailingNodesToTheRun) {
+  onnx::ModelProto m = testing::empty_model("folding");
+  auto& g = *m.mutable_graph();
+  *testing::add_node(g, "Constant", {}, {"big_shape"})->add_attribute() =
+      tensor_attr("value", Tensor::from_vector<int64_t>({2}, {100, 100}));
+  testing::add_node(g, "ConstantOfShape", {"big_shape"}, {"big"});  // 10000 elements: kept
+  *testing::add_node(g, "Constant", {}, {"bad_shape"})->add_attribute() =
+      tensor_attr("value", Tensor::from_vector<int64_t>({2}, {3, 7}));
+  testing::add_node(g, "Reshape", {"big", "bad_shape"}, {"oops"});
+  testing::typed_value(g.add_output(), "big", onnx::TensorProto::FLOAT, {});
+  testing::typed_value(g.add_output(), "oops", onnx::TensorProto::FLOAT, {});
+  onnx::GraphProto copy = g;
+  EXPECT_EQ(fold_constants(copy, {{"", 17}}, "."), 0);
+  // The Reshape cannot work: the run reports it with the node, as without folding.
+  Session session(m);
+  const std::string error = error_of([&] { session.run({}); });
+  EXPECT_NE(error.find("Reshape"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -85,6 +85,14 @@ std::vector<Tensor> run_node(const NodeSpec& spec, const std::vector<Tensor>& in
   return result;
 }
 
+onnx::ModelProto empty_model(const std::string& graph_name) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  m.mutable_graph()->set_name(graph_name);
+  return m;
+}
+
 Tensor iota(const Shape& shape) {
   std::vector<float> v(static_cast<size_t>(shape.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);

@@ -1,0 +1,124 @@
+#include "runtime/constant_folding.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ir/graph.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+
+namespace onnxtrain::runtime {
+
+namespace {
+
+constexpr int64_t kMaxFoldedElements = 4096;
+
+bool is_random(const std::string& op_type) {
+  static const std::set<std::string> kRandom = {"RandomNormal",     "RandomUniform", "RandomNormalLike",
+                                                "RandomUniformLike", "Bernoulli",     "Multinomial",
+                                                "Dropout"};
+  return kRandom.contains(op_type);
+}
+
+bool has_subgraph(const onnx::NodeProto& node) {
+  for (const auto& attr : node.attribute()) {
+    if (attr.has_g() || attr.graphs_size() > 0) return true;
+  }
+  return false;
+}
+
+// The node's outputs computed by its kernel from `inputs` (TensorProtos named as the node reads
+// them), or nothing when the kernel fails or an output is too large to keep.
+std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const std::vector<const onnx::TensorProto*>& inputs,
+                                            const OpsetMap& opsets, const std::filesystem::path& base_dir) {
+  onnx::GraphProto graph;
+  graph.set_name("constant folding");
+  *graph.add_node() = node;
+  std::unordered_set<std::string> added;
+  for (const onnx::TensorProto* t : inputs) {
+    if (added.insert(t->name()).second) *graph.add_initializer() = *t;
+  }
+  for (const auto& out : node.output()) {
+    if (!out.empty()) graph.add_output()->set_name(out);
+  }
+  try {
+    GraphRunner runner(ir::Graph::from_proto(graph, "constant folding", base_dir), opsets, "constant folding");
+    const NamedTensors results = runner.run({});
+    std::vector<Tensor> outputs;
+    for (const auto& out : node.output()) {
+      if (out.empty()) {
+        outputs.emplace_back();
+        continue;
+      }
+      const Tensor& t = results.at(out);
+      if (t.numel() > kMaxFoldedElements) return std::nullopt;
+      outputs.push_back(t);
+    }
+    return outputs;
+  } catch (const Error&) {
+    return std::nullopt;  // planning the real graph reports it, naming the model and node
+  }
+}
+
+onnx::NodeProto constant_node(const std::string& name, const Tensor& value) {
+  onnx::NodeProto node;
+  node.set_op_type("Constant");
+  node.set_name(name);
+  node.add_output(name);
+  auto* attr = node.add_attribute();
+  attr->set_name("value");
+  attr->set_type(onnx::AttributeProto::TENSOR);
+  io::tensor_to_proto(value, name, *attr->mutable_t());
+  return node;
+}
+
+}  // namespace
+
+int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::filesystem::path& base_dir) {
+  std::unordered_set<std::string> inputs;
+  for (const auto& in : graph.input()) inputs.insert(in.name());
+  // Known values by name: initializers no run replaces, then Constant and folded outputs.
+  std::unordered_map<std::string, onnx::TensorProto> known;
+  for (const auto& init : graph.initializer()) {
+    if (!inputs.contains(init.name())) known[init.name()] = init;
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  int folded = 0;
+  for (auto& node : *graph.mutable_node()) {
+    const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
+    bool foldable = onnx_domain && !is_random(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
+    std::vector<const onnx::TensorProto*> values;
+    for (const auto& in : node.input()) {
+      if (!foldable || in.empty()) continue;
+      auto it = known.find(in);
+      if (it == known.end()) {
+        foldable = false;
+      } else {
+        values.push_back(&it->second);
+      }
+    }
+    std::optional<std::vector<Tensor>> outputs;
+    if (foldable) outputs = evaluate(node, values, opsets, base_dir);
+    if (!outputs) {
+      nodes.Add()->Swap(&node);
+      continue;
+    }
+    for (int k = 0; k < node.output_size(); ++k) {
+      const std::string& name = node.output(k);
+      if (name.empty()) continue;
+      onnx::NodeProto constant = constant_node(name, (*outputs)[static_cast<size_t>(k)]);
+      known[name] = constant.attribute(0).t();
+      *nodes.Add() = std::move(constant);
+    }
+    if (node.op_type() != "Constant") ++folded;
+  }
+  graph.mutable_node()->Swap(&nodes);
+  return folded;
+}
+
+}  // namespace onnxtrain::runtime

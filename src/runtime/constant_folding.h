@@ -1,0 +1,31 @@
+// Constant folding: evaluates, when a graph is planned, the nodes whose every input is already
+// known — the shape arithmetic exporters such as torch.onnx.export emit without
+// do_constant_folding (Constant -> Unsqueeze -> Concat, Cast of a constant, ...) and the
+// scalar constants of gradient rules — so no run repeats them.
+//
+// Like the fusions (runtime/fusion.h), it rewrites the GraphProto a session plans, never the
+// model a user saves.
+#pragma once
+
+#include <filesystem>
+
+#include "runtime/graph_runner.h"
+
+namespace onnx {
+class GraphProto;
+}
+
+namespace onnxtrain::runtime {
+
+// Replaces each node of `graph` (not of its subgraphs) whose inputs are all known — outputs of
+// Constant nodes or of nodes folded before it, and initializers that are not graph inputs
+// (an initializer that is also an input is only a default a run may replace) — by one Constant
+// node per output, holding what the node's kernel computes (the model's `opsets`; external data
+// resolved against `base_dir`). Not folded: nodes outside the ai.onnx domain, random ops
+// (RandomNormal, RandomUniform, their -Like forms, Bernoulli, Multinomial, Dropout), nodes with
+// subgraph attributes, nodes with an output of more than 4096 elements (a folded value is kept
+// for the session's lifetime), and nodes whose kernel fails (the run reports the error with its
+// usual context). Returns the number of nodes folded.
+int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::filesystem::path& base_dir);
+
+}  // namespace onnxtrain::runtime
