@@ -270,6 +270,34 @@ TEST(TrainingSession, FailedStepsChangeNoVariable) {
   EXPECT_TRUE(std::isnan(unguarded.state().at("W").to_double_vector()[0]));
 }
 
+// The NaN guard splits a large bound value between threads: an Inf in its last element, which
+// only the last chunk sees, must still reject the step.
+TEST(TrainingSession, NaNGuardSeesEveryElementOfALargeValue) {
+  const int64_t n = 200003;
+  std::vector<float> v(static_cast<size_t>(n), 1.0f);
+  v.back() = 1e38f;
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  auto& g = *m.mutable_graph();
+  g.set_name("g");
+  initializer(g, "V", Tensor::from_vector<float>({n}, v));
+  node(g, "Identity", {"V"}, {"out"});
+  value(g.mutable_output(), "out", kFloat, {n});
+  auto* info = m.add_training_info();
+  auto& a = *info->mutable_algorithm();
+  value(a.mutable_input(), "s", kFloat, {});
+  node(a, "Mul", {"V", "s"}, {"scaled"});
+  value(a.mutable_output(), "scaled", kFloat, {n});
+  bind(info->mutable_update_binding(), "V", "scaled");
+  TrainingSession session(m);
+  session.step({{"s", Tensor::scalar<float>(2.0f)}});  // 2e38 is still finite
+  EXPECT_EQ(session.state().at("V").to_double_vector().back(), double{2e38f});
+  const std::string e = error_of([&] { session.step({{"s", Tensor::scalar<float>(2.0f)}}); });  // 4e38: Inf
+  EXPECT_NE(e.find("NaN or Inf"), std::string::npos) << e;
+  EXPECT_EQ(session.state().at("V").to_double_vector().front(), 2.0);  // unchanged
+}
+
 TEST(TrainingSession, BindingsMustKeepTypeAndShape) {
   onnx::ModelProto m = linear_regression();
   // Bind W to dW's transpose: [1,3] instead of [3,1].
