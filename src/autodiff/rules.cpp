@@ -44,7 +44,11 @@ void sigmoid_rule(Builder& b) {
 void relu_rule(Builder& b) {
   // From y, not x (y > 0 exactly where x > 0): the backward pass then does not keep the
   // pre-activation alive, and the runtime may fuse Relu into its producer (runtime/fusion.h).
-  b.set_GI(0, where_or_zero(b, bin(b, "Greater", b.O(0), b.scalar(0, b.O(0))), b.GO(0)));
+  // One pass (ai.onnxtrain.ReluGrad) instead of Greater and Where, with its bool mask.
+  b.set_GI(0, b.op("ReluGrad", {b.O(0), b.GO(0)}, {}, kInternalDomain));
+}
+void relu_grad_rule(Builder& b) {  // linear in dY; piecewise constant in Y
+  if (b.needs(1)) b.set_GI(1, b.op("ReluGrad", {b.I(0), b.GO(0)}, {}, kInternalDomain));
 }
 void leaky_relu_rule(Builder& b) {
   const std::string g = b.GO(0);
@@ -345,7 +349,8 @@ std::vector<Rule> math_rules() {
     {"", "Reciprocal",        kIn0,  false, reciprocal_rule,      "dx = -dy y^2"},
     {"", "Tanh",              kIn0,  false, tanh_rule,            "dx = dy (1 - y^2)"},
     {"", "Sigmoid",           kIn0,  false, sigmoid_rule,         "dx = dy y (1 - y)"},
-    {"", "Relu",              kIn0,  false, relu_rule,            "dx = dy where y > 0 (the same as x > 0)"},
+    {"", "Relu",              kIn0,  false, relu_rule,            "dx = dy where y > 0 (the same as x > 0; ai.onnxtrain.ReluGrad)"},
+    {kInternalDomain, "ReluGrad", inputs_mask({1}), false, relu_grad_rule, "d dy = ReluGrad(y, d dx); y: piecewise constant"},
     {"", "LeakyRelu",         kIn0,  false, leaky_relu_rule,      "dx = dy (x > 0), alpha dy otherwise"},
     {"", "Elu",               kIn0,  false, elu_rule,             "dx = dy (x > 0), dy (y + alpha) otherwise"},
     {"", "Selu",              kIn0,  false, selu_rule,            "dx = gamma dy (x > 0), dy (y + gamma alpha) otherwise"},

@@ -33,6 +33,7 @@ std::unique_ptr<Kernel> make_loop(const KernelInit& init);  // runtime/control_f
 std::unique_ptr<Kernel> make_conv(const KernelInit& init);
 std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init);
 std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init);  // ai.onnxtrain.FusedConv
+std::unique_ptr<Kernel> make_relu_grad(const KernelInit& init);   // ai.onnxtrain.ReluGrad
 
 // pool.cpp
 std::unique_ptr<Kernel> make_pool(const KernelInit& init);         // MaxPool, AveragePool

@@ -10,10 +10,14 @@
 //     zeros shaped `shape` with every dY element added at the position its forward op read
 //     (repeated indices accumulate). Negative indices count from the end, as in the forward
 //     ops; an index out of range is an Error.
+//   ReluGrad(Y, dY) -> dX                dX = dY where Y > 0, else 0 (Y = Relu(X) is > 0 exactly
+//                                        where X is; a NaN Y gives 0, as Where(Y > 0, dY, 0)
+//                                        does). Y and dY: one float type and shape.
 #include <cstring>
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "core/select.h"
 #include "ops/broadcast.h"
 #include "ops/factories.h"
 
@@ -201,6 +205,28 @@ void gather_grad(KernelContext& ctx, GatherKind kind, int64_t axis_attr, int64_t
 }  // namespace
 
 std::unique_ptr<Kernel> make_sum_to_shape(const KernelInit&) { return make_kernel(sum_to_shape); }
+
+std::unique_ptr<Kernel> make_relu_grad(const KernelInit&) {
+  return make_kernel([](KernelContext& ctx) {
+    const Tensor& y = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    if (dy.dtype() != y.dtype() || !(dy.shape() == y.shape())) {
+      fail("input " + ctx.input_name(1) + " is " + dy.description() + ", expected the type and shape of " +
+           ctx.input_name(0) + " " + y.description());
+    }
+    visit_dtype<FloatTypes>(y.dtype(), "ReluGrad input " + ctx.input_name(0), [&]<class T>() {
+      const T* __restrict ys = y.data<T>();
+      const T* __restrict gs = dy.data<T>();
+      T* __restrict out = ctx.allocate_output(0, y.dtype(), y.shape()).template data<T>();
+      parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) {
+          out[i] = select_bits(static_cast<compute_t<T>>(ys[i]) > compute_t<T>(0), gs[i], T(0));
+        }
+      });
+    });
+  });
+}
 
 std::unique_ptr<Kernel> make_gather_grad(const KernelInit& init) {
   const GatherKind kind = init.op_type() == "GatherGrad"           ? GatherKind::Gather

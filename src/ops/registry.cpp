@@ -226,6 +226,7 @@ const KernelDef kKernels[] = {
 
   // --- ai.onnxtrain: backward ops emitted by gradient rules (gradient_ops.cpp, conv_grad.cpp, pool_grad.cpp, rnn_grad.cpp) ---
   {kInternal, "SumToShape",         1, 1,    kNumeric,          make_sum_to_shape},
+  {kInternal, "ReluGrad",           1, 1,    kFloat,            make_relu_grad},
   {kInternal, "GatherGrad",         1, 1,    kFloat,            make_gather_grad},
   {kInternal, "GatherElementsGrad", 1, 1,    kFloat,            make_gather_grad},
   {kInternal, "GatherNDGrad",       1, 1,    kFloat,            make_gather_grad},

@@ -1,13 +1,11 @@
 #include <omp.h>
 #include <onnx/onnx_pb.h>
 
-#include <atomic>
 #include <cmath>
 #include <set>
 
 #include "autodiff/gradient.h"
 #include "core/dispatch.h"
-#include "core/parallel.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
@@ -38,17 +36,13 @@ bool all_finite(const Tensor& t) {
   bool finite = true;
   visit_dtype<AllTypes>(t.dtype(), "bound value", [&]<class T>() {
     if constexpr (is_float_v<T>) {
-      // Sums stay finite only when every element is: one vectorizable pass per thread's
-      // chunk, no early exit.
+      // Sums stay finite only when every element is: one vectorizable pass, no early exit.
       const T* p = t.data<T>();
-      std::atomic<bool> all{true};
-      parallel_for(t.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-        compute_t<T> sum = 0;
+      const int64_t n = t.numel();
+      compute_t<T> sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t i = begin; i < end; ++i) sum += static_cast<compute_t<T>>(p[i]) * compute_t<T>(0);
-        if (!std::isfinite(sum)) all.store(false, std::memory_order_relaxed);
-      });
-      finite = all.load();
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<compute_t<T>>(p[i]) * compute_t<T>(0);
+      finite = std::isfinite(sum);
     }
   });
   return finite;

@@ -421,6 +421,8 @@ std::vector<Case> cases() {
                3, 17, "", "bidirectional with sequence_lens, initial states and peepholes"});
   // onnxtrain's own backward ops, differentiated again (second-order gradients).
   c.push_back({"SumToShape", {}, {x({2, 3}), fixed(i64({3}))}, 1, 1, "ai.onnxtrain"});
+  c.push_back({"ReluGrad", {}, {fixed(Tensor::from_vector<double>({2, 3}, {1, -2, 0.5, -0.1, 3, -4})), x({2, 3})}, 1, 1,
+               "ai.onnxtrain"});
   c.push_back({"GatherGrad", {}, {x({2, 3}), fixed(i64({2}, {1, 1})), fixed(i64({4, 3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"GatherElementsGrad", {attr("axis", int64_t{1})},
                {x({2, 2}), fixed(i64({2, 2}, {0, 0, 2, 1})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
