@@ -27,7 +27,6 @@
 #include <unordered_map>
 
 #include "core/dispatch.h"
-#include "core/memory.h"
 #include "core/parallel.h"
 #include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
@@ -436,23 +435,21 @@ class ConvKernel final : public Kernel {
       if (epilogue_.relu) relu_in_place<T>(y);
       return;
     }
+    // The convolution's output lives for this run only (a block of the tensor block cache).
+    Tensor conv_out(x.dtype(), conv_output_shape(g));
     if constexpr (std::is_same_v<T, float>) {
-      // oneDNN writes the convolution channels-last into a scratch block, which the pool reads:
-      // no reorder to the plain layout, and Relu costs nothing (it commutes with the maximum).
+      // oneDNN writes it channels-last and the pool reads it there: no reorder to the plain
+      // layout, and Relu costs nothing (it commutes with the maximum).
       if (g.rank() <= 3 && x.numel() > 0 && w.numel() > 0) {
         ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(b.defined()).add(1),
                                   [&] { return plan(g, attrs_.transpose, b.defined(), true); });
         if (!e.use_reference && !e.dims.embed) {
-          const size_t bytes = (static_cast<size_t>(g.N * g.M * g.out_size()) * sizeof(float) + 63) / 64 * 64;
-          const ScratchBlock scratch(bytes);
-          float* conv_out = static_cast<float*>(scratch.data);
-          execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out);
-          max_pool_channels_last(*pool, g.M, epilogue_.relu, conv_out, y.data<float>());
+          execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out.data<float>());
+          max_pool_channels_last(*pool, g.M, epilogue_.relu, conv_out.data<float>(), y.data<float>());
           return;
         }
       }
     }
-    Tensor conv_out(x.dtype(), conv_output_shape(g));
     convolve<T>(g, x, w, bias, conv_out.data<T>());
     max_pool_forward(*pool, conv_out, y);
     if (epilogue_.relu) relu_in_place<T>(y);
@@ -489,16 +486,6 @@ class ConvKernel final : public Kernel {
       for (int64_t i = begin; i < end; ++i) v[i] = v[i] < T(0) ? T(0) : v[i];
     });
   }
-
-  // A block of the tensor block cache (core/memory.h) for one run.
-  struct ScratchBlock {
-    explicit ScratchBlock(size_t n) : data(take_block(n)), bytes(n) {}
-    ~ScratchBlock() { give_block(data, bytes); }
-    ScratchBlock(const ScratchBlock&) = delete;
-    ScratchBlock& operator=(const ScratchBlock&) = delete;
-    void* data;
-    size_t bytes;
-  };
 
   ConvAttrs attrs_;
   ConvEpilogue epilogue_;

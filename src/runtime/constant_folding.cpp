@@ -2,9 +2,9 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -32,16 +32,20 @@ bool has_subgraph(const onnx::NodeProto& node) {
   return false;
 }
 
-// The node's outputs computed by its kernel from `inputs` (TensorProtos named as the node reads
-// them), or nothing when the kernel fails or an output is too large to keep.
-std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const std::vector<const onnx::TensorProto*>& inputs,
+// The node's outputs computed by its kernel from `inputs` (the values of the names it reads),
+// or nothing when the kernel fails or an output is too large to keep.
+using KnownValue = std::pair<std::string, const onnx::TensorProto*>;
+std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const std::vector<KnownValue>& inputs,
                                             const OpsetMap& opsets, const std::filesystem::path& base_dir) {
   onnx::GraphProto graph;
   graph.set_name("constant folding");
   *graph.add_node() = node;
   std::unordered_set<std::string> added;
-  for (const onnx::TensorProto* t : inputs) {
-    if (added.insert(t->name()).second) *graph.add_initializer() = *t;
+  for (const auto& [name, t] : inputs) {
+    if (!added.insert(name).second) continue;
+    onnx::TensorProto* init = graph.add_initializer();
+    *init = *t;
+    init->set_name(name);  // a Constant's tensor may carry another name, or none
   }
   for (const auto& out : node.output()) {
     if (!out.empty()) graph.add_output()->set_name(out);
@@ -82,24 +86,33 @@ onnx::NodeProto constant_node(const std::string& name, const Tensor& value) {
 int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::filesystem::path& base_dir) {
   std::unordered_set<std::string> inputs;
   for (const auto& in : graph.input()) inputs.insert(in.name());
-  // Known values by name: initializers no run replaces, then Constant and folded outputs.
-  std::unordered_map<std::string, onnx::TensorProto> known;
+  // Known values by name, pointing into the graph (initializers no run replaces) and into the
+  // rewritten node list (Constant values), whose elements do not move as it grows.
+  std::unordered_map<std::string, const onnx::TensorProto*> known;
   for (const auto& init : graph.initializer()) {
-    if (!inputs.contains(init.name())) known[init.name()] = init;
+    if (!inputs.contains(init.name())) known[init.name()] = &init;
   }
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
   int folded = 0;
   for (auto& node : *graph.mutable_node()) {
+    // A Constant holding a `value` tensor is known as it is; its other forms run once below.
+    if (node.op_type() == "Constant" && node.domain().empty() && node.attribute_size() == 1 &&
+        node.attribute(0).name() == "value" && node.output_size() == 1) {
+      onnx::NodeProto* kept = nodes.Add();
+      kept->Swap(&node);
+      known[kept->output(0)] = &kept->attribute(0).t();
+      continue;
+    }
     const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
     bool foldable = onnx_domain && !is_random(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
-    std::vector<const onnx::TensorProto*> values;
+    std::vector<KnownValue> values;
     for (const auto& in : node.input()) {
       if (!foldable || in.empty()) continue;
       auto it = known.find(in);
       if (it == known.end()) {
         foldable = false;
       } else {
-        values.push_back(&it->second);
+        values.emplace_back(in, it->second);
       }
     }
     std::optional<std::vector<Tensor>> outputs;
@@ -111,9 +124,9 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     for (int k = 0; k < node.output_size(); ++k) {
       const std::string& name = node.output(k);
       if (name.empty()) continue;
-      onnx::NodeProto constant = constant_node(name, (*outputs)[static_cast<size_t>(k)]);
-      known[name] = constant.attribute(0).t();
-      *nodes.Add() = std::move(constant);
+      onnx::NodeProto* constant = nodes.Add();
+      *constant = constant_node(name, (*outputs)[static_cast<size_t>(k)]);
+      known[name] = &constant->attribute(0).t();
     }
     if (node.op_type() != "Constant") ++folded;
   }

@@ -3,6 +3,8 @@
 #include <omp.h>
 #include <onnx/onnx_pb.h>
 
+#include <utility>
+
 
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
@@ -26,13 +28,11 @@ std::string ValueInfo::type_string() const {
 namespace {
 // The model's graph, with Gradient nodes replaced by their backward nodes, constants folded and
 // fused (runtime/constant_folding.h, runtime/fusion.h).
-ir::Graph inference_graph(const onnx::ModelProto& model, const std::filesystem::path& base_dir,
+ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
                           const std::string& source, bool rewrite) {
-  const bool expand = autodiff::has_gradient_nodes(model.graph());
-  if (!expand && !rewrite) return ir::Graph::from_proto(model.graph(), source, base_dir);
-  onnx::GraphProto graph = model.graph();
-  const OpsetMap opsets = opsets_of(model, source);
-  if (expand) autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
+  if (autodiff::has_gradient_nodes(graph)) {
+    autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
+  }
   if (rewrite) {
     fold_constants(graph, opsets, base_dir);
     fuse_conv_pool(graph);
@@ -43,9 +43,9 @@ ir::Graph inference_graph(const onnx::ModelProto& model, const std::filesystem::
 
 struct Session::Impl {
   GraphRunner runner;
-  Impl(const onnx::ModelProto& model, const std::filesystem::path& base_dir, const std::string& source,
-       const SessionOptions& options)
-      : runner(inference_graph(model, base_dir, source, options.fuse), opsets_of(model, source), source,
+  Impl(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
+       const std::string& source, const SessionOptions& options)
+      : runner(inference_graph(std::move(graph), opsets, base_dir, source, options.fuse), opsets, source,
                options.seed) {}
 };
 
@@ -57,15 +57,16 @@ void apply(const SessionOptions& options) {
 
 Session::Session(const std::filesystem::path& path, SessionOptions options) {
   apply(options);
-  const onnx::ModelProto model = io::load_model(path);
-  impl_ = std::make_unique<Impl>(model, path.parent_path().empty() ? "." : path.parent_path(), path.string(),
-                                 options);
+  onnx::ModelProto model = io::load_model(path);
+  const OpsetMap opsets = opsets_of(model, path.string());
+  impl_ = std::make_unique<Impl>(std::move(*model.mutable_graph()), opsets,
+                                 path.parent_path().empty() ? "." : path.parent_path(), path.string(), options);
 }
 
 Session::Session(const onnx::ModelProto& model, SessionOptions options,
                  const std::filesystem::path& base_dir, const std::string& source) {
   apply(options);
-  impl_ = std::make_unique<Impl>(model, base_dir, source, options);
+  impl_ = std::make_unique<Impl>(model.graph(), opsets_of(model, source), base_dir, source, options);
 }
 
 Session::~Session() = default;

@@ -868,47 +868,32 @@ struct ChainSpec {
 };
 
 onnx::ModelProto chain_model(const ChainSpec& c, const Tensor& x, const Tensor& w, const Tensor& b) {
-  onnx::ModelProto model;
-  model.set_ir_version(8);
-  model.add_opset_import()->set_version(c.opset);
-  auto* g = model.mutable_graph();
-  g->set_name("chain");
+  onnx::ModelProto model = testing::empty_model("chain");
+  model.mutable_opset_import(0)->set_version(c.opset);
+  auto& g = *model.mutable_graph();
   const auto add_input = [&](const std::string& name, const Tensor& t) {
-    auto* in = g->add_input();
-    in->set_name(name);
-    auto* type = in->mutable_type()->mutable_tensor_type();
-    type->set_elem_type(static_cast<int32_t>(t.dtype()));
-    for (int64_t d : t.shape()) type->mutable_shape()->add_dim()->set_dim_value(d);
+    testing::typed_value(g.add_input(), name, static_cast<int>(t.dtype()), t.shape().to_vector());
   };
   add_input("x", x);
   add_input("w", w);
-  auto* conv = g->add_node();
-  conv->set_op_type("Conv");
-  conv->set_name("conv");
-  conv->add_input("x");
-  conv->add_input("w");
+  std::vector<std::string> conv_inputs = {"x", "w"};
   if (c.has_bias) {
     add_input("b", b);
-    conv->add_input("b");
+    conv_inputs.push_back("b");
   }
-  conv->add_output("c");
+  auto* conv = testing::add_node(g, "Conv", conv_inputs, {"c"});
+  conv->set_name("conv");
   for (const auto& a : c.conv) *conv->add_attribute() = a;
   std::string pooled = "c";
   if (c.relu) {
-    auto* relu = g->add_node();
-    relu->set_op_type("Relu");
-    relu->add_input("c");
-    relu->add_output("r");
+    testing::add_node(g, "Relu", {"c"}, {"r"});
     pooled = "r";
-    if (c.relu_is_output) g->add_output()->set_name("r");
+    if (c.relu_is_output) g.add_output()->set_name("r");
   }
-  auto* pool = g->add_node();
-  pool->set_op_type("MaxPool");
-  pool->add_input(pooled);
-  pool->add_output("y");
-  if (c.pool_indices) pool->add_output("indices");
+  auto* pool = testing::add_node(g, "MaxPool", {pooled}, c.pool_indices ? std::vector<std::string>{"y", "indices"}
+                                                                          : std::vector<std::string>{"y"});
   for (const auto& a : c.pool) *pool->add_attribute() = a;
-  g->add_output()->set_name("y");
+  g.add_output()->set_name("y");
   return model;
 }
 
