@@ -16,7 +16,8 @@
 // and _backward_weights, hinted by a forward_training descriptor; layouts of oneDNN's choice,
 // reordered from and to the ONNX tensors), one set of primitives per shape and requested
 // outputs, cached in the kernel; float16/bfloat16 are converted to float32 and back; float64,
-// other ranks and shapes oneDNN rejects use the reference loops below. dB is a plain sum.
+// other ranks and shapes oneDNN rejects use the reference loops below. dB comes from oneDNN's
+// backward-weights pass when dW is requested too (one pass over dY), else from a plain sum.
 #include <algorithm>
 #include <unordered_map>
 
@@ -128,8 +129,10 @@ struct GradEntry {
   dnnl::primitive data_primitive;
   du::Operand data_dy, w, dx;
   bool weights = false;  // dW: backward weights
+  bool bias = false;     // dB too, from the same pass over dY
   dnnl::primitive weights_primitive;
   du::Operand weights_dy, x, dw;
+  dnnl::memory db;
   bool share_dy = false;  // both read dY in the same layout: reorder it once, into data_dy
 };
 
@@ -160,22 +163,25 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     e.dx = du::Operand(x_plain, pd.diff_src_desc(), false);
   }
   if (e.weights) {
-    const typename BwdWeights::desc desc(algorithm, x_any, w_any, dy_any, d.strides, d.dilates,
-                                         d.pad_l, d.pad_r);
+    const memory::desc b_plain = e.bias ? du::plain_f32({dy_plain.dims()[1]}) : memory::desc();
+    const typename BwdWeights::desc desc(algorithm, x_any, w_any, b_plain, dy_any, d.strides,
+                                         d.dilates, d.pad_l, d.pad_r);
     const typename BwdWeights::primitive_desc pd(desc, engine, hint);
     e.weights_primitive = BwdWeights(pd);
     e.share_dy = e.data && pd.diff_dst_desc() == data_dy;
     if (!e.share_dy) e.weights_dy = du::Operand(dy_plain, pd.diff_dst_desc(), true);
     e.x = du::Operand(x_plain, pd.src_desc(), true);
     e.dw = du::Operand(w_plain, pd.diff_weights_desc(), false);
+    if (e.bias) e.db = memory(b_plain, engine, nullptr);
   }
 }
 
-GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw) {
+GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw, bool want_db) {
   GradEntry e;
   e.dims = dnnl_conv_dims(g);
   e.data = want_dx;
   e.weights = want_dw;
+  e.bias = want_dw && want_db && !e.dims.embed;  // with embed, oneDNN sees only part of dY
   if (e.dims.empty) {  // no output is reached: the reference writes the zeros
     e.use_reference = true;
     return e;
@@ -205,7 +211,7 @@ GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw
 }
 
 void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* x, const float* w,
-             float* dx, float* dw) {
+             float* dx, float* dw, float* db) {
   if (e.dims.embed) {
     copy_conv_block(g, e.dims, dy, e.dy_block.data(), false);
     dy = e.dy_block.data();
@@ -232,9 +238,14 @@ void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* 
       e.x.bind(x);
       e.dw.bind(dw);
       e.x.reorder(stream);
-      e.weights_primitive.execute(stream, {{DNNL_ARG_SRC, e.x.arg()},
-                                           {DNNL_ARG_DIFF_DST, weights_dy.arg()},
-                                           {DNNL_ARG_DIFF_WEIGHTS, e.dw.arg()}});
+      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, e.x.arg()},
+                                                 {DNNL_ARG_DIFF_DST, weights_dy.arg()},
+                                                 {DNNL_ARG_DIFF_WEIGHTS, e.dw.arg()}};
+      if (e.bias) {
+        e.db.set_data_handle(db);
+        args[DNNL_ARG_DIFF_BIAS] = e.db;
+      }
+      e.weights_primitive.execute(stream, args);
       e.dw.reorder(stream);
     }
     stream.wait();
@@ -298,26 +309,34 @@ class ConvGradKernel final : public Kernel {
                Tensor* grads) {
     T* dx = grads[0].defined() ? grads[0].data<T>() : nullptr;
     T* dw = grads[1].defined() ? grads[1].data<T>() : nullptr;
-    if (grads[2].defined()) bias_grad<T>(g, dy.data<T>(), grads[2].data<T>());
-    if (!dx && !dw) return;
+    T* db = grads[2].defined() ? grads[2].data<T>() : nullptr;
+    if (!dx && !dw) {
+      if (db) bias_grad<T>(g, dy.data<T>(), db);
+      return;
+    }
     if (dy.numel() == 0 || x.numel() == 0 || w.numel() == 0) {  // nothing flows back
       if (dx) std::fill(dx, dx + x.numel(), T(0));
       if (dw) std::fill(dw, dw + w.numel(), T(0));
+      if (db) bias_grad<T>(g, dy.data<T>(), db);
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
       if (g.rank() <= 3) {
         du::CacheKey key;
         key.add(dy.shape()).add(x.shape()).add(w.shape()).add(dx != nullptr).add(dw != nullptr);
-        GradEntry& e = cache_.get(
-            key, [&] { return plan(g, attrs_.transpose, dx != nullptr, dw != nullptr); });
+        key.add(db != nullptr);
+        GradEntry& e = cache_.get(key, [&] {
+          return plan(g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
+        });
         if (!e.use_reference) {
-          execute(e, g, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw);
+          execute(e, g, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db);
+          if (db && !e.bias) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }
       }
     }
     conv_backward_reference<T>(g, attrs_.transpose, dy.data<T>(), x.data<T>(), w.data<T>(), dx, dw);
+    if (db) bias_grad<T>(g, dy.data<T>(), db);
   }
 
   ConvAttrs attrs_;

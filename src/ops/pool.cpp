@@ -112,6 +112,15 @@ PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x
     p.last_last.push_back(
         std::clamp<int64_t>(ceil_div(in_last - shift, p.last_stride), first, out_last));
   }
+  const auto tiles = [&](size_t d) {
+    if (a.kernel[d] != 2 || a.strides[d] != 2 || a.dilations[d] != 1 || p.out[d] == 0) return false;
+    for (int64_t o = 0; o < p.out[d]; ++o) {
+      const Taps& t = p.taps[d][static_cast<size_t>(o)];
+      if (t.start != 2 * o || t.lo != 0 || t.hi != 2) return false;
+    }
+    return true;
+  };
+  p.windows_2x2 = nd == 2 && tiles(0) && tiles(1);
   if (p.out_size == 0) return p;
   // Walk the output lines with an odometer over the outer dims.
   const int64_t lines = p.out_size / p.out[nd - 1];
@@ -157,10 +166,50 @@ using pool_detail::is_nan;
 // the outer dims and every kernel tap along the last dim, a contiguous loop over the line's
 // outputs (vectorizable), so taps are visited in row-major window order for each output.
 
+// max_pool without indices for p.windows_2x2: each output the maximum of its four inputs, the
+// first of them in row-major order on a tie, one output row at a time over the two input rows
+// it reads (float32 in vectors of 8 or 4 outputs).
+template <class T>
+void max_pool_2x2(const PoolPlan& p, const T* x, T* y) {
+  using V = compute_t<T>;
+  using namespace pool_detail;
+  const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
+  const int64_t rows = p.channels * oh_count;
+  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 4 * ow_count)),
+               [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t c = r / oh_count, oh = r % oh_count;
+      const T* r0 = x + c * p.in_size + 2 * oh * in_w;
+      const T* r1 = r0 + in_w;
+      T* yr = y + r * ow_count;
+      if constexpr (std::is_same_v<T, float>) {
+        if (ow_count >= 4) {
+          cover_in_chunks(ow_count, [&]<int W>(int64_t s) {
+            const Floats<W> a0 = load<W>(r0 + 2 * s), a1 = load<W>(r0 + 2 * s + W);
+            const Floats<W> b0 = load<W>(r1 + 2 * s), b1 = load<W>(r1 + 2 * s + W);
+            const Floats<W> top = max_or_nan(odds<W>(a0, a1), evens<W>(a0, a1));
+            const Floats<W> bottom = max_or_nan(odds<W>(b0, b1), evens<W>(b0, b1));
+            store<W>(yr + s, max_or_nan(bottom, top));
+          });
+          continue;
+        }
+      }
+      for (int64_t ow = 0; ow < ow_count; ++ow) {
+        const V top = max_or_nan(static_cast<V>(r0[2 * ow + 1]), static_cast<V>(r0[2 * ow]));
+        const V bottom = max_or_nan(static_cast<V>(r1[2 * ow + 1]), static_cast<V>(r1[2 * ow]));
+        yr[ow] = static_cast<T>(max_or_nan(bottom, top));
+      }
+    }
+  });
+}
+
 // y = max over each window; indices (when kIndices) = the flattened position of the first maximum.
 template <class T, bool kIndices>
 void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, T* y,
               int64_t* indices) {
+  if constexpr (!kIndices) {
+    if (p.windows_2x2) return max_pool_2x2(p, x, y);
+  }
   using V = compute_t<T>;
   const int64_t out_last = p.out.back();
   const V lowest = std::numeric_limits<V>::has_infinity ? -std::numeric_limits<V>::infinity()
@@ -186,7 +235,7 @@ void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, 
               for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
                 const V v = static_cast<V>(in[o * stride]);
                 const V m = out[o];
-                out[o] = (v > m) | (v != v) ? v : m;  // NaN propagates
+                out[o] = pool_detail::max_or_nan(v, m);
               }
               continue;
             }
@@ -355,7 +404,7 @@ void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, cons
 #pragma omp simd
             for (int64_t c = 0; c < C; ++c) {
               const float v = in[c], m = out[c];
-              out[c] = (v > m) | (v != v) ? v : m;  // NaN propagates
+              out[c] = pool_detail::max_or_nan(v, m);
             }
           }
         }

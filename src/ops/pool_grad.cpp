@@ -121,9 +121,79 @@ void max_pool_grad_2d(const PoolPlan& p, const T* x, const T* dy, T* dx) {
   });
 }
 
+// max_pool_grad for p.windows_2x2, one output row at a time: the first maximum of the four
+// inputs (the order and NaN rule of first_argmax) gets dY, the other three 0, so every dX
+// element is written once and none is read; the row and column no window reads get 0. float32
+// runs in vectors of 8 or 4 outputs.
+template <class T>
+void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
+  using V = compute_t<T>;
+  using namespace pool_detail;
+  const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
+  const int64_t rows = p.channels * oh_count;
+  // The first NaN, or else the first strict maximum: whether v replaces best.
+  const auto beats = [](auto v, auto best) { return (v > best) | ((v != v) & (best == best)); };
+  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 8 * ow_count)),
+               [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t c = r / oh_count, oh = r % oh_count;
+      const int64_t offset = c * p.in_size + 2 * oh * in_w;
+      const T* x0 = x + offset;
+      const T* x1 = x0 + in_w;
+      const T* g = dy + r * ow_count;
+      T* d0 = dx + offset;
+      T* d1 = d0 + in_w;
+      bool done = false;
+      if constexpr (std::is_same_v<T, float>) {
+        if (ow_count >= 4) {
+          cover_in_chunks(ow_count, [&]<int W>(int64_t s) {
+            const Floats<W> a0 = load<W>(x0 + 2 * s), a1 = load<W>(x0 + 2 * s + W);
+            const Floats<W> b0 = load<W>(x1 + 2 * s), b1 = load<W>(x1 + 2 * s + W);
+            const Floats<W> v0 = evens<W>(a0, a1), v1 = odds<W>(a0, a1);
+            const Floats<W> v2 = evens<W>(b0, b1), v3 = odds<W>(b0, b1);
+            const auto t1 = beats(v1, v0);
+            const Floats<W> best01 = t1 ? v1 : v0;
+            const auto t2 = beats(v2, best01);
+            const auto t3 = beats(v3, t2 ? v2 : best01);
+            const Floats<W> gv = load<W>(g + s), zero{};
+            const Floats<W> g0 = (t1 | t2 | t3) ? zero : gv, g1 = (t1 & ~(t2 | t3)) ? gv : zero;
+            const Floats<W> g2 = (t2 & ~t3) ? gv : zero, g3 = t3 ? gv : zero;
+            store<W>(d0 + 2 * s, interleave<W, 0>(g0, g1));
+            store<W>(d0 + 2 * s + W, interleave<W, 1>(g0, g1));
+            store<W>(d1 + 2 * s, interleave<W, 0>(g2, g3));
+            store<W>(d1 + 2 * s + W, interleave<W, 1>(g2, g3));
+          });
+          done = true;
+        }
+      }
+      if (!done) {
+        for (int64_t ow = 0; ow < ow_count; ++ow) {
+          const V v0 = static_cast<V>(x0[2 * ow]), v1 = static_cast<V>(x0[2 * ow + 1]);
+          const V v2 = static_cast<V>(x1[2 * ow]), v3 = static_cast<V>(x1[2 * ow + 1]);
+          const bool t1 = beats(v1, v0);
+          const V best01 = t1 ? v1 : v0;
+          const bool t2 = beats(v2, best01);
+          const bool t3 = beats(v3, t2 ? v2 : best01);
+          const int at = t3 ? 3 : t2 ? 2 : t1 ? 1 : 0;
+          const T gv = g[ow], zero = T(0);
+          d0[2 * ow] = at == 0 ? gv : zero;
+          d0[2 * ow + 1] = at == 1 ? gv : zero;
+          d1[2 * ow] = at == 2 ? gv : zero;
+          d1[2 * ow + 1] = at == 3 ? gv : zero;
+        }
+      }
+      for (int64_t w = 2 * ow_count; w < in_w; ++w) d0[w] = d1[w] = T(0);  // odd width
+      if (oh == oh_count - 1) {  // the rows below the last window (odd height)
+        std::fill(dx + c * p.in_size + 2 * oh_count * in_w, dx + (c + 1) * p.in_size, T(0));
+      }
+    }
+  });
+}
+
 // dx = dy scattered to the first maximum of each window.
 template <class T>
 void max_pool_grad(const PoolPlan& p, int64_t window, const T* x, const T* dy, T* dx) {
+  if (p.windows_2x2) return max_pool_grad_2x2(p, x, dy, dx);
   if (p.rank == 2 && p.in_size < (int64_t{1} << 31)) return max_pool_grad_2d(p, x, dy, dx);
   using V = compute_t<T>;
   const int64_t out_last = p.out.back();

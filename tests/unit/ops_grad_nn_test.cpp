@@ -221,6 +221,41 @@ TEST(MaxPoolGradTest, AgreesWithTheForwardIndices) {
   expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy, x})[0], want, 0, 0);
 }
 
+// 2x2 windows at stride 2 run dedicated loops (vectors of 8 or 4 float32 outputs, the last
+// chunk overlapping, scalar below 4 outputs per row): their MaxPool output and gradient must be
+// those of the general loops, which MaxPool with Indices runs, including the first of tied
+// maxima (signed zeros tell which), NaN, -inf and the odd row and column no window reads.
+TEST(MaxPoolGradTest, TwoByTwoWindowsAgreeWithTheIndicesPath) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double pool[] = {-0.0, 0.0, -0.0, 0.0, -1.0, 1.0, 2.0, -inf};  // many ties
+  const Attrs a = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  // Output widths 14 (chunks of 8), 9 (8 + overlap), 7 and 4 (chunks of 4), 3 and 1 (scalar).
+  for (const auto& [h, w] : std::vector<std::pair<int64_t, int64_t>>{{6, 28}, {5, 19}, {4, 14}, {7, 8}, {3, 7}, {2, 2}}) {
+    std::vector<double> v(static_cast<size_t>(2 * 3 * h * w));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i % 29 == 5 ? nan : pool[(i * 2654435761u >> 7) % 8];
+    for (DataType t : {DataType::Float32, DataType::Float64}) {
+      SCOPED_TRACE(std::to_string(h) + "x" + std::to_string(w) + " " + std::string(dtype_name(t)));
+      const Tensor x = Tensor::from_vector<double>({2, 3, h, w}, v).cast(t);
+      const auto with_indices = run_node(NodeSpec{"MaxPool", "", 17, a, 2}, {x});
+      const Tensor y = run_node(NodeSpec{"MaxPool", "", 17, a, 1}, {x})[0].cast(DataType::Float64);
+      const Tensor want_y = with_indices[0].cast(DataType::Float64);
+      expect_close(y, want_y, 0, 0);
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        EXPECT_EQ(std::signbit(y.data<double>()[i]), std::signbit(want_y.data<double>()[i])) << i;
+      }
+      const Tensor dy = random(want_y.shape(), 11);
+      Tensor want = Tensor::zeros(DataType::Float64, x.shape());
+      const auto indices = with_indices[1].to_int64_vector("Indices");
+      for (size_t j = 0; j < indices.size(); ++j) {
+        want.data<double>()[indices[j]] += dy.cast(t).cast(DataType::Float64).data<double>()[j];
+      }
+      expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy.cast(t), x})[0].cast(DataType::Float64),
+                   want, 0, 0);
+    }
+  }
+}
+
 TEST(ConvGradTest, HalfTypesComputeThroughFloat) {
   const GradCase c{"", "Conv", {}, {attr("pads", Ints{1, 1, 0, 1}), attr("strides", Ints{1, 2})}};
   const std::vector<Tensor> xs{random({2, 3, 5, 6}, 1), random({4, 3, 2, 3}, 2)};
