@@ -14,6 +14,10 @@
 //     is added to every X element of its window.
 // storage_order does not matter to the gradient. Plain loops, in parallel over N * C;
 // float16/bfloat16 accumulate in float.
+//
+// MaxPoolGrad with attribute activation = "Relu" (made by runtime/fusion.h, never saved) is
+// MaxPoolGrad followed by ReluGrad over the same X: X is a Relu's output, and dX is 0 also where
+// X > 0 fails (ReluGrad's rule), in the same pass for 2x2 windows.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -125,7 +129,7 @@ void max_pool_grad_2d(const PoolPlan& p, const T* x, const T* dy, T* dx) {
 // inputs (the order and NaN rule of first_argmax) gets dY, the other three 0, so every dX
 // element is written once and none is read; the row and column no window reads get 0. float32
 // runs in vectors of 8 or 4 outputs.
-template <class T>
+template <class T, bool kRelu>
 void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
   using V = compute_t<T>;
   using namespace pool_detail;
@@ -154,8 +158,11 @@ void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
             const auto t1 = beats(v1, v0);
             const Floats<W> best01 = t1 ? v1 : v0;
             const auto t2 = beats(v2, best01);
-            const auto t3 = beats(v3, t2 ? v2 : best01);
-            const Floats<W> gv = load<W>(g + s), zero{};
+            const Floats<W> best012 = t2 ? v2 : best01;
+            const auto t3 = beats(v3, best012);
+            Floats<W> gv = load<W>(g + s);
+            const Floats<W> zero{};
+            if constexpr (kRelu) gv = (t3 ? v3 : best012) > zero ? gv : zero;
             const Floats<W> g0 = (t1 | t2 | t3) ? zero : gv, g1 = (t1 & ~(t2 | t3)) ? gv : zero;
             const Floats<W> g2 = (t2 & ~t3) ? gv : zero, g3 = t3 ? gv : zero;
             store<W>(d0 + 2 * s, interleave<W, 0>(g0, g1));
@@ -173,9 +180,11 @@ void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
           const bool t1 = beats(v1, v0);
           const V best01 = t1 ? v1 : v0;
           const bool t2 = beats(v2, best01);
-          const bool t3 = beats(v3, t2 ? v2 : best01);
+          const V best012 = t2 ? v2 : best01;
+          const bool t3 = beats(v3, best012);
           const int at = t3 ? 3 : t2 ? 2 : t1 ? 1 : 0;
-          const T gv = g[ow], zero = T(0);
+          const T zero = T(0);
+          const T gv = !kRelu || (t3 ? v3 : best012) > V(0) ? g[ow] : zero;
           d0[2 * ow] = at == 0 ? gv : zero;
           d0[2 * ow + 1] = at == 1 ? gv : zero;
           d1[2 * ow] = at == 2 ? gv : zero;
@@ -190,10 +199,21 @@ void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
   });
 }
 
-// dx = dy scattered to the first maximum of each window.
+// dx = dy scattered to the first maximum of each window (then 0 where x > 0 fails, with relu).
 template <class T>
-void max_pool_grad(const PoolPlan& p, int64_t window, const T* x, const T* dy, T* dx) {
-  if (p.windows_2x2) return max_pool_grad_2x2(p, x, dy, dx);
+void max_pool_grad(const PoolPlan& p, int64_t window, bool relu, const T* x, const T* dy, T* dx) {
+  if (p.windows_2x2) {
+    return relu ? max_pool_grad_2x2<T, true>(p, x, dy, dx) : max_pool_grad_2x2<T, false>(p, x, dy, dx);
+  }
+  if (relu) {
+    max_pool_grad(p, window, false, x, dy, dx);
+    parallel_for(p.channels * p.in_size, kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        dx[i] = static_cast<compute_t<T>>(x[i]) > compute_t<T>(0) ? dx[i] : T(0);
+      }
+    });
+    return;
+  }
   if (p.rank == 2 && p.in_size < (int64_t{1} << 31)) return max_pool_grad_2d(p, x, dy, dx);
   using V = compute_t<T>;
   const int64_t out_last = p.out.back();
@@ -249,7 +269,7 @@ void average_pool_grad(const PoolPlan& p, int64_t window, bool count_include_pad
 
 class PoolGradKernel final : public Kernel {
  public:
-  explicit PoolGradKernel(PoolAttrs attrs) : a_(std::move(attrs)) {
+  PoolGradKernel(PoolAttrs attrs, bool relu) : a_(std::move(attrs)), relu_(relu) {
     for (int64_t k : a_.kernel) window_ *= k;
   }
 
@@ -277,7 +297,7 @@ class PoolGradKernel final : public Kernel {
     visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
       T* dx = ctx.allocate_output(0, x.dtype(), x.shape()).data<T>();
       if (a_.is_max) {
-        max_pool_grad<T>(p, window_, x.data<T>(), dy.data<T>(), dx);
+        max_pool_grad<T>(p, window_, relu_, x.data<T>(), dy.data<T>(), dx);
       } else {
         average_pool_grad<T>(p, window_, a_.count_include_pad, dy.data<T>(), dx);
       }
@@ -286,6 +306,7 @@ class PoolGradKernel final : public Kernel {
 
  private:
   PoolAttrs a_;
+  bool relu_ = false;   // MaxPoolGrad with activation = "Relu"
   int64_t window_ = 1;  // kernel elements
   Shape plan_shape_;    // the X shape plan_ was made for
   std::optional<PoolPlan> plan_;
@@ -294,7 +315,13 @@ class PoolGradKernel final : public Kernel {
 }  // namespace
 
 std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init) {
-  return std::make_unique<PoolGradKernel>(parse_pool_attrs(init, init.op_type() == "MaxPoolGrad"));
+  const bool is_max = init.op_type() == "MaxPoolGrad";
+  const std::string activation = init.attr_string("activation", "");
+  if (!activation.empty() && (activation != "Relu" || !is_max)) {
+    throw Error("attribute 'activation' is '" + activation + "', expected " +
+                (is_max ? "Relu or none" : "none (only MaxPoolGrad takes one)"));
+  }
+  return std::make_unique<PoolGradKernel>(parse_pool_attrs(init, is_max), activation == "Relu");
 }
 
 }  // namespace onnxtrain::ops

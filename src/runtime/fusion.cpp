@@ -270,4 +270,45 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
   return static_cast<int>(chains.size());
 }
 
+int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (MaxPoolGrad, ReluGrad)
+  {
+    Matcher m(graph);
+    const auto has_activation = [](const onnx::NodeProto& node) {
+      for (const auto& attr : node.attribute()) {
+        if (attr.name() == "activation") return true;
+      }
+      return false;
+    };
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& relu_grad = graph.node(i);
+      if (relu_grad.domain() != kInternalDomain || relu_grad.op_type() != "ReluGrad" ||
+          relu_grad.input_size() != 2 || relu_grad.output_size() != 1) {
+        continue;
+      }
+      const std::string& dy = relu_grad.input(1);
+      const onnx::NodeProto* pool_grad = m.producer(dy);
+      if (!pool_grad || pool_grad->domain() != kInternalDomain || pool_grad->op_type() != "MaxPoolGrad" ||
+          pool_grad->input_size() != 2 || pool_grad->input(1) != relu_grad.input(0) || has_activation(*pool_grad) ||
+          m.sole_reader(dy) != i) {
+        continue;
+      }
+      pairs.emplace_back(m.producer_index(dy), i);
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [pool_grad, relu_grad] : pairs) {
+    onnx::NodeProto& node = *graph.mutable_node(pool_grad);
+    node.set_output(0, graph.node(relu_grad).output(0));
+    auto* attr = node.add_attribute();
+    attr->set_name("activation");
+    attr->set_type(onnx::AttributeProto::STRING);
+    attr->set_s("Relu");
+    drop[static_cast<size_t>(relu_grad)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 }  // namespace onnxtrain::runtime

@@ -32,4 +32,12 @@ int fuse_scaled_adam(onnx::GraphProto& graph);
 // nothing fuses there. Returns the number of chains fused.
 int fuse_conv_pool(onnx::GraphProto& graph);
 
+
+// Replaces each ai.onnxtrain.ReluGrad(Y, dY) whose dY is the output of an
+// ai.onnxtrain.MaxPoolGrad(dP, Y) over the same Y, read by nothing else — the backward pass of
+// Relu -> MaxPool — by that MaxPoolGrad with attribute activation = "Relu" writing the
+// ReluGrad's output (ops/pool_grad.cpp): one pass over the pooled tensor's gradient instead of
+// two. Results are the two ops'. Returns the number of pairs fused.
+int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
+
 }  // namespace onnxtrain::runtime

@@ -6,6 +6,8 @@
 #include <random>
 
 #include "onnxtrain/error.h"
+#include "onnxtrain/session.h"
+#include "runtime/fusion.h"
 #include "test_util.h"
 
 namespace onnxtrain {
@@ -252,6 +254,45 @@ TEST(MaxPoolGradTest, TwoByTwoWindowsAgreeWithTheIndicesPath) {
       }
       expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy.cast(t), x})[0].cast(DataType::Float64),
                    want, 0, 0);
+    }
+  }
+}
+
+// MaxPoolGrad -> ReluGrad over the same X (the backward pass of Relu -> MaxPool) fuses into one
+// MaxPoolGrad with activation = "Relu": the fused session gives the unfused one's dX exactly, on
+// the 2x2 loops (vectors and scalars) and the general ones, with NaN, signed zeros and
+// negatives in X; a second reader of MaxPoolGrad's output prevents the fusion.
+TEST(MaxPoolGradTest, ReluGradFusesIntoIt) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double pool[] = {-0.0, 0.0, -1.0, 0.0, 2.0, -0.0, 3.0, 1.0};  // windows whose maximum is 0
+  const Attrs k2 = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  const Attrs general = {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 1}), attr("pads", Ints{1, 0, 1, 1})};
+  const std::vector<std::pair<Shape, Attrs>> cases = {
+      {{1, 2, 4, 28}, k2}, {{2, 2, 6, 14}, k2}, {{2, 3, 3, 7}, k2}, {{2, 2, 7, 6}, general}};
+  for (const auto& [shape, attrs] : cases) {
+    std::vector<double> v(static_cast<size_t>(shape.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i % 23 == 4 ? nan : pool[(i * 2654435761u >> 7) % 8];
+    for (DataType t : {DataType::Float32, DataType::Float64}) {
+      SCOPED_TRACE(shape.to_string() + " " + std::string(dtype_name(t)));
+      const Tensor x = Tensor::from_vector<double>(shape, v).cast(t);
+      const Tensor dp = random(run_node(NodeSpec{"MaxPool", "", 17, attrs, 1}, {x})[0].shape(), 12).cast(t);
+      onnx::ModelProto model = testing::empty_model("pool_relu_grad");
+      auto& g = *model.mutable_graph();
+      testing::typed_value(g.add_input(), "dp", static_cast<int>(t), dp.shape().to_vector());
+      testing::typed_value(g.add_input(), "x", static_cast<int>(t), shape.to_vector());
+      auto* pool_grad = testing::add_node(g, "MaxPoolGrad", {"dp", "x"}, {"d"});
+      pool_grad->set_domain(kInternal);
+      for (const auto& a : attrs) *pool_grad->add_attribute() = a;
+      testing::add_node(g, "ReluGrad", {"x", "d"}, {"dx"})->set_domain(kInternal);
+      g.add_output()->set_name("dx");
+      onnx::GraphProto fused_graph = g;
+      ASSERT_EQ(runtime::fuse_max_pool_relu_grad(fused_graph), 1);
+      ASSERT_EQ(fused_graph.node_size(), 1);
+      runtime::Session fused(model), unfused(model, {.fuse = false});
+      const runtime::NamedTensors feeds{{"dp", dp}, {"x", x}};
+      expect_close(fused.run(feeds).at("dx"), unfused.run(feeds).at("dx"), 0, 0);
+      g.add_output()->set_name("d");  // MaxPoolGrad's own output wanted too: no fusion
+      EXPECT_EQ(runtime::fuse_max_pool_relu_grad(g), 0);
     }
   }
 }
