@@ -8,9 +8,11 @@
 // broadcast to [M, N]. Opsets before 7 have a `broadcast` attribute; C broadcasts the same way
 // whatever its value. beta == 0 ignores C (as BLAS does).
 //
-// float32 runs through oneDNN's matmul primitive, made once per input shape and cached in the
-// kernel; float16/bfloat16 are converted to float32 and back; float64 and integers use the
-// reference loops of gemm_ref.h (integers wrap on overflow, as in numpy).
+// float32 runs through oneDNN: a 2-D product A' B' with B' = B^T and A' = A through its matmul
+// primitive, made once per input shape and cached in the kernel, every other 2-D product through
+// its sgemm, and batched MatMul through the matmul primitive (see use_sgemm); float16/bfloat16
+// are converted to float32 and back; float64 and integers use the reference loops of gemm_ref.h
+// (integers wrap on overflow, as in numpy).
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
@@ -57,6 +59,23 @@ MatMulEntry make_entry(const dnnl::memory::desc& src, const dnnl::memory::desc& 
   entry.args = {
       {DNNL_ARG_SRC, entry.src}, {DNNL_ARG_WEIGHTS, entry.weights}, {DNNL_ARG_DST, entry.dst}};
   return entry;
+}
+
+// Whether a 2-D float32 product A' B' runs through oneDNN's sgemm rather than its matmul
+// primitive: unless only B is transposed. The primitive (brgemm) is slower when it must read a
+// plain B or a transposed A; on two Xeon cores, the CNN's fc1 (M = 128, K/N = 3136 and 1024):
+// dX = dY W (plain B) 3.4 ms by the primitive, 2.2 ms by sgemm; dW = dY^T X (transposed A)
+// 2.7 and 2.1 ms; the forward X W^T 2.2 and 2.3 ms. The MLP's 512-wide layers run alike both ways.
+bool use_sgemm(bool trans_a, bool trans_b) { return trans_a || !trans_b; }
+
+// y [M, N] = alpha * A' B' + beta * y, all row-major (A' = A^T when trans_a, A stored [K, M]; B'
+// = B^T when trans_b, B stored [N, K]). beta = 0 does not read y.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* a, const float* b, float beta, float* y) {
+  du::checked("run sgemm", [&] {
+    dnnl::sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, trans_a ? M : K, b,
+                trans_b ? K : N, beta, y, N);
+  });
 }
 
 void execute(MatMulEntry& entry, const float* a, const float* b, float* y) {
@@ -187,6 +206,11 @@ class MatMulKernel final : public Kernel {
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
+      if (s.b_batch.numel() == 1 && use_sgemm(false, false)) {  // A's batch folds into its rows
+        sgemm(false, false, s.batch.numel() * s.M, s.N, s.K, 1.0f, a.data<float>(), b.data<float>(),
+              0.0f, y.data<float>());
+        return;
+      }
       MatMulEntry& entry =
           cache_.get(du::CacheKey().add(a.shape()).add(b.shape()), [&] { return plan(s); });
       if (!entry.use_reference) {
@@ -358,6 +382,12 @@ class GemmKernel final : public Kernel {
     if constexpr (std::is_same_v<T, float>) {
       if (s.M == 1) {  // one row (batch-1 inference): a matrix-vector product
         gemv(s, a.data<float>(), b.data<float>(), c_data, y.data<float>());
+        return;
+      }
+      if (use_sgemm(attrs_.trans_a, attrs_.trans_b)) {
+        if (s.use_c) fill_with_c<float>(s, c_data, y.data<float>());
+        sgemm(attrs_.trans_a, attrs_.trans_b, s.M, s.N, s.K, attrs_.alpha, a.data<float>(),
+              b.data<float>(), s.use_c ? attrs_.beta : 0.0f, y.data<float>());
         return;
       }
       MatMulEntry& entry = cache_.get(du::CacheKey().add(a.shape()).add(b.shape()).add(s.use_c),
