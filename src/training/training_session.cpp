@@ -6,6 +6,7 @@
 
 #include "autodiff/gradient.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
@@ -36,13 +37,26 @@ bool all_finite(const Tensor& t) {
   bool finite = true;
   visit_dtype<AllTypes>(t.dtype(), "bound value", [&]<class T>() {
     if constexpr (is_float_v<T>) {
-      // Sums stay finite only when every element is: one vectorizable pass, no early exit.
-      const T* p = t.data<T>();
+      // Sums stay finite only when every element is: one vectorizable pass per thread's chunk,
+      // no early exit. Each chunk writes its own flag, in its own cache line.
+      const T* data = t.data<T>();
+      struct alignas(64) Flag {
+        bool finite = true;
+      };
+      Flag flags[64];
       const int64_t n = t.numel();
-      compute_t<T> sum = 0;
+      const int64_t chunks = std::min<int64_t>(64, std::max<int64_t>(1, n / kParallelGrain));
+      parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          const T* __restrict p = data;
+          const int64_t first = n * c / chunks, last = n * (c + 1) / chunks;
+          compute_t<T> sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < n; ++i) sum += static_cast<compute_t<T>>(p[i]) * compute_t<T>(0);
-      finite = std::isfinite(sum);
+          for (int64_t i = first; i < last; ++i) sum += static_cast<compute_t<T>>(p[i]) * compute_t<T>(0);
+          flags[c].finite = std::isfinite(sum);
+        }
+      });
+      for (int64_t c = 0; c < chunks; ++c) finite = finite && flags[c].finite;
     }
   });
   return finite;
