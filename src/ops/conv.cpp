@@ -16,8 +16,9 @@
 // float64 and other ranks use the im2col reference of conv_ref.h.
 //
 // ai.onnxtrain.FusedConv (made by runtime/fusion.h, never saved) is a Conv followed by Relu
-// (attribute activation = "Relu") and MaxPool without Indices (MaxPool's attributes as
-// pool_kernel_shape, pool_strides, ...). For float32 through oneDNN the convolution writes
+// (attribute activation = "Relu") and/or MaxPool without Indices (MaxPool's attributes as
+// pool_kernel_shape, pool_strides, ...). Without the pool, float32 applies Relu while copying
+// oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
 // channels-last into a scratch block and max_pool_channels_last (pool.cpp) reads it, so the
 // largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
 //
@@ -290,13 +291,18 @@ dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
 // NCHW costs several times the blocked one (Fashion-MNIST CNN conv1, 128x32x28x28 on two
 // Xeon cores: convolution + reorder 0.6 + 1.5 ms channels-last, 0.4 + 0.5 ms blocked; no shape
 // measured ran slower blocked).
-dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
-  using tag = dnnl::memory::format_tag;
+// The channel block of that layout: 16, 8, or 0 for none.
+int channel_block() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto has = [&](dnnl::cpu_isa wanted) {
     return (isa & static_cast<unsigned>(wanted)) == static_cast<unsigned>(wanted);
   };
-  const int block = has(dnnl::cpu_isa::avx512_core) ? 16 : has(dnnl::cpu_isa::avx2) ? 8 : 0;
+  return has(dnnl::cpu_isa::avx512_core) ? 16 : has(dnnl::cpu_isa::avx2) ? 8 : 0;
+}
+
+dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
+  using tag = dnnl::memory::format_tag;
+  const int block = channel_block();
   tag t = tag::any;
   if (block == 16) t = dims.size() == 3 ? tag::aBc16b : dims.size() == 4 ? tag::aBcd16b : tag::aBcde16b;
   if (block == 8) t = dims.size() == 3 ? tag::aBc8b : dims.size() == 4 ? tag::aBcd8b : tag::aBcde8b;
@@ -380,8 +386,10 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
   return e;
 }
 
+// Runs the convolution into y; with `reorder_dst` false a blocked result stays in e.dst's own
+// buffer (e.dst.arg()) and y is not written.
 void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w, const float* b,
-             float* y) {
+             float* y, bool reorder_dst = true) {
   const bool embed = e.dims.embed;
   if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
@@ -393,7 +401,7 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
     if (e.reorder_weights) e.weights_reorder.execute(stream, e.user_weights, e.weights);
     e.src.reorder(stream);
     e.primitive.execute(stream, e.args);
-    e.dst.reorder(stream);
+    if (reorder_dst) e.dst.reorder(stream);
     stream.wait();
   });
   if (embed) copy_conv_block(g, e.dims, e.dst_buffer.data(), y, true);
@@ -464,6 +472,9 @@ class ConvKernel final : public Kernel {
     if (y.numel() == 0) return;
     const T* bias = b.defined() ? b.data<T>() : nullptr;
     if (!pool) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (epilogue_.relu && convolve_relu(g, x, w, bias, y.data<float>())) return;
+      }
       convolve<T>(g, x, w, bias, y.data<T>());
       if (epilogue_.relu) relu_in_place<T>(y);
       return;
@@ -510,6 +521,39 @@ class ConvKernel final : public Kernel {
     } else {
       conv_reference<T>(g, x.data<T>(), w.data<T>(), bias, y);
     }
+  }
+
+  // y (plain) = Relu(the convolution) when oneDNN writes the channel-blocked layout of
+  // blocked_channels_f32: one pass copies it into y applying Relu, instead of oneDNN's reorder and
+  // a Relu pass (oneDNN 2.6's relu post-op would make NaN 0, where the Relu op keeps it).
+  // Returns false, having done nothing, for any other layout or path.
+  bool convolve_relu(const ConvGeometry& g, const Tensor& x, const Tensor& w, const float* bias, float* y) {
+    if (g.rank() > 3 || attrs_.transpose || x.numel() == 0 || w.numel() == 0) return false;
+    ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(bias != nullptr).add(0),
+                              [&] { return plan(g, attrs_.transpose, bias != nullptr); });
+    const int64_t block = channel_block();
+    if (e.use_reference || e.dims.embed || block == 0) return false;
+    const dnnl::memory& out = e.dst.arg();
+    if (out.get_desc() != blocked_channels_f32(dims_of(g.N, g.M, e.dims.dst_dims))) return false;
+    execute(e, g, x.data<float>(), w.data<float>(), bias, y, false);
+    const auto* in = static_cast<const float*>(out.get_data_handle());
+    const int64_t size = g.out_size(), blocks = (g.M + block - 1) / block;
+    // Task (n, channel block): `block` channel planes, read interleaved, written one by one.
+    parallel_for(g.N * blocks, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, size * block)),
+                 [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n = t / blocks, first = (t % blocks) * block;
+        const float* __restrict src = in + t * size * block;
+        for (int64_t c = 0; c < std::min(block, g.M - first); ++c) {
+          float* __restrict dst = y + (n * g.M + first + c) * size;
+          for (int64_t i = 0; i < size; ++i) {
+            const float v = src[i * block + c];
+            dst[i] = v < 0.0f ? 0.0f : v;  // as relu_in_place
+          }
+        }
+      }
+    });
+    return true;
   }
 
   template <class T>

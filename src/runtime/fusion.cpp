@@ -177,6 +177,14 @@ bool is_onnx_op(const onnx::NodeProto& node, const char* op_type) {
   return (node.domain().empty() || node.domain() == "ai.onnx") && node.op_type() == op_type;
 }
 
+// Marks a fused node as ending in Relu (attribute activation = "Relu").
+void add_relu_activation(onnx::NodeProto& node) {
+  auto* attr = node.add_attribute();
+  attr->set_name("activation");
+  attr->set_type(onnx::AttributeProto::STRING);
+  attr->set_s("Relu");
+}
+
 // Removes the nodes marked in `drop`, keeping the order of the others.
 void drop_nodes(onnx::GraphProto& graph, const std::vector<bool>& drop) {
   google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
@@ -251,10 +259,7 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
     const onnx::NodeProto& pool = graph.node(c.pool);
     fused.add_output(pool.output(0));
     if (c.relu >= 0) {
-      auto* attr = fused.add_attribute();
-      attr->set_name("activation");
-      attr->set_type(onnx::AttributeProto::STRING);
-      attr->set_s("Relu");
+      add_relu_activation(fused);
       drop[static_cast<size_t>(c.relu)] = true;
     }
     for (const auto& attr : pool.attribute()) {
@@ -268,6 +273,33 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
   }
   drop_nodes(graph, drop);
   return static_cast<int>(chains.size());
+}
+
+int fuse_conv_relu(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (Conv, Relu)
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& relu = graph.node(i);
+      if (!is_onnx_op(relu, "Relu") || relu.input_size() != 1 || relu.output_size() != 1) continue;
+      const std::string& x = relu.input(0);
+      const onnx::NodeProto* conv = m.producer(x);
+      if (!conv || !is_onnx_op(*conv, "Conv") || conv->output_size() != 1 || m.sole_reader(x) != i) continue;
+      pairs.emplace_back(m.producer_index(x), i);
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [conv, relu] : pairs) {
+    onnx::NodeProto& node = *graph.mutable_node(conv);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("FusedConv");
+    node.set_output(0, graph.node(relu).output(0));
+    add_relu_activation(node);
+    drop[static_cast<size_t>(relu)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
 }
 
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
@@ -301,10 +333,7 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   for (const auto& [pool_grad, relu_grad] : pairs) {
     onnx::NodeProto& node = *graph.mutable_node(pool_grad);
     node.set_output(0, graph.node(relu_grad).output(0));
-    auto* attr = node.add_attribute();
-    attr->set_name("activation");
-    attr->set_type(onnx::AttributeProto::STRING);
-    attr->set_s("Relu");
+    add_relu_activation(node);
     drop[static_cast<size_t>(relu_grad)] = true;
   }
   drop_nodes(graph, drop);

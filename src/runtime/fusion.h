@@ -29,8 +29,16 @@ int fuse_scaled_adam(onnx::GraphProto& graph);
 // pool_<name>, the MaxPool's output. Results are the three ops' (the convolution may run in
 // another oneDNN layout, so values may differ in the last bits). The node keeps the Conv's name.
 // Inference graphs match; in a training graph the backward pass reads the Relu's output, so
-// nothing fuses there. Returns the number of chains fused.
+// only fuse_conv_relu applies there. Returns the number of chains fused.
 int fuse_conv_pool(onnx::GraphProto& graph);
+
+// Replaces each Conv -> Relu whose Conv output has no other reader (and is neither a graph output
+// nor read by a subgraph) with one ai.onnxtrain.FusedConv node with activation = "Relu" writing
+// the Relu's output: for float32 the pass that copies oneDNN's channel-blocked result into the
+// plain tensor applies Relu, so neither the convolution's own output nor a Relu pass remains.
+// Run after fuse_conv_pool, which takes whole Conv -> Relu -> MaxPool chains. Returns the number
+// of pairs fused.
+int fuse_conv_relu(onnx::GraphProto& graph);
 
 
 // Replaces each ai.onnxtrain.ReluGrad(Y, dY) whose dY is the output of an

@@ -36,6 +36,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
   if (rewrite) {
     fold_constants(graph, opsets, base_dir);
     fuse_conv_pool(graph);
+    fuse_conv_relu(graph);
     fuse_max_pool_relu_grad(graph);
   }
   return ir::Graph::from_proto(graph, source, base_dir);

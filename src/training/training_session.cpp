@@ -171,6 +171,7 @@ struct TrainingSession::Impl {
     if (options.fuse) {
       runtime::fold_constants(graph, opsets, base_dir);
       runtime::fuse_conv_pool(graph);
+      runtime::fuse_conv_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);
     }
     BoundGraph bound;

@@ -1011,6 +1011,42 @@ TEST(FusedConvTest, NotFusedWhereAnIntermediateIsNeededOrIndicesAreWanted) {
   EXPECT_EQ(runtime::fuse_conv_pool(graph), 0);
 }
 
+// Conv -> Relu whose Relu output has other readers (in a training graph, the backward pass):
+// fuse_conv_pool leaves it, fuse_conv_relu makes a FusedConv with the Relu inside (applied while
+// float32 leaves oneDNN's blocked layout) and the MaxPool stays; both outputs are the unfused
+// session's, with Relu's NaN and signed zeros.
+TEST(FusedConvTest, ConvReluFusesWhereTheReluOutputHasOtherReaders) {
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{3, 3}), attr("pads", Ints{1, 1, 1, 1})};
+  c.pool = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  c.relu_is_output = true;
+  const auto check = [&](const ChainSpec& spec, const Tensor& x, const Tensor& w, const Tensor& b, double rtol) {
+    const onnx::ModelProto model = chain_model(spec, x, w, b);
+    onnx::GraphProto graph = model.graph();
+    EXPECT_EQ(runtime::fuse_conv_pool(graph), 0);
+    ASSERT_EQ(runtime::fuse_conv_relu(graph), 1);
+    ASSERT_EQ(graph.node_size(), 2);
+    EXPECT_EQ(graph.node(0).op_type(), "FusedConv");
+    const runtime::NamedTensors feeds{{"x", x}, {"w", w}, {"b", b}};
+    runtime::Session fused(model), unfused(model, {.fuse = false});
+    const auto got = fused.run(feeds), want = unfused.run(feeds);
+    for (const char* name : {"r", "y"}) {
+      SCOPED_TRACE(name);
+      expect_close(got.at(name), want.at(name), rtol, rtol);
+      const auto g = got.at(name).to_double_vector(), v = want.at(name).to_double_vector();
+      for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(std::signbit(g[i]), std::signbit(v[i])) << i;
+    }
+  };
+  // 20 and 5 output channels: whole and partial channel blocks.
+  check(c, random32({2, 3, 8, 10}, 27), random32({20, 3, 3, 3}, 28), random32({20}, 29), 1e-5);
+  check(c, random32({2, 3, 8, 10}, 27), random32({5, 3, 3, 3}, 28), random32({5}, 29), 1e-5);
+  check(c, random({2, 3, 8, 10}, 27), random({4, 3, 3, 3}, 28), random({4}, 29), 0);  // reference
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ChainSpec pass = c;  // a 1x1 convolution with weight 1: Relu sees NaN, negatives and zeros
+  pass.conv = {attr("kernel_shape", Ints{1, 1})};
+  check(pass, f32({1, 1, 2, 4}, {nan, -1, 0, 3, -0.0f, -2, 5, nan}), f32({1, 1, 1, 1}, {1}), f32({1}, {0.0f}), 0);
+}
+
 TEST(FusedConvTest, BadAttributesAreErrors) {
   ChainSpec c;
   c.conv = {attr("kernel_shape", Ints{3, 3})};
