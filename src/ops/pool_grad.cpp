@@ -26,6 +26,10 @@
 #include "ops/factories.h"
 #include "ops/pool_plan.h"
 
+// The 2x2 loops pass core/simd.h vectors between inline functions; without AVX in the build
+// GCC warns that such calls would change the ABI, which no call here crosses.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace onnxtrain::ops {
 
 namespace {
@@ -133,6 +137,7 @@ template <class T, bool kRelu>
 void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
   using V = compute_t<T>;
   using namespace pool_detail;
+  using namespace simd;
   const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
   const int64_t rows = p.channels * oh_count;
   // The first NaN, or else the first strict maximum: whether v replaces best.

@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/simd.h"
 #include "onnxtrain/shape.h"
 #include "ops/kernel.h"
 #include "ops/spatial_attrs.h"
@@ -99,85 +99,14 @@ bool is_nan(V v) {
 inline int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -(-a / b); }
 
 // The larger of v and m, NaN if either is; m on a tie. Scalars, or float vectors lane by lane.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // vectors of core/simd.h, inline only
 template <class V>
 inline V max_or_nan(V v, V m) {
   return (v > m) | (v != v) ? v : m;
 }
-
-// W floats as one value (GCC vector extension): one AVX register for W = 8 where the build has
-// AVX, else the compiler splits it. The 2x2 pools use them because GCC does not vectorize
-// their pairs of adjacent elements over the CNN's short rows (14 and 7 outputs), and the scalar
-// compare-and-select code it makes instead branches unpredictably (the 2x2 MaxPool over
-// 128x32x28x28 random floats: 9.9 ms scalar, one thread).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"  // inline helpers: no vector crosses a real call
-template <int W>
-struct FloatVector {
-  typedef float type __attribute__((vector_size(4 * W)));  // an alias would drop the attribute
-};
-template <int W>
-using Floats = typename FloatVector<W>::type;
-
-template <int W>
-inline Floats<W> load(const float* p) {
-  Floats<W> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-template <int W>
-inline void store(float* p, Floats<W> v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
-// Every other element of the 2W floats (a, b), from element kFirst: 0 for the even ones, 1 for
-// the odd ones.
-template <int W, int kFirst>
-inline Floats<W> every_other(Floats<W> a, Floats<W> b) {
-  constexpr int f = kFirst;
-  if constexpr (W == 8) {
-    return __builtin_shufflevector(a, b, f, f + 2, f + 4, f + 6, f + 8, f + 10, f + 12, f + 14);
-  } else {
-    static_assert(W == 4);
-    return __builtin_shufflevector(a, b, f, f + 2, f + 4, f + 6);
-  }
-}
-template <int W>
-inline Floats<W> evens(Floats<W> a, Floats<W> b) {
-  return every_other<W, 0>(a, b);
-}
-template <int W>
-inline Floats<W> odds(Floats<W> a, Floats<W> b) {
-  return every_other<W, 1>(a, b);
-}
-// The first (half 0) or last (half 1) W floats of e0 o0 e1 o1 ...: the inverse of evens / odds.
-template <int W, int kHalf>
-inline Floats<W> interleave(Floats<W> e, Floats<W> o) {
-  if constexpr (W == 8) {
-    if constexpr (kHalf == 0) return __builtin_shufflevector(e, o, 0, 8, 1, 9, 2, 10, 3, 11);
-    return __builtin_shufflevector(e, o, 4, 12, 5, 13, 6, 14, 7, 15);
-  } else {
-    static_assert(W == 4);
-    if constexpr (kHalf == 0) return __builtin_shufflevector(e, o, 0, 4, 1, 5);
-    return __builtin_shufflevector(e, o, 2, 6, 3, 7);
-  }
-}
-
-// Calls f.template operator()<W>(s) for chunks [s, s + W) covering [0, n), W = 8 when n >= 8,
-// else 4; the last chunk starts at n - W and may overlap the one before, so f must write the
-// same values whenever it covers an index twice. Requires n >= 4.
-template <class F>
-inline void cover_in_chunks(int64_t n, F&& f) {
-  const auto run = [&]<int W>() {
-    for (int64_t s = 0; s < n; s += W) f.template operator()<W>(std::min<int64_t>(s, n - W));
-  };
-  if (n >= 8) {
-    run.template operator()<8>();
-  } else {
-    run.template operator()<4>();
-  }
-}
 #pragma GCC diagnostic pop
+
 
 inline int64_t grain_for(const PoolPlan& p, int64_t window) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, p.out_size * window));
