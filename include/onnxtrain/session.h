@@ -31,9 +31,10 @@ struct SessionOptions {
   uint64_t seed = 0;
   // Plan the graph with the runtime's rewrites: constant folding (src/runtime/constant_folding.h:
   // nodes whose inputs are all constants run once, when the graph is planned) and fusions
-  // (src/runtime/fusion.h: Conv -> Relu -> MaxPool chains become one kernel that never stores
-  // the convolution's output in the plain layout). Results agree to rounding either way; false
-  // runs every node as the model has it.
+  // (src/runtime/fusion.h: Conv -> Relu -> MaxPool chains, and Conv -> Relu pairs, become one
+  // kernel that never stores the convolution's output in the plain layout; MaxPoolGrad ->
+  // ReluGrad pairs one pass). Results agree to rounding either way; false runs every node as the
+  // model has it.
   bool fuse = true;
 };
 

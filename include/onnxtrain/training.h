@@ -43,7 +43,8 @@ struct TrainingOptions {
   // Plan graphs with the runtime's rewrites: constant folding (src/runtime/constant_folding.h)
   // and fusions (src/runtime/fusion.h: the Div-Adam-Mul pattern of make-trainable's Adam;
   // Conv -> Relu -> MaxPool where nothing else reads the intermediates, as in an inference
-  // graph). Results agree to rounding either way.
+  // graph; Conv -> Relu where only the Relu reads the convolution, as in a training step; the
+  // backward pass of Relu -> MaxPool as one MaxPoolGrad). Results agree to rounding either way.
   bool fuse = true;
   // Seed of random ops without a `seed` attribute (RandomNormal in an initialization graph,
   // Dropout in training mode). Random numbers depend only on the seed, the node and the
