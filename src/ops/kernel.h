@@ -73,6 +73,10 @@ class KernelInit {
 struct RunContext {
   uint64_t seed = 0;
   uint64_t run_index = 0;
+  // The training session's NaN guard is on: kernels that can check what they write for NaN and
+  // Inf while writing it (Adam and ScaledAdam, ops/optimizers.cpp) do, and fail on any, so the
+  // session need not read those outputs again (training/training_session.cpp).
+  bool nan_guard = false;
 };
 
 // Where allocate_output gets memory (the runtime's memory plan, runtime/memory_plan.h).

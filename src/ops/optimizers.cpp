@@ -8,6 +8,7 @@
 // schema doc, quoted above its kernel; scalars are computed in float64, element-wise math in
 // the tensors' type.
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -170,6 +171,8 @@ class Momentum final : public Kernel {
 // M_H, and the op computes, in one pass per tensor, what this subgraph computes in six
 // (up to rounding, see update()):
 //   Adam(R, T, X..., G / S_G..., V / S_V..., H / S_H...) -> X_new..., V_new * M_V..., H_new * M_H...
+// When the run's context has nan_guard (a TrainingSession with its NaN guard on), both check
+// every output for NaN and Inf while writing it and fail on any, naming the outputs.
 class Adam final : public Kernel {
  public:
   Adam(const KernelInit& init, bool scaled)
@@ -234,6 +237,11 @@ class Adam final : public Kernel {
     T* __restrict x_out = ctx.allocate_output(i, x_in.dtype(), x_in.shape()).template data<T>();
     T* __restrict v_out = ctx.allocate_output(n + i, x_in.dtype(), x_in.shape()).template data<T>();
     T* __restrict h_out = ctx.allocate_output(2 * n + i, x_in.dtype(), x_in.shape()).template data<T>();
+    // With the NaN guard on, each chunk sums its outputs times 0: NaN exactly when one of them
+    // is NaN or Inf.
+    const bool guard = ctx.run_context().nan_guard;
+    std::atomic<bool> non_finite{false};
+    std::atomic<bool>* flag = &non_finite;
     parallel_for(x_in.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
       const T* __restrict x0 = xs;
       const T* __restrict g0 = gs;
@@ -266,11 +274,14 @@ class Adam final : public Kernel {
         // (v1 and h1 share the alignment: every tensor starts 64-byte aligned).
         int64_t e = begin;
         for (; e < end && (reinterpret_cast<uintptr_t>(x1 + e) & 31) != 0; ++e) one(e);
+        const int64_t head = e;
         const __m256 vsg = _mm256_set1_ps(Scaled ? sg : 1.0f), vsv = _mm256_set1_ps(Scaled ? sv : 1.0f);
         const __m256 vsh = _mm256_set1_ps(Scaled ? sh : 1.0f), vmv = _mm256_set1_ps(Scaled ? mv : 1.0f);
         const __m256 vmh = _mm256_set1_ps(Scaled ? mh : 1.0f), va = _mm256_set1_ps(aa), va1 = _mm256_set1_ps(1.0f - aa);
         const __m256 vb = _mm256_set1_ps(bb), vb1 = _mm256_set1_ps(1.0f - bb), vr = _mm256_set1_ps(rr);
         const __m256 ve = _mm256_set1_ps(ee), vn = _mm256_set1_ps(nn), vk = _mm256_set1_ps(kk);
+        const __m256 zero = _mm256_setzero_ps();
+        __m256 check = zero;
         for (; e + 8 <= end; e += 8) {
           const __m256 x = _mm256_loadu_ps(x0 + e);
           const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(g0 + e), vsg);
@@ -279,18 +290,42 @@ class Adam final : public Kernel {
           const __m256 h = _mm256_add_ps(_mm256_mul_ps(vb, _mm256_mul_ps(_mm256_loadu_ps(h0 + e), vsh)),
                                          _mm256_mul_ps(_mm256_mul_ps(vb1, gr), gr));
           const __m256 u = _mm256_div_ps(_mm256_mul_ps(vr, v), _mm256_add_ps(_mm256_sqrt_ps(h), ve));
-          _mm256_stream_ps(x1 + e, _mm256_mul_ps(vk, _mm256_sub_ps(x, u)));
-          _mm256_stream_ps(v1 + e, _mm256_mul_ps(v, vmv));
-          _mm256_stream_ps(h1 + e, _mm256_mul_ps(h, vmh));
+          const __m256 x_new = _mm256_mul_ps(vk, _mm256_sub_ps(x, u));
+          const __m256 v_new = _mm256_mul_ps(v, vmv), h_new = _mm256_mul_ps(h, vmh);
+          _mm256_stream_ps(x1 + e, x_new);
+          _mm256_stream_ps(v1 + e, v_new);
+          _mm256_stream_ps(h1 + e, h_new);
+          if (guard) {
+            check = _mm256_add_ps(check, _mm256_mul_ps(x_new, zero));
+            check = _mm256_add_ps(check, _mm256_add_ps(_mm256_mul_ps(v_new, zero), _mm256_mul_ps(h_new, zero)));
+          }
         }
+        const int64_t tail = e;
         for (; e < end; ++e) one(e);
         _mm_sfence();
+        if (guard && (_mm256_movemask_ps(_mm256_cmp_ps(check, check, _CMP_UNORD_Q)) != 0 ||
+                      !outputs_finite(x1, v1, h1, begin, head) || !outputs_finite(x1, v1, h1, tail, end))) {
+          flag->store(true, std::memory_order_relaxed);
+        }
         return;
       }
 #endif
 #pragma omp simd
       for (int64_t e = begin; e < end; ++e) one(e);
+      if (guard && !outputs_finite(x1, v1, h1, begin, end)) flag->store(true, std::memory_order_relaxed);
     });
+    if (non_finite.load()) {
+      fail("output " + ctx.output_name(i) + ", " + ctx.output_name(n + i) + " or " + ctx.output_name(2 * n + i) +
+           " holds NaN or Inf (NaN guard: the step is rejected)");
+    }
+  }
+
+  // Whether x, v and h hold only finite values over [begin, end): their sum times 0 is 0.
+  template <class T>
+  static bool outputs_finite(const T* x, const T* v, const T* h, int64_t begin, int64_t end) {
+    T sum = 0;
+    for (int64_t e = begin; e < end; ++e) sum += x[e] * T(0) + v[e] * T(0) + h[e] * T(0);
+    return sum == T(0);
   }
 
   float alpha_, beta_, epsilon_, norm_coefficient_, norm_coefficient_post_;

@@ -23,6 +23,9 @@ namespace {
 struct Binding {
   std::string key;    // the variable
   std::string value;  // the graph output assigned to it
+  // An Adam or ScaledAdam node writes the value: with the NaN guard on, that kernel checks it
+  // while writing it (ops::RunContext::nan_guard), so stage() need not read it again.
+  bool checked_by_producer = false;
 };
 
 // A graph run by the session and the variables it reads as initializers.
@@ -98,6 +101,7 @@ struct TrainingSession::Impl {
       BoundGraph algorithm = make_bound(combine_graphs(model.graph(), info.algorithm()),
                                         combined_label(source, i), opsets, keys);
       for (const auto& b : info.update_binding()) algorithm.bindings.push_back({b.key(), b.value()});
+      mark_checked_by_producer(algorithm);
       algorithms.push_back(std::move(algorithm));
       if (info.has_initialization()) {
         BoundGraph init = make_bound(info.initialization(), initialization_label(source, i), opsets, {});
@@ -185,6 +189,23 @@ struct TrainingSession::Impl {
     return bound;
   }
 
+  // Sets Binding::checked_by_producer on the bindings of `g` whose value an Adam or ScaledAdam
+  // node of its main graph writes.
+  static void mark_checked_by_producer(BoundGraph& g) {
+    const ir::Graph& graph = g.runner->graph();
+    std::set<std::string> checked;
+    for (const ir::Node& node : graph.nodes()) {
+      if (!(node.domain == "ai.onnx.preview.training" && node.op_type == "Adam") &&
+          !(node.domain == "ai.onnxtrain" && node.op_type == "ScaledAdam")) {
+        continue;
+      }
+      for (ir::ValueId id : node.outputs) {
+        if (id != ir::kNoValue) checked.insert(graph.value(id).name);
+      }
+    }
+    for (Binding& b : g.bindings) b.checked_by_producer = checked.contains(b.value);
+  }
+
   // Checks the bound outputs of one run and writes them into `staged`.
   void stage(const BoundGraph& g, const runtime::NamedTensors& outputs, runtime::NamedTensors& staged) const {
     for (const Binding& b : g.bindings) {
@@ -195,7 +216,7 @@ struct TrainingSession::Impl {
                     value.description() + " but the variable is " + variable.description() +
                     "; no variable was changed");
       }
-      if (options.nan_guard && !all_finite(value)) {
+      if (options.nan_guard && !b.checked_by_producer && !all_finite(value)) {
         throw Error(g.label + ": binding " + b.key + " <- " + b.value +
                     ": the value contains NaN or Inf (NaN guard); no variable was changed");
       }
@@ -211,7 +232,7 @@ struct TrainingSession::Impl {
 
   runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
     BoundGraph& g = algorithms[i];
-    const ops::RunContext context{options.seed, steps_done};
+    const ops::RunContext context{options.seed, steps_done, options.nan_guard};
     runtime::NamedTensors outputs = g.runner->run(feeds, g.overrides, &context);
     runtime::NamedTensors staged;
     stage(g, outputs, staged);

@@ -298,6 +298,56 @@ TEST(TrainingSession, NaNGuardSeesEveryElementOfALargeValue) {
   EXPECT_EQ(session.state().at("V").to_double_vector().front(), 2.0);  // unchanged
 }
 
+// Adam checks its outputs for the NaN guard while writing them (stage() skips them): an Inf in
+// one element of H_new alone — first element (scalar head), middle (vector loop), last (scalar
+// tail), in float32 (AVX path) and float64 (generic path) — rejects the step and changes no
+// variable; with the guard off the step goes through.
+TEST(TrainingSession, AdamOutputsAreCheckedForTheNaNGuard) {
+  const int64_t n = 100003;
+  for (DataType t : {DataType::Float32, DataType::Float64}) {
+    const double huge = t == DataType::Float32 ? 1e30 : 1e200;  // its square is Inf
+    onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(13);
+    auto* training = m.add_opset_import();
+    training->set_domain("ai.onnx.preview.training");
+    training->set_version(1);
+    auto& g = *m.mutable_graph();
+    g.set_name("g");
+    for (const char* name : {"W", "V", "H"}) initializer(g, name, Tensor::zeros(t, {n}));
+    node(g, "Identity", {"W"}, {"out"});
+    value(g.mutable_output(), "out", static_cast<int>(t), {n});
+    auto* info = m.add_training_info();
+    auto& a = *info->mutable_algorithm();
+    value(a.mutable_input(), "G", static_cast<int>(t), {n});
+    initializer(a, "R", Tensor::scalar<float>(0.1f));
+    initializer(a, "T", Tensor::scalar<int64_t>(0));
+    node(a, "Adam", {"R", "T", "W", "G", "V", "H"}, {"W_new", "V_new", "H_new"})->set_domain("ai.onnx.preview.training");
+    for (const char* name : {"W_new", "V_new", "H_new"}) value(a.mutable_output(), name, static_cast<int>(t), {n});
+    bind(info->mutable_update_binding(), "W", "W_new");
+    bind(info->mutable_update_binding(), "V", "V_new");
+    bind(info->mutable_update_binding(), "H", "H_new");
+    TrainingSession session(m);
+    session.step({{"G", Tensor::from_vector<double>({n}, std::vector<double>(n, 1.0)).cast(t)}});
+    const auto before = session.state();
+    for (int64_t at : {int64_t{0}, n / 2 + 3, n - 1}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " element " + std::to_string(at));
+      std::vector<double> grad(static_cast<size_t>(n), 1.0);
+      grad[static_cast<size_t>(at)] = huge;
+      const Tensor bad = Tensor::from_vector<double>({n}, grad).cast(t);
+      const std::string e = error_of([&] { session.step({{"G", bad}}); });
+      EXPECT_NE(e.find("NaN or Inf"), std::string::npos) << e;
+      EXPECT_NE(e.find("H_new"), std::string::npos) << e;
+      for (const auto& [name, value] : before) {
+        EXPECT_EQ(session.state().at(name).to_double_vector(), value.to_double_vector()) << name;
+      }
+      TrainingSession unguarded(m, {.nan_guard = false});
+      unguarded.step({{"G", bad}});
+      EXPECT_TRUE(std::isinf(unguarded.state().at("H").to_double_vector()[static_cast<size_t>(at)]));
+    }
+  }
+}
+
 TEST(TrainingSession, BindingsMustKeepTypeAndShape) {
   onnx::ModelProto m = linear_regression();
   // Bind W to dW's transpose: [1,3] instead of [3,1].
