@@ -269,6 +269,9 @@ struct ConvEntry {
   // ConvTranspose with negative crops: oneDNN fills only the dst_dims block of y.
   DnnlConvDims dims;
   std::vector<float> dst_buffer;
+  // The channel block (16 or 8) when the primitive writes the blocked layout of
+  // blocked_channels_f32 into dst's own buffer, else 0.
+  int64_t dst_channel_block = 0;
 };
 
 // A dense channels-last descriptor ([N, C, D...] dims stored as N, D..., C).
@@ -383,6 +386,9 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
     if (has_bias) e.args[DNNL_ARG_BIAS] = e.bias;
   });
   if (d.embed) e.dst_buffer.resize(static_cast<size_t>(g.N * g.M * dims_product(d.dst_dims)));
+  if (!transpose && !channels_last_dst && e.dst.arg().get_desc() == blocked_channels_f32(dst.dims())) {
+    e.dst_channel_block = channel_block();
+  }
   return e;
 }
 
@@ -508,8 +514,7 @@ class ConvKernel final : public Kernel {
     }
     if constexpr (std::is_same_v<T, float>) {
       if (g.rank() <= 3) {
-        ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(bias != nullptr).add(0),
-                                  [&] { return plan(g, attrs_.transpose, bias != nullptr); });
+        ConvEntry& e = plain_entry(g, x, w, bias != nullptr);
         if (!e.use_reference) {
           execute(e, g, x.data<float>(), w.data<float>(), bias, y);
           return;
@@ -529,14 +534,11 @@ class ConvKernel final : public Kernel {
   // Returns false, having done nothing, for any other layout or path.
   bool convolve_relu(const ConvGeometry& g, const Tensor& x, const Tensor& w, const float* bias, float* y) {
     if (g.rank() > 3 || attrs_.transpose || x.numel() == 0 || w.numel() == 0) return false;
-    ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(bias != nullptr).add(0),
-                              [&] { return plan(g, attrs_.transpose, bias != nullptr); });
-    const int64_t block = channel_block();
+    ConvEntry& e = plain_entry(g, x, w, bias != nullptr);
+    const int64_t block = e.dst_channel_block;
     if (e.use_reference || e.dims.embed || block == 0) return false;
-    const dnnl::memory& out = e.dst.arg();
-    if (out.get_desc() != blocked_channels_f32(dims_of(g.N, g.M, e.dims.dst_dims))) return false;
     execute(e, g, x.data<float>(), w.data<float>(), bias, y, false);
-    const auto* in = static_cast<const float*>(out.get_data_handle());
+    const auto* in = static_cast<const float*>(e.dst.arg().get_data_handle());
     const int64_t size = g.out_size(), blocks = (g.M + block - 1) / block;
     // Task (n, channel block): `block` channel planes, read interleaved, written one by one.
     parallel_for(g.N * blocks, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, size * block)),
@@ -546,21 +548,29 @@ class ConvKernel final : public Kernel {
         const float* __restrict src = in + t * size * block;
         for (int64_t c = 0; c < std::min(block, g.M - first); ++c) {
           float* __restrict dst = y + (n * g.M + first + c) * size;
-          for (int64_t i = 0; i < size; ++i) {
-            const float v = src[i * block + c];
-            dst[i] = v < 0.0f ? 0.0f : v;  // as relu_in_place
-          }
+          for (int64_t i = 0; i < size; ++i) dst[i] = relu(src[i * block + c]);
         }
       }
     });
     return true;
   }
 
+  // The plain-output entry for these shapes (made on first use).
+  ConvEntry& plain_entry(const ConvGeometry& g, const Tensor& x, const Tensor& w, bool has_bias) {
+    return cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(0),
+                      [&] { return plan(g, attrs_.transpose, has_bias); });
+  }
+
   template <class T>
-  static void relu_in_place(Tensor& y) {  // as the Relu op: max(v, 0), NaN kept
+  static T relu(T v) {  // as the Relu op: max(v, 0), NaN kept
+    return v < T(0) ? T(0) : v;
+  }
+
+  template <class T>
+  static void relu_in_place(Tensor& y) {
     T* v = y.data<T>();
     parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) v[i] = v[i] < T(0) ? T(0) : v[i];
+      for (int64_t i = begin; i < end; ++i) v[i] = relu(v[i]);
     });
   }
 

@@ -134,6 +134,7 @@ struct GradEntry {
   du::Operand weights_dy, x, dw;
   dnnl::memory db;
   bool share_dy = false;  // both read dY in the same layout: reorder it once, into data_dy
+  std::unordered_map<int, dnnl::memory> data_args, weights_args;  // the memories above by role
 };
 
 // Makes the primitives of one direction (Conv: convolution_*, ConvTranspose: deconvolution_*)
@@ -161,6 +162,8 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     e.data_dy = du::Operand(dy_plain, data_dy, true);
     e.w = du::Operand(w_plain, pd.weights_desc(), true);
     e.dx = du::Operand(x_plain, pd.diff_src_desc(), false);
+    e.data_args = {{DNNL_ARG_DIFF_DST, e.data_dy.arg()}, {DNNL_ARG_WEIGHTS, e.w.arg()},
+                   {DNNL_ARG_DIFF_SRC, e.dx.arg()}};
   }
   if (e.weights) {
     const memory::desc b_plain = e.bias ? du::plain_f32({dy_plain.dims()[1]}) : memory::desc();
@@ -172,7 +175,13 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     if (!e.share_dy) e.weights_dy = du::Operand(dy_plain, pd.diff_dst_desc(), true);
     e.x = du::Operand(x_plain, pd.src_desc(), true);
     e.dw = du::Operand(w_plain, pd.diff_weights_desc(), false);
-    if (e.bias) e.db = memory(b_plain, engine, nullptr);
+    e.weights_args = {{DNNL_ARG_SRC, e.x.arg()},
+                      {DNNL_ARG_DIFF_DST, (e.share_dy ? e.data_dy : e.weights_dy).arg()},
+                      {DNNL_ARG_DIFF_WEIGHTS, e.dw.arg()}};
+    if (e.bias) {
+      e.db = memory(b_plain, engine, nullptr);
+      e.weights_args[DNNL_ARG_DIFF_BIAS] = e.db;
+    }
   }
 }
 
@@ -224,28 +233,19 @@ void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* 
       e.dx.bind(dx);
       e.data_dy.reorder(stream);
       e.w.reorder(stream);
-      e.data_primitive.execute(stream, {{DNNL_ARG_DIFF_DST, e.data_dy.arg()},
-                                        {DNNL_ARG_WEIGHTS, e.w.arg()},
-                                        {DNNL_ARG_DIFF_SRC, e.dx.arg()}});
+      e.data_primitive.execute(stream, e.data_args);
       e.dx.reorder(stream);
     }
     if (dw) {
-      du::Operand& weights_dy = e.share_dy ? e.data_dy : e.weights_dy;
-      if (!e.share_dy) {
-        weights_dy.bind(dy);
-        weights_dy.reorder(stream);
+      if (!e.share_dy) {  // else data_dy holds it already
+        e.weights_dy.bind(dy);
+        e.weights_dy.reorder(stream);
       }
       e.x.bind(x);
       e.dw.bind(dw);
       e.x.reorder(stream);
-      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, e.x.arg()},
-                                                 {DNNL_ARG_DIFF_DST, weights_dy.arg()},
-                                                 {DNNL_ARG_DIFF_WEIGHTS, e.dw.arg()}};
-      if (e.bias) {
-        e.db.set_data_handle(db);
-        args[DNNL_ARG_DIFF_BIAS] = e.db;
-      }
-      e.weights_primitive.execute(stream, args);
+      if (e.bias) e.db.set_data_handle(db);
+      e.weights_primitive.execute(stream, e.weights_args);
       e.dw.reorder(stream);
     }
     stream.wait();

@@ -74,10 +74,15 @@ struct RunContext {
   uint64_t seed = 0;
   uint64_t run_index = 0;
   // The training session's NaN guard is on: kernels that can check what they write for NaN and
-  // Inf while writing it (Adam and ScaledAdam, ops/optimizers.cpp) do, and fail on any, so the
-  // session need not read those outputs again (training/training_session.cpp).
+  // Inf while writing it (checks_outputs_for_nan_guard) do, and fail on any, so the session need
+  // not read those outputs again (training/training_session.cpp).
   bool nan_guard = false;
 };
+
+// Whether the kernel of op `op_type` in `domain` ("ai.onnx.preview.training", "ai.onnxtrain")
+// checks all its outputs for NaN and Inf when RunContext::nan_guard is set, failing with an
+// Error that names them: Adam and ScaledAdam (ops/optimizers.cpp).
+bool checks_outputs_for_nan_guard(const std::string& domain, const std::string& op_type);
 
 // Where allocate_output gets memory (the runtime's memory plan, runtime/memory_plan.h).
 class OutputAllocator {

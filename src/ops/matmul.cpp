@@ -206,7 +206,7 @@ class MatMulKernel final : public Kernel {
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (s.b_batch.numel() == 1 && use_sgemm(false, false)) {  // A's batch folds into its rows
+      if (s.b_batch.numel() == 1) {  // one 2-D product, A's batch folded into its rows (use_sgemm)
         sgemm(false, false, s.batch.numel() * s.M, s.N, s.K, 1.0f, a.data<float>(), b.data<float>(),
               0.0f, y.data<float>());
         return;
@@ -221,16 +221,12 @@ class MatMulKernel final : public Kernel {
     matmul_reference<T>(s, a.data<T>(), b.data<T>(), y.data<T>());
   }
 
-  // The oneDNN problem for these shapes: one 2-D product when B has no batch (A's batch folds
-  // into its rows), a 3-D batch when both batches are equal, else oneDNN's batch broadcasting.
+  // The oneDNN problem for shapes where B has a batch (without one, sgemm runs it): a 3-D
+  // batch when both batches are equal, else oneDNN's batch broadcasting.
   static MatMulEntry plan(const MatMulShape& s) {
     const int64_t batches = s.batch.numel();
     dnnl::memory::dims src, weights, dst;
-    if (s.b_batch.numel() == 1) {
-      src = {batches * s.M, s.K};
-      weights = {s.K, s.N};
-      dst = {batches * s.M, s.N};
-    } else if (s.a_batch == s.b_batch) {
+    if (s.a_batch == s.b_batch) {
       src = {batches, s.M, s.K};
       weights = {batches, s.K, s.N};
       dst = {batches, s.M, s.N};
@@ -453,13 +449,12 @@ class GemmKernel final : public Kernel {
     });
   }
 
-  // dst = alpha * A' B' (+ beta * dst, dst prefilled with C): alpha is the output scale, beta
-  // a sum post-op; transposes are expressed by the operands' strides.
+  // dst = alpha * A B^T (+ beta * dst, dst prefilled with C), the one layout that does not run
+  // through sgemm (use_sgemm): alpha is the output scale, beta a sum post-op, B^T is expressed
+  // by B's strides.
   MatMulEntry plan(const GemmShape& s) const {
-    const auto a =
-        attrs_.trans_a ? du::strided_f32({s.M, s.K}, {1, s.M}) : du::plain_f32({s.M, s.K});
-    const auto b =
-        attrs_.trans_b ? du::strided_f32({s.K, s.N}, {1, s.K}) : du::plain_f32({s.K, s.N});
+    const auto a = du::plain_f32({s.M, s.K});
+    const auto b = du::strided_f32({s.K, s.N}, {1, s.K});
     dnnl::primitive_attr attr;
     du::checked("set Gemm's alpha and beta", [&] {
       if (attrs_.alpha != 1.0f) attr.set_output_scales(0, {attrs_.alpha});

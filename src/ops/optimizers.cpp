@@ -18,6 +18,7 @@
 #endif
 
 #include "core/dispatch.h"
+#include "core/finite.h"
 #include "core/parallel.h"
 #include "ops/factories.h"
 
@@ -320,12 +321,10 @@ class Adam final : public Kernel {
     }
   }
 
-  // Whether x, v and h hold only finite values over [begin, end): their sum times 0 is 0.
+  // Whether x, v and h hold only finite values over [begin, end).
   template <class T>
   static bool outputs_finite(const T* x, const T* v, const T* h, int64_t begin, int64_t end) {
-    T sum = 0;
-    for (int64_t e = begin; e < end; ++e) sum += x[e] * T(0) + v[e] * T(0) + h[e] * T(0);
-    return sum == T(0);
+    return all_finite(x, begin, end) && all_finite(v, begin, end) && all_finite(h, begin, end);
   }
 
   float alpha_, beta_, epsilon_, norm_coefficient_, norm_coefficient_post_;
@@ -338,5 +337,10 @@ std::unique_ptr<Kernel> make_adagrad(const KernelInit& init) { return std::make_
 std::unique_ptr<Kernel> make_momentum(const KernelInit& init) { return std::make_unique<Momentum>(init); }
 std::unique_ptr<Kernel> make_adam(const KernelInit& init) { return std::make_unique<Adam>(init, false); }
 std::unique_ptr<Kernel> make_scaled_adam(const KernelInit& init) { return std::make_unique<Adam>(init, true); }
+
+bool checks_outputs_for_nan_guard(const std::string& domain, const std::string& op_type) {
+  return (domain == "ai.onnx.preview.training" && op_type == "Adam") ||
+         (domain == "ai.onnxtrain" && op_type == "ScaledAdam");
+}
 
 }  // namespace onnxtrain::ops

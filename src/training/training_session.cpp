@@ -6,6 +6,7 @@
 
 #include "autodiff/gradient.h"
 #include "core/dispatch.h"
+#include "core/finite.h"
 #include "core/parallel.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -23,8 +24,8 @@ namespace {
 struct Binding {
   std::string key;    // the variable
   std::string value;  // the graph output assigned to it
-  // An Adam or ScaledAdam node writes the value: with the NaN guard on, that kernel checks it
-  // while writing it (ops::RunContext::nan_guard), so stage() need not read it again.
+  // The node writing the value checks it for the NaN guard while writing it
+  // (ops::checks_outputs_for_nan_guard), so stage() need not read it again.
   bool checked_by_producer = false;
 };
 
@@ -40,8 +41,7 @@ bool all_finite(const Tensor& t) {
   bool finite = true;
   visit_dtype<AllTypes>(t.dtype(), "bound value", [&]<class T>() {
     if constexpr (is_float_v<T>) {
-      // Sums stay finite only when every element is: one vectorizable pass per thread's chunk,
-      // no early exit. Each chunk writes its own flag, in its own cache line.
+      // Chunks checked in parallel (core/finite.h), each writing its own flag in its own cache line.
       const T* data = t.data<T>();
       struct alignas(64) Flag {
         bool finite = true;
@@ -50,14 +50,7 @@ bool all_finite(const Tensor& t) {
       const int64_t n = t.numel();
       const int64_t chunks = std::min<int64_t>(64, std::max<int64_t>(1, n / kParallelGrain));
       parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          const T* __restrict p = data;
-          const int64_t first = n * c / chunks, last = n * (c + 1) / chunks;
-          compute_t<T> sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t i = first; i < last; ++i) sum += static_cast<compute_t<T>>(p[i]) * compute_t<T>(0);
-          flags[c].finite = std::isfinite(sum);
-        }
+        for (int64_t c = begin; c < end; ++c) flags[c].finite = onnxtrain::all_finite(data, n * c / chunks, n * (c + 1) / chunks);
       });
       for (int64_t c = 0; c < chunks; ++c) finite = finite && flags[c].finite;
     }
@@ -189,16 +182,13 @@ struct TrainingSession::Impl {
     return bound;
   }
 
-  // Sets Binding::checked_by_producer on the bindings of `g` whose value an Adam or ScaledAdam
-  // node of its main graph writes.
+  // Sets Binding::checked_by_producer on the bindings of `g` whose value a node of its main
+  // graph writes that checks its outputs for the NaN guard itself.
   static void mark_checked_by_producer(BoundGraph& g) {
     const ir::Graph& graph = g.runner->graph();
     std::set<std::string> checked;
     for (const ir::Node& node : graph.nodes()) {
-      if (!(node.domain == "ai.onnx.preview.training" && node.op_type == "Adam") &&
-          !(node.domain == "ai.onnxtrain" && node.op_type == "ScaledAdam")) {
-        continue;
-      }
+      if (!ops::checks_outputs_for_nan_guard(node.domain, node.op_type)) continue;
       for (ir::ValueId id : node.outputs) {
         if (id != ir::kNoValue) checked.insert(graph.value(id).name);
       }
