@@ -396,6 +396,19 @@ TEST(PoolGradTest, Errors) {
                            {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{1})}),
                  Error);
   }
+  // The fused ReLU gradient: only MaxPoolGrad takes an activation, and only Relu.
+  const auto activation_error = [&](const char* op, const std::string& activation) {
+    try {
+      run_node(NodeSpec{op, kInternal, 1, {attr("kernel_shape", Ints{2, 2}), attr("activation", activation)}, 1},
+               {random({1, 2, 4, 4}, 2), x});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(activation_error("MaxPoolGrad", "Tanh").find("'activation' is 'Tanh'"), std::string::npos);
+  EXPECT_NE(activation_error("AveragePoolGrad", "Relu").find("only MaxPoolGrad"), std::string::npos);
+  EXPECT_EQ(activation_error("MaxPoolGrad", "Relu"), "no error");
 }
 
 }  // namespace
