@@ -1,17 +1,16 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """onnxtrain against PyTorch (training) and ONNX Runtime (inference) on the Fashion-MNIST models.
 
 Training: the MLP (784-512-512-10) and the CNN of examples/fashion_mnist, Adam, batch 128, the
 same Fashion-MNIST batches in memory, each implementation at 1 and 2 threads, runs alternating
-between onnxtrain (`onnxtrain train`) and PyTorch (bench/torch_train.py, /usr/bin/python3 with
-Debian's python3-torch). Reports the median steps/s at each one's best thread count, the ratio,
+between onnxtrain (`onnxtrain train`) and PyTorch 2.13 (bench/torch_train.py, run with the
+Python that runs this script: the project's .venv). Reports the median steps/s at each one's best thread count, the ratio,
 the peak resident memory (VmHWM) of each process, and onnxtrain's achieved GFLOP/s as a
 fraction of the oneDNN sgemm peak measured in the same run.
 Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
-ONNX Runtime 1.30 (npm onnxruntime-node, installed into build/bench/ with --ignore-scripts,
-driven by bench/ort_infer.js).
+ONNX Runtime 1.30 (the onnxruntime wheel of the .venv, driven by bench/ort_infer.py).
 
-Usage: bench/run_bench.py [--reps 3] [--steps 200]   (after scripts/build release)
+Usage: .venv/bin/python bench/run_bench.py [--reps 3] [--steps 200]   (after scripts/build release)
 """
 import argparse
 import json
@@ -74,7 +73,7 @@ def onnxtrain_train(model, threads, steps):
 
 
 def torch_train(model, threads, steps):
-    out, peak = run_measured(["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_train.py"), model,
+    out, peak = run_measured([sys.executable, os.path.join(ROOT, "bench", "torch_train.py"), model,
                               os.path.join(WORK, f"{model}.onnx"), "--threads", str(threads), "--steps", str(steps)])
     return json.loads(out.strip().splitlines()[-1])["steps_per_s"], peak
 
@@ -86,7 +85,7 @@ def main():
     parser.add_argument("--models", default="mlp,cnn")
     args = parser.parse_args()
     os.makedirs(WORK, exist_ok=True)
-    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK],
+    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK],
                    check=True, stdout=subprocess.DEVNULL)
     for m in ("mlp", "cnn"):
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{m}.onnx"), "-o",
@@ -115,10 +114,6 @@ def main():
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
               f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB | {gflops:.0f} ({gflops / sgemm:.0%}) |")
 
-    ort_dir = WORK
-    if not os.path.exists(os.path.join(ort_dir, "node_modules", "onnxruntime-node")):
-        subprocess.run(["npm", "install", "--prefix", ort_dir, "--ignore-scripts", "--no-audit", "--no-fund",
-                        "onnxruntime-node@1.30.0"], check=True, stdout=subprocess.DEVNULL)
     print("\n| model | batch | onnxtrain ms | ONNX Runtime ms | ratio (ORT / onnxtrain) |\n|---|---|---|---|---|")
     for model in args.models.split(","):
         for batch in (1, 128):
@@ -130,9 +125,8 @@ def main():
                          "--batch", str(batch), "--threads", str(t)], capture_output=True, text=True,
                         check=True).stdout)["ms"])
                     theirs.append(json.loads(subprocess.run(
-                        ["node", os.path.join(ROOT, "bench", "ort_infer.js"), os.path.join(WORK, f"{model}.onnx"),
-                         str(batch), str(t)], capture_output=True, text=True, check=True,
-                        env=dict(os.environ, NODE_PATH=os.path.join(ort_dir, "node_modules"))).stdout)["ms"])
+                        [sys.executable, os.path.join(ROOT, "bench", "ort_infer.py"), os.path.join(WORK, f"{model}.onnx"),
+                         str(batch), str(t)], capture_output=True, text=True, check=True).stdout)["ms"])
             a, b = min(mine), min(theirs)
             print(f"| {model} | {batch} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
     return 0

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch side of bench/run_bench.py: trains the Fashion-MNIST MLP or CNN (weights read from the
 ONNX file examples/fashion_mnist/make_model.py wrote) with Adam, batch 128, on the first
 Fashion-MNIST batches held in memory, and prints {"steps_per_s": ...} over the whole loop.

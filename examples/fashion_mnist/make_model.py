@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""Writes the inference models of the Fashion-MNIST examples with python3-onnx.
+#!/usr/bin/env python3
+"""Writes the inference models of the Fashion-MNIST examples with onnx (the project's .venv).
 
   mlp.onnx  x float32[N, 784] -> Gemm 784x512 -> Relu -> Gemm 512x512 -> Relu -> Gemm 512x10 -> logits
   cnn.onnx  x float32[N, 1, 28, 28] -> Conv 5x5 32 (pad 2) -> Relu -> MaxPool 2 -> Conv 5x5 64 (pad 2)

@@ -1,6 +1,6 @@
 """Writes a linear-regression model that carries its own training program.
 
-    /usr/bin/python3 make_model.py OUT_DIR
+    .venv/bin/python make_model.py OUT_DIR
 
 OUT_DIR gets model.onnx, x.npy and y.npy. The model's inference graph is Y = X·W + B; its
 TrainingInfoProto holds

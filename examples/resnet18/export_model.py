@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""Writes resnet18_fmnist.onnx: torchvision's resnet18 (random initial weights, 10 classes) that
+#!/usr/bin/env python3
+"""Writes resnet18_fmnist.onnx: ResNet-18 (resnet.py, as torchvision builds it; random initial weights, 10 classes) that
 reads Fashion-MNIST images as they are, float32[N, 1, 28, 28], resizes them to 32x32
 (bilinear, as torch.nn.functional.interpolate) and repeats the gray channel three times.
 
@@ -14,13 +14,14 @@ import os
 import warnings
 
 import torch
-import torchvision
+
+from resnet import resnet18
 
 
 class FashionResNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.net = torchvision.models.resnet18(num_classes=10)
+        self.net = resnet18(num_classes=10)
 
     def forward(self, image):
         x = torch.nn.functional.interpolate(image, size=(32, 32), mode="bilinear", align_corners=False)
@@ -38,7 +39,7 @@ def main():
     torch.manual_seed(args.seed)
     model = FashionResNet()
     path = os.path.join(args.out_dir, "resnet18_fmnist.onnx")
-    torch.onnx.export(model, (torch.rand(2, 1, 28, 28),), path, opset_version=17,
+    torch.onnx.export(model, (torch.rand(2, 1, 28, 28),), path, dynamo=False, opset_version=17,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                       input_names=["image"], output_names=["logits"],
                       dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}})

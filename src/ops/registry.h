@@ -1,6 +1,8 @@
 // The kernel registry: one explicit table (registry.cpp) of every operator onnxtrain runs,
-// keyed by (domain, op type, opset range). The opset is the version the model imports for
-// the node's domain; ops whose semantics changed between opsets have one row per range.
+// keyed by (domain, op type, range of op versions). An op's version follows ONNX's operator
+// versioning: the newest since_version of its schema at the opset the model imports for the
+// node's domain (op_version); ops whose semantics changed between versions have one row per
+// range, and a version no row covers is not run.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +53,8 @@ inline constexpr DTypeSet kIndex{DataType::Int32, DataType::Int64};
 struct KernelDef {
   std::string_view domain;  // "" for ai.onnx
   std::string_view op_type;
-  int since;  // first opset of the domain this row serves
-  int until;  // last opset (inclusive)
+  int since;  // first op version this row serves (a since_version of the op's schema)
+  int until;  // last op version it serves (inclusive)
   DTypeSet types;  // element types accepted for input `type_input`
   KernelFactory make;
   int type_input = 0;
@@ -67,7 +69,11 @@ struct OpsetRange {
 
 std::span<const KernelDef> kernel_table();
 std::span<const OpsetRange> supported_opsets();
-// The row for (domain, op_type) at `opset`, or nullptr.
+// The version of the op a model importing `opset` of `domain` uses: the newest since_version
+// of ONNX's schema for it that is <= opset; 0 when ONNX defines no such op at that opset; the
+// opset itself for onnxtrain's own domain (ai.onnxtrain), which has no ONNX schemas.
+int op_version(std::string_view domain, std::string_view op_type, int opset);
+// The row for (domain, op_type) in a model importing `opset` of the domain, or nullptr.
 const KernelDef* find_kernel(std::string_view domain, std::string_view op_type, int opset);
 // The domain's supported range, or nullptr for an unknown domain.
 const OpsetRange* find_opset_range(std::string_view domain);

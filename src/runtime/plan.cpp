@@ -31,8 +31,15 @@ const ops::KernelDef& resolve(const ir::Graph& graph, const ir::Node& node, cons
     throw Error(where + ": unknown operator " + domain_label(node.domain) + "." + node.op_type +
                 " (not implemented by onnxtrain; see docs/ops.md)");
   }
-  throw Error(where + ": " + node.op_type + " is implemented for " + domain_label(node.domain) +
-              " opsets " + versions + ", but the model imports opset " + std::to_string(opset));
+  const int version = ops::op_version(node.domain, node.op_type, opset);
+  if (version == 0) {
+    throw Error(where + ": " + domain_label(node.domain) + " opset " + std::to_string(opset) +
+                " defines no operator " + node.op_type + " (onnxtrain implements its versions " +
+                versions + ")");
+  }
+  throw Error(where + ": " + domain_label(node.domain) + "." + node.op_type + " version " +
+              std::to_string(version) + " (the model imports opset " + std::to_string(opset) +
+              ") is not implemented; onnxtrain implements its versions " + versions);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 # Usage: cli_test.sh PATH/TO/onnxtrain
 set -uo pipefail
 bin=$1
+python=${ONNXTRAIN_PYTHON:?set ONNXTRAIN_PYTHON to the .venv/bin/python of the project}
 data=/usr/share/libonnx-testdata/data
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -46,7 +47,7 @@ expect 2 "." -- "$bin" frobnicate
 
 # Training from the command line: the linear-regression example.
 examples=$(cd "$(dirname "$0")/../../examples" && pwd)
-/usr/bin/python3 "$examples/linear_regression/make_model.py" "$tmp/lr" >/dev/null
+"$python" "$examples/linear_regression/make_model.py" "$tmp/lr" >/dev/null
 expect 0 'update_binding W float32\[3,1\] <- W_new' -- "$bin" info "$tmp/lr/model.onnx"
 expect 0 'ok: .*1 training_info' -- "$bin" check "$tmp/lr/model.onnx"
 expect 0 'step 20  loss=' -- "$bin" step "$tmp/lr/model.onnx" --input "X=$tmp/lr/x.npy" --input "Y_true=$tmp/lr/y.npy" --initialize --steps 20 -o "$tmp/lr/trained.onnx"
@@ -62,7 +63,7 @@ expect 2 "missing feed for input 'Y_true'" -- "$bin" step "$tmp/lr/model.onnx" -
 [[ ! -e $tmp/lr/t.onnx ]] || { echo "FAIL: a failed step wrote a model"; failures=$((failures + 1)); }
 
 # make-trainable, train, export; SIGINT during train writes a checkpoint and exits 130.
-/usr/bin/python3 - "$tmp/mt" <<'PY'
+"$python" - "$tmp/mt" <<'PY'
 import os, sys
 import numpy as np
 import onnx
@@ -83,7 +84,7 @@ expect 2 'already has training_info' -- "$bin" make-trainable "$tmp/mt/train.onn
 expect 2 "'hinge' is not one of bce_with_logits, cross_entropy, l1, mse, nll" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --loss hinge
 expect 0 'trained 4 steps' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 16 -o "$tmp/mt/trained.onnx"
 expect 0 'wrote .*inference.onnx' -- "$bin" export "$tmp/mt/trained.onnx" -o "$tmp/mt/inference.onnx"
-expect 0 'checker ok' -- /usr/bin/python3 -c "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1])); print('checker ok')" "$tmp/mt/inference.onnx"
+expect 0 'checker ok' -- "$python" -c "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1])); print('checker ok')" "$tmp/mt/inference.onnx"
 expect 0 'logits: float32\[64,3\]' -- "$bin" run "$tmp/mt/inference.onnx" --input "x=$tmp/mt/data/x.npy"
 expect 2 'reads no column' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --map label=nothing -o "$tmp/mt/t.onnx"
 "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 1 --epochs 1000000 -o "$tmp/mt/long.onnx" -q &

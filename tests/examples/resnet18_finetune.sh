@@ -6,17 +6,18 @@
 # Usage: resnet18_finetune.sh ONNXTRAIN
 set -euo pipefail
 bin=$1
+python=${ONNXTRAIN_PYTHON:?set ONNXTRAIN_PYTHON to the .venv/bin/python of the project}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-/usr/bin/python3 "$root/examples/resnet18/export_model.py" "$out" >/dev/null
+"$python" "$root/examples/resnet18/export_model.py" "$out" >/dev/null
 "$bin" make-trainable "$out/resnet18_fmnist.onnx" -o "$out/resnet18_train.onnx" \
   --loss cross_entropy --optimizer momentum --lr 0.01 >/dev/null
 "$bin" train "$out/resnet18_train.onnx" --data /usr/share/datasets/fashion-mnist --scale image=1/255 \
   --batch-size 32 --max-steps 12 --seed 0 -q --metrics "$out/metrics.jsonl" \
   -o "$out/resnet18_trained.onnx"
-/usr/bin/python3 - "$out/metrics.jsonl" <<'PY'
+"$python" - "$out/metrics.jsonl" <<'PY'
 import json, math, sys
 losses = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if r["type"] == "step"]
 print("step losses:", " ".join(f"{l:.3f}" for l in losses))

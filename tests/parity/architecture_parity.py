@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Real architectures exported from PyTorch train as PyTorch trains them.
 
-torchvision resnet18 and mobilenet_v2 (num_classes 10, 32x32 inputs, BatchNormalization in
+ResNet-18 and MobileNetV2 (tests/parity/vision_models.py, as torchvision builds them; num_classes 10, 32x32 inputs, BatchNormalization in
 training mode), an nn.TransformerEncoder text classifier (nn.Embedding, padding mask) and a
 2-layer nn.LSTM sequence classifier are
 exported with torch.onnx.export (opset 17, TrainingMode.TRAINING, no constant folding, random
@@ -49,8 +49,9 @@ import tempfile
 import numpy as np
 import onnx
 import torch
-import torchvision
 from onnx import numpy_helper
+
+import vision_models
 
 RTOL, ATOL = 1e-3, 1e-5
 STEPS = 5
@@ -102,7 +103,7 @@ def make(name, dtype):
         tokens = torch.randint(1, 50, (8, 7), generator=g)
         tokens[:3, 5:] = 0  # padding
         return TextClassifier().to(dtype), tokens
-    model = getattr(torchvision.models, name)(num_classes=10)
+    model = getattr(vision_models, name)(num_classes=10)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -130,7 +131,7 @@ def check(onnxtrain, workdir, name, dtype, steps, opt, check_arena=False):
     label = torch.arange(8) % 10
     path = os.path.join(workdir, f"{name}.onnx")
     model.train()
-    torch.onnx.export(model, (x,), path, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
                       do_constant_folding=False, input_names=["input"], output_names=["logits"])
     # Tracing ran the model in training mode, so the exported BatchNorm statistics are those
     # after one update: both sides start from the module's state after the export.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Gradient parity with PyTorch: onnxtrain's Gradient operator against torch.autograd.
 
 For each model (an MLP, a small CNN with BatchNorm in training mode, a transformer encoder
@@ -10,7 +10,7 @@ parameter, y = the loss) to the exported graph, run that model with
 (rtol 1e-4 and atol 1e-6, float32).
 
 Usage: gradient_parity.py --onnxtrain build/release/src/onnxtrain
-Needs Debian's python3-torch and python3-onnx (scripts/setup-deps installs them).
+Runs with the project's .venv (PyTorch 2.13, onnx; scripts/setup-deps creates it).
 """
 import argparse
 import io
@@ -123,7 +123,7 @@ def check(name, model, x, onnxtrain, workdir):
 
     buffer = io.BytesIO()
     dynamic = {"x": {0: "N"}, "logits": {0: "N"}} if name.endswith("dynamic_batch") else None
-    torch.onnx.export(model, (x,), buffer, opset_version=OPSET, input_names=["x"], output_names=["logits"],
+    torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=OPSET, input_names=["x"], output_names=["logits"],
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, dynamic_axes=dynamic)
     m = onnx.load_from_string(buffer.getvalue())
     g = m.graph

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """make-trainable parity with PyTorch: every loss x optimizer, and every learning-rate schedule.
 
 For each loss (cross_entropy, nll, mse, l1, bce_with_logits) and optimizer (sgd, momentum,
@@ -95,7 +95,7 @@ def cli_optimizer(name):
 
 
 def export(model, x, path):
-    torch.onnx.export(model, (x,), path, opset_version=17, input_names=["x"], output_names=["y"],
+    torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["x"], output_names=["y"],
                       do_constant_folding=False)
 
 

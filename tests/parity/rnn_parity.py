@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """RNN, GRU and LSTM parity with PyTorch: onnxtrain's forward kernels and their gradients
 against torch.nn and torch.autograd.
 
@@ -16,7 +16,7 @@ Three kinds of cases, each run with `onnxtrain run` and compared with torch in f
   compared with torch.autograd.grad of the same loss.
 
 Usage: rnn_parity.py --onnxtrain build/release/src/onnxtrain
-Needs Debian's python3-torch and python3-onnx (scripts/setup-deps installs them).
+Runs with the project's .venv (PyTorch 2.13, onnx; scripts/setup-deps creates it).
 """
 import argparse
 import io
@@ -86,7 +86,7 @@ def check_exported(onnxtrain, workdir, name, kind, module, gen, opset):
     state_names = ["h0", "c0"][: len(states)]
     final_names = ["hn", "cn"][: len(finals)]
     buffer = io.BytesIO()
-    torch.onnx.export(module, (x, state if kind != "LSTM" else tuple(states)), buffer, opset_version=opset,
+    torch.onnx.export(module, (x, state if kind != "LSTM" else tuple(states)), buffer, dynamo=False, opset_version=opset,
                       input_names=["x"] + state_names, output_names=["y"] + final_names)
     ops = {n.op_type for n in onnx.load_from_string(buffer.getvalue()).graph.node}
     if kind not in ops:
@@ -119,7 +119,7 @@ def check_gradients(onnxtrain, workdir, name, kind, module, gen, opset):
     # do_constant_folding=False keeps the parameters as initializers under torch's names (the
     # exporter's gate reordering stays as Slice/Concat nodes the gradient flows through).
     buffer = io.BytesIO()
-    torch.onnx.export(module, (x, state if kind != "LSTM" else tuple(states)), buffer, opset_version=opset,
+    torch.onnx.export(module, (x, state if kind != "LSTM" else tuple(states)), buffer, dynamo=False, opset_version=opset,
                       input_names=["x"] + state_names, output_names=["y"] + final_names,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     m = onnx.load_from_string(buffer.getvalue())

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """`onnxtrain train` against PyTorch on Fashion-MNIST: the end-to-end path, CI-sized.
 
 Writes the example MLP (examples/fashion_mnist/make_model.py), makes it trainable
@@ -57,7 +57,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         np.savez(os.path.join(d, "subset.npz"), image=images, label=labels,
                  **{"test/image": test_images, "test/label": test_labels})
-        run(["/usr/bin/python3", os.path.join(HERE, "..", "..", "examples", "fashion_mnist", "make_model.py"), d])
+        run([sys.executable, os.path.join(HERE, "..", "..", "examples", "fashion_mnist", "make_model.py"), d])
         run([args.onnxtrain, "make-trainable", os.path.join(d, "mlp.onnx"), "-o", os.path.join(d, "train.onnx"),
              "--loss", "cross_entropy", "--optimizer", "adam", "--lr", "1e-3"])
         started = time.time()
