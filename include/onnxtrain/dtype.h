@@ -24,7 +24,7 @@ enum class DataType : int32_t {
   Int16 = 5,
   Int32 = 6,
   Int64 = 7,
-  String = 8,  // not a numeric type: named in errors, never stored in a Tensor
+  String = 8,  // UTF-8 strings: each element a std::string (ONNX string tensors)
   Bool = 9,
   Float16 = 10,
   Float64 = 11,
@@ -56,9 +56,10 @@ struct BFloat16 {
 
 // "float32", "int64", ...; "undefined" for Undefined, "type<N>" for a value outside the enum.
 std::string_view dtype_name(DataType dtype);
-// Bytes per element; 0 for String, Undefined and complex types.
+// Bytes per element in memory; sizeof(std::string) for String; 0 for Undefined and complex
+// types.
 size_t dtype_size(DataType dtype);
-// True for the types a Tensor can hold (every type above but Undefined, String and complex).
+// True for the types a Tensor can hold (every type above but Undefined and complex).
 bool is_supported(DataType dtype);
 bool is_floating(DataType dtype);  // float16, bfloat16, float32, float64
 bool is_integral(DataType dtype);  // signed and unsigned integers, not bool
@@ -82,6 +83,7 @@ template <> struct DTypeOf<uint16_t> { static constexpr DataType value = DataTyp
 template <> struct DTypeOf<uint32_t> { static constexpr DataType value = DataType::UInt32; };
 template <> struct DTypeOf<uint64_t> { static constexpr DataType value = DataType::UInt64; };
 template <> struct DTypeOf<bool> { static constexpr DataType value = DataType::Bool; };
+template <> struct DTypeOf<std::string> { static constexpr DataType value = DataType::String; };
 template <class T> inline constexpr DataType dtype_of = DTypeOf<T>::value;
 
 // float16/bfloat16 are computed in float32; every other type in itself.

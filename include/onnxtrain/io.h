@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "onnxtrain/tensor.h"
+#include "onnxtrain/value.h"
 
 namespace onnx {
 class ModelProto;
@@ -65,6 +66,14 @@ void tensor_to_proto(const Tensor& tensor, const std::string& name, onnx::Tensor
 std::pair<std::string, Tensor> read_tensor_pb(const std::filesystem::path& path);
 void write_tensor_pb(const Tensor& tensor, const std::string& name,
                      const std::filesystem::path& path);
+
+// A serialized TensorProto, SequenceProto or OptionalProto file (onnx.proto, onnx-data.proto)
+// holding a value of `type` (a .pb file does not say which message it holds: the graph's
+// declared type of the input or output does). A tensor type reads a TensorProto. Returns the
+// value and its name (may be empty). Maps and sparse tensors are rejected with an Error.
+std::pair<std::string, Value> read_value_pb(const std::filesystem::path& path, const ValueType& type);
+// Writes a TensorProto, SequenceProto or OptionalProto by the value's kind, atomically.
+void write_value_pb(const Value& value, const std::string& name, const std::filesystem::path& path);
 
 // NumPy files. Fortran-order arrays, big-endian data and object arrays are rejected.
 Tensor read_npy(const std::filesystem::path& path);

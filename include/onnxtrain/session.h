@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "onnxtrain/tensor.h"
+#include "onnxtrain/value.h"
 
 namespace onnx {
 class ModelProto;
@@ -38,18 +39,22 @@ struct SessionOptions {
   bool fuse = true;
 };
 
-// A graph input or output as the model declares it. dims: -1 where unknown or symbolic
-// (dim_params holds the name, e.g. "N"); rank_known false when the model gives no shape.
+// A graph input or output as the model declares it. For a tensor: dtype and dims, -1 where
+// unknown or symbolic (dim_params holds the name, e.g. "N"); rank_known false when the model
+// gives no shape. `type` is the kind of value (tensor, sequence, optional) with its element types.
 struct ValueInfo {
   std::string name;
   DataType dtype = DataType::Undefined;
   bool rank_known = false;
   std::vector<int64_t> dims;
   std::vector<std::string> dim_params;
-  std::string type_string() const;  // "float32[N,784]"
+  ValueType type;
+  std::string type_string() const;  // "float32[N,784]", "sequence(float32)"
 };
 
 using NamedTensors = std::map<std::string, Tensor>;
+// Values of any kind by name: graphs whose inputs or outputs are sequences or optionals.
+using NamedValues = std::map<std::string, Value>;
 
 class Session {
  public:
@@ -72,8 +77,12 @@ class Session {
 
   // Runs the graph. Every required input must be fed with the declared element type, rank
   // and fixed dims; unknown names are rejected. Returns every graph output by name.
-  // Throws Error naming the model, node and tensor on bad feeds or a failing node.
+  // Throws Error naming the model, node and tensor on bad feeds or a failing node, and for a
+  // graph whose inputs or outputs are not all tensors (use run_values).
   NamedTensors run(const NamedTensors& feeds);
+  // The same for graphs with sequence- or optional-typed inputs or outputs (ONNX IR.md
+  // "Static types"): feeds and outputs are Values of any kind.
+  NamedValues run_values(const NamedValues& feeds);
 
  private:
   struct Impl;

@@ -1,5 +1,8 @@
 // Tensor: a dense, contiguous, row-major n-dimensional array.
 //
+// String tensors (DataType::String) hold one std::string per element, constructed empty and
+// destroyed with their storage; kernels copy them element by element, never with memcpy.
+//
 // A Tensor is a (dtype, shape) pair over shared storage. Copying a Tensor is cheap and shares
 // the storage; `view` reinterprets it with another shape of the same element count (what
 // Reshape, Flatten, Squeeze and Unsqueeze produce). Storage is 64-byte aligned. Use `clone` for
@@ -32,6 +35,8 @@ class StorageOwner {
 class Storage {
  public:
   explicit Storage(size_t nbytes);
+  // A block of `count` empty std::string objects (string tensors), destroyed with the block.
+  static std::shared_ptr<Storage> strings(size_t count);
   // A view of `data` (nbytes long, 64-byte aligned), given back to `owner` when destroyed.
   Storage(void* data, size_t nbytes, std::shared_ptr<StorageOwner> owner);
   ~Storage();
@@ -44,6 +49,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  size_t strings_ = 0;  // std::string objects constructed at data_
   std::shared_ptr<StorageOwner> owner_;
 };
 

@@ -3,10 +3,12 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <iomanip>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -82,7 +84,9 @@ std::string preview(const Tensor& t, size_t count = 6) {
   std::ostringstream out;
   out << std::setprecision(6) << "[";
   const int64_t n = t.numel();
-  visit_dtype<AllTypes>(t.dtype(), "output", [&]<class T>() {
+  if (t.dtype() == DataType::String) {
+    for (int64_t i = 0; i < n && i < static_cast<int64_t>(count); ++i) out << (i ? ", " : "") << std::quoted(t.data<std::string>()[i]);
+  } else visit_dtype<AllTypes>(t.dtype(), "output", [&]<class T>() {
     const T* p = t.data<T>();
     for (int64_t i = 0; i < n && i < static_cast<int64_t>(count); ++i) {
       if (i) out << ", ";
@@ -96,9 +100,21 @@ std::string preview(const Tensor& t, size_t count = 6) {
   return out.str();
 }
 
-// --input NAME=FILE values; FILE is .npy or a TensorProto .pb.
-runtime::NamedTensors read_feeds(const std::vector<std::string>& specs) {
-  runtime::NamedTensors feeds;
+// A value as one line: "float32[2,3] = [...]", "sequence(float32) of 2: [float32[2] = [...], ...]".
+std::string preview(const Value& v) {
+  if (v.is_tensor()) return v.tensor().description() + " = " + preview(v.tensor());
+  if (v.is_optional()) return v.type().to_string() + ": " + (v.has_element() ? preview(v.element()) : "None");
+  std::string s = v.type().to_string() + " of " + std::to_string(v.elements().size()) + ": [";
+  for (size_t i = 0; i < v.elements().size() && i < 4; ++i) s += (i ? ", " : "") + preview(v.elements()[i]);
+  return s + (v.elements().size() > 4 ? ", ...]" : "]");
+}
+
+// --input NAME=FILE values; FILE is .npy, or a .pb holding a TensorProto, or for inputs the
+// model declares as sequences or optionals a SequenceProto or OptionalProto. ONNX's test data
+// stores bfloat16 tensors as uint16 bit patterns (numpy has no bfloat16): such a file fed to a
+// bfloat16 input is read as bfloat16.
+runtime::NamedValues read_feeds(const std::vector<std::string>& specs, const std::vector<runtime::ValueInfo>& declared) {
+  runtime::NamedValues feeds;
   for (const std::string& spec : specs) {
     const auto eq = spec.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
@@ -107,11 +123,30 @@ runtime::NamedTensors read_feeds(const std::vector<std::string>& specs) {
     const std::string name = spec.substr(0, eq);
     const fs::path file = spec.substr(eq + 1);
     const std::string ext = file.extension().string();
-    if (ext == ".npy") feeds[name] = io::read_npy(file);
-    else if (ext == ".pb") feeds[name] = io::read_tensor_pb(file).second;
+    const auto info = std::find_if(declared.begin(), declared.end(), [&](const auto& i) { return i.name == name; });
+    const ValueType type = info == declared.end() ? ValueType() : info->type;
+    Value value;
+    if (ext == ".npy") value = io::read_npy(file);
+    else if (ext == ".pb") value = io::read_value_pb(file, type).second;
     else throw Error("--input '" + spec + "': the file must be .npy or .pb");
+    if (value.is_tensor() && type.dtype() == DataType::BFloat16 && value.tensor().dtype() == DataType::UInt16) {
+      const Tensor& bits = value.tensor();
+      Tensor t(DataType::BFloat16, bits.shape());
+      std::memcpy(t.raw_data(), bits.raw_data(), bits.nbytes());
+      value = t;
+    }
+    feeds[name] = std::move(value);
   }
   return feeds;
+}
+
+runtime::NamedTensors tensors_of(const runtime::NamedValues& values) {
+  runtime::NamedTensors tensors;
+  for (const auto& [name, v] : values) {
+    if (!v.is_tensor()) throw Error("--input " + name + ": a " + v.type().to_string() + " value; this command takes tensors");
+    tensors[name] = v.tensor();
+  }
+  return tensors;
 }
 
 }  // namespace
@@ -204,18 +239,24 @@ int run(const RunArgs& args) {
   runtime::SessionOptions options;
   options.threads = args.threads;
   runtime::Session session(fs::path(args.model), options);
-  const runtime::NamedTensors feeds = read_feeds(args.inputs);
-  const runtime::NamedTensors outputs = session.run(feeds);
+  std::vector<runtime::ValueInfo> declared = session.inputs();
+  declared.insert(declared.end(), session.optional_inputs().begin(), session.optional_inputs().end());
+  const runtime::NamedValues outputs = session.run_values(read_feeds(args.inputs, declared));
   if (!args.output_dir.empty()) {
     std::error_code ec;
     fs::create_directories(args.output_dir, ec);
     if (ec) throw Error(args.output_dir + ": cannot create the output folder: " + ec.message());
   }
   for (const auto& info : session.outputs()) {
-    const Tensor& t = outputs.at(info.name);
-    std::cout << info.name << ": " << t.description() << " = " << preview(t) << "\n";
-    if (!args.output_dir.empty()) {
-      io::write_npy(t, fs::path(args.output_dir) / (safe_file_name(info.name) + ".npy"));
+    const Value& v = outputs.at(info.name);
+    std::cout << info.name << ": " << preview(v) << "\n";
+    if (args.output_dir.empty()) continue;
+    // Numeric and bool tensors as .npy; string tensors, sequences and optionals as .pb.
+    const fs::path stem = fs::path(args.output_dir) / safe_file_name(info.name);
+    if (v.is_tensor() && v.tensor().dtype() != DataType::String) {
+      io::write_npy(v.tensor(), stem.string() + ".npy");
+    } else {
+      io::write_value_pb(v, info.name, stem.string() + ".pb");
     }
   }
   return 0;
@@ -225,7 +266,7 @@ int step(const StepArgs& args) {
   training::TrainingOptions options;
   options.threads = args.threads;
   training::TrainingSession session(fs::path(args.model), options);
-  const runtime::NamedTensors feeds = read_feeds(args.inputs);
+  const runtime::NamedTensors feeds = tensors_of(read_feeds(args.inputs, {}));
   if (args.initialize) session.initialize();
   for (int k = 1; k <= args.steps; ++k) {
     const runtime::NamedTensors outputs = session.step(feeds);
@@ -247,9 +288,17 @@ int step(const StepArgs& args) {
 int make_trainable(const MakeTrainableArgs& args) {
   const onnx::ModelProto model = io::load_model(args.model);
   const onnx::ModelProto trainable = training::make_trainable(model, args.options, args.model);
-  // Check before writing: a model this command writes must pass `onnxtrain check`.
-  training::validate_training_info(trainable, args.output, std::filesystem::path(args.model).parent_path());
-  io::save_model(trainable, args.output, {.source_dir = std::filesystem::path(args.model).parent_path()});
+  // Check before writing, as `onnxtrain check` does: a model this command writes must pass it.
+  const fs::path base_dir = fs::path(args.model).parent_path();
+  try {
+    onnx::checker::check_model(trainable);
+  } catch (const std::exception& e) {
+    throw Error(args.model + ": the trainable model make-trainable built fails the ONNX checker (nothing written): " +
+                e.what());
+  }
+  training::validate_training_info(trainable, args.output, base_dir);
+  training::TrainingSession planned(trainable, {}, base_dir, args.output);  // plans every graph
+  io::save_model(trainable, args.output, {.source_dir = base_dir});
   const auto& info = trainable.training_info(0);
   std::cout << "wrote " << args.output << ": " << info.update_binding_size() << " update bindings, "
             << info.initialization_binding_size() << " initialization bindings\n";

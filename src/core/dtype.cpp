@@ -102,6 +102,7 @@ size_t dtype_size(DataType dtype) {
     case DataType::Int8:
     case DataType::UInt8:
     case DataType::Bool: return 1;
+    case DataType::String: return sizeof(std::string);
     default: return 0;
   }
 }
@@ -131,7 +132,7 @@ DataType dtype_from_onnx(int32_t onnx_type, std::string_view what) {
   }
   if (!is_supported(dtype)) {
     throw Error(std::string(what) + ": element type " + std::string(dtype_name(dtype)) +
-                " is not supported (numeric and bool tensors only)");
+                " is not supported (numeric, bool and string tensors only)");
   }
   return dtype;
 }

@@ -1,5 +1,6 @@
 #include "onnxtrain/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -113,7 +114,17 @@ Storage::Storage(void* data, size_t nbytes, std::shared_ptr<StorageOwner> owner)
   block_cache().memory_stats_.storage_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 
+std::shared_ptr<Storage> Storage::strings(size_t count) {
+  auto storage = std::make_shared<Storage>(count * sizeof(std::string));
+  auto* p = static_cast<std::string*>(storage->data_);
+  for (size_t i = 0; i < count; ++i) new (p + i) std::string();
+  storage->strings_ = count;
+  return storage;
+}
+
 Storage::~Storage() {
+  auto* strings = static_cast<std::string*>(data_);
+  for (size_t i = 0; i < strings_; ++i) strings[i].~basic_string();
   if (owner_) {
     owner_->release(data_, nbytes_);
   } else {
@@ -126,12 +137,14 @@ Tensor::Tensor(DataType dtype, const Shape& shape) : dtype_(dtype), shape_(shape
   for (int64_t d : shape) {
     if (d < 0) throw Error("tensor shape " + shape.to_string() + " has a negative dim");
   }
-  storage_ = std::make_shared<Storage>(nbytes());
+  storage_ = dtype == DataType::String ? Storage::strings(static_cast<size_t>(numel()))
+                                       : std::make_shared<Storage>(nbytes());
 }
 
 Tensor::Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> storage)
     : storage_(std::move(storage)), dtype_(dtype), shape_(shape) {
   if (!is_supported(dtype)) throw_unsupported_dtype(dtype, "tensor");
+  if (dtype == DataType::String) throw Error("string tensors own their storage; they cannot view raw memory");
   if (!storage_ || storage_->nbytes() < nbytes()) {
     throw Error("storage of " + std::to_string(storage_ ? storage_->nbytes() : 0) + " bytes is too small for " +
                 description());
@@ -140,7 +153,7 @@ Tensor::Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> stor
 
 Tensor Tensor::zeros(DataType dtype, const Shape& shape) {
   Tensor t(dtype, shape);
-  std::memset(t.raw_data(), 0, t.nbytes());
+  if (dtype != DataType::String) std::memset(t.raw_data(), 0, t.nbytes());  // strings start empty
   return t;
 }
 
@@ -158,7 +171,11 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::clone() const {
   if (!defined()) return {};
   Tensor t(dtype_, shape_);
-  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  if (dtype_ == DataType::String) {
+    std::copy_n(data<std::string>(), numel(), t.data<std::string>());
+  } else {
+    std::memcpy(t.raw_data(), raw_data(), nbytes());
+  }
   return t;
 }
 

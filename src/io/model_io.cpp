@@ -14,11 +14,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The ONNX release whose C++ library onnxtrain is built with (requirements.txt pins its
+// Python twin).
+#ifndef ONNXTRAIN_ONNX_VERSION
+#define ONNXTRAIN_ONNX_VERSION "?"
+#endif
+constexpr const char* kOnnxRelease = ONNXTRAIN_ONNX_VERSION;
+
 // A node's domain missing from opset_import is reported when the graph is planned, with the
 // node named; here only what every model needs.
 void check_structure(const onnx::ModelProto& model, const std::string& source) {
   if (!model.has_ir_version() || model.ir_version() <= 0) {
     throw Error(source + ": ir_version is not set (is this an ONNX model?)");
+  }
+  if (model.ir_version() > onnx::IR_VERSION) {
+    throw Error(source + ": IR version " + std::to_string(model.ir_version()) + " is newer than the newest onnxtrain reads (" +
+                std::to_string(static_cast<int>(onnx::IR_VERSION)) + ", ONNX " + kOnnxRelease + ")");
   }
   if (!model.has_graph()) throw Error(source + ": the model has no graph");
 }

@@ -115,6 +115,15 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
   for (int64_t d : proto.dims()) shape.push_back(d);
   const int64_t n = checked_numel(shape, what);
   const uint64_t nbytes = static_cast<uint64_t>(n) * dtype_size(dtype);
+  if (dtype == DataType::String) {  // string_data only (onnx.proto: strings are never raw)
+    if (proto.data_location() == onnx::TensorProto::EXTERNAL || proto.has_raw_data()) {
+      throw Error(what + ": a string tensor must keep its values in string_data");
+    }
+    if (proto.string_data_size() != n) count_mismatch(what, proto.string_data_size(), n, "string_data");
+    Tensor t(dtype, shape);
+    std::copy(proto.string_data().begin(), proto.string_data().end(), t.data<std::string>());
+    return t;
+  }
 
   if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
     const std::string data = read_external(proto, base_dir, nbytes, what);
@@ -180,6 +189,10 @@ void tensor_to_proto(const Tensor& tensor, const std::string& name_in, onnx::Ten
   if (!name.empty()) proto.set_name(name);
   proto.set_data_type(static_cast<int32_t>(tensor.dtype()));
   for (int64_t d : tensor.shape()) proto.add_dims(d);
+  if (tensor.dtype() == DataType::String) {
+    for (const std::string& v : tensor.values<std::string>()) proto.add_string_data(v);
+    return;
+  }
   proto.set_raw_data(tensor.raw_data(), tensor.nbytes());
 }
 

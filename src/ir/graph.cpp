@@ -23,18 +23,25 @@ std::string TensorType::to_string() const {
   return s + "]";
 }
 
-// Graph inputs and outputs must be tensors: sequence, map, optional and sparse types are
-// outside what onnxtrain runs. An absent type is allowed (it is optional in a GraphProto).
-void require_tensor_type(const onnx::ValueInfoProto& info, const char* kind, const std::string& where) {
-  const auto& type = info.type();
-  if (type.value_case() == onnx::TypeProto::VALUE_NOT_SET || type.has_tensor_type()) return;
-  const char* name = type.has_sequence_type() ? "a sequence"
-                     : type.has_map_type()    ? "a map"
-                     : type.has_optional_type() ? "an optional"
-                     : type.has_sparse_tensor_type() ? "a sparse tensor"
-                                                     : "a non-tensor";
-  throw Error(where + ": graph " + kind + " '" + info.name() + "' has " + name +
-              " type; onnxtrain runs graphs of dense tensors only");
+ValueType value_type_from_proto(const onnx::TypeProto& type, const std::string& what) {
+  switch (type.value_case()) {
+    case onnx::TypeProto::VALUE_NOT_SET: return {};
+    case onnx::TypeProto::kTensorType: {
+      const DataType dtype = static_cast<DataType>(type.tensor_type().elem_type());
+      return ValueType::tensor(is_supported(dtype) ? dtype : DataType::Undefined);
+    }
+    case onnx::TypeProto::kSequenceType:
+      return ValueType::sequence(value_type_from_proto(type.sequence_type().elem_type(), what));
+    case onnx::TypeProto::kOptionalType:
+      return ValueType::optional(value_type_from_proto(type.optional_type().elem_type(), what));
+    case onnx::TypeProto::kMapType:
+      throw Error(what + " has a map type; onnxtrain runs tensors, sequences and optionals, not maps");
+    case onnx::TypeProto::kSparseTensorType:
+      throw Error(what + " has a sparse tensor type; onnxtrain runs dense tensors only");
+    default:
+      throw Error(what + " has a type onnxtrain does not know (TypeProto case " +
+                  std::to_string(static_cast<int>(type.value_case())) + ")");
+  }
 }
 
 TensorType tensor_type_from_proto(const onnx::TypeProto& type) {
@@ -121,7 +128,11 @@ Attribute attribute_from_proto(const onnx::AttributeProto& proto, const fs::path
       a.type = AttributeType::Graphs;
       for (const auto& g : proto.graphs()) a.graphs.push_back(std::make_shared<onnx::GraphProto>(g));
       break;
-    default: a.type = AttributeType::Other; break;  // sparse tensors, type protos
+    case P::TYPE_PROTO:
+      a.type = AttributeType::TypeProto;
+      a.value_type = value_type_from_proto(proto.tp(), where);
+      break;
+    default: a.type = AttributeType::Other; break;  // sparse tensors, lists of type protos
   }
   return a;
 }
@@ -183,10 +194,10 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
     if (g.find(input.name()) != kNoValue) {
       throw Error(where + ": graph input '" + input.name() + "' is declared twice");
     }
-    require_tensor_type(input, "input", where);
     const ValueId id = g.intern(input.name());
     g.values_[id].is_graph_input = true;
     g.values_[id].type = tensor_type_from_proto(input.type());
+    g.values_[id].value_type = value_type_from_proto(input.type(), where + ": graph input '" + input.name() + "'");
     g.inputs_.push_back(id);
   }
   if (proto.sparse_initializer_size() > 0) {
@@ -201,6 +212,7 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
     Tensor t = io::tensor_from_proto(init, base_dir, where + ": initializer");
     if (v.type.dtype == DataType::Undefined) {
       v.type.dtype = t.dtype();
+      v.value_type = ValueType::tensor(t.dtype());
       std::vector<Dim> dims;
       for (int64_t d : t.shape()) {
         Dim dim;
@@ -252,15 +264,17 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
 
   for (const auto& output : proto.output()) {
     if (output.name().empty()) throw Error(where + ": a graph output has an empty name");
-    require_tensor_type(output, "output", where);
     const ValueId id = g.intern(output.name());
     g.values_[id].type = tensor_type_from_proto(output.type());
+    g.values_[id].value_type = value_type_from_proto(output.type(), where + ": graph output '" + output.name() + "'");
     g.outputs_.push_back(id);
   }
   for (const auto& info : proto.value_info()) {
     const ValueId id = g.find(info.name());
-    if (id != kNoValue && g.values_[id].type.dtype == DataType::Undefined) {
+    if (id != kNoValue && g.values_[id].type.dtype == DataType::Undefined &&
+        g.values_[id].value_type == ValueType()) {
       g.values_[id].type = tensor_type_from_proto(info.type());
+      g.values_[id].value_type = value_type_from_proto(info.type(), where + ": value_info '" + info.name() + "'");
     }
   }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "onnxtrain/tensor.h"
+#include "onnxtrain/value.h"
 
 namespace onnx {
 class GraphProto;
@@ -44,7 +45,7 @@ struct TensorType {
 };
 
 enum class AttributeType { Undefined, Float, Int, String, Tensor, Graph, Floats, Ints, Strings,
-                           Tensors, Graphs, Other };
+                           Tensors, Graphs, TypeProto, Other };
 
 struct Attribute {
   std::string name;
@@ -59,11 +60,15 @@ struct Attribute {
   std::vector<std::string> strings;
   std::vector<Tensor> tensors;
   std::vector<std::shared_ptr<const onnx::GraphProto>> graphs;
+  ValueType value_type;  // a TYPE_PROTO attribute (Optional's `type`)
 };
 
 struct Value {
   std::string name;
-  TensorType type;
+  TensorType type;  // a tensor's declared element type and dims (dtype Undefined otherwise)
+  // The declared kind of value: tensor(dtype), sequence(...) or optional(...); tensor with an
+  // Undefined dtype where the model does not say.
+  ValueType value_type;
   NodeId producer = -1;  // -1: graph input, initializer or outer-scope value
   bool is_graph_input = false;
   bool is_initializer = false;
@@ -137,5 +142,9 @@ void collect_free_names(const onnx::GraphProto& graph, std::unordered_set<std::s
 
 // Reads a TypeProto (tensor types only; other types give an Undefined dtype).
 TensorType tensor_type_from_proto(const onnx::TypeProto& type);
+// Reads a TypeProto as a ValueType (tensor, sequence, optional). Throws Error naming `what`
+// for map and sparse tensor types, which onnxtrain does not run; an absent type is a tensor
+// of Undefined element type.
+ValueType value_type_from_proto(const onnx::TypeProto& type, const std::string& what);
 
 }  // namespace onnxtrain::ir

@@ -326,8 +326,9 @@ std::unique_ptr<Kernel> make_cast_like(const KernelInit&) {
   });
 }
 
+// Identity passes any value through: tensors, and from version 14 sequences, from 16 optionals.
 std::unique_ptr<Kernel> make_identity(const KernelInit&) {
-  return make_kernel([](KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); });
+  return make_kernel([](KernelContext& ctx) { ctx.set_output_value(0, ctx.input_value(0)); });
 }
 
 }  // namespace onnxtrain::ops

@@ -27,7 +27,13 @@ std::unique_ptr<Kernel> make_gemm(const KernelInit& init);
 std::unique_ptr<Kernel> make_einsum(const KernelInit& init);
 std::unique_ptr<Kernel> make_resize(const KernelInit& init);  // resize.cpp
 std::unique_ptr<Kernel> make_if(const KernelInit& init);    // runtime/control_flow.cpp
+// sequence.cpp: SequenceEmpty ... SplitToSequence, Optional, OptionalHasElement, OptionalGetElement
+std::unique_ptr<Kernel> make_sequence_op(const KernelInit& init);
+// string_ops.cpp: StringNormalizer, StringConcat, StringSplit, RegexFullMatch
+std::unique_ptr<Kernel> make_string_op(const KernelInit& init);
 std::unique_ptr<Kernel> make_loop(const KernelInit& init);  // runtime/control_flow.cpp
+std::unique_ptr<Kernel> make_scan(const KernelInit& init);  // runtime/control_flow.cpp
+std::unique_ptr<Kernel> make_sequence_map(const KernelInit& init);  // runtime/control_flow.cpp
 
 // conv.cpp
 std::unique_ptr<Kernel> make_conv(const KernelInit& init);

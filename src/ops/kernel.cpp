@@ -17,6 +17,7 @@ const char* type_name(ir::AttributeType t) {
     case ir::AttributeType::Strings: return "strings";
     case ir::AttributeType::Tensors: return "tensors";
     case ir::AttributeType::Graphs: return "graphs";
+    case ir::AttributeType::TypeProto: return "type";
     default: return "unsupported";
   }
 }
@@ -71,11 +72,20 @@ const Tensor* KernelInit::attr_tensor(std::string_view name) const {
   return has_attr(name) ? &typed(name, ir::AttributeType::Tensor).t : nullptr;
 }
 
-const Tensor& KernelContext::input(int i) const {
+const Value& KernelContext::input_value(int i) const {
   if (!has_input(i)) throw Error("input " + std::to_string(i) + " is required but missing");
-  const Tensor& t = values_[static_cast<size_t>(node_.inputs[static_cast<size_t>(i)])];
-  if (!t.defined()) throw Error("input " + input_name(i) + " has no value");
-  return t;
+  const Value& v = values_[static_cast<size_t>(node_.inputs[static_cast<size_t>(i)])];
+  if (!v.defined()) throw Error("input " + input_name(i) + " has no value");
+  return v;
+}
+
+const Tensor& KernelContext::input(int i) const {
+  const Value& v = input_value(i);
+  if (!v.is_tensor()) {
+    throw Error("input " + input_name(i) + " is a " + v.type().to_string() + " value, but " + node_.op_type +
+                " takes a tensor there");
+  }
+  return v.tensor();
 }
 
 std::string KernelContext::input_name(int i) const {
@@ -94,14 +104,16 @@ Tensor& KernelContext::allocate_output(int i, DataType dtype, const Shape& shape
     scratch_.push_back(std::move(t));  // a deque: earlier references stay valid
     return scratch_.back();
   }
-  Tensor& slot = values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])];
-  slot = std::move(t);
-  return slot;
+  Value& slot = values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])];
+  slot = Value(std::move(t));
+  return slot.tensor();
 }
 
-void KernelContext::set_output(int i, Tensor tensor) {
+void KernelContext::set_output(int i, Tensor tensor) { set_output_value(i, Value(std::move(tensor))); }
+
+void KernelContext::set_output_value(int i, Value value) {
   if (!has_output(i)) return;
-  values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])] = std::move(tensor);
+  values_[static_cast<size_t>(node_.outputs[static_cast<size_t>(i)])] = std::move(value);
 }
 
 }  // namespace onnxtrain::ops

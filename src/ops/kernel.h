@@ -20,6 +20,7 @@
 #include "ir/graph.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/tensor.h"
+#include "onnxtrain/value.h"
 
 namespace onnxtrain::ops {
 
@@ -95,7 +96,7 @@ class OutputAllocator {
 class KernelContext {
  public:
   // Outputs come from `allocator`, or from the tensor heap when it is null.
-  KernelContext(const ir::Graph& graph, const ir::Node& node, std::vector<Tensor>& values,
+  KernelContext(const ir::Graph& graph, const ir::Node& node, std::vector<Value>& values,
                 const RunContext& run, OutputAllocator* allocator = nullptr)
       : graph_(graph), node_(node), values_(values), run_(run), allocator_(allocator) {}
 
@@ -104,8 +105,11 @@ class KernelContext {
   bool has_input(int i) const {
     return i < num_inputs() && node_.inputs[static_cast<size_t>(i)] != ir::kNoValue;
   }
-  // Input i; has_input(i) must be true (an Error names the input otherwise).
+  // Input i as a tensor; has_input(i) must be true and the value a tensor (an Error names the
+  // input otherwise).
   const Tensor& input(int i) const;
+  // Input i as any value (tensor, sequence, optional); has_input(i) must be true.
+  const Value& input_value(int i) const;
   // The ONNX name of input i, for messages ("'X'"), or "input i" when omitted.
   std::string input_name(int i) const;
 
@@ -119,18 +123,20 @@ class KernelContext {
   Tensor& allocate_output(int i, DataType dtype, const Shape& shape);
   // Sets output i to an existing tensor (a view of an input, for Reshape-like ops).
   void set_output(int i, Tensor tensor);
+  // Sets output i to a value of any kind (sequence and optional ops).
+  void set_output_value(int i, Value value);
   std::string output_name(int i) const;
 
   const ir::Node& node() const { return node_; }
   const RunContext& run_context() const { return run_; }
   // Any value of the graph by id: what a subgraph reads from the enclosing graph (the node's
   // implicit inputs). Undefined if it has been released (never for implicit inputs).
-  const Tensor& value(ir::ValueId id) const { return values_[static_cast<size_t>(id)]; }
+  const Value& value(ir::ValueId id) const { return values_[static_cast<size_t>(id)]; }
 
  private:
   const ir::Graph& graph_;
   const ir::Node& node_;
-  std::vector<Tensor>& values_;
+  std::vector<Value>& values_;
   const RunContext& run_;
   OutputAllocator* allocator_;
   std::deque<Tensor> scratch_;  // one per omitted output allocated, kept until the node ends

@@ -79,7 +79,7 @@ const KernelDef kKernels[] = {
   {"", "Clip",                 11, kOnnx17, kNumeric,          make_clip},  // min/max inputs
   {"", "Cast",                  1, kOnnx17, kAll,              make_cast},
   {"", "CastLike",             15, kOnnx17, kAll,              make_cast_like},
-  {"", "Identity",              1, kOnnx17, kAll,              make_identity},
+  {"", "Identity",              1, kOnnx17, kAll | kString,    make_identity},
 
   // --- broadcasting binary and variadic ops (elementwise_binary.cpp) ---
   // Before opset 7 these broadcast only with the `broadcast`/`axis` attributes.
@@ -219,6 +219,28 @@ const KernelDef kKernels[] = {
   // --- control flow (runtime/control_flow.cpp): If's condition is a bool; Loop checks its own ---
   {"", "If",                    1, kOnnx17, kBool,             make_if},
   {"", "Loop",                  1, kOnnx17, DTypeSet{},        make_loop},
+  {"", "Scan",                  8, 28,       DTypeSet{},        make_scan},
+  {"", "SequenceMap",          17, 28,       DTypeSet{},        make_sequence_map},
+
+  // --- sequences and optionals (sequence.cpp); their inputs are sequences or optionals, so
+  // the element types are checked by the kernels ---
+  {"", "SequenceEmpty",        11, 28,       DTypeSet{},        make_sequence_op},
+  {"", "SequenceConstruct",    11, 28,       kAll,              make_sequence_op},
+  {"", "SequenceInsert",       11, 28,       DTypeSet{},        make_sequence_op},
+  {"", "SequenceAt",           11, 28,       DTypeSet{},        make_sequence_op},
+  {"", "SequenceErase",        11, 28,       DTypeSet{},        make_sequence_op},
+  {"", "SequenceLength",       11, 28,       DTypeSet{},        make_sequence_op},
+  {"", "ConcatFromSequence",   11, 28,       DTypeSet{},        make_sequence_op},
+  {"", "SplitToSequence",      11, 28,       kAll,              make_sequence_op},
+  {"", "Optional",             15, 28,       DTypeSet{},        make_sequence_op},
+  {"", "OptionalHasElement",   15, 28,       DTypeSet{},        make_sequence_op},
+  {"", "OptionalGetElement",   15, 28,       DTypeSet{},        make_sequence_op},
+
+  // --- strings (string_ops.cpp) ---
+  {"", "StringNormalizer",     10, 28,       kString,           make_string_op},
+  {"", "StringConcat",         20, 28,       kString,           make_string_op},
+  {"", "StringSplit",          20, 28,       kString,           make_string_op},
+  {"", "RegexFullMatch",       20, 28,       kString,           make_string_op},
 
   // --- random generators (random.cpp) ---
   {"", "RandomNormal",          1, kOnnx17, DTypeSet{},        make_random},

@@ -48,6 +48,7 @@ inline constexpr DTypeSet kNumeric = kFloat | kInt;
 inline constexpr DTypeSet kSignedNumeric = kFloat | kSignedInt;
 inline constexpr DTypeSet kBool{DataType::Bool};
 inline constexpr DTypeSet kAll = kNumeric | kBool;
+inline constexpr DTypeSet kString{DataType::String};
 inline constexpr DTypeSet kIndex{DataType::Int32, DataType::Int64};
 
 struct KernelDef {

@@ -9,6 +9,7 @@ namespace onnxtrain::runtime {
 ValueInfo value_info(const ir::Value& v) {
   ValueInfo info;
   info.name = v.name;
+  info.type = v.value_type;
   info.dtype = v.type.dtype;
   if (v.type.dims) {
     info.rank_known = true;
@@ -33,9 +34,16 @@ OpsetMap opsets_of(const onnx::ModelProto& model, const std::string& source) {
 
 namespace {
 
-void check_feed(const ValueInfo& info, const Tensor& t, const std::string& source) {
+void check_feed(const ValueInfo& info, const Value& value, const std::string& source) {
   const std::string what = source + ": input '" + info.name + "'";
-  if (!t.defined()) throw Error(what + " is fed an undefined tensor");
+  if (!value.defined()) throw Error(what + " is fed an undefined value");
+  if (!info.type.is_tensor() || !value.is_tensor()) {
+    if (!has_type(value, info.type)) {
+      throw Error(what + " expects " + info.type_string() + " but was fed " + value.description());
+    }
+    return;
+  }
+  const Tensor& t = value.tensor();
   if (info.dtype != DataType::Undefined && t.dtype() != info.dtype) {
     throw Error(what + " expects " + info.type_string() + " but was fed " + t.description());
   }
@@ -52,9 +60,14 @@ void check_feed(const ValueInfo& info, const Tensor& t, const std::string& sourc
   }
 }
 
-void append_shape(std::vector<int64_t>& signature, const Tensor& t) {
-  signature.push_back(static_cast<int64_t>(t.rank()));
-  signature.insert(signature.end(), t.shape().begin(), t.shape().end());
+// A plan depends on the shapes of the tensors fed; sequences and optionals only on their kind.
+void append_shape(std::vector<int64_t>& signature, const Value& v) {
+  if (!v.is_tensor()) {
+    signature.push_back(-2 - static_cast<int64_t>(v.kind()));
+    return;
+  }
+  signature.push_back(static_cast<int64_t>(v.tensor().rank()));
+  signature.insert(signature.end(), v.tensor().shape().begin(), v.tensor().shape().end());
 }
 
 }  // namespace
@@ -86,9 +99,9 @@ Plan& GraphRunner::plan_for_signature() {
   return *plans_.emplace(signature_, std::move(plan)).first->second;
 }
 
-NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Override> overrides,
-                              const ops::RunContext* run_context) {
-  for (const auto& [name, tensor] : feeds) {
+void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
+                               std::span<const Override> overrides, const ops::RunContext* run_context) {
+  for (const auto& [name, value] : feeds) {
     const ir::ValueId id = graph_.find(name);
     if (id == ir::kNoValue || !graph_.value(id).is_graph_input || supplied_.contains(id)) {
       std::string names;
@@ -96,9 +109,9 @@ NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Overrid
       throw Error(source_ + ": '" + name + "' is not an input of the model (inputs: " + names + ")");
     }
   }
-  values_.assign(graph_.values().size(), Tensor());
+  values_.assign(graph_.values().size(), Value());
   for (const auto& [id, tensor] : graph_.initializers()) values_[static_cast<size_t>(id)] = tensor;
-  for (const Override& o : overrides) values_[static_cast<size_t>(o.id)] = *o.value;
+  for (const Override& o : overrides) values_[static_cast<size_t>(o.id)] = o.tensor ? Value(*o.tensor) : *o.value;
   signature_.clear();
   for (size_t i = 0; i < inputs_.size(); ++i) {
     auto it = feeds.find(inputs_[i].name);
@@ -106,9 +119,9 @@ NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Overrid
       throw Error(source_ + ": missing feed for input '" + inputs_[i].name + "' (" +
                   inputs_[i].type_string() + ")");
     }
-    check_feed(inputs_[i], it->second, source_);
-    values_[static_cast<size_t>(input_ids_[i])] = it->second;
-    append_shape(signature_, it->second);
+    check_feed(inputs_[i], *it->second, source_);
+    values_[static_cast<size_t>(input_ids_[i])] = *it->second;
+    append_shape(signature_, *it->second);
   }
   for (size_t i = 0; i < optional_inputs_.size(); ++i) {
     auto it = feeds.find(optional_inputs_[i].name);
@@ -116,20 +129,50 @@ NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Overrid
       signature_.push_back(-1);
       continue;
     }
-    check_feed(optional_inputs_[i], it->second, source_);
-    values_[static_cast<size_t>(optional_ids_[i])] = it->second;
-    append_shape(signature_, it->second);
+    check_feed(optional_inputs_[i], *it->second, source_);
+    values_[static_cast<size_t>(optional_ids_[i])] = *it->second;
+    append_shape(signature_, *it->second);
   }
   try {
     plan_for_signature().run(values_, run_context ? *run_context : own_context_);
     if (!run_context) ++own_context_.run_index;
   } catch (...) {
-    values_.assign(values_.size(), Tensor());
+    values_.assign(values_.size(), Value());
     throw;
   }
-  NamedTensors result;
+}
+
+NamedValues GraphRunner::run_values(const NamedValues& feeds, std::span<const Override> overrides,
+                                    const ops::RunContext* run_context) {
+  std::map<std::string, const Value*> by_name;
+  for (const auto& [name, value] : feeds) by_name.emplace(name, &value);
+  bind_and_run(by_name, overrides, run_context);
+  NamedValues result;
   for (ir::ValueId id : graph_.outputs()) result[graph_.value(id).name] = values_[static_cast<size_t>(id)];
-  values_.assign(values_.size(), Tensor());  // release every reference held for this run
+  values_.assign(values_.size(), Value());  // release every reference held for this run
+  return result;
+}
+
+NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Override> overrides,
+                              const ops::RunContext* run_context) {
+  // Tensors fed by reference through Values made once per run (cheap: no allocation).
+  std::vector<Value> held;
+  held.reserve(feeds.size());
+  std::map<std::string, const Value*> by_name;
+  for (const auto& [name, tensor] : feeds) by_name.emplace(name, &held.emplace_back(tensor));
+  bind_and_run(by_name, overrides, run_context);
+  NamedTensors result;
+  for (ir::ValueId id : graph_.outputs()) {
+    Value& v = values_[static_cast<size_t>(id)];
+    if (!v.is_tensor()) {
+      const std::string message = source_ + ": output '" + graph_.value(id).name + "' is a " +
+                                  v.type().to_string() + " value; run the model with run_values to receive it";
+      values_.assign(values_.size(), Value());
+      throw Error(message);
+    }
+    result[graph_.value(id).name] = std::move(v.tensor());
+  }
+  values_.assign(values_.size(), Value());
   return result;
 }
 

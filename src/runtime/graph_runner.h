@@ -20,11 +20,13 @@ namespace onnxtrain::runtime {
 // The ValueInfo of a graph value, as the model declares it.
 ValueInfo value_info(const ir::Value& value);
 
-// A value the caller supplies for one run: an initializer's replacement, or a graph input
-// named `supplied` at construction (a training variable).
+// A value the caller supplies for one run: an initializer's replacement or a graph input
+// named `supplied` at construction (a training variable: `tensor`), or a value a subgraph
+// reads from its enclosing graph (`value`, of any kind). Exactly one of the two is set.
 struct Override {
   ir::ValueId id;
-  const Tensor* value;
+  const Tensor* tensor = nullptr;
+  const Value* value = nullptr;
 };
 
 class GraphRunner {
@@ -43,12 +45,18 @@ class GraphRunner {
 
   // Runs the graph; see Session::run for the feed rules. `overrides` replace initializer
   // values for this run. Random ops use `run_context` when given, else the runner's seed and
-  // its count of earlier runs. Returns every graph output by name.
+  // its count of earlier runs. Returns every graph output by name. run() requires every input
+  // and output to be a tensor (an Error names the one that is not); run_values takes any.
   NamedTensors run(const NamedTensors& feeds, std::span<const Override> overrides = {},
                    const ops::RunContext* run_context = nullptr);
+  NamedValues run_values(const NamedValues& feeds, std::span<const Override> overrides = {},
+                         const ops::RunContext* run_context = nullptr);
 
  private:
   Plan& plan_for_signature();
+  // Sets the feeds and overrides into values_ and the shape signature; then runs.
+  void bind_and_run(const std::map<std::string, const Value*>& feeds, std::span<const Override> overrides,
+                    const ops::RunContext* run_context);
 
   std::string source_;
   ir::Graph graph_;
@@ -60,7 +68,7 @@ class GraphRunner {
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
   std::vector<int64_t> signature_;
   ops::RunContext own_context_;
-  std::vector<Tensor> values_;
+  std::vector<Value> values_;
 };
 
 // Domain -> version from ModelProto.opset_import ("ai.onnx" becomes ""), checked.

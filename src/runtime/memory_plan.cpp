@@ -164,8 +164,9 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
     return env && std::string_view(env) == "0";
   }();
   if (disabled) return Tensor(dtype, shape);  // ONNXTRAIN_ARENA=0: every output from the heap
-  if (!is_supported(dtype) || std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
-    return Tensor(dtype, shape);  // throws the tensor's own error
+  if (!is_supported(dtype) || dtype == DataType::String ||
+      std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    return Tensor(dtype, shape);  // strings construct their elements; bad shapes throw the tensor's error
   }
   const size_t bytes = rounded(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
   Shared& s = *shared_;

@@ -92,7 +92,7 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
   }
 }
 
-void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) {
+void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context) {
   const bool profile = Profiler::instance().enabled();
   memory_.begin_run();
   for (size_t s = 0; s < steps_.size(); ++s) {
@@ -102,7 +102,7 @@ void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) 
     ops::KernelContext ctx(graph_, node, values, run_context, &memory_);
     try {
       const int ti = step.def->type_input;
-      if (!step.def->types.empty() && ctx.has_input(ti)) {
+      if (!step.def->types.empty() && ctx.has_input(ti) && ctx.input_value(ti).is_tensor()) {
         const DataType dt = ctx.input(ti).dtype();
         if (!step.def->types.contains(dt)) {
           throw Error("input " + ctx.input_name(ti) + " has element type " +
@@ -132,7 +132,7 @@ void Plan::run(std::vector<Tensor>& values, const ops::RunContext& run_context) 
       throw std::runtime_error(graph_.description() + ", " + node.description() +
                                ": internal error: " + e.what());
     }
-    for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Tensor();
+    for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Value();
   }
   memory_.end_run();
 }

@@ -31,7 +31,7 @@ class Plan {
   // Runs every step. `values` has a slot per graph value (graph.values().size()); graph
   // inputs and initializers must be set. On return graph outputs are set; other values whose
   // last reader has run are released. Errors name the model, graph and node.
-  void run(std::vector<Tensor>& values, const ops::RunContext& run_context);
+  void run(std::vector<Value>& values, const ops::RunContext& run_context);
 
   size_t num_steps() const { return steps_.size(); }
 

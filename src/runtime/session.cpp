@@ -9,12 +9,14 @@
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
 #include "runtime/constant_folding.h"
+#include "runtime/functions.h"
 #include "runtime/fusion.h"
 #include "runtime/graph_runner.h"
 
 namespace onnxtrain::runtime {
 
 std::string ValueInfo::type_string() const {
+  if (!type.is_tensor()) return type.to_string();
   std::string s(dtype == DataType::Undefined ? "?" : std::string(dtype_name(dtype)));
   if (!rank_known) return s + "[...]";
   s += "[";
@@ -61,14 +63,21 @@ Session::Session(const std::filesystem::path& path, SessionOptions options) {
   apply(options);
   onnx::ModelProto model = io::load_model(path);
   const OpsetMap opsets = opsets_of(model, path.string());
-  impl_ = std::make_unique<Impl>(std::move(*model.mutable_graph()), opsets,
-                                 path.parent_path().empty() ? "." : path.parent_path(), path.string(), options);
+  onnx::GraphProto graph = has_functions_to_inline(model.graph(), model)
+                               ? inline_functions(model.graph(), model, path.string())
+                               : std::move(*model.mutable_graph());
+  impl_ = std::make_unique<Impl>(std::move(graph), opsets, path.parent_path().empty() ? "." : path.parent_path(),
+                                 path.string(), options);
 }
 
 Session::Session(const onnx::ModelProto& model, SessionOptions options,
                  const std::filesystem::path& base_dir, const std::string& source) {
   apply(options);
-  impl_ = std::make_unique<Impl>(model.graph(), opsets_of(model, source), base_dir, source, options);
+  const OpsetMap opsets = opsets_of(model, source);
+  impl_ = std::make_unique<Impl>(has_functions_to_inline(model.graph(), model)
+                                     ? inline_functions(model.graph(), model, source)
+                                     : model.graph(),
+                                 opsets, base_dir, source, options);
 }
 
 Session::~Session() = default;
@@ -80,5 +89,7 @@ const std::vector<ValueInfo>& Session::optional_inputs() const { return impl_->r
 const std::vector<ValueInfo>& Session::outputs() const { return impl_->runner.outputs(); }
 
 NamedTensors Session::run(const NamedTensors& feeds) { return impl_->runner.run(feeds); }
+
+NamedValues Session::run_values(const NamedValues& feeds) { return impl_->runner.run_values(feeds); }
 
 }  // namespace onnxtrain::runtime

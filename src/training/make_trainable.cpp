@@ -2,6 +2,7 @@
 #include "onnxtrain/make_trainable.h"
 
 #include <onnx/onnx_pb.h>
+#include <onnx/version_converter/convert.h>
 
 #include <algorithm>
 #include <cmath>
@@ -109,6 +110,9 @@ const onnx::ValueInfoProto* find_value(const google::protobuf::RepeatedPtrField<
   return nullptr;
 }
 
+// The oldest ai.onnx opset the training program is written for; older models are upgraded.
+constexpr int kMinOpset = 13;
+
 int ai_onnx_opset(const onnx::ModelProto& model) {
   for (const auto& o : model.opset_import()) {
     if (o.domain().empty() || o.domain() == "ai.onnx") return static_cast<int>(o.version());
@@ -184,12 +188,18 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     }
     model.clear_training_info();
   }
-  const onnx::GraphProto& g = model.graph();
   const int opset = ai_onnx_opset(model);
-  if (opset < 13) {
-    throw Error(source + ": make-trainable needs ai.onnx opset 13 or later (the model imports " +
-                std::to_string(opset) + "); re-export the model with a newer opset");
+  if (opset < kMinOpset) {
+    // The training program's ops (SoftmaxCrossEntropyLoss, ReduceSum with axes as an input, ...)
+    // need opset 13; older models are upgraded with ONNX's version converter.
+    try {
+      model = onnx::version_conversion::ConvertVersion(model, kMinOpset);
+    } catch (const std::exception& e) {
+      throw Error(source + ": the model imports ai.onnx opset " + std::to_string(opset) + "; make-trainable upgrades it to opset " +
+                  std::to_string(kMinOpset) + " with ONNX's version converter, which failed: " + e.what());
+    }
   }
+  const onnx::GraphProto& g = model.graph();
   bool has_training_import = false;
   for (const auto& o : model.opset_import()) has_training_import |= o.domain() == autodiff::kTrainingDomain;
   if (!has_training_import) {

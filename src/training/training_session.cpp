@@ -13,6 +13,7 @@
 #include "onnxtrain/training.h"
 #include "runtime/constant_folding.h"
 #include "runtime/fusion.h"
+#include "runtime/functions.h"
 #include "runtime/graph_runner.h"
 #include "training/combined_graph.h"
 #include "training/validate.h"
@@ -88,16 +89,23 @@ struct TrainingSession::Impl {
     for (int i = 0; i < model.training_info_size(); ++i) {
       hold_variables(*model.mutable_training_info(i)->mutable_algorithm(), keys, combined_label(source, i));
     }
-    inference = make_bound(model.graph(), source + ", inference graph", opsets, keys);
+    // Graphs run with their functions inlined (runtime/functions.h); `model` keeps them as
+    // they are, for save().
+    auto executable = [&](const onnx::GraphProto& g, const std::string& label) {
+      return runtime::has_functions_to_inline(g, model) ? runtime::inline_functions(g, model, label) : g;
+    };
+    inference = make_bound(executable(model.graph(), source + ", inference graph"), source + ", inference graph",
+                           opsets, keys);
     for (int i = 0; i < model.training_info_size(); ++i) {
       const auto& info = model.training_info(i);
-      BoundGraph algorithm = make_bound(combine_graphs(model.graph(), info.algorithm()),
+      BoundGraph algorithm = make_bound(executable(combine_graphs(model.graph(), info.algorithm()), combined_label(source, i)),
                                         combined_label(source, i), opsets, keys);
       for (const auto& b : info.update_binding()) algorithm.bindings.push_back({b.key(), b.value()});
       mark_checked_by_producer(algorithm);
       algorithms.push_back(std::move(algorithm));
       if (info.has_initialization()) {
-        BoundGraph init = make_bound(info.initialization(), initialization_label(source, i), opsets, {});
+        BoundGraph init = make_bound(executable(info.initialization(), initialization_label(source, i)),
+                                     initialization_label(source, i), opsets, {});
         for (const auto& b : info.initialization_binding()) init.bindings.push_back({b.key(), b.value()});
         initializations.emplace_back(std::move(init));
       } else {
@@ -106,7 +114,7 @@ struct TrainingSession::Impl {
     }
     // Overrides point into `state`, whose entries exist now and are never erased.
     for (BoundGraph* g : all_graphs()) {
-      for (auto& o : g->overrides) o.value = &state.at(g->runner->graph().value(o.id).name);
+      for (auto& o : g->overrides) o.tensor = &state.at(g->runner->graph().value(o.id).name);
     }
   }
 
@@ -177,7 +185,7 @@ struct TrainingSession::Impl {
                                                           0, supplied);
     const ir::Graph& g = bound.runner->graph();
     for (ir::ValueId id : g.inputs()) {
-      if (supplied.contains(g.value(id).name)) bound.overrides.push_back({id, nullptr});
+      if (supplied.contains(g.value(id).name)) bound.overrides.push_back({id});
     }
     return bound;
   }

@@ -75,6 +75,18 @@ Tensor as_bfloat16_if(const Tensor& t, bool wanted) {
 
 // Empty when equal within tolerance, else what differs.
 std::string compare(const Tensor& got, const Tensor& expected) {
+  if (got.dtype() == DataType::String || expected.dtype() == DataType::String) {
+    if (got.dtype() != expected.dtype() || !(got.shape() == expected.shape())) {
+      return "expected " + expected.description() + ", got " + got.description();
+    }
+    for (int64_t i = 0; i < expected.numel(); ++i) {
+      if (got.data<std::string>()[i] != expected.data<std::string>()[i]) {
+        return "element " + std::to_string(i) + ": expected \"" + expected.data<std::string>()[i] + "\", got \"" +
+               got.data<std::string>()[i] + "\"";
+      }
+    }
+    return "";
+  }
   if (got.dtype() != expected.dtype() || !(got.shape() == expected.shape())) {
     return "expected " + expected.description() + ", got " + got.description();
   }
@@ -98,6 +110,24 @@ std::string compare(const Tensor& got, const Tensor& expected) {
     }
   });
   return diff;
+}
+
+// Values: the same kind, and element by element the same (tensors as above).
+std::string compare(const Value& got, const Value& expected) {
+  if (got.kind() != expected.kind()) return "expected " + expected.description() + ", got " + got.description();
+  if (expected.is_tensor()) return compare(got.tensor(), expected.tensor());
+  if (expected.is_optional()) {
+    if (got.has_element() != expected.has_element()) return "expected " + expected.description() + ", got " + got.description();
+    return expected.has_element() ? compare(got.element(), expected.element()) : "";
+  }
+  if (got.elements().size() != expected.elements().size()) {
+    return "expected " + expected.description() + ", got " + got.description();
+  }
+  for (size_t i = 0; i < expected.elements().size(); ++i) {
+    const std::string diff = compare(got.elements()[i], expected.elements()[i]);
+    if (!diff.empty()) return "sequence element " + std::to_string(i) + ": " + diff;
+  }
+  return "";
 }
 
 std::vector<fs::path> sorted_entries(const fs::path& dir, const std::string& prefix) {
@@ -131,7 +161,7 @@ TestResult run_test(const fs::path& dir, const std::string& id) {
     const auto data_sets = sorted_entries(dir, "test_data_set_");
     if (data_sets.empty()) throw Error("no test_data_set_* folders");
     for (const fs::path& data : data_sets) {
-      runtime::NamedTensors feeds;
+      runtime::NamedValues feeds;
       const auto inputs = sorted_entries(data, "input_");
       const auto& required = session.inputs();
       if (inputs.size() > required.size()) {
@@ -139,17 +169,18 @@ TestResult run_test(const fs::path& dir, const std::string& id) {
                     " inputs, the model takes " + std::to_string(required.size()));
       }
       for (size_t i = 0; i < inputs.size(); ++i) {
-        feeds[required[i].name] = as_bfloat16_if(io::read_tensor_pb(inputs[i]).second,
-                                                 required[i].dtype == DataType::BFloat16);
+        Value v = io::read_value_pb(inputs[i], required[i].type).second;
+        if (v.is_tensor()) v = as_bfloat16_if(v.tensor(), required[i].dtype == DataType::BFloat16);
+        feeds[required[i].name] = std::move(v);
       }
-      const runtime::NamedTensors outputs = session.run(feeds);
+      const runtime::NamedValues outputs = session.run_values(feeds);
       const auto expected = sorted_entries(data, "output_");
       const auto& declared = session.outputs();
       for (size_t i = 0; i < expected.size(); ++i) {
         if (i >= declared.size()) throw Error("more expected outputs than graph outputs");
-        const Tensor& got = outputs.at(declared[i].name);
-        const Tensor want = as_bfloat16_if(io::read_tensor_pb(expected[i]).second,
-                                           got.dtype() == DataType::BFloat16);
+        const Value& got = outputs.at(declared[i].name);
+        Value want = io::read_value_pb(expected[i], declared[i].type).second;
+        if (want.is_tensor()) want = as_bfloat16_if(want.tensor(), got.tensor().dtype() == DataType::BFloat16);
         const std::string diff = compare(got, want);
         if (!diff.empty()) {
           throw Error(data.filename().string() + ", output '" + declared[i].name + "': " + diff);

@@ -172,6 +172,11 @@ TEST(TensorProto, RejectsInconsistentTensors) {
   EXPECT_THROW(io::tensor_from_proto(p, {}, "t"), Error);  // no data_type
   p.set_data_type(onnx::TensorProto::STRING);
   p.add_string_data("a");
+  EXPECT_EQ(io::tensor_from_proto(p, {}, "t").data<std::string>()[0], "a");
+  p.add_string_data("b");  // two strings for one element
+  EXPECT_THROW(io::tensor_from_proto(p, {}, "t"), Error);
+  p.clear_string_data();
+  p.set_raw_data("a");  // strings are never raw
   EXPECT_THROW(io::tensor_from_proto(p, {}, "t"), Error);
   p.Clear();
   p.set_data_type(onnx::TensorProto::FLOAT);
