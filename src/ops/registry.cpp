@@ -101,7 +101,10 @@ const KernelDef kKernels[] = {
   {"", "Mod",                  10, kOnnx28, kNumeric,          make_binary},
   {"", "PRelu",                 1, kOnnx17, kNumeric,          make_binary},
   {"", "Equal",                 1, 6,        kAll,              make_binary},
-  {"", "Equal",                 7, kOnnx17, kAll,              make_binary},
+  // Equal-19 adds string, which onnxtrain's Tensor cannot hold: a string input is refused when
+  // the model loads, and the row's types exclude it. Served because gradient rules emit Equal
+  // at the model's opset (Max, Min, ReduceMax, GlobalMaxPool, losses with ignore_index).
+  {"", "Equal",                 7, kOnnx28, kAll,              make_binary},
   {"", "Greater",               1, 6,        kNumeric,          make_binary},
   {"", "Greater",               7, kOnnx17, kNumeric,          make_binary},
   {"", "Less",                  1, 6,        kNumeric,          make_binary},

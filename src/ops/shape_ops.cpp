@@ -776,6 +776,10 @@ std::unique_ptr<Kernel> make_depth_to_space(const KernelInit& init) {
 std::unique_ptr<Kernel> make_space_to_depth(const KernelInit& init) {
   const int64_t bs = blocksize_of(init);
   // SpaceToDepth-1/13 have no mode and rearrange as DCR.
+  if (init.opset() < 28 && init.has_attr("mode")) {
+    throw Error("SpaceToDepth attribute 'mode' needs opset 28 or later (the model imports opset " +
+                std::to_string(init.opset()) + ")");
+  }
   const std::string mode = init.opset() >= 28 ? init.attr_string("mode", "DCR") : "DCR";
   if (mode != "DCR" && mode != "CRD")
     throw Error("attribute 'mode' is '" + mode + "', expected 'DCR' or 'CRD'");
