@@ -53,18 +53,21 @@ void global_max_pool_rule(Builder& b) {
 struct Normalized {
   std::string xhat, invstd;
 };
+// ReduceMean over `axes`, keeping them: the axes attribute before opset 18, an input from 18.
+std::string reduce_mean(Builder& b, const std::string& x, const std::vector<int64_t>& axes) {
+  if (b.opset() >= 18) return b.op("ReduceMean", {x, b.ints(axes)}, {attr_int("keepdims", 1)});
+  return b.op("ReduceMean", {x}, {attr_ints("axes", axes), attr_int("keepdims", 1)});
+}
 Normalized normalize(Builder& b, const std::string& x, const std::vector<int64_t>& axes, double epsilon) {
-  const std::string mean = b.op("ReduceMean", {x}, {attr_ints("axes", axes), attr_int("keepdims", 1)});
+  const std::string mean = reduce_mean(b, x, axes);
   const std::string centered = sub(b, x, mean);
-  const std::string var = b.op("ReduceMean", {mul(b, centered, centered)}, {attr_ints("axes", axes), attr_int("keepdims", 1)});
+  const std::string var = reduce_mean(b, mul(b, centered, centered), axes);
   const std::string invstd = b.op("Reciprocal", {b.op("Sqrt", {add(b, var, b.scalar(epsilon, x))})});
   return {mul(b, centered, invstd), invstd};
 }
 std::string normalized_input_gradient(Builder& b, const std::string& g, const Normalized& n,
                                       const std::vector<int64_t>& axes) {
-  auto mean = [&](const std::string& v) {
-    return b.op("ReduceMean", {v}, {attr_ints("axes", axes), attr_int("keepdims", 1)});
-  };
+  auto mean = [&](const std::string& v) { return reduce_mean(b, v, axes); };
   const std::string inner = sub(b, sub(b, g, mean(g)), mul(b, n.xhat, mean(mul(b, g, n.xhat))));
   return mul(b, n.invstd, inner);
 }

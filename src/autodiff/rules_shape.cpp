@@ -10,37 +10,36 @@ namespace onnxtrain::autodiff {
 namespace {
 
 // ---- reductions ----
-bool reduce_sum_with_axes_input(Builder& b) { return b.node().op_type() == "ReduceSum" && b.opset() >= 13; }
-
-// ReduceSum-13 with noop_with_empty_axes=1 and no axes is the identity.
-bool reduce_is_identity(Builder& b) {
-  return reduce_sum_with_axes_input(b) && !b.has_input(1) && b.get_int("noop_with_empty_axes", 0) != 0;
-}
+// Whether the node takes its axes as input 1: ReduceSum from opset 13, the others from 18.
+bool axes_from_input(Builder& b) { return b.opset() >= (b.node().op_type() == "ReduceSum" ? 13 : 18); }
 
 // The attribute axes of a Reduce* node (empty: all axes).
 std::vector<int64_t> attr_axes(Builder& b) { return b.get_ints("axes").value_or(std::vector<int64_t>{}); }
 
 // `g`, shaped like the reduction's output, with the reduced dims restored as 1s so that it
-// broadcasts against the input.
+// broadcasts against the input. With the axes input omitted, the node reduced all axes (g is a
+// scalar) or, with noop_with_empty_axes, none (g is shaped like x); an empty axes input is the
+// same, and Unsqueeze with no axes leaves g as it is.
 std::string kept(Builder& b, const std::string& g) {
   if (b.get_int("keepdims", 1) != 0) return g;
-  if (reduce_sum_with_axes_input(b)) return b.has_input(1) ? b.op("Unsqueeze", {g, b.I(1)}) : g;
+  if (axes_from_input(b)) return b.has_input(1) ? b.op("Unsqueeze", {g, b.I(1)}) : g;
   const std::vector<int64_t> axes = attr_axes(b);
   return axes.empty() ? g : b.unsqueeze(g, axes);  // all axes reduced: g is a scalar
 }
 
-// Sums `x` over the node's reduced axes, keeping them.
+// Sums `x` over the node's reduced axes, keeping them (none with noop_with_empty_axes and no
+// axes: ReduceSum-13 reads the attribute the same way).
 std::string sum_over_reduced(Builder& b, const std::string& x) {
-  if (reduce_sum_with_axes_input(b) && b.has_input(1)) {
-    return b.op("ReduceSum", {x, b.I(1)}, {attr_int("keepdims", 1)});
+  if (axes_from_input(b)) {
+    std::vector<std::string> inputs{x};
+    if (b.has_input(1)) inputs.push_back(b.I(1));
+    return b.op("ReduceSum", inputs,
+                {attr_int("keepdims", 1), attr_int("noop_with_empty_axes", b.get_int("noop_with_empty_axes", 0))});
   }
   return b.reduce_sum(x, attr_axes(b), true);
 }
 
-void reduce_sum_rule(Builder& b) {
-  if (reduce_is_identity(b)) return b.set_GI(0, b.GO(0));
-  b.set_GI(0, expand_like(b, kept(b, b.GO(0)), b.I(0)));
-}
+void reduce_sum_rule(Builder& b) { b.set_GI(0, expand_like(b, kept(b, b.GO(0)), b.I(0))); }
 void reduce_mean_rule(Builder& b) {
   const std::string g = expand_like(b, kept(b, b.GO(0)), b.I(0));
   b.set_GI(0, div(b, mul(b, g, numel_as(b, b.O(0), b.I(0))), numel_as(b, b.I(0), b.I(0))));
@@ -119,19 +118,21 @@ void tile_rule(Builder& b) {
   b.set_GI(0, b.reduce_sum(b.op("Reshape", {b.GO(0), interleaved}), axes, false));
 }
 void pad_rule(Builder& b) {
-  // Constant padding: dx is dy without the padding. Pads must be non-negative.
+  // Constant padding: dx is dy padded by the negated pads (constant 0), which removes what was
+  // added and puts zeros where the forward removed elements. From opset 18 the pads may apply
+  // to the axes of input 3 only; the backward Pad takes the same axes.
   if (b.get_string("mode", "constant") != "constant") {
     throw Error("the gradient of Pad supports mode 'constant' only, not '" + b.get_string("mode", "") + "'");
   }
+  if (b.opset() >= 11) {
+    std::vector<std::string> inputs{b.GO(0), neg(b, b.I(1))};
+    if (b.opset() >= 18 && b.has_input(3)) inputs.insert(inputs.end(), {"", b.I(3)});
+    return b.set_GI(0, b.op("Pad", inputs));
+  }
+  // Pad-1/2: pads must be non-negative.
   const int r = b.require_rank(b.I(0));
   std::vector<int64_t> all_axes;
   for (int d = 0; d < r; ++d) all_axes.push_back(d);
-  if (b.opset() >= 11) {
-    const std::string begin = b.op("Slice", {b.I(1), b.ints({0}), b.ints({r})});
-    const std::string end_pad = b.op("Slice", {b.I(1), b.ints({r}), b.ints({2 * r})});
-    const std::string end = b.op("Sub", {b.op("Shape", {b.GO(0)}), end_pad});
-    return b.set_GI(0, b.op("Slice", {b.GO(0), begin, end, b.ints(all_axes)}));
-  }
   const std::vector<int64_t> pads = b.get_ints(b.opset() < 2 ? "paddings" : "pads").value_or(std::vector<int64_t>{});
   if (pads.size() != static_cast<size_t>(2 * r)) throw Error("Pad's pads do not match the input's rank");
   std::vector<int64_t> starts, ends;
@@ -178,30 +179,55 @@ void scatter_rule(Builder& b) {
   // Scatter (opsets 9-10) predates GatherElements: use onnxtrain's alias of it there.
   const bool legacy = b.node().op_type() == "Scatter";
   const std::string reduction = b.get_string("reduction", "none");
-  if (reduction != "none" && reduction != "add") {
-    throw Error("the gradient of " + b.node().op_type() + " supports reduction 'none' and 'add', not '" + reduction + "'");
-  }
   std::vector<onnx::AttributeProto> axis;
   if (!nd) axis.push_back(attr_int("axis", b.get_int("axis", 0)));
+  const std::string gather = nd ? "GatherND" : "GatherElements";
+  if (reduction == "max" || reduction == "min") {
+    // y = the extreme of data and the updates aimed at each position: the gradient is shared
+    // equally by every contributor equal to y (PyTorch's scatter_reduce amax/amin rule).
+    const DataType t = b.dtype(b.I(0));
+    const std::string data_wins = cast_to(b, bin(b, "Equal", b.I(0), b.O(0)), t);
+    const std::string update_wins =
+        cast_to(b, bin(b, "Equal", b.I(2), b.op(gather, {b.O(0), b.I(1)}, axis)), t);
+    std::vector<onnx::AttributeProto> summed = axis;
+    summed.push_back(attr_string("reduction", "add"));
+    const std::string count =
+        add(b, data_wins, b.op(b.node().op_type(), {b.zeros_like(b.I(0)), b.I(1), update_wins}, summed));
+    const std::string share = div(b, b.GO(0), count);
+    if (b.needs(0)) b.set_GI(0, mul(b, share, data_wins));
+    if (b.needs(2)) b.set_GI(2, mul(b, b.op(gather, {share, b.I(1)}, axis), update_wins));
+    return;
+  }
+  if (reduction != "none" && reduction != "add") {
+    throw Error("the gradient of " + b.node().op_type() + " supports reduction 'none', 'add', 'max' and 'min', not '" +
+                reduction + "'");
+  }
   if (b.needs(0)) {
     b.set_GI(0, reduction == "add" ? b.GO(0)
                                     : b.op(b.node().op_type(), {b.GO(0), b.I(1), b.zeros_like(b.I(2))}, axis));
   }
-  if (b.needs(2)) {
-    b.set_GI(2, b.op(nd ? "GatherND" : "GatherElements", {b.GO(0), b.I(1)}, axis, legacy ? kInternalDomain : ""));
-  }
+  if (b.needs(2)) b.set_GI(2, b.op(gather, {b.GO(0), b.I(1)}, axis, legacy ? kInternalDomain : ""));
 }
 void trilu_rule(Builder& b) {
   std::vector<std::string> inputs{b.GO(0)};
   if (b.has_input(1)) inputs.push_back(b.I(1));
   b.set_GI(0, b.op("Trilu", inputs, {attr_int("upper", b.get_int("upper", 1))}));
 }
+// DepthToSpace and SpaceToDepth are permutations and each other's inverse in the same mode;
+// SpaceToDepth has a mode (CRD) only from opset 28.
 void depth_to_space_rule(Builder& b) {
-  if (b.get_string("mode", "DCR") != "DCR") throw Error("the gradient of DepthToSpace supports mode DCR only");
-  b.set_GI(0, b.op("SpaceToDepth", {b.GO(0)}, {attr_int("blocksize", b.get_int("blocksize", 1))}));
+  const std::string mode = b.opset() >= 11 ? b.get_string("mode", "DCR") : "DCR";
+  std::vector<onnx::AttributeProto> attrs{attr_int("blocksize", b.get_int("blocksize", 1))};
+  if (mode != "DCR") {
+    if (b.opset() < 28) throw Error("the gradient of DepthToSpace in mode " + mode + " needs opset 28 or later (SpaceToDepth's mode)");
+    attrs.push_back(attr_string("mode", mode));
+  }
+  b.set_GI(0, b.op("SpaceToDepth", {b.GO(0)}, attrs));
 }
 void space_to_depth_rule(Builder& b) {
-  b.set_GI(0, b.op("DepthToSpace", {b.GO(0)}, {attr_int("blocksize", b.get_int("blocksize", 1))}));
+  std::vector<onnx::AttributeProto> attrs{attr_int("blocksize", b.get_int("blocksize", 1))};
+  if (b.opset() >= 28) attrs.push_back(attr_string("mode", b.get_string("mode", "DCR")));
+  b.set_GI(0, b.op("DepthToSpace", {b.GO(0)}, attrs));
 }
 void topk_rule(Builder& b) {
   // The values' gradient goes back to the positions the indices name.
@@ -236,17 +262,19 @@ std::vector<Rule> shape_rules() {
     {"", "Split",              kIn0, false, split_rule,              "dx = concat(dy_i) along axis"},
     {"", "Expand",             kIn0, true,  expand_rule,             "dx = dy summed to shape(x)"},
     {"", "Tile",               kIn0, false, tile_rule,               "dx = dy summed over the tiles"},
-    {"", "Pad",                kIn0, false, pad_rule,                "dx = dy without the padding (constant mode)"},
+    {"", "Pad",                kIn0, false, pad_rule,                "dx = Pad(dy, -pads) (constant mode): dy without the padding, zeros where it cropped"},
     {"", "Slice",              kIn0, false, slice_rule,              "dx = dy scattered into zeros at the sliced positions"},
     {"", "Gather",             kIn0, false, gather_rule,             "dx = scatter-add of dy at indices (ai.onnxtrain.GatherGrad)"},
     {"", "GatherElements",     kIn0, false, gather_elements_rule,    "dx = scatter-add of dy (ai.onnxtrain.GatherElementsGrad)"},
     {"", "GatherND",           kIn0, false, gather_nd_rule,          "dx = scatter-add of dy (ai.onnxtrain.GatherNDGrad)"},
-    {"", "ScatterElements",    inputs_mask({0, 2}), false, scatter_rule, "ddata = dy with scattered positions zeroed; dupdates = gather(dy)"},
+    {"", "ScatterElements",    inputs_mask({0, 2}), false, scatter_rule,
+                               "ddata = dy with scattered positions zeroed; dupdates = gather(dy) (add: ddata = dy; max/min: dy shared by the contributors equal to y)"},
     {"", "Scatter",            inputs_mask({0, 2}), false, scatter_rule, "as ScatterElements (its opset 9-10 name)"},
-    {"", "ScatterND",          inputs_mask({0, 2}), false, scatter_rule, "ddata = dy with scattered positions zeroed; dupdates = gather(dy)"},
+    {"", "ScatterND",          inputs_mask({0, 2}), false, scatter_rule,
+                               "ddata = dy with scattered positions zeroed; dupdates = gather(dy) (add: ddata = dy; max/min: dy shared by the contributors equal to y)"},
     {"", "Trilu",              kIn0, false, trilu_rule,              "dx = Trilu(dy)"},
-    {"", "DepthToSpace",       kIn0, false, depth_to_space_rule,     "dx = SpaceToDepth(dy) (DCR)"},
-    {"", "SpaceToDepth",       kIn0, false, space_to_depth_rule,     "dx = DepthToSpace(dy)"},
+    {"", "DepthToSpace",       kIn0, false, depth_to_space_rule,     "dx = SpaceToDepth(dy) in the same mode (CRD from opset 28)"},
+    {"", "SpaceToDepth",       kIn0, false, space_to_depth_rule,     "dx = DepthToSpace(dy) in the same mode"},
     {"", "TopK",               kIn0, false, topk_rule,               "dx = dy scattered at the indices"},
     {"", "Shape",              0, false, nullptr, "integer output"},
     {"", "Size",               0, false, nullptr, "integer output"},

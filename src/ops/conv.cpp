@@ -1,4 +1,5 @@
-// Conv and ConvTranspose (ONNX operator docs "Conv", "ConvTranspose").
+// Conv and ConvTranspose (ONNX operator docs "Conv", "ConvTranspose"; version 22 of both only
+// adds bfloat16).
 //
 // Conv: X [N, C, D1..Dn], W [M, C/group, k1..kn], optional B [M] -> Y [N, M, O1..On] with
 //   O = floor((D + pad_begin + pad_end - ((k - 1) * dilation + 1)) / stride) + 1

@@ -1,4 +1,4 @@
-// Einsum (ai.onnx opset 12+), numpy's einsum: "ij,jk->ik", "bij,bjk->bik", "ii->i", "...ij->...ji".
+// Einsum (ai.onnx opset 12+; version 28 only adds bfloat16), numpy's einsum: "ij,jk->ik", "bij,bjk->bik", "ii->i", "...ij->...ji".
 //
 // The equation names every dim of every input with a letter; "..." stands for the dims no
 // letter names, which broadcast across the inputs (numpy rules). With "->" the output lists

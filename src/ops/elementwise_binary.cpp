@@ -1,4 +1,4 @@
-// Broadcasting binary and variadic ops (ONNX operator docs, ai.onnx opsets 1-17):
+// Broadcasting binary and variadic ops (ONNX operator docs, ai.onnx opsets 1-28):
 //   arithmetic  Add Sub Mul Div Pow Mod PRelu
 //   comparison  Equal Greater Less GreaterOrEqual LessOrEqual (bool output)
 //   logic       And Or Xor (bool)
@@ -10,8 +10,11 @@
 // then B is aligned with A's dims starting at `axis` (default: aligned at the right).
 //
 // Integer division and modulo by zero give 0 and INT_MIN / -1 wraps, as numpy does, instead of
-// trapping. Mod with fmod=0 takes the sign of the divisor (Python's %), fmod=1 the sign of the
-// dividend (C's fmod); floating-point Mod requires fmod=1, as its doc says. Pow-12+ accepts an
+// trapping. Mod with fmod=0 is A - floor(A / B) B, with the sign of the divisor (Python's %),
+// fmod=1 is A - trunc(A / B) B, with the sign of the dividend (C's fmod). Mod-28 defines fmod=0
+// for floating-point inputs too (its doc's special cases are numpy.mod's: a zero result takes
+// the divisor's sign, an infinite divisor of the other sign is returned, x mod 0 is NaN); the
+// kernel computes it so in every version (Mod-10/13 only allowed integers there). Pow-12+ accepts an
 // exponent of another numeric type; the result has the base's type. Min/Max propagate NaN.
 // PRelu-1/6 reads a 1-D slope of C values as one per channel (dim 1 of X).
 #include <cmath>
@@ -123,7 +126,12 @@ void run_arithmetic(Binary op, bool fmod, const Broadcast<2>& bc, const Tensor& 
       });
     case Binary::Mod:
       if constexpr (kFloat) {
-        return binary_loop<T, T, T>(bc, a, b, out, [](C x, C y) { return std::fmod(x, y); });
+        if (fmod) return binary_loop<T, T, T>(bc, a, b, out, [](C x, C y) { return std::fmod(x, y); });
+        return binary_loop<T, T, T>(bc, a, b, out, [](C x, C y) {
+          C r = std::fmod(x, y);  // NaN for an infinite x or a zero y
+          if (r == 0) return std::copysign(C(0), y);
+          return (r < 0) != (y < 0) ? C(r + y) : r;
+        });
       } else {
         return binary_loop<T, T, T>(bc, a, b, out, [fmod](C x, C y) {
           if (y == 0) return C(0);
@@ -254,9 +262,6 @@ std::unique_ptr<Kernel> make_binary(const KernelInit& init) {
     } else if (is_comparison(op)) {
       visit_dtype<AllTypes>(a.dtype(), what, [&]<class T>() { run_comparison<T>(op, bc, a, b, out); });
     } else {
-      if (op == Binary::Mod && is_floating(a.dtype()) && !fmod) {
-        fail("Mod of floating-point input " + ctx.input_name(0) + " needs the attribute fmod=1");
-      }
       visit_dtype<NumericTypes>(a.dtype(), what, [&]<class T>() { run_arithmetic<T>(op, fmod, bc, a, b, out); });
     }
   });

@@ -1,4 +1,6 @@
-// One-input element-wise ops (ONNX operator docs, ai.onnx opsets 1-17):
+// One-input element-wise ops (ONNX operator docs, ai.onnx opsets 1-28; the versions after 17 of
+// the math ops and activations (22, Celu 28, IsNaN/IsInf 20, Identity 19-25) only add element
+// types, which the kernel table's rows admit):
 //   math        Abs Neg Sqrt Reciprocal Exp Log Erf Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh
 //               Acosh Atanh Floor Ceil Round Sign
 //   activations Relu Sigmoid Tanh Softplus Softsign HardSwish, and with attributes LeakyRelu Elu

@@ -1,12 +1,14 @@
 // Generators: ops that make tensors from attributes or shapes (ONNX operator docs, ai.onnx):
-//   Constant (1-17: `value`; from 12 also value_float, value_floats, value_int, value_ints),
-//   ConstantOfShape (9-17), Range (11-17), EyeLike (9-17).
+//   Constant (1-25: `value`; from 12 also value_float, value_floats, value_int, value_ints),
+//   ConstantOfShape (9-25), Range (11-27), EyeLike (9-22). The versions after 17 of Constant,
+//   ConstantOfShape and EyeLike add element types only.
 // Limits: Constant's value_string, value_strings and sparse_value are an Error (onnxtrain
 // tensors hold no strings and no sparse layout). The Constant output shares the attribute's
 // storage without a copy, as views of initializers do: kernels must not write into inputs.
 // Range computes its length exactly for integers (an overflowing length is an Error) and in
 // float64 for floating types; element i is start + i * delta (float64 for floating types,
-// wrapping integer arithmetic for integers).
+// wrapping integer arithmetic for integers). Range-27 computes float16 and bfloat16 in its
+// `stash_type` (FLOAT, the default, or DOUBLE), rounding each element once to the output type.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -145,8 +147,18 @@ std::unique_ptr<Kernel> make_constant_of_shape(const KernelInit& init) {
   });
 }
 
-std::unique_ptr<Kernel> make_range(const KernelInit&) {
-  return make_kernel([](KernelContext& ctx) {
+std::unique_ptr<Kernel> make_range(const KernelInit& init) {
+  // Before Range-27 (which has no float16/bfloat16 in its schema) every floating type computes
+  // in float64.
+  bool stash_float = false;
+  if (init.opset() >= 27) {
+    const int64_t stash = init.attr_int("stash_type", 1);
+    if (stash != 1 && stash != 11) {
+      throw Error("Range attribute 'stash_type' is " + std::to_string(stash) + ", expected 1 (FLOAT) or 11 (DOUBLE)");
+    }
+    stash_float = stash == 1;
+  }
+  return make_kernel([stash_float](KernelContext& ctx) {
     const Tensor& start = scalar_arg(ctx, 0, "start");
     const Tensor& limit = scalar_arg(ctx, 1, "limit");
     const Tensor& delta = scalar_arg(ctx, 2, "delta");
@@ -164,7 +176,14 @@ std::unique_ptr<Kernel> make_range(const KernelInit&) {
       T* out = y.data<T>();
       parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          if constexpr (is_float_v<T>) {
+          if constexpr (is_half_v<T>) {
+            if (stash_float) {
+              out[i] = convert<T>(widen_value(s) + static_cast<float>(i) * widen_value(d));
+            } else {
+              out[i] = convert<T>(static_cast<double>(widen_value(s)) +
+                                  static_cast<double>(i) * static_cast<double>(widen_value(d)));
+            }
+          } else if constexpr (is_float_v<T>) {
             out[i] = convert<T>(static_cast<double>(widen_value(s)) +
                                 static_cast<double>(i) * static_cast<double>(widen_value(d)));
           } else {

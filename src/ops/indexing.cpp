@@ -1,6 +1,6 @@
-// Indexing ops (ONNX operator docs, ai.onnx opsets 1-17): Slice, Gather, GatherElements,
-// GatherND, ScatterElements (and the deprecated Scatter, its opset 9-10 name), ScatterND,
-// OneHot, Trilu.
+// Indexing ops (ONNX operator docs, ai.onnx opsets 1-28): Slice, Gather, GatherElements,
+// GatherND, ScatterElements (and the deprecated Scatter, its opset 9-10 name), ScatterND
+// (reduction none/add/mul from 16, min/max from 18), OneHot (bfloat16 values from 28), Trilu.
 //
 // Every index is validated before any element moves, so bad indices are an Error naming the
 // value and its position, never an out-of-bounds access. Gathers copy whole rows where they
@@ -297,9 +297,10 @@ void gather_nd(KernelContext& ctx, int64_t batch_dims) {
                });
 }
 
-// --- ScatterElements / ScatterND (opset 16 adds reduction none/add/mul): output = copy of data,
-// then each update is written (or added, or multiplied) at its target, in index order ---
-enum class Reduction { None, Add, Mul };
+// --- ScatterElements / ScatterND (opset 16 adds reduction none/add/mul, 18 min/max): output =
+// copy of data, then each update is written (or added, multiplied, or its maximum or minimum
+// with the target taken, NaN-propagating as Max and Min are) at its target, in index order ---
+enum class Reduction { None, Add, Mul, Max, Min };
 
 Reduction reduction_of(const KernelInit& init) {
   if (init.opset() < 16) {
@@ -310,7 +311,13 @@ Reduction reduction_of(const KernelInit& init) {
   if (r == "none") return Reduction::None;
   if (r == "add") return Reduction::Add;
   if (r == "mul") return Reduction::Mul;
-  throw Error("attribute 'reduction' is '" + r + "', expected 'none', 'add' or 'mul'");
+  if (init.opset() >= 18) {
+    if (r == "max") return Reduction::Max;
+    if (r == "min") return Reduction::Min;
+    throw Error("attribute 'reduction' is '" + r + "', expected 'none', 'add', 'mul', 'max' or 'min'");
+  }
+  throw Error("attribute 'reduction' is '" + r + "', expected 'none', 'add' or 'mul'" +
+              (r == "max" || r == "min" ? " ('" + r + "' needs opset 18 or later)" : std::string()));
 }
 
 // y = data; y[offsets[t] + j] (op)= updates[t * slice + j] for every t, j.
@@ -331,8 +338,12 @@ void scatter_into(KernelContext& ctx, std::span<const int64_t> offsets, int64_t 
           target[j] = src[j];
         } else if (reduction == Reduction::Add) {
           target[j] = convert<T>(static_cast<C>(convert<C>(target[j]) + convert<C>(src[j])));
-        } else {
+        } else if (reduction == Reduction::Mul) {
           target[j] = convert<T>(static_cast<C>(convert<C>(target[j]) * convert<C>(src[j])));
+        } else {
+          const C a = convert<C>(target[j]), b = convert<C>(src[j]);
+          const bool take_b = reduction == Reduction::Max ? (b > a || b != b) : (b < a || b != b);
+          if (take_b && a == a) target[j] = src[j];  // NaN stays; a NaN update wins
         }
       }
     }

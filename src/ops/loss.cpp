@@ -1,5 +1,5 @@
-// SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (ai.onnx opset 12+; 13 only widened
-// the types), after their operator docs.
+// SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (ai.onnx opset 12+; 13 and
+// NegativeLogLikelihoodLoss-22 only widened the types), after their operator docs.
 //
 // Scores / input [N, C] or [N, C, D1..Dk], labels / target [N] or [N, D1..Dk] (int32 or
 // int64), optional weights [C]. With logp = LogSoftmax(scores, axis 1) (SCE) or logp = input

@@ -1,5 +1,6 @@
 // BatchNormalization (opset 1+), InstanceNormalization (1+), LayerNormalization (17),
-// Dropout (1+), after the ONNX operator docs and changelog.
+// Dropout (1+), after the ONNX operator docs and changelog (InstanceNormalization-22 and
+// Dropout-22 only add element types).
 //
 // BatchNormalization, X [N, C, D1..Dn] (a 1-D X of size N has C = 1), per channel c:
 //   inference: Y = (X - mean[c]) / sqrt(var[c] + epsilon) * scale[c] + B[c]

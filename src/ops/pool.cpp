@@ -1,4 +1,6 @@
-// MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool (ONNX operator docs).
+// MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool (ONNX operator docs, opsets 1-28:
+// AveragePool-19 documents `dilations`, which every version here reads; the versions 22 add
+// bfloat16 and state the ceil_mode rule below for the windows that would start in the padding).
 //
 // X [N, C, D1..Dn] -> Y [N, C, O1..On]. Per spatial dim, with extent = (k - 1) * dilation + 1:
 //   NOTSET:  O = floor((D + pad_begin + pad_end - extent) / stride + 1), or ceil with

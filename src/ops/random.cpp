@@ -1,5 +1,5 @@
 // Random generators: RandomNormal, RandomUniform, RandomNormalLike, RandomUniformLike
-// (ai.onnx opset 1+) and Bernoulli (opset 15+).
+// (ai.onnx opset 1+) and Bernoulli (opset 15+); their version 22 only adds bfloat16.
 //
 // Numbers come from Philox4x32-10 (core/rng.h) keyed by the seed and the node's first output
 // name, counted by the run index: with the `seed` attribute the key is that seed, otherwise the

@@ -1,10 +1,16 @@
 // Reductions, arg-reductions, cumulative sums and top-k (ONNX operator docs, ai.onnx opsets
-// 1-17):
+// 1-28):
 //   ReduceSum (axes attribute in 1-12; optional int64 `axes` input and noop_with_empty_axes
 //   from 13), ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
-//   ReduceSumSquare, ReduceLogSum, ReduceLogSumExp (axes attribute, 1-17); ArgMax, ArgMin
-//   (select_last_index from 12); CumSum (11-17); TopK (k attribute in 1-9, K input from 10,
-//   largest/sorted from 11). Negative axes are accepted from opset 11 and rejected before.
+//   ReduceSumSquare, ReduceLogSum, ReduceLogSumExp (axes attribute in 1-17, the `axes` input
+//   and noop_with_empty_axes from 18; ReduceMax/ReduceMin take bool from 20, False < True;
+//   ReduceLogSum/ReduceLogSumExp-28 drop the integer types, which the kernel table enforces);
+//   ArgMax, ArgMin (select_last_index from 12); CumSum (11-17); TopK (k attribute in 1-9, K
+//   input from 10, largest/sorted from 11, bfloat16 from 24). Negative axes are accepted from
+//   opset 11 and rejected before.
+// noop_with_empty_axes with no (or empty) axes reduces over the empty set of axes: every output
+// is its one input value put through the reduction's other steps (ONNX op doc 'ReduceLogSum':
+// "ReduceLogSum returns the Log of input tensor, and ReduceSumSquare returns the Square").
 //
 // Reductions collapse the input into runs of axes (size-1 dims dropped, neighbours that are
 // both reduced or both kept merged). When the innermost run is reduced, every output is the
@@ -19,7 +25,8 @@
 // (numpy's result when they overflow); integer Mean, L2, LogSum and LogSumExp are computed in
 // float64 and truncated toward zero, saturating (NaN, the mean of nothing, gives 0).
 // Over an empty axis: sum/L1/L2/sum-square 0, prod 1, max -inf (lowest integer), min +inf
-// (highest integer), mean NaN, log-sum and log-sum-exp -inf. ReduceMax/Min propagate NaN.
+// (highest integer), mean NaN, log-sum and log-sum-exp -inf; bool max False, min True (the
+// ONNX reference). ReduceMax/Min propagate NaN.
 // ArgMax/ArgMin treat NaN as the extreme value (numpy's argmax/argmin) and reject an empty
 // axis. TopK orders NaN above every number (PyTorch's topk), breaks ties by the lower index,
 // and always returns sorted results (sorted=0 leaves the order to the implementation).
@@ -443,6 +450,16 @@ void reduce_typed(Kind kind, const Tensor& x, const ReducePlan& p, int64_t count
   }
 }
 
+// ReduceMax/ReduceMin of bool (opset 20): any/all, with False < True.
+void reduce_bool(Kind kind, const Tensor& x, const ReducePlan& p, Tensor& y) {
+  const bool max = kind == Kind::Max;
+  auto as_byte = [](bool v, uint8_t) { return static_cast<uint8_t>(v); };
+  auto pick = [max](uint8_t a, uint8_t b) { return max ? std::max(a, b) : std::min(a, b); };
+  const std::vector<uint8_t> acc =
+      reduce<bool, uint8_t, false, false>(x.data<bool>(), x.numel(), p, y.numel(), static_cast<uint8_t>(max ? 0 : 1), as_byte, pick);
+  finish(acc, y.data<bool>(), [](uint8_t a, int64_t) { return a != 0; });
+}
+
 class Reduce final : public Kernel {
  public:
   explicit Reduce(const KernelInit& init)
@@ -450,14 +467,19 @@ class Reduce final : public Kernel {
         kind_(kind_of(op_)),
         opset_(init.opset()),
         keepdims_(init.attr_int("keepdims", 1) != 0) {
-    axes_input_ = kind_ == Kind::Sum && opset_ >= 13;
+    // ReduceSum takes its axes as an input from opset 13, the other reductions from 18.
+    axes_input_ = opset_ >= (kind_ == Kind::Sum ? 13 : 18);
     if (axes_input_) {
       noop_with_empty_axes_ = init.attr_int("noop_with_empty_axes", 0) != 0;
       if (init.has_attr("axes")) {
-        throw Error(op_ + "-" + std::to_string(opset_) +
-                    " takes axes as its second input, not as an attribute");
+        throw Error(op_ + " (opset " + std::to_string(opset_) +
+                    ") takes axes as its second input, not as an attribute");
       }
     } else {
+      if (init.has_attr("noop_with_empty_axes")) {
+        throw Error(op_ + " attribute 'noop_with_empty_axes' needs opset " + (kind_ == Kind::Sum ? "13" : "18") +
+                    " or later (the model imports opset " + std::to_string(opset_) + ")");
+      }
       axes_ = init.attr_ints("axes");
     }
   }
@@ -475,11 +497,13 @@ class Reduce final : public Kernel {
       }
       axes = a.to_int64_vector(what);
     }
-    if (axes.empty() && noop_with_empty_axes_) {
-      ctx.set_output(0, x);
+    const bool none = axes.empty() && noop_with_empty_axes_;  // reduce over the empty set of axes
+    if (none && (kind_ == Kind::Sum || kind_ == Kind::Mean || kind_ == Kind::Max || kind_ == Kind::Min ||
+                 kind_ == Kind::Prod)) {
+      ctx.set_output(0, x);  // the reduction of one value is that value
       return;
     }
-    std::vector<bool> reduce(static_cast<size_t>(rank), axes.empty());
+    std::vector<bool> reduce(static_cast<size_t>(rank), axes.empty() && !none);
     for (int64_t axis : axes) {
       const auto d = static_cast<size_t>(resolve_axis(axis, rank, opset_, what));
       if (reduce[d])
@@ -496,10 +520,14 @@ class Reduce final : public Kernel {
         if (keepdims_) out_shape.push_back(1);
       }
     }
+    const std::string what_x = op_ + " input " + ctx.input_name(0);
+    if (x.dtype() == DataType::Bool && kind_ != Kind::Max && kind_ != Kind::Min) {
+      throw_unsupported_dtype(x.dtype(), what_x);
+    }
     Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
     const ReducePlan plan = make_plan(x.shape(), reduce);
-    visit_dtype<NumericTypes>(x.dtype(), op_ + " input " + ctx.input_name(0),
-                              [&]<class T>() { reduce_typed<T>(kind_, x, plan, count, y); });
+    if (x.dtype() == DataType::Bool) return reduce_bool(kind_, x, plan, y);
+    visit_dtype<NumericTypes>(x.dtype(), what_x, [&]<class T>() { reduce_typed<T>(kind_, x, plan, count, y); });
   }
 
  private:

@@ -19,6 +19,11 @@ constexpr int kMaxOnnx = 28;  // the newest ai.onnx opset ONNX 1.23 defines
 // op needs a row (or a wider range) of its own, so that a change of semantics in a later
 // opset cannot reach a kernel written before it.
 constexpr int kOnnx17 = 17;
+// Rows reviewed against ONNX 1.23 (opset 28): every version of the op up to 28 was read (schema
+// doc, attributes, inputs, type constraints) and its changes implemented. Versions that only
+// add element types are served by widening the row: its DTypeSet decides which types reach the
+// kernel. Session/Registry.EveryOpVersionUpTo28IsServed lists what is deliberately not served.
+constexpr int kOnnx28 = 28;
 
 constexpr std::string_view kTraining = "ai.onnx.preview.training";
 // onnxtrain's own ops, emitted by gradient rules (docs/gradients.md) and by the runtime's
@@ -47,39 +52,39 @@ const KernelDef kKernels[] = {
   {"", "Tanh",                  1, kOnnx17, kFloat,            make_unary},
   {"", "Sigmoid",               1, kOnnx17, kFloat,            make_unary},
   {"", "Relu",                  1, kOnnx17, kSignedNumeric,    make_unary},
-  {"", "Softplus",              1, kOnnx17, kFloat,            make_unary},
-  {"", "Softsign",              1, kOnnx17, kFloat,            make_unary},
-  {"", "HardSwish",            14, kOnnx17, kFloat,            make_unary},
-  {"", "Sin",                   7, kOnnx17, kFloat,            make_unary},
-  {"", "Cos",                   7, kOnnx17, kFloat,            make_unary},
-  {"", "Tan",                   7, kOnnx17, kFloat,            make_unary},
-  {"", "Asin",                  7, kOnnx17, kFloat,            make_unary},
-  {"", "Acos",                  7, kOnnx17, kFloat,            make_unary},
-  {"", "Atan",                  7, kOnnx17, kFloat,            make_unary},
-  {"", "Sinh",                  9, kOnnx17, kFloat,            make_unary},
-  {"", "Cosh",                  9, kOnnx17, kFloat,            make_unary},
-  {"", "Asinh",                 9, kOnnx17, kFloat,            make_unary},
-  {"", "Acosh",                 9, kOnnx17, kFloat,            make_unary},
-  {"", "Atanh",                 9, kOnnx17, kFloat,            make_unary},
+  {"", "Softplus",              1, kOnnx28, kFloat,            make_unary},
+  {"", "Softsign",              1, kOnnx28, kFloat,            make_unary},
+  {"", "HardSwish",            14, kOnnx28, kFloat,            make_unary},
+  {"", "Sin",                   7, kOnnx28, kFloat,            make_unary},
+  {"", "Cos",                   7, kOnnx28, kFloat,            make_unary},
+  {"", "Tan",                   7, kOnnx28, kFloat,            make_unary},
+  {"", "Asin",                  7, kOnnx28, kFloat,            make_unary},
+  {"", "Acos",                  7, kOnnx28, kFloat,            make_unary},
+  {"", "Atan",                  7, kOnnx28, kFloat,            make_unary},
+  {"", "Sinh",                  9, kOnnx28, kFloat,            make_unary},
+  {"", "Cosh",                  9, kOnnx28, kFloat,            make_unary},
+  {"", "Asinh",                 9, kOnnx28, kFloat,            make_unary},
+  {"", "Acosh",                 9, kOnnx28, kFloat,            make_unary},
+  {"", "Atanh",                 9, kOnnx28, kFloat,            make_unary},
   {"", "Floor",                 1, kOnnx17, kFloat,            make_unary},
   {"", "Ceil",                  1, kOnnx17, kFloat,            make_unary},
-  {"", "Round",                11, kOnnx17, kFloat,            make_unary},
+  {"", "Round",                11, kOnnx28, kFloat,            make_unary},
   {"", "Sign",                  9, kOnnx17, kNumeric,          make_unary},
   {"", "Not",                   1, kOnnx17, kBool,             make_unary},
-  {"", "IsNaN",                 9, kOnnx17, kFloat,            make_unary},
-  {"", "IsInf",                10, kOnnx17, kFloat,            make_activation},
+  {"", "IsNaN",                 9, kOnnx28, kFloat,            make_unary},
+  {"", "IsInf",                10, kOnnx28, kFloat,            make_activation},
   {"", "LeakyRelu",             1, kOnnx17, kFloat,            make_activation},
-  {"", "Elu",                   1, kOnnx17, kFloat,            make_activation},
-  {"", "Selu",                  1, kOnnx17, kFloat,            make_activation},
-  {"", "Celu",                 12, kOnnx17, kFloat,            make_activation},
-  {"", "HardSigmoid",           1, kOnnx17, kFloat,            make_activation},
-  {"", "ThresholdedRelu",      10, kOnnx17, kFloat,            make_activation},
+  {"", "Elu",                   1, kOnnx28, kFloat,            make_activation},
+  {"", "Selu",                  1, kOnnx28, kFloat,            make_activation},
+  {"", "Celu",                 12, kOnnx28, kFloat,            make_activation},
+  {"", "HardSigmoid",           1, kOnnx28, kFloat,            make_activation},
+  {"", "ThresholdedRelu",      10, kOnnx28, kFloat,            make_activation},
   {"", "Shrink",                9, kOnnx17, kNumeric,          make_activation},
   {"", "Clip",                  1, 10,       kFloat,            make_clip},  // min/max attributes
   {"", "Clip",                 11, kOnnx17, kNumeric,          make_clip},  // min/max inputs
   {"", "Cast",                  1, kOnnx17, kAll,              make_cast},
   {"", "CastLike",             15, kOnnx17, kAll,              make_cast_like},
-  {"", "Identity",              1, kOnnx17, kAll | kString,    make_identity},
+  {"", "Identity",              1, kOnnx28, kAll | kString,    make_identity},
 
   // --- broadcasting binary and variadic ops (elementwise_binary.cpp) ---
   // Before opset 7 these broadcast only with the `broadcast`/`axis` attributes.
@@ -93,10 +98,13 @@ const KernelDef kKernels[] = {
   {"", "Div",                   7, kOnnx17, kNumeric,          make_binary},
   {"", "Pow",                   1, 6,        kFloat,            make_binary},
   {"", "Pow",                   7, kOnnx17, kNumeric,          make_binary},
-  {"", "Mod",                  10, kOnnx17, kNumeric,          make_binary},
+  {"", "Mod",                  10, kOnnx28, kNumeric,          make_binary},
   {"", "PRelu",                 1, kOnnx17, kNumeric,          make_binary},
   {"", "Equal",                 1, 6,        kAll,              make_binary},
-  {"", "Equal",                 7, kOnnx17, kAll,              make_binary},
+  // Equal-19 adds string, which onnxtrain's Tensor cannot hold: a string input is refused when
+  // the model loads, and the row's types exclude it. Served because gradient rules emit Equal
+  // at the model's opset (Max, Min, ReduceMax, GlobalMaxPool, losses with ignore_index).
+  {"", "Equal",                 7, kOnnx28, kAll,              make_binary},
   {"", "Greater",               1, 6,        kNumeric,          make_binary},
   {"", "Greater",               7, kOnnx17, kNumeric,          make_binary},
   {"", "Less",                  1, 6,        kNumeric,          make_binary},
@@ -118,23 +126,23 @@ const KernelDef kKernels[] = {
   // --- linear algebra (matmul.cpp) ---
   {"", "MatMul",                1, kOnnx17, kNumeric,          make_matmul},
   {"", "Gemm",                  1, kOnnx17, kNumeric,          make_gemm},
-  {"", "Einsum",               12, kOnnx17, kNumeric,          make_einsum},  // einsum.cpp
+  {"", "Einsum",               12, kOnnx28, kNumeric,          make_einsum},  // einsum.cpp
 
   // --- convolution and pooling (conv.cpp, pool.cpp) ---
-  {"", "Conv",                  1, kOnnx17, kFloat,            make_conv},
-  {"", "ConvTranspose",         1, kOnnx17, kFloat,            make_conv_transpose},
-  {"", "MaxPool",               1, kOnnx17, kFloat | kInt,     make_pool},
-  {"", "AveragePool",           1, kOnnx17, kFloat,            make_pool},
-  {"", "GlobalAveragePool",     1, kOnnx17, kFloat,            make_global_pool},
-  {"", "GlobalMaxPool",         1, kOnnx17, kFloat,            make_global_pool},
+  {"", "Conv",                  1, kOnnx28, kFloat,            make_conv},
+  {"", "ConvTranspose",         1, kOnnx28, kFloat,            make_conv_transpose},
+  {"", "MaxPool",               1, kOnnx28, kFloat | kInt,     make_pool},
+  {"", "AveragePool",           1, kOnnx28, kFloat,            make_pool},
+  {"", "GlobalAveragePool",     1, kOnnx28, kFloat,            make_global_pool},
+  {"", "GlobalMaxPool",         1, kOnnx28, kFloat,            make_global_pool},
 
   // --- normalization and regularization (normalization.cpp) ---
   {"", "BatchNormalization",    1, 13,       kFloat,            make_batch_norm},  // is_test/outputs
   {"", "BatchNormalization",   14, kOnnx17, kFloat,            make_batch_norm},  // training_mode
-  {"", "InstanceNormalization", 1, kOnnx17, kFloat,            make_instance_norm},
+  {"", "InstanceNormalization", 1, kOnnx28, kFloat,            make_instance_norm},
   {"", "LayerNormalization",   17, kOnnx17, kFloat,            make_layer_norm},
   {"", "Dropout",               1, 11,       kFloat,            make_dropout},  // ratio attribute
-  {"", "Dropout",              12, kOnnx17, kFloat,            make_dropout},  // ratio, training_mode inputs
+  {"", "Dropout",              12, kOnnx28, kFloat,            make_dropout},  // ratio, training_mode inputs
 
   // --- softmax family (softmax.cpp): before opset 13 the input is coerced to 2-D at `axis` ---
   {"", "Softmax",               1, 12,       kFloat,            make_softmax},
@@ -147,53 +155,71 @@ const KernelDef kKernels[] = {
   // --- reductions (reduce.cpp): ReduceSum takes axes as an input from opset 13 ---
   {"", "ReduceSum",             1, 12,       kNumeric,          make_reduce},
   {"", "ReduceSum",            13, kOnnx17, kNumeric,          make_reduce},
+  // The other reductions take axes as an input (and noop_with_empty_axes) from opset 18;
+  // ReduceMax/ReduceMin add bool at 20; ReduceLogSum/ReduceLogSumExp-28 drop the integer types.
   {"", "ReduceMean",            1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceMean",           18, kOnnx28, kNumeric,          make_reduce},
   {"", "ReduceMax",             1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceMax",            18, 19,       kNumeric,          make_reduce},
+  {"", "ReduceMax",            20, kOnnx28, kNumeric | kBool,  make_reduce},
   {"", "ReduceMin",             1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceMin",            18, 19,       kNumeric,          make_reduce},
+  {"", "ReduceMin",            20, kOnnx28, kNumeric | kBool,  make_reduce},
   {"", "ReduceProd",            1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceProd",           18, kOnnx28, kNumeric,          make_reduce},
   {"", "ReduceL1",              1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceL1",             18, kOnnx28, kNumeric,          make_reduce},
   {"", "ReduceL2",              1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceL2",             18, kOnnx28, kNumeric,          make_reduce},
   {"", "ReduceSumSquare",       1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceSumSquare",      18, kOnnx28, kNumeric,          make_reduce},
   {"", "ReduceLogSum",          1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceLogSum",         18, 18,       kNumeric,          make_reduce},
+  {"", "ReduceLogSum",         28, kOnnx28, kFloat,            make_reduce},
   {"", "ReduceLogSumExp",       1, kOnnx17, kNumeric,          make_reduce},
+  {"", "ReduceLogSumExp",      18, 18,       kNumeric,          make_reduce},
+  {"", "ReduceLogSumExp",      28, kOnnx28, kFloat,            make_reduce},
   {"", "ArgMax",                1, kOnnx17, kNumeric,          make_arg_reduce},
   {"", "ArgMin",                1, kOnnx17, kNumeric,          make_arg_reduce},
   {"", "CumSum",               11, kOnnx17, kNumeric,          make_cumsum},
   {"", "TopK",                  1, 9,        kNumeric,          make_topk},  // k attribute
-  {"", "TopK",                 10, kOnnx17, kNumeric,          make_topk},  // k input
+  {"", "TopK",                 10, kOnnx28, kNumeric,          make_topk},  // k input
 
   // --- recurrent (rnn.cpp) ---
   {"", "RNN",                   7, 13,       kFloat,            make_rnn},  // no layout attribute
-  {"", "RNN",                  14, kOnnx17, kFloat,            make_rnn},  // layout attribute
+  {"", "RNN",                  14, kOnnx28, kFloat,            make_rnn},  // layout attribute
   {"", "GRU",                   7, 13,       kFloat,            make_rnn},  // no layout attribute
-  {"", "GRU",                  14, kOnnx17, kFloat,            make_rnn},  // layout attribute
+  {"", "GRU",                  14, kOnnx28, kFloat,            make_rnn},  // layout attribute
   {"", "LSTM",                  7, 13,       kFloat,            make_rnn},  // no layout attribute
-  {"", "LSTM",                 14, kOnnx17, kFloat,            make_rnn},  // layout attribute
+  {"", "LSTM",                 14, kOnnx28, kFloat,            make_rnn},  // layout attribute
 
   // --- losses (loss.cpp) ---
   {"", "SoftmaxCrossEntropyLoss",   12, kOnnx17, kFloat,       make_softmax_cross_entropy_loss},
-  {"", "NegativeLogLikelihoodLoss", 12, kOnnx17, kFloat,       make_nll_loss},
+  {"", "NegativeLogLikelihoodLoss", 12, kOnnx28, kFloat,       make_nll_loss},
 
   // --- shape and data movement (shape_ops.cpp) ---
   {"", "Reshape",               1, 4,        kAll,              make_reshape},  // shape attribute
-  {"", "Reshape",               5, kOnnx17, kAll,              make_reshape},  // shape input
-  {"", "Flatten",               1, kOnnx17, kAll,              make_flatten},
+  {"", "Reshape",               5, kOnnx28, kAll,              make_reshape},  // shape input
+  {"", "Flatten",               1, kOnnx28, kAll,              make_flatten},
   {"", "Squeeze",               1, 12,       kAll,              make_squeeze},    // axes attribute
-  {"", "Squeeze",              13, kOnnx17, kAll,              make_squeeze},    // axes input
+  {"", "Squeeze",              13, kOnnx28, kAll,              make_squeeze},    // axes input
   {"", "Unsqueeze",             1, 12,       kAll,              make_unsqueeze},  // axes attribute
-  {"", "Unsqueeze",            13, kOnnx17, kAll,              make_unsqueeze},  // axes input
-  {"", "Transpose",             1, kOnnx17, kAll,              make_transpose},
+  {"", "Unsqueeze",            13, kOnnx28, kAll,              make_unsqueeze},  // axes input
+  {"", "Transpose",             1, kOnnx28, kAll,              make_transpose},
   {"", "Concat",                1, kOnnx17, kAll,              make_concat},
   {"", "Split",                 1, 12,       kAll,              make_split},  // split attribute
   {"", "Split",                13, kOnnx17, kAll,              make_split},  // split input
+  {"", "Split",                18, kOnnx28, kAll,              make_split},  // num_outputs attribute
   {"", "Expand",                8, kOnnx17, kAll,              make_expand},
   {"", "Tile",                  6, kOnnx17, kAll,              make_tile},
   {"", "Pad",                   1, 10,       kAll,              make_pad},  // pads/value attributes
   {"", "Pad",                  11, kOnnx17, kAll,              make_pad},  // pads/value inputs
-  {"", "Shape",                 1, kOnnx17, kAll,              make_shape},
-  {"", "Size",                  1, kOnnx17, kAll,              make_size},
-  {"", "DepthToSpace",          1, kOnnx17, kAll,              make_depth_to_space},
-  {"", "SpaceToDepth",          1, kOnnx17, kAll,              make_space_to_depth},
+  {"", "Pad",                  18, 18,       kAll,              make_pad},  // axes input
+  {"", "Pad",                  19, kOnnx28, kAll,              make_pad},  // wrap mode
+  {"", "Shape",                 1, kOnnx28, kAll,              make_shape},
+  {"", "Size",                  1, kOnnx28, kAll,              make_size},
+  {"", "DepthToSpace",          1, kOnnx28, kAll,              make_depth_to_space},
+  {"", "SpaceToDepth",          1, kOnnx28, kAll,              make_space_to_depth},
 
   // --- indexing (indexing.cpp) ---
   {"", "Slice",                 1, 9,        kAll,              make_slice},  // starts/ends attributes
@@ -203,51 +229,56 @@ const KernelDef kKernels[] = {
   {"", "GatherND",             11, kOnnx17, kAll,              make_gather_nd},
   {"", "Scatter",               9, 10,       kAll,              make_scatter_elements},  // ScatterElements' old name
   {"", "ScatterElements",      11, kOnnx17, kAll,              make_scatter_elements},
+  {"", "ScatterElements",      18, kOnnx28, kAll,              make_scatter_elements},  // reduction max/min
   {"", "ScatterND",            11, kOnnx17, kAll,              make_scatter_nd},
-  {"", "OneHot",                9, kOnnx17, kNumeric,          make_one_hot},
+  {"", "ScatterND",            18, kOnnx28, kAll,              make_scatter_nd},  // reduction max/min
+  {"", "OneHot",                9, kOnnx28, kNumeric,          make_one_hot},
   {"", "Trilu",                14, kOnnx17, kAll,              make_trilu},
 
   // --- tensor generators (generators.cpp) ---
-  {"", "Constant",              1, kOnnx17, DTypeSet{},        make_constant},
-  {"", "ConstantOfShape",       9, kOnnx17, kIndex,            make_constant_of_shape},
+  {"", "Constant",              1, kOnnx28, DTypeSet{},        make_constant},
+  {"", "ConstantOfShape",       9, kOnnx28, kIndex,            make_constant_of_shape},
   {"", "Range",                11, kOnnx17, kNumeric,          make_range},
-  {"", "EyeLike",               9, kOnnx17, kAll,              make_eye_like},
+  {"", "Range",                27, kOnnx28, kNumeric,          make_range},  // stash_type
+  {"", "EyeLike",               9, kOnnx28, kAll,              make_eye_like},
 
   // --- resampling (resize.cpp) ---
   {"", "Resize",               11, kOnnx17, kNumeric,          make_resize},
+  {"", "Resize",               18, 18,       kNumeric,          make_resize},  // antialias, axes, keep_aspect_ratio_policy
+  {"", "Resize",               19, kOnnx28, kNumeric,          make_resize},  // half_pixel_symmetric
 
   // --- control flow (runtime/control_flow.cpp): If's condition is a bool; Loop checks its own ---
-  {"", "If",                    1, kOnnx17, kBool,             make_if},
-  {"", "Loop",                  1, kOnnx17, DTypeSet{},        make_loop},
-  {"", "Scan",                  8, 28,       DTypeSet{},        make_scan},
-  {"", "SequenceMap",          17, 28,       DTypeSet{},        make_sequence_map},
+  {"", "If",                    1, kOnnx28, kBool,             make_if},
+  {"", "Loop",                  1, kOnnx28, DTypeSet{},        make_loop},
+  {"", "Scan",                  8, kOnnx28, DTypeSet{},        make_scan},
+  {"", "SequenceMap",          17, kOnnx28, DTypeSet{},        make_sequence_map},
 
   // --- sequences and optionals (sequence.cpp); their inputs are sequences or optionals, so
   // the element types are checked by the kernels ---
-  {"", "SequenceEmpty",        11, 28,       DTypeSet{},        make_sequence_op},
-  {"", "SequenceConstruct",    11, 28,       kAll,              make_sequence_op},
-  {"", "SequenceInsert",       11, 28,       DTypeSet{},        make_sequence_op},
-  {"", "SequenceAt",           11, 28,       DTypeSet{},        make_sequence_op},
-  {"", "SequenceErase",        11, 28,       DTypeSet{},        make_sequence_op},
-  {"", "SequenceLength",       11, 28,       DTypeSet{},        make_sequence_op},
-  {"", "ConcatFromSequence",   11, 28,       DTypeSet{},        make_sequence_op},
-  {"", "SplitToSequence",      11, 28,       kAll,              make_sequence_op},
-  {"", "Optional",             15, 28,       DTypeSet{},        make_sequence_op},
-  {"", "OptionalHasElement",   15, 28,       DTypeSet{},        make_sequence_op},
-  {"", "OptionalGetElement",   15, 28,       DTypeSet{},        make_sequence_op},
+  {"", "SequenceEmpty",        11, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "SequenceConstruct",    11, kOnnx28, kAll,              make_sequence_op},
+  {"", "SequenceInsert",       11, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "SequenceAt",           11, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "SequenceErase",        11, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "SequenceLength",       11, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "ConcatFromSequence",   11, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "SplitToSequence",      11, kOnnx28, kAll,              make_sequence_op},
+  {"", "Optional",             15, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "OptionalHasElement",   15, kOnnx28, DTypeSet{},        make_sequence_op},
+  {"", "OptionalGetElement",   15, kOnnx28, DTypeSet{},        make_sequence_op},
 
   // --- strings (string_ops.cpp) ---
-  {"", "StringNormalizer",     10, 28,       kString,           make_string_op},
-  {"", "StringConcat",         20, 28,       kString,           make_string_op},
-  {"", "StringSplit",          20, 28,       kString,           make_string_op},
-  {"", "RegexFullMatch",       20, 28,       kString,           make_string_op},
+  {"", "StringNormalizer",     10, kOnnx28, kString,           make_string_op},
+  {"", "StringConcat",         20, kOnnx28, kString,           make_string_op},
+  {"", "StringSplit",          20, kOnnx28, kString,           make_string_op},
+  {"", "RegexFullMatch",       20, kOnnx28, kString,           make_string_op},
 
   // --- random generators (random.cpp) ---
-  {"", "RandomNormal",          1, kOnnx17, DTypeSet{},        make_random},
-  {"", "RandomUniform",         1, kOnnx17, DTypeSet{},        make_random},
-  {"", "RandomNormalLike",      1, kOnnx17, kAll,              make_random},
-  {"", "RandomUniformLike",     1, kOnnx17, kAll,              make_random},
-  {"", "Bernoulli",            15, kOnnx17, kFloat,            make_bernoulli},
+  {"", "RandomNormal",          1, kOnnx28, DTypeSet{},        make_random},
+  {"", "RandomUniform",         1, kOnnx28, DTypeSet{},        make_random},
+  {"", "RandomNormalLike",      1, kOnnx28, kAll,              make_random},
+  {"", "RandomUniformLike",     1, kOnnx28, kAll,              make_random},
+  {"", "Bernoulli",            15, kOnnx28, kFloat,            make_bernoulli},
 
   // --- ai.onnx.preview.training optimizers (optimizers.cpp); the type is that of R ---
   {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},

@@ -1,8 +1,14 @@
-// Resize (ai.onnx opsets 11-17; ONNX operator doc "Resize"): nearest, linear and cubic
+// Resize (ai.onnx opsets 11-19; ONNX operator doc "Resize"): nearest, linear and cubic
 // interpolation of X [D0, D1, ...] to the output size given by `sizes`, or floor(in * scale)
-// from `scales`. Each output coordinate x maps to the input coordinate of
-// coordinate_transformation_mode (scale = out / in when `sizes` is given):
+// from `scales`. From opset 18 the attribute `axes` names the dims that roi, scales and sizes
+// describe (the others keep their size), and keep_aspect_ratio_policy reads `sizes` as a bound:
+// stretch (default) takes them as they are; not_larger / not_smaller use one scale for all the
+// axes, the smallest / largest of sizes[i] / in[axes[i]], and out = round_half_up(scale in).
+// Each output coordinate x maps to the input coordinate of coordinate_transformation_mode
+// (scale = out / in when `sizes` is given, the common scale with a keep_aspect_ratio_policy):
 //   half_pixel (default)  (x + 0.5) / scale - 0.5
+//   half_pixel_symmetric  (opset 19) c (1 - out / (in scale)) + (x + 0.5) / scale - 0.5, c = in / 2
+//                         (centres the sampled region when floor() shrinks the output)
 //   pytorch_half_pixel    out > 1 ? (x + 0.5) / scale - 0.5 : 0
 //   align_corners         out > 1 ? x (in - 1) / (in scale - 1) : 0  (in scale = out for sizes)
 //   asymmetric            x / scale
@@ -14,9 +20,12 @@
 // round_prefer_ceil, floor, ceil); linear: the two neighbours weighted 1 - r, r (r the
 // fractional part); cubic: four neighbours with Keys' coefficients for cubic_coeff_a (default
 // -0.75). Neighbours outside the input repeat the edge, or with exclude_outside = 1 get weight
-// 0 and the others are renormalized. Dims are resized one after the other (the interpolation
-// is separable), computed in double. Opset 10's Resize and opset 18's antialias and axes are
-// not implemented.
+// 0 and the others are renormalized. With antialias = 1 (opset 18) and scale < 1, linear and
+// cubic stretch their kernel by 1 / scale, so that more inputs contribute to each output: the
+// taps are the inputs within 1 / scale (linear) or 2 / scale (cubic) of the coordinate, weighted
+// by the kernel at scale * distance and normalized to sum to 1 (the ONNX reference's filter).
+// Dims are resized one after the other (the interpolation is separable), computed in double.
+// Opset 10's Resize is not implemented.
 //
 // ResizeGrad(dY, X, roi, scales, sizes) (domain ai.onnxtrain, version 1, Resize's attributes),
 // emitted by Resize's gradient rule: dX, shaped like X, is the transpose of the interpolation
@@ -24,6 +33,7 @@
 // from (extrapolated outputs add nothing).
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,24 +53,60 @@ struct Tap {
 struct ResizeAttrs {
   // Parsed once, when the node is planned; the orders are those of the lists in the factory.
   enum class Mode { Nearest, Linear, Cubic } mode = Mode::Nearest;
-  enum class Transform { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric, TfHalfPixelForNn, TfCropAndResize };
+  enum class Transform {
+    HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric, TfHalfPixelForNn, TfCropAndResize, HalfPixelSymmetric
+  };
   Transform transform = Transform::HalfPixel;
   enum class Rounding { RoundPreferFloor, RoundPreferCeil, Floor, Ceil } nearest_mode = Rounding::RoundPreferFloor;
+  enum class Policy { Stretch, NotLarger, NotSmaller } policy = Policy::Stretch;
   double cubic_a = -0.75;
   bool exclude_outside = false;
+  bool antialias = false;
   double extrapolation_value = 0;
+  std::optional<std::vector<int64_t>> axes;  // the `axes` attribute (opset 18)
 };
+
+// Keys' cubic convolution kernel with coefficient a, at distance d.
+double keys(double d, double a) {
+  d = std::abs(d);
+  if (d <= 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
+  if (d < 2) return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+  return 0;
+}
+
+// The antialiasing taps of linear / cubic interpolation at x when downscaling by scale < 1: the
+// kernel stretched by 1 / scale, over the inputs base + start ... base + (-start + 1) (base + r
+// = x, r in (0, 1]), normalized to sum 1.
+void antialias_taps(const ResizeAttrs& a, double x, double scale, std::vector<Tap>& t) {
+  const double fl = std::floor(x);
+  const double r = x == fl ? 1.0 : x - fl;  // the input on the left of x is the base
+  const auto base = static_cast<int64_t>(fl) - (x == fl ? 1 : 0);
+  const double support = a.mode == ResizeAttrs::Mode::Linear ? 1.0 : 2.0;
+  const auto start = static_cast<int64_t>(std::floor(-support / scale)) + 1;
+  double sum = 0;
+  for (int64_t k = start; k < 2 - start; ++k) {
+    const double d = scale * (static_cast<double>(k) - r);
+    const double w = a.mode == ResizeAttrs::Mode::Linear ? std::clamp(1 - std::abs(d), 0.0, 1.0) : keys(d, a.cubic_a);
+    t.push_back({base + k, w});
+    sum += w;
+  }
+  for (Tap& tap : t) tap.weight /= sum;
+}
 
 // Per output coordinate of one dim: its taps, or none when it extrapolates.
 std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t out, double scale, double roi_start,
                                        double roi_end) {
   std::vector<std::vector<Tap>> taps(static_cast<size_t>(out));
+  const double out_exact = static_cast<double>(in) * scale;
   for (int64_t o = 0; o < out; ++o) {
     const double xo = static_cast<double>(o);
     double x = 0;
     using T = ResizeAttrs::Transform;
     if (a.transform == T::HalfPixel) {
       x = (xo + 0.5) / scale - 0.5;
+    } else if (a.transform == T::HalfPixelSymmetric) {
+      const double center = static_cast<double>(in) / 2;
+      x = center * (1 - static_cast<double>(out) / out_exact) + (xo + 0.5) / scale - 0.5;
     } else if (a.transform == T::PytorchHalfPixel) {
       x = out > 1 ? (xo + 0.5) / scale - 0.5 : 0;
     } else if (a.transform == T::AlignCorners) {  // out as in * scale, before flooring (the reference's)
@@ -95,7 +141,9 @@ std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t
     const double f = std::floor(x);
     const double r = x - f;
     const auto base = static_cast<int64_t>(f);
-    if (a.mode == ResizeAttrs::Mode::Linear) {
+    if (a.antialias && scale < 1) {
+      antialias_taps(a, x, scale, t);
+    } else if (a.mode == ResizeAttrs::Mode::Linear) {
       t.push_back({base, 1 - r});
       t.push_back({base + 1, r});
     } else {  // cubic, Keys' kernel
@@ -121,7 +169,10 @@ std::vector<std::vector<Tap>> plan_dim(const ResizeAttrs& a, int64_t in, int64_t
 
 class ResizeKernel final : public Kernel {
  public:
+  // ResizeGrad (ai.onnxtrain, version 1) takes the attributes of the Resize node it
+  // differentiates, which the Resize kernel checked against that node's opset.
   ResizeKernel(const KernelInit& init, bool grad) : grad_(grad) {
+    const int opset = grad ? 19 : init.opset();
     a_.cubic_a = init.attr_float("cubic_coeff_a", -0.75f);
     a_.exclude_outside = init.attr_int("exclude_outside", 0) != 0;
     a_.extrapolation_value = init.attr_float("extrapolation_value", 0.0f);
@@ -135,25 +186,71 @@ class ResizeKernel final : public Kernel {
         list += (list.empty() ? "" : ", ") + std::string(x);
         ++i;
       }
-      fail("attribute '" + name + "' is '" + v + "', expected one of " + list);
+      fail("attribute '" + name + "' is '" + v + "', expected one of " + list + " (opset " + std::to_string(opset) + ")");
     };
     a_.mode = static_cast<ResizeAttrs::Mode>(one_of("mode", {"nearest", "linear", "cubic"}));
-    a_.transform = static_cast<ResizeAttrs::Transform>(one_of(
-        "coordinate_transformation_mode",
-        {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"}));
+    if (opset >= 19) {
+      a_.transform = static_cast<ResizeAttrs::Transform>(
+          one_of("coordinate_transformation_mode", {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                                                    "tf_half_pixel_for_nn", "tf_crop_and_resize", "half_pixel_symmetric"}));
+    } else {
+      a_.transform = static_cast<ResizeAttrs::Transform>(
+          one_of("coordinate_transformation_mode", {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                                                    "tf_half_pixel_for_nn", "tf_crop_and_resize"}));
+    }
     a_.nearest_mode = static_cast<ResizeAttrs::Rounding>(
         one_of("nearest_mode", {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"}));
+    if (opset < 18) {
+      for (const char* name : {"antialias", "axes", "keep_aspect_ratio_policy"}) {
+        if (init.has_attr(name)) {
+          fail("attribute '" + std::string(name) + "' needs opset 18 or later (the model imports opset " +
+               std::to_string(opset) + ")");
+        }
+      }
+      return;
+    }
+    a_.antialias = init.attr_int("antialias", 0) != 0;
+    if (a_.antialias && a_.mode == ResizeAttrs::Mode::Nearest) fail("attribute 'antialias' applies to linear and cubic modes, not nearest");
+    a_.axes = init.optional_ints("axes");
+    a_.policy = static_cast<ResizeAttrs::Policy>(one_of("keep_aspect_ratio_policy", {"stretch", "not_larger", "not_smaller"}));
   }
 
   void run(KernelContext& ctx) override {
     const int shift = grad_ ? 1 : 0;  // ResizeGrad: dY first, then Resize's inputs
     const Tensor& x = ctx.input(shift);
     const size_t rank = x.rank();
+    // The dims roi, scales and sizes describe: `axes`, or all.
+    std::vector<size_t> axes;
+    if (a_.axes) {
+      std::vector<bool> seen(rank, false);
+      for (int64_t a : *a_.axes) {
+        const auto d = static_cast<size_t>(normalize_axis(a, static_cast<int64_t>(rank), "Resize attribute 'axes'"));
+        if (seen[d]) fail("attribute 'axes' names axis " + std::to_string(d) + " twice");
+        seen[d] = true;
+        axes.push_back(d);
+      }
+    } else {
+      for (size_t d = 0; d < rank; ++d) axes.push_back(d);
+    }
+    const size_t n = axes.size();
+    // roi matters to tf_crop_and_resize only (other modes ignore it, as the doc says).
     std::vector<double> roi;
-    if (ctx.has_input(1 + shift) && ctx.input(1 + shift).numel() > 0) roi = ctx.input(1 + shift).to_double_vector();
-    if (a_.transform == ResizeAttrs::Transform::TfCropAndResize && roi.size() != 2 * rank) {
-      fail("roi " + ctx.input_name(1 + shift) + " must hold 2 x rank = " + std::to_string(2 * rank) +
-           " values for tf_crop_and_resize, got " + std::to_string(roi.size()));
+    const bool crop = a_.transform == ResizeAttrs::Transform::TfCropAndResize;
+    if (crop && ctx.has_input(1 + shift) && ctx.input(1 + shift).numel() > 0) {
+      const std::vector<double> given = ctx.input(1 + shift).to_double_vector();
+      if (given.size() != 2 * n) {
+        fail("roi " + ctx.input_name(1 + shift) + " must hold 2 x " + std::to_string(n) + " values (start and end of " +
+             (a_.axes ? "each of the axes" : "each dim") + "), got " + std::to_string(given.size()));
+      }
+      roi.assign(rank, 0.0);
+      roi.resize(2 * rank, 1.0);
+      for (size_t i = 0; i < n; ++i) {
+        roi[axes[i]] = given[i];
+        roi[axes[i] + rank] = given[i + n];
+      }
+    }
+    if (crop && roi.empty()) {
+      fail("tf_crop_and_resize needs the roi input (" + std::to_string(2 * n) + " values)");
     }
     const int si = 2 + shift, zi = 3 + shift;  // scales, sizes
     const bool has_scales = ctx.has_input(si) && ctx.input(si).numel() > 0;
@@ -161,21 +258,35 @@ class ResizeKernel final : public Kernel {
     if (has_scales == has_sizes) fail("exactly one of scales and sizes must be given (non-empty)");
     std::vector<double> scales(rank, 1.0);
     Shape out_shape = x.shape();
+    const std::string what = a_.axes ? " values for the " + std::to_string(n) + " axes" : " values for input rank " + std::to_string(rank);
     if (has_scales) {
       const auto s = ctx.input(si).to_double_vector();
-      if (s.size() != rank) fail("scales " + ctx.input_name(si) + " has " + std::to_string(s.size()) + " values for input rank " + std::to_string(rank));
-      for (size_t d = 0; d < rank; ++d) {
-        if (!(s[d] > 0)) fail("scales " + ctx.input_name(si) + " must be positive");
-        scales[d] = s[d];
-        out_shape[d] = static_cast<int64_t>(std::floor(static_cast<double>(x.dim(d)) * s[d]));
+      if (s.size() != n) fail("scales " + ctx.input_name(si) + " has " + std::to_string(s.size()) + what);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t d = axes[i];
+        if (!(s[i] > 0)) fail("scales " + ctx.input_name(si) + " must be positive");
+        scales[d] = s[i];
+        out_shape[d] = static_cast<int64_t>(std::floor(static_cast<double>(x.dim(d)) * s[i]));
       }
     } else {
       const auto s = ctx.input(zi).to_int64_vector("sizes " + ctx.input_name(zi));
-      if (s.size() != rank) fail("sizes " + ctx.input_name(zi) + " has " + std::to_string(s.size()) + " values for input rank " + std::to_string(rank));
-      for (size_t d = 0; d < rank; ++d) {
-        if (s[d] < 0) fail("sizes " + ctx.input_name(zi) + " must not be negative");
-        out_shape[d] = s[d];
-        scales[d] = x.dim(d) > 0 ? static_cast<double>(s[d]) / static_cast<double>(x.dim(d)) : 1.0;
+      if (s.size() != n) fail("sizes " + ctx.input_name(zi) + " has " + std::to_string(s.size()) + what);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t d = axes[i];
+        if (s[i] < 0) fail("sizes " + ctx.input_name(zi) + " must not be negative");
+        out_shape[d] = s[i];
+        scales[d] = x.dim(d) > 0 ? static_cast<double>(s[i]) / static_cast<double>(x.dim(d)) : 1.0;
+      }
+      if (a_.policy != ResizeAttrs::Policy::Stretch && n > 0) {
+        // One scale for every axis; the output rounds it half up.
+        double common = scales[axes[0]];
+        for (size_t d : axes) {
+          common = a_.policy == ResizeAttrs::Policy::NotLarger ? std::min(common, scales[d]) : std::max(common, scales[d]);
+        }
+        for (size_t d : axes) {
+          scales[d] = common;
+          out_shape[d] = static_cast<int64_t>(std::floor(common * static_cast<double>(x.dim(d)) + 0.5));
+        }
       }
     }
     if (grad_) return run_grad(ctx, x, out_shape, scales, roi);

@@ -1,5 +1,5 @@
-// RNN, GRU, LSTM: one-layer recurrent networks (ai.onnx opsets 7-17; ONNX operator docs
-// "RNN", "GRU", "LSTM"). Opset 14 added `layout`.
+// RNN, GRU, LSTM: one-layer recurrent networks (ai.onnx opsets 7-28; ONNX operator docs
+// "RNN", "GRU", "LSTM"). Opset 14 added `layout`; version 22 only adds bfloat16.
 //
 // Shapes (D = num_directions, 2 for "bidirectional" else 1; H = hidden_size; G = gates: RNN 1,
 // GRU 3 in order z r h, LSTM 4 in order i o f c):

@@ -1,4 +1,6 @@
-// Ops that move or view data without arithmetic (ONNX operator docs, ai.onnx opsets 1-17).
+// Ops that move or view data without arithmetic (ONNX operator docs, ai.onnx opsets 1-28; the
+// versions after 17 of Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Shape, Size and Pad-21+
+// only add element types, which the kernel table admits as onnxtrain's Tensor gains them).
 //
 // Reshape, Flatten, Squeeze and Unsqueeze return views that share the input's storage.
 // Transpose, Expand, Tile, DepthToSpace and SpaceToDepth describe their output as a strided
@@ -106,11 +108,24 @@ class Reshape final : public Kernel {
 };
 
 // The axes of Squeeze/Unsqueeze: the attribute before opset 13, the optional int64 input after.
+// The docs ask for a 1-D input; a 0-D one names one axis, as the ONNX reference reads it (the
+// expanded AffineGrid tests of ONNX 1.23 give Unsqueeze a scalar).
 std::optional<std::vector<int64_t>> axes_of(KernelContext& ctx, int opset,
                                             const std::optional<std::vector<int64_t>>& attr) {
   if (opset < 13) return attr;
   if (!ctx.has_input(1)) return std::nullopt;
-  return int64_list(ctx.input(1), "input " + ctx.input_name(1) + " (axes)");
+  const Tensor& axes = ctx.input(1);
+  const std::string what = "input " + ctx.input_name(1) + " (axes)";
+  if (axes.rank() == 0 && axes.dtype() == DataType::Int64) return axes.to_int64_vector(what);
+  return int64_list(axes, what);
+}
+
+// A 1-D int32 or int64 input of axes (Pad-18's `axes`).
+std::vector<int64_t> index_list(const Tensor& t, const std::string& what) {
+  if ((t.dtype() != DataType::Int64 && t.dtype() != DataType::Int32) || t.rank() != 1) {
+    throw Error(what + " must be a 1-D int32 or int64 tensor, got " + t.description());
+  }
+  return t.to_int64_vector(what);
 }
 
 // Normalizes axes against `rank`; duplicates are an error.
@@ -196,14 +211,29 @@ std::unique_ptr<Kernel> concat_kernel(int64_t axis_attr, int opset) {
   });
 }
 
-// --- Split (docs of Split 1/2/11/13): sizes from the attribute (opsets 1-12), the second input
-// (opset 1 when the attribute is absent, optional int64 input from 13), else equal parts ---
+// --- Split (docs of Split 1/2/11/13/18): sizes from the attribute (opsets 1-12), the second
+// input (opset 1 when the attribute is absent, optional int64 input from 13), else equal parts.
+// Split-18's num_outputs (which must match the node's outputs) allows an uneven split: every
+// part ceil(dim / num_outputs) long but the last, which gets the rest (ONNX op doc 'Split') ---
 class Split final : public Kernel {
  public:
   explicit Split(const KernelInit& init)
       : opset_(init.opset()), axis_(init.attr_int("axis", 0)), outputs_(init.num_outputs()) {
     if (opset_ < 13) split_attr_ = init.optional_ints("split");
     if (outputs_ < 1) throw Error("Split needs at least one output");
+    if (init.has_attr("num_outputs")) {
+      if (opset_ < 18) {
+        throw Error("Split attribute 'num_outputs' needs opset 18 or later (the model imports opset " +
+                    std::to_string(opset_) + ")");
+      }
+      const int64_t n = init.attr_int("num_outputs", 0);
+      if (n != outputs_) {
+        throw Error("Split attribute 'num_outputs' is " + std::to_string(n) + " but the node has " +
+                    std::to_string(outputs_) + " outputs");
+      }
+      if (init.has_input(1)) throw Error("Split takes either the 'split' input or the 'num_outputs' attribute, not both");
+      uneven_ = true;
+    }
   }
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -245,8 +275,18 @@ class Split final : public Kernel {
       what = "input " + ctx.input_name(1) + " (split)";
     }
     const int64_t parts = outputs_;
+    if (!split && uneven_ && dim % parts != 0) {
+      const int64_t chunk = dim / parts + 1, last = dim - chunk * (parts - 1);
+      if (last < 0) {
+        throw Error("cannot split dim of size " + std::to_string(dim) + " into " + std::to_string(parts) +
+                    " parts of " + std::to_string(chunk) + " (attribute 'num_outputs'): too many outputs");
+      }
+      std::vector<int64_t> sizes(static_cast<size_t>(parts), chunk);
+      sizes.back() = last;
+      return sizes;
+    }
     if (!split) {
-      // Equal parts; an uneven last part needs Split-18's num_outputs, beyond opset 17.
+      // Equal parts; an uneven last part needs Split-18's num_outputs.
       if (dim % parts != 0) {
         throw Error("cannot split dim of size " + std::to_string(dim) + " into " + std::to_string(parts) +
                     " equal parts (give 'split' sizes)");
@@ -272,6 +312,7 @@ class Split final : public Kernel {
   int opset_;
   int64_t axis_;
   int outputs_;
+  bool uneven_ = false;  // num_outputs given
   std::optional<std::vector<int64_t>> split_attr_;
 };
 
@@ -325,12 +366,14 @@ void tile(KernelContext& ctx) {
   copy_strided(x.raw_data(), y.raw_data(), dtype_size(x.dtype()), view_shape, strides);
 }
 
-// --- Pad (docs of Pad-1/2/11/13): pads = [x1_begin, x2_begin, ..., x1_end, x2_end, ...].
-// Negative pads remove elements; the rest is padded with a constant (`value` attribute before
-// opset 11, optional `constant_value` input after, default 0), the border element (edge), or
-// the mirror image around the border element (reflect, as numpy.pad). Cropping is done first,
-// so edge and reflect read the kept elements. ---
-enum class PadMode { Constant, Reflect, Edge };
+// --- Pad (docs of Pad-1/2/11/13/18/19): pads = [x1_begin, x2_begin, ..., x1_end, x2_end, ...]
+// for every axis, or from opset 18 for the axes the optional `axes` input lists (the others
+// get none). Negative pads remove elements; the rest is padded with a constant (`value`
+// attribute before opset 11, optional `constant_value` input after, default 0), the border
+// element (edge), the mirror image around the border element (reflect, as numpy.pad), or from
+// opset 19 the other end of the axis, as if it were a ring (wrap, as numpy.pad). Cropping is
+// done first, so edge, reflect and wrap read the kept elements. ---
+enum class PadMode { Constant, Reflect, Edge, Wrap };
 
 // One padded dim: out coordinate -> input coordinate (-1: the constant). Out coordinates
 // [begin, begin + kept) read input [lo, lo + kept) in order.
@@ -347,7 +390,8 @@ PadDim pad_dim(int64_t n, int64_t b, int64_t e, PadMode mode, const std::string&
   if (p.kept < 0) throw Error(what + " remove more than the " + std::to_string(n) + " elements of the dim");
   const int64_t out = p.kept + p.begin + std::max<int64_t>(0, e);
   if (mode != PadMode::Constant && p.kept == 0 && out > 0) {
-    throw Error(what + " pad an empty dim in " + (mode == PadMode::Edge ? "edge" : "reflect") + " mode");
+    const char* name = mode == PadMode::Edge ? "edge" : mode == PadMode::Wrap ? "wrap" : "reflect";
+    throw Error(what + " pad an empty dim in " + name + " mode");
   }
   p.map.resize(static_cast<size_t>(out));
   const int64_t period = 2 * (p.kept - 1);
@@ -356,6 +400,8 @@ PadDim pad_dim(int64_t n, int64_t b, int64_t e, PadMode mode, const std::string&
     if (s < 0 || s >= p.kept) {
       if (mode == PadMode::Constant) {
         s = -1 - p.lo;
+      } else if (mode == PadMode::Wrap) {
+        s = ((s % p.kept) + p.kept) % p.kept;
       } else if (mode == PadMode::Edge || p.kept == 1) {
         s = std::clamp<int64_t>(s, 0, p.kept - 1);
       } else {
@@ -421,8 +467,12 @@ class Pad final : public Kernel {
       mode_ = PadMode::Reflect;
     } else if (mode == "edge") {
       mode_ = PadMode::Edge;
+    } else if (mode == "wrap" && opset_ >= 19) {
+      mode_ = PadMode::Wrap;
     } else {
-      throw Error("attribute 'mode' is '" + mode + "', expected 'constant', 'reflect' or 'edge'");
+      throw Error("attribute 'mode' is '" + mode + "', expected 'constant', 'reflect', 'edge'" +
+                  (opset_ >= 19 ? " or 'wrap'" : " (or 'wrap' from opset 19; the model imports opset " +
+                                                     std::to_string(opset_) + ")"));
     }
     if (opset_ < 11) {
       const std::string name = opset_ == 1 ? "paddings" : "pads";
@@ -438,13 +488,9 @@ class Pad final : public Kernel {
     const std::string what = opset_ < 11
                                  ? std::string(opset_ == 1 ? "attribute 'paddings'" : "attribute 'pads'")
                                  : "input " + ctx.input_name(1) + " (pads)";
-    const std::vector<int64_t> pads = opset_ < 11 ? pads_attr_ : int64_list(ctx.input(1), what);
     const size_t rank = x.rank();
-    if (pads.size() != 2 * rank) {
-      throw Error(what + " " + list_string(pads) + " has " + std::to_string(pads.size()) +
-                  " values, expected " + std::to_string(2 * rank) + " for input " + ctx.input_name(0) + " " +
-                  x.description());
-    }
+    const std::vector<int64_t> pads =
+        full_pads(ctx, opset_ < 11 ? pads_attr_ : int64_list(ctx.input(1), what), rank, what);
     std::vector<PadDim> dims;
     Shape out_shape;
     for (size_t d = 0; d < rank; ++d) {
@@ -468,6 +514,37 @@ class Pad final : public Kernel {
   }
 
  private:
+  // The pads of every axis: `given` itself, or from opset 18 with the `axes` input, given's
+  // begin/end pairs spread over those axes (the others 0).
+  std::vector<int64_t> full_pads(KernelContext& ctx, const std::vector<int64_t>& given, size_t rank,
+                                 const std::string& what) const {
+    const Tensor& x = ctx.input(0);
+    if (opset_ < 18 || !ctx.has_input(3)) {
+      if (given.size() != 2 * rank) {
+        throw Error(what + " " + list_string(given) + " has " + std::to_string(given.size()) +
+                    " values, expected " + std::to_string(2 * rank) + " for input " + ctx.input_name(0) + " " +
+                    x.description());
+      }
+      return given;
+    }
+    const std::string axes_what = "input " + ctx.input_name(3) + " (axes)";
+    const std::vector<int64_t> axes = index_list(ctx.input(3), axes_what);
+    if (given.size() != 2 * axes.size()) {
+      throw Error(what + " " + list_string(given) + " has " + std::to_string(given.size()) + " values, expected " +
+                  std::to_string(2 * axes.size()) + " for the " + std::to_string(axes.size()) + " axes of " +
+                  axes_what + " " + list_string(axes));
+    }
+    const std::vector<bool> seen = axis_mask(axes, static_cast<int64_t>(rank), opset_, axes_what);
+    (void)seen;  // axis_mask rejects out-of-range and repeated axes
+    std::vector<int64_t> pads(2 * rank, 0);
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const auto d = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(rank), axes_what));
+      pads[d] = given[i];
+      pads[d + rank] = given[i + axes.size()];
+    }
+    return pads;
+  }
+
   // The pad value's bytes in the data's dtype (little-endian low bytes of the result).
   uint64_t constant_bits(KernelContext& ctx, DataType dtype) const {
     uint64_t bits = 0;
@@ -508,8 +585,10 @@ std::unique_ptr<Kernel> shape_kernel(int64_t start, std::optional<int64_t> end) 
   });
 }
 
-// --- DepthToSpace / SpaceToDepth (docs of DepthToSpace-13, SpaceToDepth-13): a reshape to 6-D,
-// a transpose and a reshape back, done as one strided copy ---
+// --- DepthToSpace / SpaceToDepth (docs of DepthToSpace-13/28, SpaceToDepth-13/28): a reshape
+// to 6-D, a transpose and a reshape back, done as one strided copy. Both take `mode`, DCR
+// (depth-column-row, the default) or CRD (column-row-depth): DepthToSpace from opset 11,
+// SpaceToDepth from opset 28, where it is DepthToSpace's inverse in either mode ---
 Shape checked_nchw(const Tensor& x, const std::string& name) {
   if (x.rank() != 4) throw Error("input " + name + " is " + x.description() + ", expected rank 4 [N,C,H,W]");
   return x.shape();
@@ -546,8 +625,8 @@ std::unique_ptr<Kernel> depth_to_space_kernel(int64_t bs, bool crd) {
   });
 }
 
-std::unique_ptr<Kernel> space_to_depth_kernel(int64_t bs) {
-  return make_kernel([bs](KernelContext& ctx) {
+std::unique_ptr<Kernel> space_to_depth_kernel(int64_t bs, bool crd) {
+  return make_kernel([bs, crd](KernelContext& ctx) {
     const Tensor& x = ctx.input(0);
     const Shape s = checked_nchw(x, ctx.input_name(0));
     const int64_t b = s[0], c = s[1], h = s[2], w = s[3];
@@ -556,7 +635,12 @@ std::unique_ptr<Kernel> space_to_depth_kernel(int64_t bs) {
                   ": height and width must be divisible by blocksize " + std::to_string(bs));
     }
     Tensor& y = ctx.allocate_output(0, x.dtype(), Shape{b, c * bs * bs, h / bs, w / bs});
-    permute_6d(x, y, Shape{b, c, h / bs, bs, w / bs, bs}, {0, 3, 5, 1, 2, 4});
+    const Shape tmp{b, c, h / bs, bs, w / bs, bs};
+    if (crd) {
+      permute_6d(x, y, tmp, {0, 1, 3, 5, 2, 4});  // channel c * bs^2 + row * bs + column
+    } else {
+      permute_6d(x, y, tmp, {0, 3, 5, 1, 2, 4});  // channel (row * bs + column) * C + c
+    }
   });
 }
 
@@ -690,7 +774,16 @@ std::unique_ptr<Kernel> make_depth_to_space(const KernelInit& init) {
 }
 
 std::unique_ptr<Kernel> make_space_to_depth(const KernelInit& init) {
-  return space_to_depth_kernel(blocksize_of(init));
+  const int64_t bs = blocksize_of(init);
+  // SpaceToDepth-1/13 have no mode and rearrange as DCR.
+  if (init.opset() < 28 && init.has_attr("mode")) {
+    throw Error("SpaceToDepth attribute 'mode' needs opset 28 or later (the model imports opset " +
+                std::to_string(init.opset()) + ")");
+  }
+  const std::string mode = init.opset() >= 28 ? init.attr_string("mode", "DCR") : "DCR";
+  if (mode != "DCR" && mode != "CRD")
+    throw Error("attribute 'mode' is '" + mode + "', expected 'DCR' or 'CRD'");
+  return space_to_depth_kernel(bs, mode == "CRD");
 }
 
 }  // namespace onnxtrain::ops

@@ -172,7 +172,55 @@ TEST(Binary, IntegerDivisionAndModuloNeverTrap) {
   EXPECT_EQ(run1("Mod", 13, {attr("fmod", int64_t{1})}, {a, b}).to_double_vector(),
             (std::vector<double>{1, -1, 0, 0, 2}));
   expect_close(run1("Mod", 13, {attr("fmod", int64_t{1})}, {f32({-7.5f}), f32({2})}), f32({-1.5f}));
-  EXPECT_THROW(run1("Mod", 13, {}, {f32({1}), f32({2})}), Error);  // float Mod needs fmod=1
+}
+
+// Mod-28 defines fmod=0 for floating-point inputs: A - floor(A / B) B with the divisor's sign,
+// and the doc's special cases (numpy.mod's); the kernel computes it so in every version.
+TEST(Binary, FloatModWithFmod0TakesTheDivisorsSign) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor a = f32({7.5f, -7.5f, 7.5f, -7.5f, 0.0f, -0.0f, 3.0f, -3.0f, 3.0f, inf, 1.0f});
+  const Tensor b = f32({2.0f, 2.0f, -2.0f, -2.0f, -5.0f, 5.0f, inf, inf, -inf, 2.0f, 0.0f});
+  for (int opset : {13, 28}) {
+    const std::vector<double> got = run1("Mod", opset, {}, {a, b}).to_double_vector();
+    const std::vector<double> want = {1.5, 0.5, -0.5, -1.5, 0, 0, 3, inf, -inf};
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "element " << i;
+    EXPECT_TRUE(std::signbit(got[4]));   // +0 mod -5 is -0: the divisor's sign
+    EXPECT_FALSE(std::signbit(got[5]));  // -0 mod 5 is +0
+    EXPECT_TRUE(std::isnan(got[9]));     // inf mod 2
+    EXPECT_TRUE(std::isnan(got[10]));    // 1 mod 0
+  }
+  // fmod=1 keeps the dividend's sign; float64 and float16 take the same path.
+  expect_close(run1("Mod", 28, {attr("fmod", int64_t{1})}, {f32({-7.5f}), f32({2})}), f32({-1.5f}));
+  EXPECT_EQ(run1("Mod", 28, {}, {vec<double>({1}, {-1e-3}), vec<double>({1}, {4})}).to_double_vector()[0], 4 - 1e-3);
+  EXPECT_EQ(run1("Mod", 28, {}, {vec<Float16>({1}, {Float16(-5.0f)}), vec<Float16>({1}, {Float16(3.0f)})})
+                .to_double_vector()[0],
+            1.0);
+}
+
+// The versions after 17 of the unary math and activations add bfloat16 (22), float16 and
+// float64 for Celu (28), float16/bfloat16 for IsInf (20): computed in float like float16.
+TEST(Unary, NewerVersionsAddHalfAndDoubleTypes) {
+  const std::vector<float> xs = {-1.5f, -0.25f, 0.5f, 2.0f};
+  const Tensor bf = vec<BFloat16>({4}, {BFloat16(xs[0]), BFloat16(xs[1]), BFloat16(xs[2]), BFloat16(xs[3])});
+  auto want = [&](auto f) {
+    std::vector<float> v;
+    for (float x : xs) v.push_back(static_cast<float>(BFloat16(f(x))));
+    return v;
+  };
+  auto expect_bf = [&](const Tensor& got, const std::vector<float>& w) {
+    EXPECT_EQ(got.dtype(), DataType::BFloat16);
+    const std::vector<double> g = got.to_double_vector();
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(g[i], w[i]) << "element " << i;
+  };
+  expect_bf(run1("Sin", 22, {}, {bf}), want([](float x) { return std::sin(x); }));
+  expect_bf(run1("Softplus", 22, {}, {bf}), want([](float x) { return std::log1p(std::exp(x)); }));
+  expect_bf(run1("Elu", 22, {}, {bf}), want([](float x) { return x > 0 ? x : std::expm1(x); }));
+  expect_bf(run1("Round", 22, {}, {bf}), want([](float x) { return std::nearbyint(x); }));
+  const Tensor d = vec<double>({2}, {-2.0, 1.0});
+  expect_close(run1("Celu", 28, {attr("alpha", 2.0f)}, {d}), vec<double>({2}, {2.0 * std::expm1(-1.0), 1.0}));
+  const Tensor h = vec<Float16>({3}, {Float16(1.0f), Float16(std::numeric_limits<float>::infinity()), Float16(-std::numeric_limits<float>::infinity())});
+  EXPECT_EQ(run1("IsInf", 20, {attr("detect_negative", int64_t{0})}, {h}).to_double_vector(), (std::vector<double>{0, 1, 0}));
+  EXPECT_THROW(run1("Sin", 22, {}, {vec<int32_t>({1}, {1})}), Error);  // still floating types only
 }
 
 TEST(Binary, PowMixedTypesAndIntegerPowers) {

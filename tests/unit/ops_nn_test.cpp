@@ -221,8 +221,122 @@ TEST(ResizeTest, Errors) {
   EXPECT_NE(error({x, Tensor(), scales}, {attr("mode", std::string("area"))}).find("attribute 'mode' is 'area', expected one of nearest, linear, cubic"),
             std::string::npos);
   EXPECT_NE(error({x, Tensor(), scales}, {attr("coordinate_transformation_mode", std::string("tf_crop_and_resize"))})
-                .find("must hold 2 x rank = 8 values"),
+                .find("needs the roi input (8 values)"),
             std::string::npos);
+  EXPECT_NE(error({x, f32({2}, {0, 1}), scales}, {attr("coordinate_transformation_mode", std::string("tf_crop_and_resize"))})
+                .find("must hold 2 x 4 values"),
+            std::string::npos);
+  // Opset 18's and 19's attributes are errors before them.
+  EXPECT_NE(error({x, Tensor(), scales}, {attr("antialias", int64_t{1})}).find("opset 18"), std::string::npos);
+  EXPECT_NE(error({x, Tensor(), scales}, {attr("axes", Ints{2, 3})}).find("opset 18"), std::string::npos);
+  const auto at = [&](int opset, const std::vector<Tensor>& in, Attrs attrs) {
+    try {
+      run1("Resize", in, std::move(attrs), opset);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Attrs symmetric{attr("coordinate_transformation_mode", std::string("half_pixel_symmetric"))};
+  EXPECT_NE(at(18, {x, Tensor(), scales}, symmetric).find("expected one of"), std::string::npos);
+  EXPECT_EQ(at(19, {x, Tensor(), scales}, symmetric), "no error");
+  EXPECT_NE(at(18, {x, Tensor(), scales}, {attr("antialias", int64_t{1})}).find("not nearest"), std::string::npos);
+  EXPECT_NE(at(18, {x, Tensor(), f32({1}, {2})}, {attr("axes", Ints{3, -1})}).find("twice"), std::string::npos);
+  EXPECT_NE(at(18, {x, Tensor(), scales}, {attr("axes", Ints{2, 3})}).find("has 4 values for the 2 axes"),
+            std::string::npos);
+  EXPECT_NE(at(18, {x, Tensor(), Tensor(), sizes}, {attr("keep_aspect_ratio_policy", std::string("fit"))})
+                .find("not_smaller"),
+            std::string::npos);
+}
+
+// Opset 18's axes: roi, scales and sizes describe only those dims; the others keep their size.
+// The results equal opset 13's with the full-rank inputs.
+TEST(ResizeTest, Opset18AxesSelectTheDims) {
+  const Tensor x = random({2, 3, 4}, 7);
+  const Attrs linear{attr("mode", std::string("linear"))};
+  expect_close(run1("Resize", {x, Tensor(), f32({2}, {2.0f, 0.5f})}, {linear[0], attr("axes", Ints{2, 0})}, 18),
+               run1("Resize", {x, Tensor(), f32({3}, {0.5f, 1, 2})}, linear, 13), 1e-12, 1e-12);
+  const Tensor sizes = Tensor::from_vector<int64_t>({1}, {5});
+  expect_close(run1("Resize", {x, Tensor(), Tensor(), sizes}, {attr("axes", Ints{-2})}, 19),
+               run1("Resize", {x, Tensor(), Tensor(), Tensor::from_vector<int64_t>({3}, {2, 5, 4})}, {}, 13), 0, 0);
+  // roi of the axes only; the other dims get [0, 1].
+  const Attrs crop{attr("coordinate_transformation_mode", std::string("tf_crop_and_resize")), linear[0]};
+  Attrs crop_axes = crop;
+  crop_axes.push_back(attr("axes", Ints{2}));
+  expect_close(run1("Resize", {x, f32({2}, {0.25f, 0.75f}), Tensor(), Tensor::from_vector<int64_t>({1}, {3})}, crop_axes, 18),
+               run1("Resize", {x, f32({6}, {0, 0, 0.25f, 1, 1, 0.75f}), Tensor(), Tensor::from_vector<int64_t>({3}, {2, 3, 3})},
+                    crop, 13),
+               1e-12, 1e-12);
+}
+
+// keep_aspect_ratio_policy: one scale for all the axes, the smallest (not_larger) or largest
+// (not_smaller) of sizes / in, and out = round_half_up(scale * in). x = arange(24) as 4 x 6,
+// asymmetric nearest: output (i, j) reads x[floor-ish(i / s), ...] (values checked against the
+// ONNX reference).
+TEST(ResizeTest, Opset18KeepAspectRatioPolicy) {
+  const Tensor x = f64({4, 6}, [] {
+    std::vector<double> v(24);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+    return v;
+  }());
+  const Tensor sizes = Tensor::from_vector<int64_t>({2}, {3, 3});
+  const auto policy = [&](const std::string& p) {
+    return run1("Resize", {x, Tensor(), Tensor(), sizes},
+                {attr("coordinate_transformation_mode", std::string("asymmetric")), attr("keep_aspect_ratio_policy", p)},
+                18);
+  };
+  // not_smaller: scale max(3/4, 3/6) = 0.75, out [3, round(4.5) = 5].
+  const Tensor larger = policy("not_smaller");
+  ASSERT_EQ(larger.shape(), (Shape{3, 5}));
+  EXPECT_EQ(larger.to_double_vector(), (std::vector<double>{0, 1, 3, 4, 5, 6, 7, 9, 10, 11, 18, 19, 21, 22, 23}));
+  // not_larger: scale 0.5, out [2, 3].
+  const Tensor smaller = policy("not_larger");
+  ASSERT_EQ(smaller.shape(), (Shape{2, 3}));
+  EXPECT_EQ(smaller.to_double_vector(), (std::vector<double>{0, 2, 4, 12, 14, 16}));
+  // stretch (the default) takes the sizes as they are.
+  EXPECT_EQ(policy("stretch").shape(), (Shape{3, 3}));
+}
+
+// antialias (opset 18) widens linear and cubic kernels by 1 / scale when downscaling. Linear,
+// scale 0.5, half_pixel: output 0 sits at x = 0.5 and weighs inputs -1..2 (the edge repeated)
+// by 1 - |0.5 (k - 0.5)|, normalized: 1/8, 3/8, 3/8, 1/8.
+TEST(ResizeTest, Opset18AntialiasWidensTheKernelWhenDownscaling) {
+  const Tensor x = f64({1, 8}, {0, 1, 2, 3, 4, 5, 6, 7});
+  const Attrs aa{attr("mode", std::string("linear")), attr("antialias", int64_t{1}), attr("axes", Ints{1})};
+  expect_close(run1("Resize", {x, Tensor(), f32({1}, {0.5f})}, aa, 18), f64({1, 4}, {0.625, 2.5, 4.5, 6.375}), 1e-12,
+               1e-12);
+  // Values from the ONNX reference (onnx.reference, ONNX 1.23.2) for cubic and for sizes. The
+  // reference computes the cubic weights in float32 (its cubic_coeff_a is a numpy float32, which
+  // NumPy 2 keeps in float32 arithmetic), so it agrees to about 1e-6 there, not 1e-12.
+  const Tensor y = f64({1, 10}, {0, 3, 1, 4, 1, 5, 9, 2, 6, 5});
+  Attrs cubic{attr("mode", std::string("cubic")), attr("antialias", int64_t{1}), attr("axes", Ints{1})};
+  expect_close(run1("Resize", {y, Tensor(), f32({1}, {0.4f})}, cubic, 18),
+               f64({1, 4}, {1.41539903, 2.58509864, 5.54670045, 4.89659973}), 2e-6, 1e-7);
+  cubic.push_back(attr("exclude_outside", int64_t{1}));
+  expect_close(run1("Resize", {y, Tensor(), f32({1}, {0.4f})}, cubic, 19),
+               f64({1, 4}, {1.51541706, 2.5371462, 5.53655935, 4.8892929}), 2e-6, 1e-7);
+  expect_close(run1("Resize", {y, Tensor(), Tensor(), Tensor::from_vector<int64_t>({1}, {3})}, aa, 18),
+               f64({1, 3}, {1.65671642, 3.93939394, 5.14925373}), 1e-7, 1e-7);
+  // Upscaling is unchanged by it.
+  const Attrs plain{attr("mode", std::string("linear")), attr("axes", Ints{1})};
+  expect_close(run1("Resize", {x, Tensor(), f32({1}, {2.5f})}, aa, 18), run1("Resize", {x, Tensor(), f32({1}, {2.5f})}, plain, 18),
+               1e-12, 1e-12);
+}
+
+// half_pixel_symmetric (opset 19) centres the sampled region when floor() shrinks the output:
+// 4 -> floor(2.4) = 2 samples at 2/3 and 7/3, symmetric about 1.5 (half_pixel: 1/3 and 2).
+TEST(ResizeTest, Opset19HalfPixelSymmetric) {
+  const Tensor x = f64({4}, {0, 1, 2, 3});
+  const auto resize = [&](const std::string& mode) {
+    return run1("Resize", {x, Tensor(), f32({1}, {0.6f})},
+                {attr("mode", std::string("linear")), attr("coordinate_transformation_mode", mode)}, 19);
+  };
+  expect_close(resize("half_pixel_symmetric"), f64({2}, {2.0 / 3, 7.0 / 3}), 1e-6, 1e-6);
+  expect_close(resize("half_pixel"), f64({2}, {1.0 / 3, 2.0}), 1e-6, 1e-6);
+  // With an exact output size it is half_pixel.
+  const Tensor s = f32({1}, {0.5f});
+  expect_close(run1("Resize", {x, Tensor(), s}, {attr("coordinate_transformation_mode", std::string("half_pixel_symmetric"))}, 19),
+               run1("Resize", {x, Tensor(), s}, {}, 19), 0, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -779,6 +893,25 @@ TEST(AveragePoolTest, AutoPadAndOldOpsets) {
   expect_close(run1("AveragePool", {x}, with("VALID")), f32({1, 1, 2}, {1.5f, 3.5f}));
   expect_close(run1("AveragePool", {x}, k2, 1), f32({1, 1, 2}, {1.5f, 3.5f}));
   expect_close(run1("MaxPool", {x}, k2, 1), f32({1, 1, 2}, {2, 4}));
+}
+
+// AveragePool-19 documents dilations (window taps i, i + d, ...); AveragePool-22 and MaxPool-22
+// add bfloat16, computed in float.
+TEST(AveragePoolTest, Opset19DilationsAndOpset22Bfloat16) {
+  const Tensor x = f32({1, 1, 8}, {0, 1, 2, 3, 4, 5, 6, 7});
+  const Attrs dilated{attr("kernel_shape", Ints{2}), attr("dilations", Ints{2})};
+  expect_close(run1("AveragePool", {x}, dilated, 19), f32({1, 1, 6}, {1, 2, 3, 4, 5, 6}));
+  // ceil_mode with dilation: the last window starts at 6 and reads 6 only (8 is outside).
+  Attrs ceil = dilated;
+  ceil.push_back(attr("strides", Ints{3}));
+  ceil.push_back(attr("ceil_mode", int64_t{1}));
+  expect_close(run1("AveragePool", {x}, ceil, 19), f32({1, 1, 3}, {1, 4, 6}));
+  const Tensor b = x.cast(DataType::BFloat16);
+  const Tensor avg = run1("AveragePool", {b}, dilated, 22);
+  EXPECT_EQ(avg.dtype(), DataType::BFloat16);
+  EXPECT_EQ(avg.to_double_vector(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(run1("MaxPool", {b}, dilated, 22).to_double_vector(), (std::vector<double>{2, 3, 4, 5, 6, 7}));
+  EXPECT_THROW(run1("AveragePool", {x.cast(DataType::Int32)}, dilated, 22), Error);  // floating types only
 }
 
 TEST(PoolTest, Errors) {

@@ -211,6 +211,87 @@ TEST(ReduceSum, Opset13AxesInput) {
   EXPECT_THROW(run1("ReduceSum", 13, {attr("axes", Ints{1})}, {x}), Error);  // attribute form is gone
 }
 
+// Opset 18 moves every reduction's axes to an optional input, with noop_with_empty_axes.
+TEST(Reduce, Opset18AxesInputForEveryKind) {
+  const Tensor x = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  // Row sums 6 and 15; row maxima 3 and 6; the same axis as an attribute at opset 17.
+  for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                         "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"}) {
+    SCOPED_TRACE(op);
+    const Tensor by_attr = reduce(op, x, {1}, 0, 17);
+    expect_close(run1(op, 18, {iattr("keepdims", 0)}, {x, i64({1})}), by_attr);
+    expect_close(run1(op, 18, {iattr("keepdims", 0)}, {x, i64({-1})}), by_attr);
+    expect_close(run1(op, 18, {}, {x}), reduce(op, x, {}, 1, 17));                 // no axes: all
+    expect_close(run1(op, 18, {}, {x, i64(Shape{0}, {})}), reduce(op, x, {}, 1, 17));  // empty: all
+    EXPECT_TRUE(throws_with([&] { run1(op, 18, {attr("axes", Ints{1})}, {x}); }, "second input"));
+    EXPECT_TRUE(throws_with([&] { run1(op, 17, {iattr("noop_with_empty_axes", 1)}, {x}); }, "opset 18"));
+  }
+  expect_values(run1("ReduceMean", 18, {iattr("keepdims", 0)}, {x, i64({1})}), {2}, {2, 5});
+  expect_values(run1("ReduceMax", 20, {}, {x, i64({0})}), {1, 3}, {4, 5, 6});
+  // Duplicates and out-of-range axes name the input.
+  EXPECT_TRUE(throws_with([&] { run1("ReduceMean", 18, {}, {x, i64({1, -1})}); }, "twice"));
+  EXPECT_TRUE(throws_with([&] { run1("ReduceMax", 18, {}, {x, i64({2})}); }, "axes"));
+  EXPECT_THROW(run1("ReduceMin", 18, {}, {x, Tensor::from_vector<int32_t>({1}, {1})}), Error);  // int64 only
+}
+
+// noop_with_empty_axes reduces over no axes: the reduction's other steps still apply (ONNX op
+// doc: "ReduceLogSum returns the Log of input tensor, and ReduceSumSquare returns the Square").
+TEST(Reduce, NoopWithEmptyAxesKeepsTheNonReductionSteps) {
+  const Tensor x = f32({2, 2}, {-1, 2, 0.5f, 4});
+  const auto noop = [&](const std::string& op, bool omit_axes) {
+    std::vector<Tensor> in{x};
+    if (!omit_axes) in.push_back(i64(Shape{0}, {}));
+    return run1(op, 18, {iattr("noop_with_empty_axes", 1), iattr("keepdims", 0)}, in);
+  };
+  for (bool omit : {true, false}) {
+    SCOPED_TRACE(omit ? "axes omitted" : "empty axes");
+    for (const char* op : {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"}) expect_close(noop(op, omit), x);
+    expect_close(noop("ReduceL1", omit), f32({2, 2}, {1, 2, 0.5f, 4}));
+    expect_close(noop("ReduceL2", omit), f32({2, 2}, {1, 2, 0.5f, 4}));
+    expect_close(noop("ReduceSumSquare", omit), f32({2, 2}, {1, 4, 0.25f, 16}));
+    expect_close(noop("ReduceLogSumExp", omit), x);
+    const Tensor log_sum = noop("ReduceLogSum", omit);
+    EXPECT_TRUE(std::isnan(log_sum.to_double_vector()[0]));  // log(-1)
+    EXPECT_NEAR(log_sum.to_double_vector()[1], std::log(2.0), 1e-6);
+    EXPECT_NEAR(log_sum.to_double_vector()[3], std::log(4.0), 1e-6);
+  }
+  // With axes given, noop_with_empty_axes changes nothing.
+  expect_values(run1("ReduceMax", 18, {iattr("noop_with_empty_axes", 1)}, {x, i64({0})}), {1, 2}, {0.5, 4});
+}
+
+// ReduceMax/ReduceMin-20 take bool (False < True): any and all; an empty reduction gives False
+// and True (the ONNX reference's identities).
+TEST(Reduce, BoolMaxAndMinFromOpset20) {
+  const Tensor b = Tensor::from_vector<bool>({2, 3}, {true, false, false, true, true, true});
+  expect_typed(run1("ReduceMax", 20, {iattr("keepdims", 0)}, {b, i64({1})}), DataType::Bool, {2}, {1, 1});
+  expect_typed(run1("ReduceMin", 20, {iattr("keepdims", 0)}, {b, i64({1})}), DataType::Bool, {2}, {0, 1});
+  expect_values(run1("ReduceMin", 20, {}, {b, i64({0})}), {1, 3}, {1, 0, 0});
+  expect_values(run1("ReduceMax", 20, {}, {b}), {1, 1}, {1});
+  const Tensor empty = Tensor::from_vector<bool>({2, 0}, {});
+  expect_values(run1("ReduceMax", 20, {iattr("keepdims", 0)}, {empty, i64({1})}), {2}, {0, 0});
+  expect_values(run1("ReduceMin", 20, {iattr("keepdims", 0)}, {empty, i64({1})}), {2}, {1, 1});
+  // Long rows and columns go through the vectorized paths.
+  std::vector<bool> v(3000, false);
+  v[2717] = true;
+  const Tensor col = Tensor::from_vector<bool>({3000, 1}, v);
+  expect_values(run1("ReduceMax", 20, {iattr("keepdims", 0)}, {col, i64({0})}), {1}, {1});
+  expect_values(run1("ReduceMin", 20, {iattr("keepdims", 0)}, {col, i64({0})}), {1}, {0});
+  // Before opset 20, and for the other reductions, bool is not a type of the op.
+  EXPECT_TRUE(throws_with([&] { run1("ReduceMax", 18, {}, {b}); }, "bool"));
+  EXPECT_TRUE(throws_with([&] { run1("ReduceSum", 20, {}, {b}); }, "bool"));
+}
+
+// ReduceLogSum and ReduceLogSumExp drop the integer types at opset 28.
+TEST(Reduce, LogSumOfIntegersEndsAtOpset28) {
+  const Tensor n = Tensor::from_vector<int32_t>({3}, {1, 2, 4});
+  expect_typed(run1("ReduceLogSum", 18, {iattr("keepdims", 0)}, {n}), DataType::Int32, {}, {1});  // trunc(log 7)
+  expect_typed(run1("ReduceLogSum", 27, {iattr("keepdims", 0)}, {n}), DataType::Int32, {}, {1});
+  EXPECT_TRUE(throws_with([&] { run1("ReduceLogSum", 28, {}, {n}); }, "int32"));
+  EXPECT_TRUE(throws_with([&] { run1("ReduceLogSumExp", 28, {}, {n}); }, "int32"));
+  const Tensor f = f32({3}, {1, 2, 4});
+  EXPECT_NEAR(run1("ReduceLogSum", 28, {iattr("keepdims", 0)}, {f}).to_double_vector()[0], std::log(7.0), 1e-6);
+}
+
 // ---------------------------------------------------------------- ArgMax, ArgMin
 
 TEST(ArgReduce, FirstAndLastIndex) {
@@ -372,6 +453,30 @@ TEST(Range, CountsAndTypes) {
   EXPECT_THROW(run1("Range", 11, {}, {scalar(0.0f), scalar(kInf), scalar(1.0f)}), Error);
   EXPECT_THROW(run1("Range", 11, {}, {scalar(0.0f), scalar<int64_t>(3), scalar(1.0f)}), Error);
   EXPECT_THROW(run1("Range", 11, {}, {f32({2}, {0, 1}), scalar(3.0f), scalar(1.0f)}), Error);
+}
+
+// Range-27 adds float16 and bfloat16, computed in stash_type (float by default, or double) and
+// rounded once per element: start + i delta, not a running sum of deltas in the half type.
+TEST(Range, HalfTypesComputeInTheStashType) {
+  const auto half = [](float v) { return Tensor::scalar<Float16>(Float16(v)); };
+  // 2048 + i: float16 represents only even numbers above 2048, so an odd value rounds to even.
+  const Tensor h = run1("Range", 27, {}, {half(2048), half(2054), half(1)});
+  expect_typed(h, DataType::Float16, {6}, {2048, 2048, 2050, 2052, 2052, 2052});
+  // 0.1 steps in bfloat16: each element is the float sum, rounded to bfloat16 once.
+  const auto bf = [](float v) { return Tensor::scalar<BFloat16>(BFloat16(v)); };
+  const Tensor b = run1("Range", 27, {}, {bf(0), bf(1), bf(0.25f)});
+  expect_typed(b, DataType::BFloat16, {4}, {0, 0.25, 0.5, 0.75});
+  const BFloat16 step(0.1f);
+  const Tensor tenths = run1("Range", 27, {iattr("stash_type", 11)}, {bf(0), bf(1), Tensor::scalar<BFloat16>(step)});
+  const std::vector<double> got = tenths.to_double_vector();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], static_cast<double>(static_cast<float>(BFloat16(static_cast<float>(i) * static_cast<float>(step)))));
+  }
+  EXPECT_TRUE(throws_with([&] { run1("Range", 27, {iattr("stash_type", 10)}, {half(0), half(2), half(1)}); },
+                          "stash_type"));
+  // stash_type has no effect on other types.
+  expect_values(run1("Range", 27, {iattr("stash_type", 11)}, {scalar<int32_t>(0), scalar<int32_t>(3), scalar<int32_t>(1)}),
+                {3}, {0, 1, 2});
 }
 
 TEST(EyeLike, DiagonalsAndDtype) {

@@ -1,6 +1,7 @@
 // Unit tests of the shape and indexing ops (shape_ops.cpp, indexing.cpp): what the ONNX backend
 // tests miss — older opset forms, negative axes, empty tensors, views, dtypes and every error.
 // Expected values are worked out by hand or with numpy (noted where numpy was used).
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -131,6 +132,16 @@ TEST(Unsqueeze, AllFormsAreViews) {
   EXPECT_EQ(run1("Unsqueeze", 13, {}, {f32({}, {2}), i64({0})}).shape(), (Shape{1}));
 }
 
+// The docs ask for 1-D axes; a 0-D one names one axis (ONNX 1.23's expanded AffineGrid tests give
+// Unsqueeze a scalar, which the ONNX reference reads so).
+TEST(Unsqueeze, ScalarAxesNameOneAxis) {
+  const Tensor x = iota({3, 4});
+  EXPECT_EQ(run1("Unsqueeze", 13, {}, {x, Tensor::scalar<int64_t>(1)}).shape(), (Shape{3, 1, 4}));
+  EXPECT_EQ(run1("Unsqueeze", 25, {}, {x, Tensor::scalar<int64_t>(-1)}).shape(), (Shape{3, 4, 1}));
+  EXPECT_EQ(run1("Squeeze", 21, {}, {iota({3, 1, 4}), Tensor::scalar<int64_t>(1)}).shape(), (Shape{3, 4}));
+  EXPECT_THROW(run1("Unsqueeze", 13, {}, {x, Tensor::scalar<int32_t>(1)}), Error);  // int64 only
+}
+
 TEST(Unsqueeze, Errors) {
   const Tensor x = iota({3, 4});
   EXPECT_THROW(run1("Unsqueeze", 13, {}, {x, i64({0, 0})}), Error);  // duplicate
@@ -244,6 +255,36 @@ TEST(Split, EveryOpsetForm) {
   EXPECT_EQ(y[2].shape(), (Shape{2, 0}));
 }
 
+// Split-18's num_outputs: parts of ceil(dim / n), the last one smaller (ONNX op doc 'Split').
+TEST(Split, Opset18NumOutputsAllowsAnUnevenLastPart) {
+  const Tensor x = iota({2, 7});
+  auto y = run_node({"Split", "", 18, {attr("axis", int64_t{1}), attr("num_outputs", int64_t{3})}, 3}, {x});
+  expect_values(y[0], {2, 3}, {0, 1, 2, 7, 8, 9});
+  expect_values(y[1], {2, 3}, {3, 4, 5, 10, 11, 12});
+  expect_values(y[2], {2, 1}, {6, 13});
+  y = run_node({"Split", "", 18, {attr("axis", int64_t{-1}), attr("num_outputs", int64_t{4})}, 4}, {x});
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(y[static_cast<size_t>(k)].shape(), (Shape{2, 2}));
+  expect_values(y[3], {2, 1}, {6, 13});
+  y = run_node({"Split", "", 18, {attr("num_outputs", int64_t{2})}, 2}, {x});  // even: axis 0 halves
+  expect_values(y[1], {1, 7}, {7, 8, 9, 10, 11, 12, 13});
+  // The opset 13 forms still work at 18.
+  y = run_node({"Split", "", 18, {attr("axis", int64_t{1})}, 2}, {x, i64({5, 2})});
+  expect_values(y[1], {2, 2}, {5, 6, 12, 13});
+  const auto split = [&](int opset, int64_t n, int outputs, std::vector<Tensor> in) {
+    return error_of([&] { run_node({"Split", "", opset, {attr("axis", int64_t{1}), attr("num_outputs", n)}, outputs}, in); });
+  };
+  EXPECT_NE(split(18, 3, 2, {x}).find("has 2 outputs"), std::string::npos);
+  EXPECT_NE(split(18, 2, 2, {x, i64({5, 2})}).find("not both"), std::string::npos);
+  EXPECT_NE(split(17, 2, 2, {x}).find("opset 18"), std::string::npos);
+  EXPECT_NE(split(18, 4, 4, {iota({1, 5})}).find("too many outputs"), std::string::npos);  // 2+2+2 leaves -1
+  // 5 into 6: parts of 1 and an empty last one, as ONNX's shape inference computes it.
+  const auto parts = run_node({"Split", "", 18, {attr("axis", int64_t{1}), attr("num_outputs", int64_t{6})}, 6}, {iota({1, 5})});
+  EXPECT_EQ(parts[4].shape(), (Shape{1, 1}));
+  EXPECT_EQ(parts[5].shape(), (Shape{1, 0}));
+  // Without num_outputs an uneven split is still an error.
+  EXPECT_THROW(run_node({"Split", "", 18, {attr("axis", int64_t{1})}, 3}, {x}), Error);
+}
+
 TEST(Split, Errors) {
   const Tensor x = iota({2, 6});
   EXPECT_NE(error_of([&] {
@@ -315,6 +356,42 @@ TEST(Pad, ModesAndCrop) {
   EXPECT_EQ(run1("Pad", 13, {}, {iota({0, 2}), i64({1, 0, 0, 0})}).shape(), (Shape{1, 2}));
 }
 
+// Pad-18's axes input names the axes the pads apply to (int32 or int64, negative from the back).
+TEST(Pad, Opset18AxesInput) {
+  const Tensor x = iota({2, 3});
+  expect_values(run1("Pad", 18, {}, {x, i64({1, 2}), Tensor(), i64({1})}), {2, 6},
+                {0, 0, 1, 2, 0, 0, 0, 3, 4, 5, 0, 0});
+  expect_values(run1("Pad", 18, {}, {x, i64({1, 2}), f32({}, {9}), i32({-1})}), {2, 6},
+                {9, 0, 1, 2, 9, 9, 9, 3, 4, 5, 9, 9});
+  // [axis 0 begin, axis -1 begin, axis 0 end, axis -1 end]
+  expect_values(run1("Pad", 18, {attr("mode", std::string("edge"))}, {x, i64({0, 1, 1, -1}), Tensor(), i64({0, -1})}),
+                {3, 3}, {0, 0, 1, 3, 3, 4, 3, 3, 4});
+  // Without axes, all of them, as before.
+  expect_values(run1("Pad", 18, {}, {x, i64({0, 0, 1, 0})}), {3, 3}, {0, 1, 2, 3, 4, 5, 0, 0, 0});
+  EXPECT_NE(error_of([&] { run1("Pad", 18, {}, {x, i64({1, 1, 1, 1}), Tensor(), i64({1})}); }).find("expected 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { run1("Pad", 18, {}, {x, i64({1, 1, 1, 1}), Tensor(), i64({1, -1})}); }).find("twice"),
+            std::string::npos);
+  EXPECT_THROW(run1("Pad", 18, {}, {x, i64({1, 1}), Tensor(), i64({2})}), Error);  // out of range
+  EXPECT_THROW(run1("Pad", 18, {}, {x, i64({1, 1}), Tensor(), f32({1}, {1})}), Error);
+}
+
+// Pad-19's wrap mode: the padded axis repeats as a ring (the doc's example 4, values 0..5 for
+// its 1.0 ... 5.7).
+TEST(Pad, Opset19WrapMode) {
+  const Tensor x = iota({3, 2});
+  expect_values(run1("Pad", 19, {attr("mode", std::string("wrap"))}, {x, i64({2, 1, 1, 1})}), {6, 4},
+                {3, 2, 3, 2, 5, 4, 5, 4, 1, 0, 1, 0, 3, 2, 3, 2, 5, 4, 5, 4, 1, 0, 1, 0});
+  // Longer than the axis (numpy: np.pad([1, 2, 3], (4, 5), mode='wrap')), and after a crop.
+  const Tensor v = f32({3}, {1, 2, 3});
+  expect_values(run1("Pad", 19, {attr("mode", std::string("wrap"))}, {v, i64({4, 5})}), {12},
+                {3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2});
+  expect_values(run1("Pad", 21, {attr("mode", std::string("wrap"))}, {v, i64({-1, 2})}), {4}, {2, 3, 2, 3});
+  EXPECT_NE(error_of([&] { run1("Pad", 18, {attr("mode", std::string("wrap"))}, {v, i64({1, 1})}); }).find("opset 19"),
+            std::string::npos);
+  EXPECT_THROW(run1("Pad", 19, {attr("mode", std::string("wrap"))}, {iota({0}), i64({1, 1})}), Error);
+}
+
 TEST(Pad, Errors) {
   const Tensor x = f32({4}, {1, 2, 3, 4});
   EXPECT_THROW(run1("Pad", 13, {}, {x, i64({1, 1, 1, 1})}), Error);  // 4 pads for rank 1
@@ -364,6 +441,22 @@ TEST(SpaceToDepth, InverseOfDepthToSpace) {
                                   4, 6, 12, 14, 20, 22, 28, 30, 5, 7, 13, 15, 21, 23, 29, 31});
   testing::expect_close(run1("DepthToSpace", 13, {attr("blocksize", int64_t{2})}, {s}), y, 0, 0);
   EXPECT_THROW(run1("SpaceToDepth", 13, {attr("blocksize", int64_t{3})}, {y}), Error);
+}
+
+// SpaceToDepth-28's mode CRD: channel c * bs^2 + row * bs + column, the inverse of DepthToSpace CRD
+// (numpy: y.reshape(1,2,2,2,2,2).transpose(0,1,3,5,2,4).reshape(1,8,2,2), y = arange(32)).
+TEST(SpaceToDepth, Opset28CrdMode) {
+  const Tensor y = iota({1, 2, 4, 4});
+  const auto crd = std::vector<onnx::AttributeProto>{attr("blocksize", int64_t{2}), attr("mode", std::string("CRD"))};
+  const Tensor s = run1("SpaceToDepth", 28, crd, {y});
+  expect_values(s, {1, 8, 2, 2}, {0,  2,  8,  10, 1,  3,  9,  11, 4,  6,  12, 14, 5,  7,  13, 15,
+                                  16, 18, 24, 26, 17, 19, 25, 27, 20, 22, 28, 30, 21, 23, 29, 31});
+  testing::expect_close(run1("DepthToSpace", 28, crd, {s}), y, 0, 0);
+  // DCR stays the default.
+  testing::expect_close(run1("SpaceToDepth", 28, {attr("blocksize", int64_t{2})}, {y}),
+                        run1("SpaceToDepth", 13, {attr("blocksize", int64_t{2})}, {y}), 0, 0);
+  EXPECT_THROW(run1("SpaceToDepth", 13, crd, {y}), Error);  // no mode before opset 28
+  EXPECT_THROW(run1("SpaceToDepth", 28, {attr("blocksize", int64_t{2}), attr("mode", std::string("RDC"))}, {y}), Error);
 }
 
 // Large inputs take the parallel paths; checked against loops that follow the definitions.
@@ -539,6 +632,29 @@ TEST(ScatterElements, ReductionsAndDuplicates) {
   expect_values(run_node({"ScatterElements", "", 13, {attr("axis", int64_t{1})}},
                          {d2, Tensor::from_vector<int32_t>({1, 2}, {1, 3}), i64({1, 2}, {9, 8})})[0],
                 {1, 5}, {1, 9, 3, 8, 5});
+}
+
+// Opset 18 adds reduction max and min (NaN-propagating, as Max and Min are).
+TEST(ScatterElements, Opset18MaxAndMin) {
+  const Tensor idx = i64({2, 3}, {1, 0, 2, 1, 2, -2});
+  const Tensor upd = f32({2, 3}, {2, 3, 4, 5, 6, 7});
+  const auto scatter = [&](const std::string& op, const std::string& r, const Tensor& data, const Tensor& i,
+                           const Tensor& u) { return run_node({op, "", 18, {attr("reduction", r)}}, {data, i, u})[0]; };
+  // (1,0) gets 2 and 5, (0,1) 3, (2,2) 4, (2,1) 6, (1,2) 7.
+  expect_values(scatter("ScatterElements", "max", f32({3, 3}, std::vector<float>(9, 1)), idx, upd), {3, 3},
+                {1, 3, 1, 5, 1, 7, 1, 6, 4});
+  expect_values(scatter("ScatterElements", "min", f32({3, 3}, std::vector<float>(9, 10)), idx, upd), {3, 3},
+                {10, 3, 10, 2, 10, 7, 10, 6, 4});
+  const Tensor nan = scatter("ScatterElements", "max", f32({2}, {std::numeric_limits<float>::quiet_NaN(), 1}),
+                             i64({2}, {0, 1}), f32({2}, {5, std::numeric_limits<float>::quiet_NaN()}));
+  EXPECT_TRUE(std::isnan(nan.to_double_vector()[0]) && std::isnan(nan.to_double_vector()[1]));
+  // Integers and ScatterND slices.
+  expect_values(scatter("ScatterND", "min", iota({3, 2}), i64({2, 1}, {1, 1}), f32({2, 2}, {1, 7, 3, 0})), {3, 2},
+                {0, 1, 1, 0, 4, 5});
+  expect_values(scatter("ScatterND", "max", i64({3}, {4, 5, 6}), i64({2, 1}, {0, 0}), i64({2}, {9, 2})), {3},
+                {9, 5, 6});
+  EXPECT_NE(error_of([&] { scatter("ScatterElements", "avg", iota({2}), i64({1}, {0}), f32({1}, {0})); }).find("'min'"),
+            std::string::npos);
 }
 
 TEST(ScatterElements, Errors) {

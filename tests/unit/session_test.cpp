@@ -1,5 +1,11 @@
 #include <gtest/gtest.h>
+#include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
 
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -89,6 +95,75 @@ TEST(Registry, OpVersionsFollowOnnxOperatorVersioning) {
   ASSERT_NE(add, nullptr);
   EXPECT_TRUE(add->since <= 14 && 14 <= add->until);
   EXPECT_EQ(ops::find_kernel("", "LayerNormalization", 16), nullptr);
+}
+
+// Every version ONNX 1.23 defines of an op the kernel table implements, from the first version a
+// row serves up to opset 28, is served by some row, except the versions listed here on purpose.
+// A newer version left out of the table (a row stopping at an older `until`) fails this test
+// with the list of what is missing; an entry below that a row now serves fails it too, so the
+// list stays true. Deprecated schemas (Scatter-11, Upsample-10) are not versions to serve.
+TEST(Registry, EveryOpVersionUpTo28IsServed) {
+  struct NotServed {
+    const char* domain;
+    const char* op;
+    int version;
+    const char* reason;
+  };
+  static const NotServed kNotServed[] = {
+      // Cast and CastLike are being widened with the types they add (float8, int4, ...) by the
+      // element-type work; their rows stop at 17 until then.
+      {"", "Cast", 19, "Cast/CastLike: widened by the element-type work"},
+      {"", "Cast", 21, "Cast/CastLike: widened by the element-type work"},
+      {"", "Cast", 23, "Cast/CastLike: widened by the element-type work"},
+      {"", "Cast", 24, "Cast/CastLike: widened by the element-type work"},
+      {"", "Cast", 25, "Cast/CastLike: widened by the element-type work"},
+      {"", "Cast", 28, "Cast/CastLike: widened by the element-type work"},
+      {"", "CastLike", 19, "Cast/CastLike: widened by the element-type work"},
+      {"", "CastLike", 21, "Cast/CastLike: widened by the element-type work"},
+      {"", "CastLike", 23, "Cast/CastLike: widened by the element-type work"},
+      {"", "CastLike", 24, "Cast/CastLike: widened by the element-type work"},
+      {"", "CastLike", 25, "Cast/CastLike: widened by the element-type work"},
+  };
+  constexpr int kNewest = 28;
+  auto listed = [&](const std::string& domain, const std::string& op, int version) {
+    for (const NotServed& n : kNotServed) {
+      if (domain == n.domain && op == n.op && version == n.version) return true;
+    }
+    return false;
+  };
+  auto served = [](const std::string& domain, const std::string& op, int version) {
+    for (const ops::KernelDef& def : ops::kernel_table()) {
+      if (def.domain == domain && def.op_type == op && def.since <= version && version <= def.until) return true;
+    }
+    return false;
+  };
+  // The first version any row serves, per (domain, op).
+  std::map<std::pair<std::string, std::string>, int> first;
+  for (const ops::KernelDef& def : ops::kernel_table()) {
+    if (def.domain == "ai.onnxtrain") continue;  // onnxtrain's own ops have no ONNX schemas
+    const auto key = std::make_pair(std::string(def.domain), std::string(def.op_type));
+    const auto it = first.find(key);
+    first[key] = it == first.end() ? def.since : std::min(it->second, def.since);
+  }
+  std::set<std::string> missing;
+  for (const onnx::OpSchema& schema : onnx::OpSchemaRegistry::get_all_schemas_with_history()) {
+    const auto it = first.find({schema.domain(), schema.Name()});
+    const int v = schema.SinceVersion();
+    if (it == first.end() || v < it->second || v > kNewest || schema.Deprecated()) continue;
+    if (!served(schema.domain(), schema.Name(), v) && !listed(schema.domain(), schema.Name(), v)) {
+      missing.insert((schema.domain().empty() ? "" : schema.domain() + ".") + schema.Name() + "-" + std::to_string(v));
+    }
+  }
+  std::string list;
+  for (const std::string& m : missing) list += "\n  " + m;
+  EXPECT_TRUE(missing.empty()) << "op versions no kernel row serves (read what changed, implement it, widen or add "
+                                  "the row; or list the version in kNotServed with the reason):" << list;
+  for (const NotServed& n : kNotServed) {
+    EXPECT_FALSE(served(n.domain, n.op, n.version))
+        << n.op << "-" << n.version << " is served now: remove it from kNotServed (" << n.reason << ")";
+    EXPECT_NE(onnx::OpSchemaRegistry::Schema(n.op, n.version, n.domain), nullptr);
+    EXPECT_EQ(ops::op_version(n.domain, n.op, n.version), n.version) << n.op << "-" << n.version << " is no version of the op";
+  }
 }
 
 TEST(Session, RejectsUnsupportedElementTypesNamingTheInput) {
