@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "onnxtrain/error.h"
+#include "ops/registry.h"
 #include "test_util.h"
 
 namespace onnxtrain {
@@ -314,6 +315,45 @@ TEST(QLinearConv, RequantizesPerOutputChannel) {
   const Tensor y = run1("QLinearConv", 10, {}, in);
   EXPECT_EQ(y.dtype(), DataType::Int8);
   EXPECT_EQ(y.to_int64_vector("y"), (std::vector<int64_t>{12, 12, 14, 14, 10, 9, 8, 8}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradients: they flow through Cast between the compute floating types (float16, bfloat16,
+// float32, float64) only; a narrow float value ends the path like an integer one.
+
+// d sum(Cast(Cast(x, through), float32)) / dx at x = [0.3, -2].
+std::vector<double> gradient_through_cast(DataType through) {
+  onnx::ModelProto model;
+  model.set_ir_version(10);
+  model.add_opset_import()->set_version(21);
+  auto* training = model.add_opset_import();
+  training->set_domain("ai.onnx.preview.training");
+  training->set_version(1);
+  auto& g = *model.mutable_graph();
+  g.set_name("g");
+  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {2});
+  testing::add_node(g, "Cast", {"x"}, {"n"})->add_attribute()->CopyFrom(to(through));
+  testing::add_node(g, "Cast", {"n"}, {"f"})->add_attribute()->CopyFrom(to(DataType::Float32));
+  testing::add_node(g, "ReduceSum", {"f"}, {"y"});
+  auto* grad = testing::add_node(g, "Gradient", {"x"}, {"dx"});
+  grad->set_domain("ai.onnx.preview.training");
+  auto* xs = grad->add_attribute();
+  xs->set_name("xs");
+  xs->set_type(onnx::AttributeProto::STRINGS);
+  xs->add_strings("x");
+  grad->add_attribute()->CopyFrom(attr("y", std::string("y")));
+  g.add_output()->set_name("dx");
+  return runtime::Session(model).run({{"x", f32({0.3f, -2.0f})}}).at("dx").to_double_vector();
+}
+
+TEST(CastGradient, FlowsBetweenFloatingTypesOnly) {
+  // Float8 needs opset 19+, where ops of the backward graph have newer versions than 17.
+  for (const char* op : {"Shape", "Expand", "ConstantOfShape", "Identity", "ReduceSum"}) {
+    if (!ops::find_kernel("", op, 21)) GTEST_SKIP() << op << " at opset 21 has no kernel row in this build";
+  }
+  EXPECT_EQ(gradient_through_cast(DataType::Float16), (std::vector<double>{1, 1}));
+  EXPECT_EQ(gradient_through_cast(DataType::Float8E4M3FN), (std::vector<double>{0, 0}));
+  EXPECT_EQ(gradient_through_cast(DataType::Int4), (std::vector<double>{0, 0}));
 }
 
 }  // namespace
