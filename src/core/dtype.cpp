@@ -137,6 +137,27 @@ uint8_t overflow_bits(const MiniFloat& f, bool negative, bool saturate) {
   return nan_bits(f, negative);
 }
 
+// |x| rounded to nearest even at the quantum of its binade (or of the subnormal range), as
+// (steps, exponent of the quantum), from the bits of the double: exact integer arithmetic.
+struct Rounded {
+  uint64_t steps;
+  int quantum;
+};
+Rounded round_to_quantum(double a, int emin, int mantissa) {
+  const auto bits = std::bit_cast<uint64_t>(a);
+  const int field = static_cast<int>((bits >> 52) & 0x7ffu);
+  if (field == 0) return {0, emin - mantissa};  // a double subnormal: far below every quantum
+  const int e = field - 1023;
+  const uint64_t significand = (bits & ((uint64_t{1} << 52) - 1u)) | uint64_t{1} << 52;  // a = sig 2^(e-52)
+  const int quantum = std::max(e, emin) - mantissa;
+  const int shift = quantum - (e - 52);  // steps = sig / 2^shift, shift >= 52 - mantissa > 0
+  if (shift > 63) return {0, quantum};
+  uint64_t steps = significand >> shift;
+  const uint64_t rest = significand & ((uint64_t{1} << shift) - 1u), half = uint64_t{1} << (shift - 1);
+  if (rest > half || (rest == half && (steps & 1u))) ++steps;
+  return {steps, quantum};
+}
+
 uint8_t encode_minifloat(DataType dtype, double x, const NarrowFloatCast& how) {
   const MiniFloat f = minifloat(dtype);
   const bool negative = std::signbit(x);
@@ -145,25 +166,21 @@ uint8_t encode_minifloat(DataType dtype, double x, const NarrowFloatCast& how) {
     if (f.special == Special::Fnuz && how.fnuz_inf_is_nan) return nan_bits(f, negative);
     return overflow_bits(f, negative, how.saturate);
   }
-  const double a = std::fabs(x);
-  if (a == 0) return zero_bits(f, negative, dtype);
-  // Round |x| to a multiple of the quantum of its binade (or of the subnormal range).
   const int emin = 1 - f.bias;
-  const int quantum = std::max(std::ilogb(a), emin) - f.mantissa;
-  const double steps = std::nearbyint(std::ldexp(a, -quantum));  // ties to even
-  const double rounded = std::ldexp(steps, quantum);
-  if (rounded > f.max) return overflow_bits(f, negative, how.saturate);
-  if (steps == 0) return zero_bits(f, negative, dtype);
-  unsigned field = 0, mantissa = 0;
-  if (rounded < std::ldexp(1.0, emin)) {  // subnormal: the exponent field is 0
-    mantissa = static_cast<unsigned>(steps);
-  } else {
-    const int e = std::ilogb(rounded);
-    field = static_cast<unsigned>(e + f.bias);
-    mantissa = static_cast<unsigned>(std::ldexp(rounded, f.mantissa - e)) - (1u << f.mantissa);
+  const Rounded r = round_to_quantum(std::fabs(x), emin, f.mantissa);
+  if (r.steps == 0) return zero_bits(f, negative, dtype);
+  // steps < 2^mantissa only in the subnormal range (exponent field 0); otherwise steps is in
+  // [2^mantissa, 2^(mantissa+1)], the top value being a carry into the next binade.
+  const uint64_t one = uint64_t{1} << f.mantissa;
+  uint64_t code = r.steps;  // subnormal: field 0, mantissa = steps
+  if (r.steps >= one) {
+    const uint64_t carry = r.steps >> (f.mantissa + 1);
+    const auto field = static_cast<uint64_t>(r.quantum + f.mantissa + f.bias) + carry;
+    code = field << f.mantissa | ((r.steps >> carry) - one);
   }
+  if (code > max_bits(f, false)) return overflow_bits(f, negative, how.saturate);  // codes grow with values
   const unsigned sign = negative ? 1u << (f.width - 1) : 0u;
-  return static_cast<uint8_t>(sign | field << f.mantissa | mantissa);
+  return static_cast<uint8_t>(sign | code);
 }
 
 float decode_minifloat(DataType dtype, uint8_t pattern) {

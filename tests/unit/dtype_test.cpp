@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -401,6 +405,32 @@ TEST(DTypeProto, RejectsRawDataOfTheWrongSize) {
   EXPECT_THROW(read(p), Error);
   p.set_raw_data(std::string(2, '\0'));
   EXPECT_NO_THROW(read(p));
+}
+
+TEST(DTypeProto, ReadsPackedExternalData) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("onnxtrain-dtype-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "w.bin", std::ios::binary);
+    out.put('\x00');                       // offset byte, skipped
+    out.put(static_cast<char>(0x9f));      // elements 0, 1: 0xf (-1), 0x9 (-7)
+    out.put(static_cast<char>(0x08));      // element 2: 0x8 (-8), padding
+  }
+  onnx::TensorProto p;
+  p.add_dims(3);
+  p.set_data_type(onnx::TensorProto::INT4);
+  p.set_data_location(onnx::TensorProto::EXTERNAL);
+  auto entry = [&](const char* key, const char* value) {
+    auto* e = p.add_external_data();
+    e->set_key(key);
+    e->set_value(value);
+  };
+  entry("location", "w.bin");
+  entry("offset", "1");
+  entry("length", "2");
+  const Tensor t = io::tensor_from_proto(p, dir, "w");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(t.to_int64_vector("w"), (std::vector<int64_t>{-1, -7, -8}));
 }
 
 TEST(DTypeProto, NpyRefusesNarrowTypes) {
