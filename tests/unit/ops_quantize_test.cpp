@@ -199,6 +199,10 @@ TEST(QuantizeLinear, PrecisionAndScaleTypes) {
   const Tensor e8 = codes(DataType::Float8E8M0, Shape{}, {129});  // 4
   EXPECT_EQ(run1("QuantizeLinear", 24, {}, {f32({8, 10}), e8}).to_int64_vector("y"), (std::vector<int64_t>{2, 2}));
   EXPECT_THROW(run1("QuantizeLinear", 23, {}, {f32({8}), e8}), Error);
+  // Saturating float8 FNUZ: +Inf is NaN before version 24 (Cast-19's table), max from 24.
+  const Tensor fnuz = codes(DataType::Float8E4M3FNUZ, Shape{}, {0});
+  EXPECT_EQ(codes_of(run1("QuantizeLinear", 23, {}, {f32({kInf}), f32(Shape{}, {1.0f}), fnuz})), std::vector<uint8_t>{0x80});
+  EXPECT_EQ(codes_of(run1("QuantizeLinear", 24, {}, {f32({kInf}), f32(Shape{}, {1.0f}), fnuz})), std::vector<uint8_t>{0x7f});
   // Versions 19 and 21: x and the scale share one type.
   EXPECT_THROW(run1("QuantizeLinear", 19, {}, {f32({8}), s16}), Error);
 }
@@ -281,6 +285,18 @@ TEST(QLinearMatMul, RequantizesWithTheScales) {
   cols[4] = f32({0.1f, 0.3f});
   cols[5] = vec<uint8_t>(Shape{2}, {0, 0});
   EXPECT_EQ(run1("QLinearMatMul", 21, {}, cols).to_int64_vector("y"), (std::vector<int64_t>{13, 35}));
+}
+
+TEST(QLinearMatMul, Float8OperandsFromVersion21) {
+  // a [1, 2] = [1, 2], b [2, 1] = [1, 0.5] in float8e4m3fn: a·b = 2; scales 1, 1 and y_scale 0.25: 8.
+  const Tensor a = codes(DataType::Float8E4M3FN, Shape{1, 2}, {0x38, 0x40});
+  const Tensor b = codes(DataType::Float8E4M3FN, Shape{2, 1}, {0x38, 0x30});
+  const Tensor zero = codes(DataType::Float8E4M3FN, Shape{}, {0});
+  const Tensor one = f32(Shape{}, {1.0f});
+  const Tensor y = run1("QLinearMatMul", 21, {}, {a, one, zero, b, one, zero, f32(Shape{}, {0.25f}), zero});
+  EXPECT_EQ(y.dtype(), DataType::Float8E4M3FN);
+  EXPECT_EQ(y.to_double_vector(), std::vector<double>{8.0});
+  EXPECT_THROW(run1("QLinearMatMul", 10, {}, {a, one, zero, b, one, zero, one, zero}), Error);
 }
 
 TEST(ConvInteger, ConvolvesCenteredIntegers) {
