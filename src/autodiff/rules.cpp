@@ -413,6 +413,10 @@ std::vector<Rule> math_rules() {
     {"", "RandomNormalLike",  0, false, nullptr, "random draw"},
     {"", "RandomUniformLike", 0, false, nullptr, "random draw"},
     {"", "Bernoulli",         0, false, nullptr, "random draw"},
+    // quantization and bit casts (ONNX tags none of these inputs differentiable)
+    {"", "QuantizeLinear",    0, false, nullptr, "quantized (integer or narrow float) output: piecewise constant"},
+    {"", "DequantizeLinear",  0, false, nullptr, "x is quantized; the scale and zero point are quantization parameters and get no gradient"},
+    {"", "BitCast",           0, false, nullptr, "reinterprets bits"},
   };
   // clang-format on
 }

@@ -8,10 +8,14 @@
 namespace onnxtrain {
 
 namespace detail {
+// The value of one element in a type C++ computes with: float16/bfloat16 and the narrow floats
+// as float (exact), the sub-byte integers as their int8/uint8 value.
 template <class T>
 inline auto widen(T v) {
-  if constexpr (is_half_v<T>) {
+  if constexpr (is_half_v<T> || is_narrow_float_v<T>) {
     return static_cast<float>(v);
+  } else if constexpr (is_sub_byte_int_v<T>) {
+    return v.value;
   } else {
     return v;
   }
@@ -29,6 +33,18 @@ inline To convert(From from) {
       return v != V(0);
     } else if constexpr (is_half_v<To>) {
       return To(static_cast<float>(v));
+    } else if constexpr (is_narrow_float_v<To>) {
+      return To(static_cast<double>(v));  // saturating, E8M0 rounding up: Cast's defaults
+    } else if constexpr (is_sub_byte_int_v<To>) {
+      // int4.md, int2.md: round to the nearest integer (ties to even), keep the low bits.
+      if constexpr (std::is_floating_point_v<V>) {
+        if (std::isnan(v)) return To{};
+        const double r = std::nearbyint(static_cast<double>(v));
+        constexpr double limit = 9.2e18;  // within int64; only the low bits matter
+        return To::wrap(static_cast<int64_t>(r < -limit ? -limit : (r > limit ? limit : r)));
+      } else {
+        return To::wrap(static_cast<int64_t>(v));
+      }
     } else if constexpr (std::is_floating_point_v<To>) {
       return static_cast<To>(v);
     } else if constexpr (std::is_floating_point_v<V>) {

@@ -27,6 +27,17 @@ using SignedNumericTypes =
 using AllTypes = TypeList<float, double, Float16, BFloat16, int8_t, int16_t, int32_t, int64_t,
                           uint8_t, uint16_t, uint32_t, uint64_t, bool>;
 using IndexTypes = TypeList<int32_t, int64_t>;
+// The narrow storage types (dtype.h): no kernel computes in them; they are converted (Cast,
+// QuantizeLinear, DequantizeLinear) or copied.
+using Float8Types = TypeList<Float8E4M3FN, Float8E4M3FNUZ, Float8E5M2, Float8E5M2FNUZ>;
+using NarrowFloatTypes = TypeList<Float8E4M3FN, Float8E4M3FNUZ, Float8E5M2, Float8E5M2FNUZ,
+                                  Float8E8M0, Float4E2M1, Float6E2M3, Float6E3M2>;
+using SubByteIntTypes = TypeList<UInt4, Int4, UInt2, Int2>;
+// Every type a Tensor can hold: AllTypes and the narrow types.
+using TensorTypes = TypeList<float, double, Float16, BFloat16, int8_t, int16_t, int32_t, int64_t,
+                             uint8_t, uint16_t, uint32_t, uint64_t, bool, Float8E4M3FN,
+                             Float8E4M3FNUZ, Float8E5M2, Float8E5M2FNUZ, Float8E8M0, Float4E2M1,
+                             Float6E2M3, Float6E3M2, UInt4, Int4, UInt2, Int2>;
 
 [[noreturn]] void throw_unsupported_dtype(DataType dtype, std::string_view what);
 
@@ -43,7 +54,9 @@ void visit_dtype(DataType dtype, std::string_view what, F&& f) {
 
 // Converts between element types: float16/bfloat16 go through float; to bool is "!= 0";
 // floating to integer truncates toward zero and saturates at the target's limits (NaN -> 0),
-// which keeps out-of-range values defined.
+// which keeps out-of-range values defined. Narrow floats go through float (from) or double
+// (to, with dtype.h's default NarrowFloatCast: saturating); to int4/uint4/int2/uint2 rounds to
+// the nearest integer, ties to even, and keeps the low bits (int4.md), as integer sources do.
 template <class To, class From>
 inline To convert(From v);
 

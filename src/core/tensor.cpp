@@ -8,9 +8,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/memory.h"
-
+#include "core/cast.h"
 #include "core/dispatch.h"
+#include "core/memory.h"
 #include "onnxtrain/error.h"
 
 namespace onnxtrain {
@@ -182,23 +182,16 @@ Tensor Tensor::clone() const {
 Tensor Tensor::cast(DataType to) const {
   if (to == dtype_) return clone();
   Tensor out(to, shape_);
-  const int64_t n = numel();
-  visit_dtype<AllTypes>(dtype_, "cast source", [&]<class From>() {
-    visit_dtype<AllTypes>(to, "cast target", [&]<class To>() {
-      const From* src = data<From>();
-      To* dst = out.data<To>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
-    });
-  });
+  cast_into(*this, out);
   return out;
 }
 
 std::vector<int64_t> Tensor::to_int64_vector(const std::string& what) const {
   std::vector<int64_t> result(static_cast<size_t>(numel()));
-  if (is_floating(dtype_)) {
+  if (is_floating(dtype_) || is_narrow_float(dtype_)) {
     throw Error(what + ": expected an integer tensor, got " + description());
   }
-  visit_dtype<AllTypes>(dtype_, what, [&]<class T>() {
+  visit_dtype<TensorTypes>(dtype_, what, [&]<class T>() {
     const T* p = data<T>();
     for (size_t i = 0; i < result.size(); ++i) result[i] = convert<int64_t>(p[i]);
   });
@@ -207,7 +200,7 @@ std::vector<int64_t> Tensor::to_int64_vector(const std::string& what) const {
 
 std::vector<double> Tensor::to_double_vector() const {
   std::vector<double> result(static_cast<size_t>(numel()));
-  visit_dtype<AllTypes>(dtype_, "tensor", [&]<class T>() {
+  visit_dtype<TensorTypes>(dtype_, "tensor", [&]<class T>() {
     const T* p = data<T>();
     for (size_t i = 0; i < result.size(); ++i) result[i] = convert<double>(p[i]);
   });

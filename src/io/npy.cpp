@@ -101,6 +101,11 @@ const char* descr_of(DataType dtype) {
     case DataType::UInt64: return "<u8";
     case DataType::Bool: return "|b1";
     default:
+      if (is_narrow_float(dtype) || is_sub_byte_integral(dtype)) {
+        throw Error(std::string(dtype_name(dtype)) +
+                    " tensors have no .npy element type (NumPy has no float8, float4, float6, "
+                    "int4 or int2 dtype; save them in an ONNX TensorProto, or Cast them first)");
+      }
       throw Error(std::string(dtype_name(dtype)) +
                   " tensors have no .npy element type (NumPy has no bfloat16)");
   }

@@ -1,4 +1,14 @@
 // TensorProto <-> Tensor, including external data (onnx.proto, "External Tensor Data").
+//
+// Sub-byte types are packed in TensorProtos and unpacked in Tensors (one element per byte,
+// dtype.h). onnx.proto's comments on raw_data and int32_data give the layouts:
+//   int4, uint4, float4e2m1  two per byte, the first in the low 4 bits; ceil(n/2) bytes
+//   int2, uint2              four per byte, the first in bits 0-1; ceil(n/4) bytes
+//   float6e2m3, float6e3m2   raw_data: an LSB-first bit stream, 4 elements in 3 bytes, ceil(6n/8)
+//                            bytes; int32_data: one element per entry, in bits 0-5
+// raw_data and external data hold those bytes; int32_data holds one packed byte per entry for
+// the 4- and 2-bit types and one element per entry for the 8-bit float types. Padding bits
+// are ignored when reading and written as 0.
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
@@ -97,6 +107,84 @@ void copy_field(const Field& field, Tensor& t) {
   for (int i = 0; i < field.size(); ++i) out[i] = static_cast<T>(field[i]);
 }
 
+// Bytes of the packed encoding of n elements (raw_data, external data).
+uint64_t packed_bytes(DataType dtype, int64_t n) {
+  const auto count = static_cast<uint64_t>(n);
+  switch (dtype_bits(dtype)) {
+    case 4: return (count + 1) / 2;
+    case 2: return (count + 3) / 4;
+    case 6: return (count * 6 + 7) / 8;
+    default: return count * dtype_size(dtype);
+  }
+}
+
+// One element's `bits`-bit code, as the Tensor stores it (sign-extended for int4/int2).
+uint8_t unpacked_code(DataType dtype, unsigned code) {
+  if (dtype == DataType::Int4) return static_cast<uint8_t>(Int4::wrap(code).value);
+  if (dtype == DataType::Int2) return static_cast<uint8_t>(Int2::wrap(code).value);
+  return static_cast<uint8_t>(code);
+}
+
+// Unpacks n elements of a sub-byte dtype from `packed` (packed_bytes(dtype, n) bytes) into t.
+void unpack_into(DataType dtype, const uint8_t* packed, int64_t n, Tensor& t) {
+  auto* out = static_cast<uint8_t*>(t.raw_data());
+  const int bits = dtype_bits(dtype);
+  const unsigned mask = (1u << bits) - 1u;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t bit = static_cast<uint64_t>(i) * static_cast<uint64_t>(bits);
+    unsigned window = packed[bit / 8];
+    if (bit % 8 + static_cast<uint64_t>(bits) > 8) window |= static_cast<unsigned>(packed[bit / 8 + 1]) << 8;
+    out[i] = unpacked_code(dtype, (window >> (bit % 8)) & mask);
+  }
+}
+
+// The packed encoding of a sub-byte tensor (padding bits 0).
+std::string pack(const Tensor& t) {
+  const int bits = dtype_bits(t.dtype());
+  const unsigned mask = (1u << bits) - 1u;
+  std::string packed(packed_bytes(t.dtype(), t.numel()), '\0');
+  auto* out = reinterpret_cast<uint8_t*>(packed.data());
+  const auto* in = static_cast<const uint8_t*>(t.raw_data());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint64_t bit = static_cast<uint64_t>(i) * static_cast<uint64_t>(bits);
+    const unsigned code = (in[i] & mask) << (bit % 8);
+    out[bit / 8] = static_cast<uint8_t>(out[bit / 8] | (code & 0xffu));
+    if (code > 0xffu) out[bit / 8 + 1] = static_cast<uint8_t>(out[bit / 8 + 1] | (code >> 8));
+  }
+  return packed;
+}
+
+bool is_packed(DataType dtype) { return dtype_bits(dtype) < 8; }
+
+// A tensor of `dtype` and `shape` from its raw/external bytes (already checked to be
+// packed_bytes long).
+Tensor from_bytes(DataType dtype, const Shape& shape, int64_t n, const char* bytes) {
+  Tensor t(dtype, shape);
+  if (is_packed(dtype)) {
+    unpack_into(dtype, reinterpret_cast<const uint8_t*>(bytes), n, t);
+  } else {
+    std::memcpy(t.raw_data(), bytes, t.nbytes());
+  }
+  return t;
+}
+
+// int32_data of a narrow type: one packed byte per entry (4- and 2-bit types) or one element
+// per entry (8- and 6-bit types), in the entry's low bits.
+Tensor narrow_from_int32_data(DataType dtype, const Shape& shape, int64_t n,
+                              const google::protobuf::RepeatedField<int32_t>& field) {
+  const int bits = dtype_bits(dtype);
+  if (bits == 4 || bits == 2) {
+    std::string packed(static_cast<size_t>(field.size()), '\0');
+    for (int i = 0; i < field.size(); ++i) packed[static_cast<size_t>(i)] = static_cast<char>(field[i] & 0xff);
+    return from_bytes(dtype, shape, n, packed.data());
+  }
+  Tensor t(dtype, shape);
+  auto* out = static_cast<uint8_t*>(t.raw_data());
+  const unsigned mask = (1u << bits) - 1u;
+  for (int i = 0; i < field.size(); ++i) out[i] = static_cast<uint8_t>(static_cast<unsigned>(field[i]) & mask);
+  return t;
+}
+
 [[noreturn]] void count_mismatch(const std::string& what, int64_t got, int64_t need,
                                  const char* field) {
   throw Error(what + ": " + field + " holds " + std::to_string(got) + " values but the shape needs " +
@@ -114,7 +202,6 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
   Shape shape;
   for (int64_t d : proto.dims()) shape.push_back(d);
   const int64_t n = checked_numel(shape, what);
-  const uint64_t nbytes = static_cast<uint64_t>(n) * dtype_size(dtype);
   if (dtype == DataType::String) {  // string_data only (onnx.proto: strings are never raw)
     if (proto.data_location() == onnx::TensorProto::EXTERNAL || proto.has_raw_data()) {
       throw Error(what + ": a string tensor must keep its values in string_data");
@@ -124,12 +211,11 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
     std::copy(proto.string_data().begin(), proto.string_data().end(), t.data<std::string>());
     return t;
   }
+  const uint64_t nbytes = packed_bytes(dtype, n);
 
   if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
     const std::string data = read_external(proto, base_dir, nbytes, what);
-    Tensor t(dtype, shape);
-    std::memcpy(t.raw_data(), data.data(), nbytes);
-    return t;
+    return from_bytes(dtype, shape, n, data.data());
   }
   if (proto.has_raw_data()) {
     if (proto.raw_data().size() != nbytes) {
@@ -137,9 +223,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
                   " bytes but " + std::string(dtype_name(dtype)) + shape.to_string() + " needs " +
                   std::to_string(nbytes));
     }
-    Tensor t(dtype, shape);
-    std::memcpy(t.raw_data(), proto.raw_data().data(), nbytes);
-    return t;
+    return from_bytes(dtype, shape, n, proto.raw_data().data());
   }
   // The typed field that carries this dtype; its length must match before anything is
   // allocated, so a corrupt shape cannot ask for terabytes.
@@ -152,6 +236,11 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const fs::path& base_di
     case DataType::UInt32:
     case DataType::UInt64: field_size = proto.uint64_data_size(), field_name = "uint64_data"; break;
     default: field_size = proto.int32_data_size(); break;  // every narrower type, and float16 bits
+  }
+  if (is_narrow_float(dtype) || is_sub_byte_integral(dtype)) {
+    const int64_t entries = dtype_bits(dtype) == 4 || dtype_bits(dtype) == 2 ? static_cast<int64_t>(nbytes) : n;
+    if (field_size != entries) count_mismatch(what, field_size, entries, field_name);
+    return narrow_from_int32_data(dtype, shape, n, proto.int32_data());
   }
   if (field_size != n) count_mismatch(what, field_size, n, field_name);
   Tensor t(dtype, shape);
@@ -193,7 +282,11 @@ void tensor_to_proto(const Tensor& tensor, const std::string& name_in, onnx::Ten
     for (const std::string& v : tensor.values<std::string>()) proto.add_string_data(v);
     return;
   }
-  proto.set_raw_data(tensor.raw_data(), tensor.nbytes());
+  if (is_packed(tensor.dtype())) {
+    proto.set_raw_data(pack(tensor));
+  } else {
+    proto.set_raw_data(tensor.raw_data(), tensor.nbytes());
+  }
 }
 
 std::pair<std::string, Tensor> read_tensor_pb(const fs::path& path) {

@@ -6,8 +6,8 @@
 //   activations Relu Sigmoid Tanh Softplus Softsign HardSwish, and with attributes LeakyRelu Elu
 //               Selu Celu HardSigmoid ThresholdedRelu Shrink
 //   predicates  Not IsNaN IsInf (bool output)
-//   Clip (attributes min/max before opset 11, optional scalar inputs from 11), Cast, CastLike,
-//   Identity (a view of its input).
+//   Clip (attributes min/max before opset 11, optional scalar inputs from 11), Identity (a view
+//   of its input). Cast and CastLike are in cast.cpp.
 //
 // Float16 and BFloat16 compute in float and round once on store. Round is round-half-to-even
 // (the doc's "round half to even"); Sign of NaN is NaN, as numpy.sign. The attribute
@@ -282,49 +282,6 @@ std::unique_ptr<Kernel> make_clip(const KernelInit& init) {
       }
       map_elements<T, T>(x, y, [=](C v) { return std::min(std::max(v, lo), hi); });
     });
-  });
-}
-
-namespace {
-
-// Cast-1 to Cast-5 name the target type with a string ("FLOAT"), later opsets with an int.
-DataType cast_target(const KernelInit& init) {
-  const ir::Attribute* to = init.attr("to");
-  if (!to) throw Error("Cast needs the attribute 'to'");
-  if (to->type == ir::AttributeType::String) {
-    static const std::unordered_map<std::string, DataType> names = {
-        {"FLOAT", DataType::Float32}, {"DOUBLE", DataType::Float64}, {"FLOAT16", DataType::Float16},
-        {"BFLOAT16", DataType::BFloat16}, {"INT8", DataType::Int8}, {"INT16", DataType::Int16},
-        {"INT32", DataType::Int32}, {"INT64", DataType::Int64}, {"UINT8", DataType::UInt8},
-        {"UINT16", DataType::UInt16}, {"UINT32", DataType::UInt32}, {"UINT64", DataType::UInt64},
-        {"BOOL", DataType::Bool},
-    };
-    const std::string name = init.attr_string("to", "");
-    const auto it = names.find(name);
-    if (it == names.end()) throw Error("Cast attribute 'to' names an unsupported type '" + name + "'");
-    return it->second;
-  }
-  return dtype_from_onnx(static_cast<int32_t>(init.attr_int("to", 0)), "Cast attribute 'to'");
-}
-
-}  // namespace
-
-// Cast: element conversion as core/dispatch.h `convert` defines it (float to integer truncates
-// toward zero and saturates; to bool is != 0). A cast to the same type returns the input.
-std::unique_ptr<Kernel> make_cast(const KernelInit& init) {
-  const DataType to = cast_target(init);
-  return make_kernel([to](KernelContext& ctx) {
-    const Tensor& x = ctx.input(0);
-    ctx.set_output(0, x.dtype() == to ? x : x.cast(to));
-  });
-}
-
-// CastLike-15: Cast to the element type of the second input.
-std::unique_ptr<Kernel> make_cast_like(const KernelInit&) {
-  return make_kernel([](KernelContext& ctx) {
-    const Tensor& x = ctx.input(0);
-    const DataType to = ctx.input(1).dtype();
-    ctx.set_output(0, x.dtype() == to ? x : x.cast(to));
   });
 }
 

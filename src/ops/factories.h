@@ -12,8 +12,6 @@ namespace onnxtrain::ops {
 std::unique_ptr<Kernel> make_unary(const KernelInit& init);       // Neg, Abs, Sqrt, ..., Not, IsNaN
 std::unique_ptr<Kernel> make_activation(const KernelInit& init);  // LeakyRelu, Elu, ..., IsInf
 std::unique_ptr<Kernel> make_clip(const KernelInit& init);
-std::unique_ptr<Kernel> make_cast(const KernelInit& init);
-std::unique_ptr<Kernel> make_cast_like(const KernelInit& init);
 std::unique_ptr<Kernel> make_identity(const KernelInit& init);
 
 // elementwise_binary.cpp: numpy-broadcast binary and variadic ops.
@@ -121,5 +119,17 @@ std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init);
 // rnn_grad.cpp: RNNGrad, GRUGrad, LSTMGrad (gradients of RNN / GRU / LSTM, backpropagation
 // through time).
 std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init);
+
+// --- casts (cast.cpp) and quantization (quantize.cpp, quantize_matmul.cpp, quantize_conv.cpp) ---
+std::unique_ptr<Kernel> make_cast(const KernelInit& init);       // Cast-1 .. Cast-28
+std::unique_ptr<Kernel> make_cast_like(const KernelInit& init);  // CastLike-15 .. CastLike-25
+std::unique_ptr<Kernel> make_bitcast(const KernelInit& init);    // BitCast-26
+std::unique_ptr<Kernel> make_quantize_linear(const KernelInit& init);
+std::unique_ptr<Kernel> make_dequantize_linear(const KernelInit& init);
+std::unique_ptr<Kernel> make_dynamic_quantize_linear(const KernelInit& init);
+std::unique_ptr<Kernel> make_matmul_integer(const KernelInit& init);    // MatMulInteger
+std::unique_ptr<Kernel> make_qlinear_matmul(const KernelInit& init);    // QLinearMatMul
+std::unique_ptr<Kernel> make_conv_integer(const KernelInit& init);      // ConvInteger
+std::unique_ptr<Kernel> make_qlinear_conv(const KernelInit& init);      // QLinearConv
 
 }  // namespace onnxtrain::ops

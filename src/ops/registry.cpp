@@ -82,8 +82,6 @@ const KernelDef kKernels[] = {
   {"", "Shrink",                9, kOnnx17, kNumeric,          make_activation},
   {"", "Clip",                  1, 10,       kFloat,            make_clip},  // min/max attributes
   {"", "Clip",                 11, kOnnx17, kNumeric,          make_clip},  // min/max inputs
-  {"", "Cast",                  1, kOnnx17, kAll,              make_cast},
-  {"", "CastLike",             15, kOnnx17, kAll,              make_cast_like},
   {"", "Identity",              1, kOnnx28, kAll | kString,    make_identity},
 
   // --- broadcasting binary and variadic ops (elementwise_binary.cpp) ---
@@ -280,6 +278,46 @@ const KernelDef kKernels[] = {
   {"", "RandomUniformLike",     1, kOnnx28, kAll,              make_random},
   {"", "Bernoulli",            15, kOnnx28, kFloat,            make_bernoulli},
 
+  // --- casts (cast.cpp): each version adds types (registry.h kCast19 ..) ---
+  {"", "Cast",                  1, 18,       kAll,              make_cast},
+  {"", "Cast",                 19, 20,       kCast19,           make_cast},  // + float8, saturate
+  {"", "Cast",                 21, 22,       kCast21,           make_cast},  // + int4, uint4
+  {"", "Cast",                 23, 23,       kCast23,           make_cast},  // + float4e2m1
+  {"", "Cast",                 24, 24,       kCast24,           make_cast},  // + float8e8m0, round_mode
+  {"", "Cast",                 25, 27,       kCast25,           make_cast},  // + int2, uint2
+  {"", "Cast",                 28, kMaxOnnx, kCast28,           make_cast},  // + float6
+  {"", "CastLike",             15, 18,       kAll,              make_cast_like},
+  {"", "CastLike",             19, 20,       kCast19,           make_cast_like},
+  {"", "CastLike",             21, 22,       kCast21,           make_cast_like},
+  {"", "CastLike",             23, 23,       kCast23,           make_cast_like},
+  {"", "CastLike",             24, 24,       kCast24,           make_cast_like},
+  {"", "CastLike",             25, kMaxOnnx, kCast25,           make_cast_like},
+  {"", "BitCast",              26, kMaxOnnx, kAll | kNarrow,    make_bitcast},
+
+  // --- quantization (quantize.cpp, quantize_matmul.cpp, quantize_conv.cpp); the type is x's ---
+  {"", "QuantizeLinear",       10, 12,       kQuantizeIn10,     make_quantize_linear},  // scalar scale
+  {"", "QuantizeLinear",       13, 18,       kQuantizeIn10,     make_quantize_linear},  // + axis
+  {"", "QuantizeLinear",       19, 20,       kQuantizeIn19,     make_quantize_linear},  // + float8, saturate
+  {"", "QuantizeLinear",       21, 22,       kQuantizeIn19,     make_quantize_linear},  // + blocks, output_dtype, int4, int16
+  {"", "QuantizeLinear",       23, 23,       kQuantizeIn19,     make_quantize_linear},  // + precision, float4
+  {"", "QuantizeLinear",       24, 24,       kQuantizeIn19,     make_quantize_linear},  // + float8e8m0 scale
+  {"", "QuantizeLinear",       25, 27,       kQuantizeIn19,     make_quantize_linear},  // + int2
+  {"", "QuantizeLinear",       28, kMaxOnnx, kQuantizeIn19,     make_quantize_linear},  // + float6
+  {"", "DequantizeLinear",     10, 12,       kDequantizeIn10,   make_dequantize_linear},
+  {"", "DequantizeLinear",     13, 18,       kDequantizeIn10,   make_dequantize_linear},
+  {"", "DequantizeLinear",     19, 20,       kDequantizeIn19,   make_dequantize_linear},
+  {"", "DequantizeLinear",     21, 22,       kDequantizeIn21,   make_dequantize_linear},
+  {"", "DequantizeLinear",     23, 23,       kDequantizeIn23,   make_dequantize_linear},  // + output_dtype
+  {"", "DequantizeLinear",     24, 24,       kDequantizeIn23,   make_dequantize_linear},
+  {"", "DequantizeLinear",     25, 27,       kDequantizeIn25,   make_dequantize_linear},
+  {"", "DequantizeLinear",     28, kMaxOnnx, kDequantizeIn28,   make_dequantize_linear},
+  {"", "DynamicQuantizeLinear", 11, kMaxOnnx, DTypeSet{DataType::Float32}, make_dynamic_quantize_linear},
+  {"", "MatMulInteger",        10, kMaxOnnx, kInt8Quant,        make_matmul_integer},
+  {"", "QLinearMatMul",        10, 20,       kInt8Quant,        make_qlinear_matmul},
+  {"", "QLinearMatMul",        21, kMaxOnnx, kInt8Quant | kFloat8, make_qlinear_matmul},  // + float8, float16 scales
+  {"", "ConvInteger",          10, kMaxOnnx, kInt8Quant,        make_conv_integer},
+  {"", "QLinearConv",          10, kMaxOnnx, kInt8Quant,        make_qlinear_conv},
+
   // --- ai.onnx.preview.training optimizers (optimizers.cpp); the type is that of R ---
   {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},
   {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
@@ -310,7 +348,7 @@ const KernelDef kKernels[] = {
 
 std::string DTypeSet::to_string() const {
   std::string s;
-  for (int t = 0; t <= static_cast<int>(DataType::BFloat16); ++t) {
+  for (int t = 0; t <= kMaxDataType; ++t) {
     if (!contains(static_cast<DataType>(t))) continue;
     if (!s.empty()) s += ", ";
     s += dtype_name(static_cast<DataType>(t));

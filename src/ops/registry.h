@@ -51,6 +51,34 @@ inline constexpr DTypeSet kAll = kNumeric | kBool;
 inline constexpr DTypeSet kString{DataType::String};
 inline constexpr DTypeSet kIndex{DataType::Int32, DataType::Int64};
 
+// --- narrow types (ONNX 1.15 to 1.23; dtype.h) and the type sets of Cast by version ---
+inline constexpr DTypeSet kFloat8{DataType::Float8E4M3FN, DataType::Float8E4M3FNUZ,
+                                  DataType::Float8E5M2, DataType::Float8E5M2FNUZ};
+inline constexpr DTypeSet kInt4{DataType::UInt4, DataType::Int4};
+inline constexpr DTypeSet kInt2{DataType::UInt2, DataType::Int2};
+inline constexpr DTypeSet kFloat6{DataType::Float6E2M3, DataType::Float6E3M2};
+inline constexpr DTypeSet kNarrow = kFloat8 | kInt4 | kInt2 | kFloat6 |
+                                    DTypeSet{DataType::Float4E2M1, DataType::Float8E8M0};
+// Cast and CastLike's T1 and T2 (string aside): float8 from Cast-19, int4/uint4 from 21,
+// float4e2m1 from 23, float8e8m0 from 24, int2/uint2 from 25, float6 from 28.
+inline constexpr DTypeSet kCast19 = kAll | kFloat8;
+inline constexpr DTypeSet kCast21 = kCast19 | kInt4;
+inline constexpr DTypeSet kCast23 = kCast21 | DTypeSet{DataType::Float4E2M1};
+inline constexpr DTypeSet kCast24 = kCast23 | DTypeSet{DataType::Float8E8M0};
+inline constexpr DTypeSet kCast25 = kCast24 | kInt2;
+inline constexpr DTypeSet kCast28 = kCast25 | kFloat6;
+// The input `x` of the quantization ops by version (their other type constraints are checked
+// by the kernels, quantize.cpp).
+inline constexpr DTypeSet kInt8Quant{DataType::Int8, DataType::UInt8};
+inline constexpr DTypeSet kQuantizeIn10{DataType::Float32, DataType::Int32};
+inline constexpr DTypeSet kQuantizeIn19 = kQuantizeIn10 | DTypeSet{DataType::Float16, DataType::BFloat16};
+inline constexpr DTypeSet kDequantizeIn10 = kInt8Quant | DTypeSet{DataType::Int32};
+inline constexpr DTypeSet kDequantizeIn19 = kDequantizeIn10 | kFloat8;
+inline constexpr DTypeSet kDequantizeIn21 = kDequantizeIn19 | kInt4 | DTypeSet{DataType::Int16, DataType::UInt16};
+inline constexpr DTypeSet kDequantizeIn23 = kDequantizeIn21 | DTypeSet{DataType::Float4E2M1};
+inline constexpr DTypeSet kDequantizeIn25 = kDequantizeIn23 | kInt2;
+inline constexpr DTypeSet kDequantizeIn28 = kDequantizeIn25 | kFloat6;
+
 struct KernelDef {
   std::string_view domain;  // "" for ai.onnx
   std::string_view op_type;

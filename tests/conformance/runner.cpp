@@ -91,11 +91,11 @@ std::string compare(const Tensor& got, const Tensor& expected) {
     return "expected " + expected.description() + ", got " + got.description();
   }
   std::string diff;
-  visit_dtype<AllTypes>(expected.dtype(), "output", [&]<class T>() {
+  visit_dtype<TensorTypes>(expected.dtype(), "output", [&]<class T>() {
     const T* g = got.data<T>();
     const T* e = expected.data<T>();
     for (int64_t i = 0; i < expected.numel() && diff.empty(); ++i) {
-      if constexpr (is_float_v<T>) {
+      if constexpr (is_float_v<T> || is_narrow_float_v<T>) {
         const double a = convert<double>(g[i]);
         const double b = convert<double>(e[i]);
         const bool ok = (std::isnan(a) && std::isnan(b)) || a == b ||
