@@ -250,9 +250,10 @@ class DftGrad final : public Kernel {
     } else if (spec_.irfft()) {
       n = 2 * (lx.len - 1);
     }
-    const bool forward_onesided = spec_.onesided && !spec_.inverse;
-    const int64_t want = forward_onesided ? n / 2 + 1 : n;
-    if (n < 1 || ly.len != want || ly.parts != (spec_.irfft() ? 1 : 2) || ly.outer != lx.outer || ly.inner != lx.inner) {
+    Shape want = x.shape();  // the DFT's output shape
+    want[axis] = spec_.onesided && !spec_.inverse ? n / 2 + 1 : n;
+    want[want.size() - 1] = spec_.irfft() ? 1 : 2;
+    if (n < 1 || dy.shape() != want) {
       throw Error("input " + ctx.input_name(1) + " " + dy.description() + " is not shaped like the DFT of input " +
                   ctx.input_name(0) + " " + x.description() + " with length " + std::to_string(n));
     }
