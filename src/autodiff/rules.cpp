@@ -330,6 +330,7 @@ std::vector<Rule> shape_rules();
 std::vector<Rule> nn_rules();
 std::vector<Rule> control_flow_rules();
 std::vector<Rule> rnn_rules();
+std::vector<Rule> signal_rules();  // rules_signal.cpp
 
 namespace {
 
@@ -428,6 +429,7 @@ const std::vector<Rule>& table() {
     for (auto& r : nn_rules()) all.push_back(r);
     for (auto& r : control_flow_rules()) all.push_back(r);
     for (auto& r : rnn_rules()) all.push_back(r);
+    for (auto& r : signal_rules()) all.push_back(r);
     return all;
   }();
   return rules;

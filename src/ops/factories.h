@@ -107,6 +107,28 @@ std::unique_ptr<Kernel> make_momentum(const KernelInit& init);
 std::unique_ptr<Kernel> make_adam(const KernelInit& init);
 std::unique_ptr<Kernel> make_scaled_adam(const KernelInit& init);
 
+// signal.cpp: Fourier transforms; windows.cpp: window functions and the mel filter bank.
+std::unique_ptr<Kernel> make_dft(const KernelInit& init);
+std::unique_ptr<Kernel> make_stft(const KernelInit& init);
+std::unique_ptr<Kernel> make_window(const KernelInit& init);  // HannWindow, HammingWindow, BlackmanWindow
+std::unique_ptr<Kernel> make_mel_weight_matrix(const KernelInit& init);
+// bitwise.cpp
+std::unique_ptr<Kernel> make_bitwise(const KernelInit& init);  // BitwiseAnd, BitwiseOr, BitwiseXor, BitShift
+std::unique_ptr<Kernel> make_bitwise_not(const KernelInit& init);
+// selection.cpp; nms.cpp
+std::unique_ptr<Kernel> make_unique_op(const KernelInit& init);  // Unique
+std::unique_ptr<Kernel> make_nonzero(const KernelInit& init);
+std::unique_ptr<Kernel> make_compress(const KernelInit& init);
+std::unique_ptr<Kernel> make_reverse_sequence(const KernelInit& init);
+std::unique_ptr<Kernel> make_tensor_scatter(const KernelInit& init);
+std::unique_ptr<Kernel> make_non_max_suppression(const KernelInit& init);
+// linalg.cpp; cumprod.cpp
+std::unique_ptr<Kernel> make_det(const KernelInit& init);
+std::unique_ptr<Kernel> make_cumprod(const KernelInit& init);
+// ai.onnxtrain backward ops of these families: DFTGrad (signal.cpp), DetGrad (linalg.cpp).
+std::unique_ptr<Kernel> make_dft_grad(const KernelInit& init);
+std::unique_ptr<Kernel> make_det_grad(const KernelInit& init);
+
 // --- internal ops of the ai.onnxtrain domain, emitted by gradient rules (src/autodiff) ---
 // gradient_ops.cpp: SumToShape (inverse of broadcasting), GatherGrad, GatherElementsGrad,
 // GatherNDGrad (scatter-add of an output gradient into zeros shaped like the data).

@@ -37,6 +37,10 @@ constexpr OpsetRange kOpsets[] = {
 };
 
 constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
+// Signal processing, bitwise and selection ops: the types of their versions before bfloat16.
+constexpr DTypeSet kFloatNoBFloat16{DataType::Float32, DataType::Float64, DataType::Float16};
+constexpr DTypeSet kAllNoBFloat16 = kFloatNoBFloat16 | kInt | kBool;
+constexpr DTypeSet kCumProdTypes = kFloat | DTypeSet{DataType::Int32, DataType::Int64, DataType::UInt32, DataType::UInt64};
 
 // clang-format off
 const KernelDef kKernels[] = {
@@ -318,6 +322,36 @@ const KernelDef kKernels[] = {
   {"", "ConvInteger",          10, kMaxOnnx, kInt8Quant,        make_conv_integer},
   {"", "QLinearConv",          10, kMaxOnnx, kInt8Quant,        make_qlinear_conv},
 
+  // --- signal processing (signal.cpp, windows.cpp), bitwise (bitwise.cpp), selection (selection.cpp,
+  //     nms.cpp), determinants (linalg.cpp), CumProd (cumprod.cpp) ---
+  {"", "DFT",                  17, 17,       kFloat,            make_dft},  // axis attribute
+  {"", "DFT",                  20, 20,       kFloat,            make_dft},  // axis input
+  {"", "STFT",                 17, 17,       kFloat,            make_stft},
+  {"", "HannWindow",           17, 17,       kIndex,            make_window},
+  {"", "HammingWindow",        17, 17,       kIndex,            make_window},
+  {"", "BlackmanWindow",       17, 17,       kIndex,            make_window},
+  {"", "MelWeightMatrix",      17, 17,       kIndex,            make_mel_weight_matrix},
+  {"", "BitShift",             11, 11,       kUnsignedInt,      make_bitwise},
+  {"", "BitShift",             28, 28,       kInt,              make_bitwise},  // signed types, out-of-range shifts
+  {"", "BitwiseAnd",           18, 18,       kInt,              make_bitwise},
+  {"", "BitwiseOr",            18, 18,       kInt,              make_bitwise},
+  {"", "BitwiseXor",           18, 18,       kInt,              make_bitwise},
+  {"", "BitwiseNot",           18, 18,       kInt,              make_bitwise_not},
+  {"", "Unique",               11, 11,       kAllNoBFloat16,    make_unique_op},
+  {"", "Unique",               28, 28,       kAll,              make_unique_op},
+  {"", "NonZero",               9, 9,        kAllNoBFloat16,    make_nonzero},
+  {"", "NonZero",              13, 13,       kAll,              make_nonzero},
+  {"", "Compress",              9, 9,        kAllNoBFloat16,    make_compress},  // axis >= 0
+  {"", "Compress",             11, 11,       kAllNoBFloat16,    make_compress},  // negative axis
+  {"", "Compress",             28, 28,       kAll,              make_compress},
+  {"", "ReverseSequence",      10, 10,       kAllNoBFloat16,    make_reverse_sequence},
+  {"", "ReverseSequence",      28, 28,       kAll,              make_reverse_sequence},
+  {"", "TensorScatter",        24, 24,       kAll,              make_tensor_scatter},
+  {"", "NonMaxSuppression",    10, 11,       DTypeSet{DataType::Float32}, make_non_max_suppression},
+  {"", "Det",                  11, 11,       kFloatNoBFloat16,  make_det},
+  {"", "Det",                  22, 22,       kFloat,            make_det},
+  {"", "CumProd",              26, 26,       kCumProdTypes,     make_cumprod},
+
   // --- ai.onnx.preview.training optimizers (optimizers.cpp); the type is that of R ---
   {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},
   {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
@@ -338,6 +372,8 @@ const KernelDef kKernels[] = {
   {kInternal, "RNNGrad",            1, 1,    kFloat32And64,     make_rnn_grad},  // rnn_grad.cpp
   {kInternal, "GRUGrad",            1, 1,    kFloat32And64,     make_rnn_grad},
   {kInternal, "LSTMGrad",           1, 1,    kFloat32And64,     make_rnn_grad},
+  {kInternal, "DFTGrad",            1, 1,    kFloat,            make_dft_grad},  // signal.cpp
+  {kInternal, "DetGrad",            1, 1,    kFloat,            make_det_grad},  // linalg.cpp
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)

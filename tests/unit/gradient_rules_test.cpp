@@ -51,6 +51,8 @@ struct Case {
   // How many of `inputs` the node reads as inputs (-1: all); the rest are graph inputs that
   // only its subgraph attributes read (an If's branches).
   int node_inputs = -1;
+  // The ai.onnx opset of a case of another domain (its backward ops may emit ai.onnx ops).
+  int onnx_opset = 17;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.op << (c.label.empty() ? "" : " (" + c.label + ")"); }
@@ -111,7 +113,7 @@ onnx::ModelProto make_model(const Case& c, const std::vector<Tensor>& weights, b
     o->set_domain(domain);
     o->set_version(version);
   };
-  add_opset("", c.domain.empty() ? c.opset : 17);
+  add_opset("", c.domain.empty() ? c.opset : c.onnx_opset);
   add_opset("ai.onnx.preview.training", 1);
   if (!c.domain.empty()) add_opset(c.domain, 1);
   auto* g = model.mutable_graph();
@@ -475,6 +477,68 @@ std::vector<Case> cases() {
   c.push_back({"AveragePool", {attr("kernel_shape", std::vector<int64_t>{2}), attr("dilations", std::vector<int64_t>{2})},
                {x({1, 2, 5})}, 1, 19, "", "opset 19 dilations"});
   c.push_back({"GRU", {attr("hidden_size", int64_t{3})}, {x({2, 2, 2}), x({1, 9, 2}), x({1, 9, 3})}, 2, 22, "", "opset 22"});
+  // Signal processing, determinants, cumulative products and selection (rules_signal.cpp).
+  // DFT-17 (axis attribute): complex and real inputs, one-sided, inverse, IRFFT, a dft_length
+  // that pads or cuts, lengths 5 and 6 (Bluestein) and 4 (radix-2).
+  auto dft = [&](std::vector<onnx::AttributeProto> attrs, std::vector<Input> in, const char* label, int opset = 17) {
+    c.push_back({"DFT", std::move(attrs), std::move(in), 1, opset, "", label});
+  };
+  const auto len = [](int64_t n) { return fixed(Tensor::scalar<int64_t>(n)); };
+  dft({}, {x({2, 5, 2})}, "complex");
+  dft({attr("axis", int64_t{0})}, {x({4, 3, 1}), len(6)}, "real, axis 0, zero-padded to 6");
+  dft({attr("onesided", int64_t{1})}, {x({2, 6, 1})}, "real, one-sided");
+  dft({attr("onesided", int64_t{1})}, {x({2, 6, 1}), len(5)}, "real, one-sided, cut to 5");
+  dft({attr("inverse", int64_t{1})}, {x({2, 5, 2}), len(3)}, "inverse, cut to 3");
+  dft({attr("inverse", int64_t{1}), attr("onesided", int64_t{1})}, {x({2, 4, 2})}, "IRFFT, length 6");
+  dft({attr("inverse", int64_t{1}), attr("onesided", int64_t{1})}, {x({3, 2, 2}), len(5)}, "IRFFT, length 5");
+  dft({attr("inverse", int64_t{1}), attr("onesided", int64_t{1})}, {x({2, 4, 2}), len(4)}, "IRFFT, bins cut to 3");
+  dft({}, {x({2, 4, 3, 2}), omitted(), fixed(Tensor::scalar<int64_t>(1))}, "DFT-20, axis input", 20);
+  dft({attr("onesided", int64_t{1})}, {x({3, 5, 1})}, "DFT-20, default axis -2", 20);
+  c.push_back({"DFTGrad", {attr("axis", int64_t{1}), attr("onesided", int64_t{1})},
+               {fixed(uniform({2, 6, 1}, -1, 1)), x({2, 4, 2})}, 1, 1, "ai.onnxtrain", "one-sided"});
+  c.push_back({"DFTGrad", {attr("axis", int64_t{1}), attr("inverse", int64_t{1})},
+               {fixed(uniform({2, 5, 2}, -1, 1)), x({2, 5, 2})}, 1, 1, "ai.onnxtrain", "inverse"});
+  {
+    Case second{"DFTGrad", {attr("axis", int64_t{0})}, {fixed(uniform({3, 2, 2}, -1, 1)), x({3, 2, 2})}, 1, 1,
+                "ai.onnxtrain", "DFT-20 emitted"};
+    second.onnx_opset = 20;
+    c.push_back(second);
+  }
+  c.push_back({"Det", {}, {x({3, 3})}});
+  c.push_back({"Det", {}, {x({2, 4, 4})}, 1, 17, "", "batched"});
+  c.push_back({"Det", {}, {Input{Tensor::from_vector<double>({3, 3}, {1, 2, 3, 2, 4, 6, 1, 0.5, 1}), true}}, 1, 17, "",
+               "singular (rank 2)"});
+  c.push_back({"Det", {}, {x({2, 2, 2})}, 1, 22, "", "Det-22"});
+  const auto on_axis1 = fixed(Tensor::scalar<int64_t>(1));
+  c.push_back({"CumProd", {}, {x({2, 4}), on_axis1}, 1, 26});
+  c.push_back({"CumProd", {attr("exclusive", int64_t{1}), attr("reverse", int64_t{1})}, {x({3, 2, 3}), on_axis1}, 1, 26, "",
+               "exclusive, reverse"});
+  for (const int64_t exclusive : {0, 1}) {
+    for (const int64_t reverse : {0, 1}) {
+      // Zeros at the start, inside and twice in one row: the branches before, at and after the first zero.
+      c.push_back({"CumProd", {attr("exclusive", exclusive), attr("reverse", reverse)},
+                   {Input{Tensor::from_vector<double>({3, 4}, {0, 0.5, -0.7, 0.9, 0.6, 0, -0.8, 0.4, 0.3, 0, 0.7, 0}), true},
+                    on_axis1},
+                   1, 26, "", "zeros, exclusive " + std::to_string(exclusive) + ", reverse " + std::to_string(reverse)});
+    }
+  }
+  c.push_back({"TensorScatter", {attr("axis", int64_t{1})}, {x({2, 5, 3}), x({2, 2, 3}), fixed(i64({1, 3}))}, 1, 24, "",
+               "linear"});
+  c.push_back({"TensorScatter", {attr("mode", std::string("circular"))}, {x({2, 1, 4, 2}), x({2, 1, 3, 2}), fixed(i64({3, 1}))},
+               1, 24, "", "circular"});
+  c.push_back({"TensorScatter", {}, {x({2, 4, 2}), x({2, 1, 2})}, 1, 24, "", "no write_indices"});
+  c.push_back({"ReverseSequence", {}, {x({4, 2, 3}), fixed(i64({3, 1}))}});
+  c.push_back({"ReverseSequence", {attr("batch_axis", int64_t{0}), attr("time_axis", int64_t{1})},
+               {x({3, 4}), fixed(i64({4, 0, 2}))}, 1, 17, "", "batch first"});
+  const auto keep = [](const std::vector<bool>& v) {
+    Tensor t(DataType::Bool, Shape{static_cast<int64_t>(v.size())});
+    for (size_t i = 0; i < v.size(); ++i) t.data<bool>()[i] = v[i];
+    return fixed(t);
+  };
+  c.push_back({"Compress", {attr("axis", int64_t{1})}, {x({2, 4, 2}), keep({true, false, true})}});
+  c.push_back({"Compress", {attr("axis", int64_t{-1})}, {x({3, 2}), keep({false, true})}, 1, 17, "", "negative axis"});
+  c.push_back({"Compress", {}, {x({2, 3}), keep({false, true, true, false, true})}, 1, 17, "", "flattened"});
+  c.push_back({"Compress", {attr("axis", int64_t{0})}, {x({3, 2}), keep({true, false, true})}, 1, 9, "", "opset 9"});
   // onnxtrain's own backward ops, differentiated again (second-order gradients).
   c.push_back({"SumToShape", {}, {x({2, 3}), fixed(i64({3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"ReluGrad", {}, {fixed(Tensor::from_vector<double>({2, 3}, {1, -2, 0.5, -0.1, 3, -4})), x({2, 3})}, 1, 1,
@@ -488,7 +552,26 @@ std::vector<Case> cases() {
 
 class RuleCase : public ::testing::TestWithParam<Case> {};
 
-TEST_P(RuleCase, MatchesFiniteDifferences) { check_case(GetParam()); }
+// Ops that ONNX defines only after opset 17 (CumProd-26, TensorScatter-24, DFT-20, Det-22) are
+// checked at their own opsets, where gradients also emit Constant, Shape, ConstantOfShape,
+// Reshape, Equal and Cast. Until this build has rows for those ops' versions at that opset, such
+// a case cannot run and is skipped with the reason.
+std::string missing_basic_op(const Case& c) {
+  const int opset = c.domain.empty() ? c.opset : c.onnx_opset;
+  if (opset <= 17) return "";
+  for (const char* op : {"Constant", "Shape", "ConstantOfShape", "Reshape", "Equal", "Cast"}) {
+    if (!ops::find_kernel("", op, opset)) return op + std::string(" at opset ") + std::to_string(opset);
+  }
+  return "";
+}
+
+TEST_P(RuleCase, MatchesFiniteDifferences) {
+  const std::string missing = missing_basic_op(GetParam());
+  if (!missing.empty()) {
+    GTEST_SKIP() << "no kernel row for " << missing << " in this build";
+  }
+  check_case(GetParam());
+}
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string name = info.param.op + "_" + info.param.label;
