@@ -105,8 +105,11 @@ std::string reduce_mean(Builder& b, const std::string& x, const std::vector<int6
 void mvn_rule(Builder& b) {
   // y = xc / (sigma + 1e-9), xc = x - mean(x), sigma = sqrt(mean(xc^2)):
   // dx = (dy - mean(dy) - xc / sigma mean(dy y)) / (sigma + 1e-9).
-  const std::vector<int64_t> axes = b.get_ints("axes").value_or(std::vector<int64_t>{0, 2, 3});
+  std::vector<int64_t> axes = b.get_ints("axes").value_or(std::vector<int64_t>{0, 2, 3});
   const std::string x = b.I(0), y = b.O(0), g = b.GO(0);
+  for (int64_t& a : axes) {
+    if (a < 0) a += b.require_rank(x);  // ReduceMean takes negative axes only from opset 11
+  }
   const std::string xc = sub(b, x, reduce_mean(b, x, axes));
   const std::string sigma = b.op("Sqrt", {reduce_mean(b, mul(b, xc, xc), axes)});
   const std::string inner = sub(b, sub(b, g, reduce_mean(b, g, axes)), mul(b, div(b, xc, sigma), reduce_mean(b, mul(b, g, y), axes)));

@@ -194,10 +194,13 @@ double loss_at(const onnx::ModelProto& model, const runtime::NamedTensors& feeds
 
 void check_case(const Case& c) {
   SCOPED_TRACE(c.op + (c.label.empty() ? "" : " (" + c.label + ")"));
-  // The Gradient expansion seeds with ConstantOfShape(Shape(loss)): a case at an opset whose
-  // versions of those have no kernel row yet cannot run (ops/registry.cpp).
-  for (const char* op : {"Shape", "ConstantOfShape"}) {
-    if (c.domain.empty() && !ops::find_kernel("", op, c.opset)) GTEST_SKIP() << op << " has no kernel row at opset " << c.opset;
+  // The Gradient expansion seeds with ConstantOfShape(Shape(loss)) and names its outputs with
+  // Identity: a case at an opset whose versions of those have no kernel row yet cannot run
+  // (ops/registry.cpp; rows written for ONNX 1.12 stop at opset 17).
+  for (const char* op : {"Shape", "ConstantOfShape", "Identity"}) {
+    if (c.domain.empty() && ops::op_version("", op, c.opset) != 0 && !ops::find_kernel("", op, c.opset)) {
+      GTEST_SKIP() << op << "-" << ops::op_version("", op, c.opset) << " has no kernel row (opset " << c.opset << ")";
+    }
   }
   // Output shapes from a forward run, then the fixed random weights R_k.
   std::vector<Tensor> weights;
@@ -615,8 +618,10 @@ std::string gradients_doc() {
   }
   out << "\n## Backward ops of the `ai.onnxtrain` domain\n\n"
       << "Emitted by rules where standard ONNX ops would be much slower or need a newer opset\n"
-      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`, `resize.cpp`, `rnn_grad.cpp`). Their own\n"
-      << "rules make second derivatives work, except through convolution, pooling, Resize and the recurrent layers.\n\n"
+      << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`, `resize.cpp`, `rnn_grad.cpp`, and the vision ops'\n"
+      << "files: `lrn.cpp`, `lp.cpp`, `grid_sample.cpp`, `roi_align.cpp`, `unpool.cpp`, `deform_conv.cpp`, `vision.cpp`). Their own\n"
+      << "rules make second derivatives work, except through convolution, pooling, Resize, the recurrent layers and the\n"
+      << "vision ops.\n\n"
       << "| operator | differentiable inputs | gradient | finite-difference cases |\n|---|---|---|---|\n";
   for (const auto* r : rules) {
     if (!std::string(r->domain).empty()) row(r);
