@@ -123,13 +123,13 @@ struct Samples {
 };
 
 template <class V>
-Samples<V> sample_points(const DeformGeometry& g, const V* offset, int64_t n) {
+Samples<V> sample_points(const DeformGeometry& g, const V* offset, int64_t n, bool derivs) {
   const size_t r = g.rank();
   const int64_t nc = g.corners(), points = g.offset_groups * g.k * g.o;
   Samples<V> s;
   s.off.resize(static_cast<size_t>(points * nc));
   s.w.resize(s.off.size());
-  s.dw.resize(s.off.size() * r);
+  s.dw.resize(derivs ? s.off.size() * r : 0);
   parallel_for(points, 256, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> lo(r);
     std::vector<V> t(r);
@@ -162,7 +162,7 @@ Samples<V> sample_points(const DeformGeometry& g, const V* offset, int64_t n) {
         }
         s.off[at] = flat;
         s.w[at] = w;
-        for (size_t e = 0; e < r; ++e) {  // d w / d pos_e: the other dims' factors, +-1 for e
+        for (size_t e = 0; derivs && e < r; ++e) {  // d w / d pos_e: the other dims' factors, +-1 for e
           V dw = 1;
           for (size_t d = 0; d < r; ++d) {
             const bool up = (j >> (r - 1 - d)) & 1;
@@ -203,7 +203,7 @@ void deform_forward(const DeformGeometry& g, const V* x, const V* w, const V* of
   const int64_t cg = g.c / g.groups * g.k, ocg = g.oc / g.groups;
   std::vector<V> cols(static_cast<size_t>(g.c * g.k * g.o));
   for (int64_t n = 0; n < g.n; ++n) {
-    const Samples<V> s = sample_points(g, offset, n);
+    const Samples<V> s = sample_points(g, offset, n, false);
     im2col(g, s, x, mask, n, cols.data());
     for (int64_t grp = 0; grp < g.groups; ++grp) {
       V* yg = y + (n * g.oc + grp * ocg) * g.o;
@@ -236,7 +236,7 @@ void deform_backward(const DeformGeometry& g, const V* dy, const V* x, const V* 
         for (int64_t o = 0; o < g.o; ++o) out.db[m] += static_cast<double>(dyn[m * g.o + o]);
       }
     }
-    const Samples<V> s = sample_points(g, offset, n);
+    const Samples<V> s = sample_points(g, offset, n, true);
     for (int64_t grp = 0; grp < g.groups; ++grp) {
       const V* dyg = dyn + grp * ocg * g.o;
       rnn::gemm<V>(true, false, cg, g.o, ocg, w + grp * ocg * cg, cg, dyg, g.o, dcols.data() + grp * cg * g.o, g.o, false);

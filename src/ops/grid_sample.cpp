@@ -194,28 +194,28 @@ struct Combos {
   std::vector<double> weight, dweight;
 };
 
-// The combos of the point whose normalized coordinates are g[0..r) (g[k] for spatial dim r-1-k).
-void combine(const Sampler& s, const std::vector<int64_t>& stride, const double* g, bool derivs, Combos& c) {
+// The combos of the point whose normalized coordinates are g[0..r) (g[k] for spatial dim r-1-k),
+// built in `c` dim by dim through the scratch `next` (both keep their capacity between calls).
+void combine(const Sampler& s, const std::vector<int64_t>& stride, const double* g, bool derivs, Combos& c, Combos& next) {
   const size_t r = stride.size();
-  DimTaps t[8];
-  for (size_t d = 0; d < r; ++d) t[d] = s.taps(d, g[r - 1 - d]);
   c.offset.assign(1, 0);
   c.weight.assign(1, 1.0);
   c.dweight.assign(derivs ? r : 0, 1.0);
   for (size_t d = 0; d < r; ++d) {
-    Combos next;
+    const DimTaps t = s.taps(d, g[r - 1 - d]);
+    next.offset.clear(), next.weight.clear(), next.dweight.clear();
     for (size_t k = 0; k < c.offset.size(); ++k) {
-      for (int j = 0; j < t[d].count; ++j) {
-        const bool zero = t[d].index[j] < 0 || c.offset[k] < 0;
-        next.offset.push_back(zero ? -1 : c.offset[k] + t[d].index[j] * stride[d]);
-        next.weight.push_back(c.weight[k] * t[d].w[j]);
+      for (int j = 0; j < t.count; ++j) {
+        const bool zero = t.index[j] < 0 || c.offset[k] < 0;
+        next.offset.push_back(zero ? -1 : c.offset[k] + t.index[j] * stride[d]);
+        next.weight.push_back(c.weight[k] * t.w[j]);
         for (size_t e = 0; derivs && e < r; ++e) {
           // d/d(coordinate of dim e): the derivative factor for e, the weight for the others.
-          next.dweight.push_back(c.dweight[k * r + e] * (e == d ? t[d].dw[j] : t[d].w[j]));
+          next.dweight.push_back(c.dweight[k * r + e] * (e == d ? t.dw[j] : t.w[j]));
         }
       }
     }
-    c = std::move(next);
+    std::swap(c, next);
   }
 }
 
@@ -270,10 +270,10 @@ class GridSampleKernel final : public Kernel {
       T* py = y.data<T>();
       const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 8 * s.c));
       parallel_for(s.n * s.out_size, grain, [&](int64_t begin, int64_t end) {
-        Combos cb;
+        Combos cb, scratch;
         for (int64_t p = begin; p < end; ++p) {
           const int64_t n = p / s.out_size, o = p % s.out_size;
-          combine(sampler, s.stride, grid.data() + p * static_cast<int64_t>(r), false, cb);
+          combine(sampler, s.stride, grid.data() + p * static_cast<int64_t>(r), false, cb, scratch);
           for (int64_t c = 0; c < s.c; ++c) {
             const T* xc = px + (n * s.c + c) * s.in_size;
             double v = 0;
@@ -307,9 +307,10 @@ class GridSampleKernel final : public Kernel {
         // Every point's combos of this batch entry, then dX by channel and dgrid by point.
         std::vector<Combos> all(static_cast<size_t>(s.out_size));
         parallel_for(s.out_size, 64, [&](int64_t begin, int64_t end) {
+          Combos scratch;
           for (int64_t o = begin; o < end; ++o) {
             combine(sampler, s.stride, grid.data() + (n * s.out_size + o) * static_cast<int64_t>(r), true,
-                    all[static_cast<size_t>(o)]);
+                    all[static_cast<size_t>(o)], scratch);
           }
         });
         parallel_for(s.c, 1, [&](int64_t begin, int64_t end) {

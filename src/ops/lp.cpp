@@ -20,6 +20,7 @@
 // op's function body. Statistics are computed in double.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -99,7 +100,11 @@ class LpPoolKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const int xi = grad_ ? 1 : 0;
     const Tensor& x = ctx.input(xi);
-    const LpWindows w = lp_windows(a_, x.shape(), ctx.input_name(xi));
+    if (!windows_ || planned_for_ != x.shape()) {  // the windows of the last input shape are kept
+      windows_ = std::make_unique<LpWindows>(lp_windows(a_, x.shape(), ctx.input_name(xi)));
+      planned_for_ = x.shape();
+    }
+    const LpWindows& w = *windows_;
     Shape out{x.dim(0), x.dim(1)};
     for (int64_t d : w.plan.out) out.push_back(d);
     if (grad_) return run_grad(ctx, x, w, out);
@@ -168,6 +173,8 @@ class LpPoolKernel final : public Kernel {
   PoolAttrs a_;
   double p_;
   bool grad_;
+  std::unique_ptr<LpWindows> windows_;
+  Shape planned_for_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
 // as PyTorch's fold: with B_d = (image_d + pad_begin_d + pad_end_d - (dilation_d (block_d - 1) + 1))
 // / stride_d + 1 blocks along dim d (L must be their product), column (c, k) of block l adds to
 // image position l_d stride_d - pad_begin_d + k_d dilation_d (skipped when outside the image);
-// blocks and kernel offsets are enumerated row-major. Numeric types, summed in double.
+// blocks and kernel offsets are enumerated row-major. Numeric types, summed in compute_t<T> (integers
+// in double).
 // Col2ImGrad(dY [N, C, image...], image_shape, block_shape) -> [N, C * prod(block_shape), L]:
 // the unfold (im2col) of dY with the same geometry, 0 where a column falls outside the image.
 //
@@ -80,27 +81,44 @@ Col2ImGeometry col2im_geometry(const KernelContext& ctx, int first, const std::o
   return g;
 }
 
-// The image offset each column k * L + l (kernel offset k, block l) adds to, or -1 outside.
-std::vector<int64_t> column_targets(const Col2ImGeometry& g) {
-  const size_t r = g.image.size();
-  std::vector<int64_t> at(static_cast<size_t>(g.kernel * g.length));
-  for (int64_t c = 0; c < g.kernel * g.length; ++c) {
-    int64_t kf = c / g.length, lf = c % g.length, offset = 0, scale = 1;
-    for (size_t i = 0; i < r; ++i) {  // last dim first
-      const size_t d = r - 1 - i;
-      const int64_t k = kf % g.block[d], l = lf % g.blocks[d];
-      kf /= g.block[d], lf /= g.blocks[d];
+// The columns as runs along the last dim: run i covers columns first[i] + j for j in
+// [0, count[i]), which meet image offsets image[i] + j * stride_last (all inside the image).
+struct ColumnRuns {
+  std::vector<int64_t> first, image, count;
+  int64_t stride = 1;
+};
+
+ColumnRuns column_runs(const Col2ImGeometry& g) {
+  const size_t r = g.image.size(), last = r - 1;
+  const int64_t blocks_last = g.blocks[last], rows = g.kernel * g.length / blocks_last;
+  ColumnRuns runs;
+  runs.stride = g.strides[last];
+  for (int64_t row = 0; row < rows; ++row) {
+    // row = kernel offset kf, then the block index over all dims but the last.
+    const int64_t kf = row / (g.length / blocks_last);
+    int64_t lrest = row % (g.length / blocks_last), krest = kf, offset = 0, scale = g.image[last];
+    const int64_t k_last = krest % g.block[last];
+    krest /= g.block[last];
+    for (size_t i = 1; i < r && offset >= 0; ++i) {  // the dims before the last, innermost first
+      const size_t d = last - i;
+      const int64_t k = krest % g.block[d], l = lrest % g.blocks[d];
+      krest /= g.block[d], lrest /= g.blocks[d];
       const int64_t p = l * g.strides[d] - g.pads[d] + k * g.dilations[d];
-      if (offset < 0 || p < 0 || p >= g.image[d]) {
-        offset = -1;
-      } else {
-        offset += p * scale;
-      }
+      offset = p < 0 || p >= g.image[d] ? -1 : offset + p * scale;
       scale *= g.image[d];
     }
-    at[static_cast<size_t>(c)] = offset;
+    if (offset < 0) continue;
+    // Along the last dim, block j meets p = j * stride + shift: inside for p in [0, image).
+    const int64_t shift = k_last * g.dilations[last] - g.pads[last];
+    int64_t lo = 0, hi = blocks_last;
+    while (lo < hi && lo * runs.stride + shift < 0) ++lo;
+    while (hi > lo && (hi - 1) * runs.stride + shift >= g.image[last]) --hi;
+    if (lo == hi) continue;
+    runs.first.push_back(kf * g.length + (row % (g.length / blocks_last)) * blocks_last + lo);
+    runs.image.push_back(offset + shift + lo * runs.stride);
+    runs.count.push_back(hi - lo);
   }
-  return at;
+  return runs;
 }
 
 std::unique_ptr<Kernel> make_col2im_kernel(const KernelInit& init, bool grad) {
@@ -130,27 +148,31 @@ std::unique_ptr<Kernel> make_col2im_kernel(const KernelInit& init, bool grad) {
     Tensor& y = ctx.allocate_output(0, in.dtype(), out);
     const int64_t planes = in.dim(0) * channels;
     const int64_t col_size = g.kernel * g.length;
-    const std::vector<int64_t> targets = column_targets(g);
+    const ColumnRuns runs = column_runs(g);
     visit_dtype<NumericTypes>(in.dtype(), "Col2Im input " + ctx.input_name(0), [&]<class T>() {
       const T* src = in.data<T>();
       T* dst = y.data<T>();
       parallel_for(planes, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, col_size)), [&](int64_t begin, int64_t end) {
-        std::vector<double> acc(static_cast<size_t>(g.image_size));
+        using Acc = std::conditional_t<is_float_v<T>, compute_t<T>, double>;  // integers: exact in double
+        std::vector<Acc> acc(static_cast<size_t>(g.image_size));
         for (int64_t p = begin; p < end; ++p) {
           if (grad) {
             const T* image = src + p * g.image_size;
             T* cols = dst + p * col_size;
-            for (int64_t c = 0; c < col_size; ++c) {
-              const int64_t at = targets[static_cast<size_t>(c)];
-              cols[c] = at >= 0 ? image[at] : convert<T>(0.0);
+            std::fill(cols, cols + col_size, convert<T>(0.0));
+            for (size_t i = 0; i < runs.first.size(); ++i) {
+              T* c = cols + runs.first[i];
+              const T* im = image + runs.image[i];
+              for (int64_t j = 0; j < runs.count[i]; ++j) c[j] = im[j * runs.stride];
             }
             continue;
           }
-          std::fill(acc.begin(), acc.end(), 0.0);
+          std::fill(acc.begin(), acc.end(), Acc(0));
           const T* cols = src + p * col_size;
-          for (int64_t c = 0; c < col_size; ++c) {
-            const int64_t at = targets[static_cast<size_t>(c)];
-            if (at >= 0) acc[static_cast<size_t>(at)] += convert<double>(cols[c]);
+          for (size_t i = 0; i < runs.first.size(); ++i) {
+            const T* c = cols + runs.first[i];
+            Acc* im = acc.data() + runs.image[i];
+            for (int64_t j = 0; j < runs.count[i]; ++j) im[j * runs.stride] += convert<Acc>(c[j]);
           }
           for (int64_t i = 0; i < g.image_size; ++i) dst[p * g.image_size + i] = convert<T>(acc[static_cast<size_t>(i)]);
         }
