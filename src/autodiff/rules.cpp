@@ -331,6 +331,7 @@ std::vector<Rule> nn_rules();
 std::vector<Rule> control_flow_rules();
 std::vector<Rule> rnn_rules();
 std::vector<Rule> signal_rules();  // rules_signal.cpp
+std::vector<Rule> vision_rules();  // rules_vision.cpp
 
 namespace {
 
@@ -430,6 +431,7 @@ const std::vector<Rule>& table() {
     for (auto& r : control_flow_rules()) all.push_back(r);
     for (auto& r : rnn_rules()) all.push_back(r);
     for (auto& r : signal_rules()) all.push_back(r);
+    for (auto& r : vision_rules()) all.push_back(r);
     return all;
   }();
   return rules;

@@ -153,5 +153,16 @@ std::unique_ptr<Kernel> make_matmul_integer(const KernelInit& init);    // MatMu
 std::unique_ptr<Kernel> make_qlinear_matmul(const KernelInit& init);    // QLinearMatMul
 std::unique_ptr<Kernel> make_conv_integer(const KernelInit& init);      // ConvInteger
 std::unique_ptr<Kernel> make_qlinear_conv(const KernelInit& init);      // QLinearConv
+// --- vision and neural-network ops, with their ai.onnxtrain backward ops ---
+std::unique_ptr<Kernel> make_lrn(const KernelInit& init);           // lrn.cpp: LRN, LRNGrad
+std::unique_ptr<Kernel> make_lp(const KernelInit& init);            // lp.cpp: LpPool, LpPoolGrad, LpNormalization,
+                                                                     //   MeanVarianceNormalization
+std::unique_ptr<Kernel> make_grid_sample(const KernelInit& init);   // grid_sample.cpp: GridSample, GridSampleGrad,
+                                                                     //   AffineGrid, AffineGridGrad
+std::unique_ptr<Kernel> make_roi_align(const KernelInit& init);     // roi_align.cpp: RoiAlign, RoiAlignGrad
+std::unique_ptr<Kernel> make_max_unpool(const KernelInit& init);    // unpool.cpp: MaxUnpool, MaxUnpoolGrad
+std::unique_ptr<Kernel> make_deform_conv(const KernelInit& init);   // deform_conv.cpp: DeformConv, DeformConvGrad
+std::unique_ptr<Kernel> make_vision(const KernelInit& init);        // vision.cpp: Col2Im, Col2ImGrad, CenterCropPad,
+                                                                     //   Upsample
 
 }  // namespace onnxtrain::ops

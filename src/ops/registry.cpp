@@ -377,6 +377,30 @@ const KernelDef kKernels[] = {
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)
+
+  // --- vision and neural-network ops (lrn.cpp, lp.cpp, grid_sample.cpp, roi_align.cpp, unpool.cpp,
+  // deform_conv.cpp, vision.cpp); `until` is the newest version ONNX 1.23 defines ---
+  {"", "LRN",                   1, 13,      kFloat,            make_lrn},
+  {"", "LpPool",                1, 22,      kFloat,            make_lp},  // p float (1), int (2+); dilations, ceil_mode (18+)
+  {"", "LpNormalization",       1, 22,      kFloat,            make_lp},
+  {"", "MeanVarianceNormalization", 9, 13,  kFloat,            make_lp},
+  {"", "GridSample",           16, 22,      kNumeric,          make_grid_sample},  // 2-D only at 16; N-D from 20
+  {"", "AffineGrid",           20, 20,      kFloat,            make_grid_sample},
+  {"", "RoiAlign",             10, 22,      kFloat,            make_roi_align},  // coordinate_transformation_mode from 16
+  {"", "MaxUnpool",             9, 22,      kFloat,            make_max_unpool},
+  {"", "DeformConv",           19, 22,      kFloat,            make_deform_conv},
+  {"", "Col2Im",               18, 18,      kNumeric,          make_vision},
+  {"", "CenterCropPad",        18, 18,      kAll,              make_vision},
+  {"", "Upsample",              7, 9,       kAll,              make_vision},  // scales attribute (7), input (9); 10 is deprecated
+  // --- ai.onnxtrain: their backward ops ---
+  {kInternal, "LRNGrad",            1, 1,    kFloat,            make_lrn},
+  {kInternal, "LpPoolGrad",         1, 1,    kFloat,            make_lp},
+  {kInternal, "GridSampleGrad",     1, 1,    kFloat,            make_grid_sample, 1},
+  {kInternal, "AffineGridGrad",     1, 1,    kFloat,            make_grid_sample},
+  {kInternal, "RoiAlignGrad",       1, 1,    kFloat,            make_roi_align},
+  {kInternal, "MaxUnpoolGrad",      1, 1,    kFloat,            make_max_unpool},
+  {kInternal, "DeformConvGrad",     1, 1,    kFloat,            make_deform_conv},
+  {kInternal, "Col2ImGrad",         1, 1,    kNumeric,          make_vision},
 };
 // clang-format on
 

@@ -3,6 +3,7 @@
 // and every bad option is a clear Error. Numerical parity with PyTorch for each loss,
 // optimizer and schedule is tests/parity/make_trainable_parity.py.
 #include <gtest/gtest.h>
+#include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <unistd.h>
 
@@ -268,6 +269,47 @@ TEST(Fusion, LeavesAdamAloneWhenAnIntermediateIsRead) {
   }
   unknown.add_input()->set_name("divisor");
   EXPECT_EQ(runtime::fuse_scaled_adam(unknown), 0);
+}
+
+// A user found make-trainable writing a Conv -> LRN model (opset 13) that `onnxtrain check`
+// rejected. The written model passes what check runs: the ONNX checker, validate_training_info
+// and a TrainingSession that plans every graph (cli/commands.cpp); and it trains.
+TEST(MakeTrainable, ConvLrnModelPassesCheck) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  auto& g = *m.mutable_graph();
+  g.set_name("conv_lrn");
+  typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {-1, 1, 4, 4});
+  std::vector<float> w(18);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * std::cos(static_cast<float>(i));
+  io::tensor_to_proto(Tensor::from_vector<float>({2, 1, 3, 3}, w), "W", *g.add_initializer());
+  io::tensor_to_proto(Tensor::from_vector<float>({2}, {0.1f, -0.1f}), "B", *g.add_initializer());
+  auto* conv = g.add_node();
+  conv->set_op_type("Conv");
+  conv->add_input("x");
+  conv->add_input("W");
+  conv->add_input("B");
+  conv->add_output("c");
+  auto* lrn = g.add_node();
+  lrn->set_op_type("LRN");
+  lrn->add_input("c");
+  lrn->add_output("y");
+  *lrn->add_attribute() = testing::attr("size", int64_t{3});
+  *lrn->add_attribute() = testing::attr("alpha", 0.5f);
+  typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {-1, 2, 2, 2});
+  const onnx::ModelProto trainable = make_trainable(m, {});
+  EXPECT_NO_THROW(onnx::checker::check_model(trainable));
+  EXPECT_NO_THROW(validate_training_info(trainable, "m.onnx"));
+  TrainingSession session(trainable);
+  std::vector<float> x(48);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7f * static_cast<float>(i));
+  const runtime::NamedTensors feeds{{"x", Tensor::from_vector<float>({3, 1, 4, 4}, x)},
+                                    {"label", Tensor::from_vector<int64_t>({3, 2, 2}, {0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 1, 0})}};
+  const double first = session.step(feeds).at("onnxtrain.loss").to_double_vector()[0];
+  double last = first;
+  for (int s = 0; s < 20; ++s) last = session.step(feeds).at("onnxtrain.loss").to_double_vector()[0];
+  EXPECT_LT(last, first);
 }
 
 }  // namespace
