@@ -276,7 +276,8 @@ def run_all(data_root: str, test_ids: list, verbose: bool) -> list:
         code = proc.wait()
         if len(results) < len(test_ids):
             test_id = test_ids[len(results)]
-            reason = f"ONNX Runtime crashed the process (exit status {code})"
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            reason = f"ONNX Runtime ended the process ({how})"
             results.append({"id": test_id, "folder": test_id.split("/")[0], "passed": False,
                             "reason": reason, "ops": [], "opset": 0, "implemented": None})
             print(f"FAIL {test_id}: {reason}", flush=True)

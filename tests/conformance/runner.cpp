@@ -57,7 +57,7 @@ struct TestResult {
   std::string reason;
   std::set<std::pair<std::string, int>> ops;  // ("ai.onnx.Abs", 13): "domain.Op", op version
   int opset = 0;
-  // Every node has a kernel row for the op version the model's opset gives it.
+  // Every node has a kernel row for the op version the model's opset gives it (or is Gradient).
   bool implemented = true;
 };
 
@@ -216,7 +216,6 @@ Manifest read_manifest(const fs::path& path) {
   }
   return m;
 }
-
 
 void write_results(const fs::path& path, const std::string& data_root, const std::vector<TestResult>& results) {
   nlohmann::json kernels = nlohmann::json::array();
