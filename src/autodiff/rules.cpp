@@ -330,6 +330,7 @@ std::vector<Rule> shape_rules();
 std::vector<Rule> nn_rules();
 std::vector<Rule> control_flow_rules();
 std::vector<Rule> rnn_rules();
+std::vector<Rule> transformer_rules();  // rules_transformer.cpp
 
 namespace {
 
@@ -424,6 +425,7 @@ const std::vector<Rule>& table() {
     for (auto& r : nn_rules()) all.push_back(r);
     for (auto& r : control_flow_rules()) all.push_back(r);
     for (auto& r : rnn_rules()) all.push_back(r);
+    for (auto& r : transformer_rules()) all.push_back(r);
     return all;
   }();
   return rules;

@@ -116,4 +116,19 @@ std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init);
 // through time).
 std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init);
 
+// --- transformer ops ---
+// attention.cpp: Attention-23/24/25; attention_grad.cpp: ai.onnxtrain.AttentionGrad.
+std::unique_ptr<Kernel> make_attention(const KernelInit& init);
+std::unique_ptr<Kernel> make_attention_grad(const KernelInit& init);
+// transformer_norm.cpp: RMSNormalization, GroupNormalization, RotaryEmbedding and the backward
+// ops RMSNormalizationGrad, GroupNormalizationGrad.
+std::unique_ptr<Kernel> make_rms_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_group_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_rotary_embedding(const KernelInit& init);
+// normalization.cpp: ai.onnxtrain.LayerNormalizationGrad.
+std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init);
+// activation.cpp: Gelu, Swish, Mish and GeluGrad, SwishGrad, MishGrad; SwiGLU and SwiGLUGrad.
+std::unique_ptr<Kernel> make_transformer_activation(const KernelInit& init);
+std::unique_ptr<Kernel> make_swiglu(const KernelInit& init);
+
 }  // namespace onnxtrain::ops

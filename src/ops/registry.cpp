@@ -32,6 +32,7 @@ constexpr OpsetRange kOpsets[] = {
 };
 
 constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
+constexpr DTypeSet kFloat16And32And64{DataType::Float16, DataType::Float32, DataType::Float64};
 
 // clang-format off
 const KernelDef kKernels[] = {
@@ -250,6 +251,26 @@ const KernelDef kKernels[] = {
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)
+
+  // --- transformer ops (attention.cpp, transformer_norm.cpp, activation.cpp) ---
+  {"", "Attention",            23, 25,       kFloat,            make_attention},  // 24: nonpad_kv_seqlen; 25: sliding window
+  {"", "RotaryEmbedding",      23, 23,       kFloat,            make_rotary_embedding},  // float64 beyond the schema (gradient checks)
+  {"", "RMSNormalization",     23, 23,       kFloat,            make_rms_norm},
+  {"", "GroupNormalization",   18, 18,       kFloat,            make_group_norm},  // scale, bias per group
+  {"", "GroupNormalization",   21, 21,       kFloat,            make_group_norm},  // per channel; stash_type
+  {"", "Gelu",                 20, 20,       kFloat,            make_transformer_activation},
+  {"", "Swish",                24, 24,       kFloat,            make_transformer_activation},
+  {"", "Mish",                 18, 21,       kFloat16And32And64, make_transformer_activation},  // no bfloat16 before 22
+  {"", "Mish",                 22, 22,       kFloat,            make_transformer_activation},
+  {"", "SwiGLU",               28, 28,       kFloat,            make_swiglu},
+  {kInternal, "AttentionGrad",          1, 1, kFloat,           make_attention_grad, 1},
+  {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
+  {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},
+  {kInternal, "GroupNormalizationGrad", 1, 1, kFloat,           make_group_norm, 1},
+  {kInternal, "GeluGrad",               1, 1, kFloat,           make_transformer_activation, 1},
+  {kInternal, "SwishGrad",              1, 1, kFloat,           make_transformer_activation, 1},
+  {kInternal, "MishGrad",               1, 1, kFloat,           make_transformer_activation, 1},
+  {kInternal, "SwiGLUGrad",             1, 1, kFloat,           make_swiglu, 1},
 };
 // clang-format on
 

@@ -1,0 +1,98 @@
+// What the Attention kernel (attention.cpp: ai.onnx Attention-23/24/25) and its backward op
+// (attention_grad.cpp: ai.onnxtrain.AttentionGrad) share: the attributes, the reading of the
+// input shapes, the additive bias of each score (mask, causal frontier, sliding window,
+// padding) and the small GEMM wrapper over oneDNN's sgemm.
+//
+// Shapes (ONNX operator doc "Attention"): Q [B, Hq, Sq, Dh] with K [B, Hkv, Skv, Dh] and V
+// [B, Hkv, Skv, Dv], or the 3-D forms Q [B, Sq, Hq * Dh], K [B, Skv, Hkv * Dh], V [B, Skv,
+// Hkv * Dv] with the attributes q_num_heads and kv_num_heads. past_key [B, Hkv, P, Dh] and
+// past_value [B, Hkv, P, Dv] are prepended to K and V along the sequence (the present
+// outputs); T = P + Skv keys in all. Query head h reads key/value head h / (Hq / Hkv) (GQA).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ops/kernel.h"
+
+namespace onnxtrain::ops::attention {
+
+// Input positions of the forward op; AttentionGrad takes dY first and these shifted by one.
+enum Input : int { kQ = 0, kK, kV, kMask, kPastKey, kPastValue, kNonpad };
+
+struct Spec {
+  int version = 23;  // 23, 24 (nonpad_kv_seqlen), 25 (sliding window)
+  bool is_causal = false;
+  int64_t q_num_heads = 0, kv_num_heads = 0;  // 0: absent
+  bool has_scale = false;
+  double scale = 0;
+  double softcap = 0;  // applied when > 0
+  DataType softmax_precision = DataType::Undefined;  // Undefined: the inputs' type
+  int qk_mode = 0;
+  int64_t left_window = -1, right_window = -1;  // -1: unbounded (version 25)
+};
+// The attributes of an Attention node (or of an AttentionGrad node, which copies them).
+Spec parse_spec(const KernelInit& init, int version);
+
+// Element (b, h, s, d) of a tensor laid out as Q, K or V is at b * b_stride + h * h_stride +
+// s * s_stride + d.
+struct Strides {
+  int64_t b = 0, h = 0, s = 0;
+  int64_t at(int64_t b_, int64_t h_) const { return b_ * b + h_ * h; }
+};
+
+struct Geometry {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, past = 0, total = 0, Dh = 0, Dv = 0;
+  bool rank3 = false;
+  bool has_past = false;
+  double scale = 0;  // the factor applied to Q K^T
+  Strides q, k, v;   // of the inputs Q, K, V (new tokens only)
+  Strides y;         // of Y (and dQ-like tensors shaped as Q but with Dv)
+  int64_t group() const { return Hq / Hkv; }
+};
+// Validates the inputs at `base + kQ`.. (base 0: Attention, 1: AttentionGrad) against the spec;
+// errors name the tensors.
+Geometry read_geometry(const KernelContext& ctx, const Spec& spec, int base);
+
+// The additive bias of each score, per (b, h, i) row of keys j < total:
+//   mask value (bool: 0 / -inf; keys beyond a shorter mask's last dim: -inf)
+//   + (-inf where is_causal and j > i + offset[b])
+//   + (-inf outside the sliding window around i + offset[b])
+//   + (-inf where j >= nonpad_kv_seqlen[b]),
+// offset[b] = past length with past_key, nonpad_kv_seqlen[b] - Sq with that input, else 0.
+template <class C>
+class Bias {
+ public:
+  Bias(const KernelContext& ctx, const Spec& spec, const Geometry& g, int base);
+  // out[j] for j < total.
+  void row(C* out, int64_t b, int64_t h, int64_t i) const;
+  bool has_mask() const { return has_mask_; }
+  // Mask geometry: element (b, h, i, j) of the mask, broadcast (stride 0) where its dim is 1.
+  int64_t mask_offset(int64_t b, int64_t h, int64_t i) const { return b * mb_ + h * mh_ + i * mi_; }
+  int64_t mask_len() const { return mask_len_; }
+
+ private:
+  static constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+  std::vector<C> mask_;
+  int64_t mb_ = 0, mh_ = 0, mi_ = 0, mask_len_ = 0;
+  bool has_mask_ = false;
+  bool causal_ = false;
+  int64_t left_ = -1, right_ = -1, total_ = 0;
+  std::vector<int64_t> offset_, nonpad_;  // per batch; nonpad_ empty without that input
+};
+
+// Row-major C [M, N] = alpha A' B' + beta C with A' = A^T when trans_a (A stored [K, M]), B' =
+// B^T when trans_b (B stored [N, K]); leading dims lda, ldb, ldc. float runs oneDNN's sgemm
+// (never throws: returns false on a oneDNN failure, so callers inside OpenMP regions report
+// it afterwards), double plain loops.
+bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+
+// The number of threads to run `tasks` independent heads on: all when there are enough tasks
+// (each then calls sgemm single-threaded), else 1 (sgemm itself is parallel).
+int head_threads(int64_t tasks);
+
+}  // namespace onnxtrain::ops::attention
