@@ -20,6 +20,7 @@
 // of the spec: mode 0 is the scaled product before the softcap, as the attribute's doc says.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -45,29 +46,39 @@ C rt(C v) {
 }
 
 // Softmax of one row in place, computed in precision P (rounded to P after each step when P is
-// a 16-bit float). A row whose maximum is -inf softmaxes to zeros; NaN propagates.
+// a 16-bit float). A row whose maximum is -inf softmaxes to zeros; a NaN makes the sum, and so
+// the row, NaN (as the reference's maximum would).
 template <class C, class P>
 void softmax_row(C* x, int64_t n) {
   using W = std::conditional_t<std::is_same_v<P, double>, double, float>;
   W m = -std::numeric_limits<W>::infinity();
-  bool nan = false;
-  for (int64_t j = 0; j < n; ++j) {
-    const W v = rt<P>(static_cast<W>(x[j]));
-    nan = nan || std::isnan(v);
-    m = v > m ? v : m;
-  }
-  if (nan) m = std::numeric_limits<W>::quiet_NaN();
-  const W safe = std::isinf(m) && m < 0 ? W(0) : m;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, rt<P>(static_cast<W>(x[j])));
+  const W safe = m == -std::numeric_limits<W>::infinity() ? W(0) : m;
   W sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const W e = rt<P>(std::exp(rt<P>(rt<P>(static_cast<W>(x[j])) - safe)));
-    x[j] = static_cast<C>(e);
-    // bfloat16 sums round after each add (ml_dtypes' reduction); float16 sums in float (numpy).
-    sum = std::is_same_v<P, BFloat16> ? rt<P>(sum + e) : sum + e;
+  if constexpr (std::is_same_v<P, float>) {  // the fast path: no rounding, a vectorized exp
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = exp_nonpositive(static_cast<float>(x[j]) - safe);
+      x[j] = static_cast<C>(e);
+      sum += e;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const W e = rt<P>(std::exp(rt<P>(rt<P>(static_cast<W>(x[j])) - safe)));
+      x[j] = static_cast<C>(e);
+      // bfloat16 sums round after each add (ml_dtypes' reduction); float16 sums in float (numpy).
+      sum = std::is_same_v<P, BFloat16> ? rt<P>(sum + e) : sum + e;
+    }
   }
   sum = rt<P>(sum);
-  if (sum == W(0)) sum = 1;
-  for (int64_t j = 0; j < n; ++j) x[j] = static_cast<C>(rt<P>(static_cast<W>(x[j]) / sum));
+  const W inv = W(1) / (sum == W(0) ? W(1) : sum);
+  if constexpr (std::is_same_v<P, float>) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) x[j] = static_cast<C>(static_cast<W>(x[j]) * inv);
+  } else {
+    for (int64_t j = 0; j < n; ++j) x[j] = static_cast<C>(rt<P>(static_cast<W>(x[j]) / sum));
+  }
 }
 
 template <class C>
@@ -172,18 +183,36 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
       T* qk_rows = qk_out ? qk.data<T>() + task * g.Sq * T_ : nullptr;
       for (int64_t i = 0; i < g.Sq; ++i) {
         C* row = s.data() + i * T_;
-        bias.row(brow.data(), b, h, i);
-        bool all_masked = true;
-        for (int64_t j = 0; j < T_; ++j) {
-          const C raw = rt<T>(row[j]);
-          const C soft = capped ? rt<T>(rt<T>(std::tanh(rt<T>(raw / rt<T>(cap)))) * rt<T>(cap)) : raw;
-          const C x = rt<T>(soft + brow[static_cast<size_t>(j)]);
-          all_masked = all_masked && std::isinf(brow[static_cast<size_t>(j)]) && brow[static_cast<size_t>(j)] < 0;
-          if (qk_rows && spec.qk_mode < 3) qk_rows[i * T_ + j] = convert<T>(spec.qk_mode == 0 ? raw : spec.qk_mode == 1 ? soft : x);
-          row[j] = x;
+        C* br = brow.data();
+        bias.row(br, b, h, i);
+        if (qk_rows && spec.qk_mode == 0) {
+          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(rt<T>(row[j]));
         }
-        softmax(row, T_);
-        for (int64_t j = 0; j < T_; ++j) row[j] = all_masked ? C(0) : rt<T>(row[j]);
+        if (capped) {
+          for (int64_t j = 0; j < T_; ++j) row[j] = rt<T>(rt<T>(std::tanh(rt<T>(rt<T>(row[j]) / rt<T>(cap)))) * rt<T>(cap));
+          if (qk_rows && spec.qk_mode == 1) {
+            for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
+          }
+        } else if (qk_rows && spec.qk_mode == 1) {
+          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(rt<T>(row[j]));
+        }
+        int64_t masked = 0;  // keys whose bias is -inf
+#pragma omp simd reduction(+ : masked)
+        for (int64_t j = 0; j < T_; ++j) {
+          row[j] = rt<T>(rt<T>(row[j]) + br[j]);
+          masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
+        }
+        if (qk_rows && spec.qk_mode == 2) {
+          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
+        }
+        if (masked == T_) {  // every key disallowed: a zero row, not NaN
+          std::fill(row, row + T_, C(0));
+        } else {
+          softmax(row, T_);
+          if constexpr (is_half_v<T>) {
+            for (int64_t j = 0; j < T_; ++j) row[j] = rt<T>(row[j]);
+          }
+        }
         if (qk_rows && spec.qk_mode == 3) {
           for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
         }

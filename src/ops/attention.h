@@ -10,6 +10,7 @@
 // outputs); T = P + Skv keys in all. Query head h reads key/value head h / (Hq / Hkv) (GQA).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -90,6 +91,32 @@ bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* a, int64_t lda,
           const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+
+// e^x for x <= 0 (a score minus its row's maximum), -inf or NaN, in float, written so that
+// loops over it vectorize: x = n ln2 + r with |r| <= ln2 / 2 (n rounded by adding 1.5 * 2^23;
+// ln2 split in two so n ln2 is exact), e^r by its Taylor polynomial to r^7 (truncation error
+// below 6e-9), 2^n added to the exponent bits. x < -87 (e^x below float's normal range) gives
+// 0 and NaN stays NaN. Relative error about 1e-7.
+inline float exp_nonpositive(float x) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = x * 1.4426950408889634f + kMagic;  // x / ln2 + magic
+  const float n = t - kMagic;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12194440e-4
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const uint32_t y = std::bit_cast<uint32_t>(p) + (static_cast<uint32_t>(static_cast<int32_t>(n)) << 23);
+  // Selections by integer masks rather than branches, so that loops over this vectorize.
+  const uint32_t bits = std::bit_cast<uint32_t>(x), magnitude = bits & 0x7fffffffu;
+  const uint32_t nan = 0u - static_cast<uint32_t>(magnitude > 0x7f800000u);
+  const uint32_t zero = 0u - static_cast<uint32_t>(magnitude > 0x42ae0000u);  // |x| > 87 (or NaN)
+  return std::bit_cast<float>((y & ~zero) | (bits & nan));
+}
 
 // The number of threads to run `tasks` independent heads on: all when there are enough tasks
 // (each then calls sgemm single-threaded), else 1 (sgemm itself is parallel).

@@ -18,6 +18,7 @@
 // are rounded once.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -154,24 +155,40 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec) {
         gemm_ok = gemm_ok && gemm(false, true, g.Sq, T_, g.Dh, scale, qh, g.q.s, kk, g.Dh, C(0), p.data(), T_);
         for (int64_t i = 0; i < g.Sq; ++i) {  // P = softmax(softcap(S) + bias), zero rows where all masked
           C* row = p.data() + i * T_;
-          bias.row(brow.data(), b, h, i);
-          bool all_masked = true;
-          C m = -std::numeric_limits<C>::infinity();
-          for (int64_t j = 0; j < T_; ++j) {
-            const C bj = brow[static_cast<size_t>(j)];
-            all_masked = all_masked && std::isinf(bj) && bj < 0;
-            C s = row[j];
-            if (capped) {
-              th[static_cast<size_t>(i * T_ + j)] = std::tanh(s / cap);
-              s = cap * th[static_cast<size_t>(i * T_ + j)];
+          C* br = brow.data();
+          bias.row(br, b, h, i);
+          if (capped) {
+            C* tr = th.data() + i * T_;
+            for (int64_t j = 0; j < T_; ++j) {
+              tr[j] = std::tanh(row[j] / cap);
+              row[j] = cap * tr[j];
             }
-            row[j] = s + bj;
-            m = row[j] > m ? row[j] : m;
           }
-          const C safe = std::isinf(m) && m < 0 ? C(0) : m;
+          int64_t masked = 0;
+          C m = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(+ : masked) reduction(max : m)
+          for (int64_t j = 0; j < T_; ++j) {
+            masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
+            row[j] += br[j];
+            m = std::max(m, row[j]);
+          }
+          if (masked == T_) {
+            std::fill(row, row + T_, C(0));
+            continue;
+          }
+          const C safe = m == -std::numeric_limits<C>::infinity() ? C(0) : m;
           C sum = 0;
-          for (int64_t j = 0; j < T_; ++j) sum += (row[j] = std::exp(row[j] - safe));
-          const C inv = all_masked ? C(0) : C(1) / (sum == C(0) ? C(1) : sum);
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < T_; ++j) {
+            if constexpr (std::is_same_v<C, float>) {
+              row[j] = exp_nonpositive(row[j] - safe);
+            } else {
+              row[j] = std::exp(row[j] - safe);
+            }
+            sum += row[j];
+          }
+          const C inv = C(1) / (sum == C(0) ? C(1) : sum);
+#pragma omp simd
           for (int64_t j = 0; j < T_; ++j) row[j] *= inv;
         }
         gemm_ok = gemm_ok && gemm(false, true, g.Sq, T_, g.Dv, C(1), dyh, g.y.s, vv, g.Dv, C(0), dp.data(), T_);
@@ -180,7 +197,9 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec) {
           C* pr = p.data() + i * T_;
           C* dr = dp.data() + i * T_;
           C dot = 0;
+#pragma omp simd reduction(+ : dot)
           for (int64_t j = 0; j < T_; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
           for (int64_t j = 0; j < T_; ++j) dr[j] = pr[j] * (dr[j] - dot);
           if (want_mask) {
             C* mr = dm + bias.mask_offset(b, h, i);

@@ -25,9 +25,11 @@
 //   Philox (core/rng.h) as in random.cpp: key = the `seed` attribute or else the session seed,
 //   stream = the first output's name, counter = (run index, element / 4). The mask is bool
 //   from opset 10, typed like the data before.
-// Statistics accumulate in double; Float16/BFloat16 data is normalized in float.
+// Statistics accumulate in double (LayerNormalization: in float for float32, float16 and
+// bfloat16 data); Float16/BFloat16 data is normalized in float.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -265,6 +267,23 @@ std::vector<double> broadcast_to_inner(const KernelContext& ctx, int i, const Sh
   return out;
 }
 
+// Mean and population variance of one row of n values, two passes in the compute type (float
+// for float32 and the 16-bit types, double for float64) so that the loops vectorize.
+template <class T, class V = compute_t<T>>
+std::pair<V, V> row_moments(const T* x, int64_t n) {
+  V sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<V>(x[i]);
+  const V mean = sum / static_cast<V>(n);
+  V squares = 0;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < n; ++i) {
+    const V d = static_cast<V>(x[i]) - mean;
+    squares += d * d;
+  }
+  return {mean, squares / static_cast<V>(n)};
+}
+
 void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
   const Tensor& x = ctx.input(0);
   const int64_t rank = static_cast<int64_t>(x.rank());
@@ -296,13 +315,14 @@ void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
     T* py = y.data<T>();
     parallel_for(outer, std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const Moments m = moments(px + r * inner, 1, inner, inner);
-        const double inv = 1.0 / std::sqrt(m.var + epsilon);
-        mean_out[r] = static_cast<float>(m.mean);
+        const auto [mean, var] = row_moments(px + r * inner, inner);
+        const V inv = static_cast<V>(1.0 / std::sqrt(static_cast<double>(var) + epsilon));
+        mean_out[r] = static_cast<float>(mean);
         inv_out[r] = static_cast<float>(inv);
-        const V c = static_cast<V>(m.mean), f = static_cast<V>(inv);
+        const V c = mean, f = inv;
         const T* xr = px + r * inner;
         T* yr = py + r * inner;
+#pragma omp simd
         for (int64_t i = 0; i < inner; ++i) {
           yr[i] = convert<T>((convert<V>(xr[i]) - c) * f * scale_v[static_cast<size_t>(i)] + bias_v[static_cast<size_t>(i)]);
         }
@@ -364,8 +384,8 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
         if (saved) {
           mean = static_cast<V>(saved_mean[r]), inv = static_cast<V>(saved_inv[r]);
         } else {
-          const Moments m = moments(px + r * inner, 1, inner, inner);
-          mean = static_cast<V>(m.mean), inv = static_cast<V>(1.0 / std::sqrt(m.var + epsilon));
+          const auto [m, var] = row_moments(px + r * inner, inner);
+          mean = m, inv = static_cast<V>(1.0 / std::sqrt(static_cast<double>(var) + epsilon));
         }
         const T* xr = px + r * inner;
         const T* gr = pg + r * inner;
