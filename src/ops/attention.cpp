@@ -171,6 +171,9 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
   const bool capped = spec.softcap > 0;
   const int64_t tasks = g.B * g.Hq, T_ = g.total;
   const int threads = head_threads(tasks);
+  // One block when no constraint ends the keys early (nor for a debug output of whole rows).
+  const bool blocked = (spec.is_causal || spec.right_window >= 0 || ctx.has_input(kNonpad)) && !qk_out;
+  const int64_t block = blocked ? kQueryBlock : std::max<int64_t>(g.Sq, 1);
   bool gemm_ok = true;
 #pragma omp parallel num_threads(threads) reduction(&& : gemm_ok)
   {
@@ -178,46 +181,53 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
     const int t = omp_get_thread_num();
     for (int64_t task = tasks * t / threads; task < tasks * (t + 1) / threads; ++task) {
       const int64_t b = task / g.Hq, h = task % g.Hq, hk = h / g.group();
-      gemm_ok = gemm_ok && gemm(false, true, g.Sq, T_, g.Dh, alpha, pq + g.q.at(b, h), g.q.s, pk + ks.at(b, hk), ks.s, C(0),
-                                s.data(), T_);
       T* qk_rows = qk_out ? qk.data<T>() + task * g.Sq * T_ : nullptr;
-      for (int64_t i = 0; i < g.Sq; ++i) {
-        C* row = s.data() + i * T_;
-        C* br = brow.data();
-        bias.row(br, b, h, i);
-        if (qk_rows && spec.qk_mode == 0) {
-          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(rt<T>(row[j]));
-        }
-        if (capped) {
-          for (int64_t j = 0; j < T_; ++j) row[j] = rt<T>(rt<T>(std::tanh(rt<T>(rt<T>(row[j]) / rt<T>(cap)))) * rt<T>(cap));
-          if (qk_rows && spec.qk_mode == 1) {
+      // Blocks of query rows, each against the keys it can attend (all of them for the debug output).
+      for (int64_t i0 = 0; i0 < g.Sq; i0 += block) {
+        const int64_t i1 = std::min(g.Sq, i0 + block), rows = i1 - i0;
+        const int64_t kn = qk_out ? T_ : bias.key_limit(b, i1 - 1);
+        C* sb = s.data() + i0 * T_;
+        gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dh, alpha, pq + g.q.at(b, h) + i0 * g.q.s, g.q.s, pk + ks.at(b, hk), ks.s,
+                                  C(0), sb, T_);
+        for (int64_t i = i0; i < i1; ++i) {
+          C* row = s.data() + i * T_;
+          C* br = brow.data();
+          bias.row(br, b, h, i);
+          if (qk_rows && spec.qk_mode == 0) {
+            for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(rt<T>(row[j]));
+          }
+          if (capped) {
+            for (int64_t j = 0; j < kn; ++j) row[j] = rt<T>(rt<T>(std::tanh(rt<T>(rt<T>(row[j]) / rt<T>(cap)))) * rt<T>(cap));
+            if (qk_rows && spec.qk_mode == 1) {
+              for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
+            }
+          } else if (qk_rows && spec.qk_mode == 1) {
+            for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(rt<T>(row[j]));
+          }
+          int64_t masked = 0;  // keys whose bias is -inf
+#pragma omp simd reduction(+ : masked)
+          for (int64_t j = 0; j < kn; ++j) {
+            row[j] = rt<T>(rt<T>(row[j]) + br[j]);
+            masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
+          }
+          if (qk_rows && spec.qk_mode == 2) {
             for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
           }
-        } else if (qk_rows && spec.qk_mode == 1) {
-          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(rt<T>(row[j]));
-        }
-        int64_t masked = 0;  // keys whose bias is -inf
-#pragma omp simd reduction(+ : masked)
-        for (int64_t j = 0; j < T_; ++j) {
-          row[j] = rt<T>(rt<T>(row[j]) + br[j]);
-          masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
-        }
-        if (qk_rows && spec.qk_mode == 2) {
-          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
-        }
-        if (masked == T_) {  // every key disallowed: a zero row, not NaN
-          std::fill(row, row + T_, C(0));
-        } else {
-          softmax(row, T_);
-          if constexpr (is_half_v<T>) {
-            for (int64_t j = 0; j < T_; ++j) row[j] = rt<T>(row[j]);
+          if (masked == kn) {  // every key disallowed: a zero row, not NaN
+            std::fill(row, row + kn, C(0));
+          } else {
+            softmax(row, kn);
+            if constexpr (is_half_v<T>) {
+              for (int64_t j = 0; j < kn; ++j) row[j] = rt<T>(row[j]);
+            }
+          }
+          if (qk_rows && spec.qk_mode == 3) {
+            for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
           }
         }
-        if (qk_rows && spec.qk_mode == 3) {
-          for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
-        }
+        gemm_ok = gemm_ok && gemm(false, false, rows, g.Dv, kn, C(1), sb, T_, pv + vs.at(b, hk), vs.s, C(0),
+                                  out.data() + i0 * g.Dv, g.Dv);
       }
-      gemm_ok = gemm_ok && gemm(false, false, g.Sq, g.Dv, T_, C(1), s.data(), T_, pv + vs.at(b, hk), vs.s, C(0), out.data(), g.Dv);
       T* py = y.data<T>() + g.y.at(b, h);
       for (int64_t i = 0; i < g.Sq; ++i) {
         for (int64_t d = 0; d < g.Dv; ++d) py[i * g.y.s + d] = convert<T>(rt<T>(out[static_cast<size_t>(i * g.Dv + d)]));

@@ -68,6 +68,9 @@ class Bias {
   Bias(const KernelContext& ctx, const Spec& spec, const Geometry& g, int base);
   // out[j] for j < total.
   void row(C* out, int64_t b, int64_t h, int64_t i) const;
+  // Keys j >= key_limit(b, i) are disallowed (bias -inf) for query row i of batch b, whatever
+  // the head, by the causal frontier, the right window or nonpad_kv_seqlen; total without them.
+  int64_t key_limit(int64_t b, int64_t i) const;
   bool has_mask() const { return has_mask_; }
   // Mask geometry: element (b, h, i, j) of the mask, broadcast (stride 0) where its dim is 1.
   int64_t mask_offset(int64_t b, int64_t h, int64_t i) const { return b * mb_ + h * mh_ + i * mi_; }
@@ -117,6 +120,11 @@ inline float exp_nonpositive(float x) {
   const uint32_t zero = 0u - static_cast<uint32_t>(magnitude > 0x42ae0000u);  // |x| > 87 (or NaN)
   return std::bit_cast<float>((y & ~zero) | (bits & nan));
 }
+
+// Query rows per block when the keys a block needs end early (key_limit): each block multiplies
+// only with the keys it can attend (causal attention: about 5/8 of the work at 256 queries).
+// 64 rows: on one core, 32 made the products too small to run fast, 128 skipped too little.
+inline constexpr int64_t kQueryBlock = 64;
 
 // The number of threads to run `tasks` independent heads on: all when there are enough tasks
 // (each then calls sgemm single-threaded), else 1 (sgemm itself is parallel).

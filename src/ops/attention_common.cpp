@@ -203,6 +203,16 @@ void Bias<C>::row(C* out, int64_t b, int64_t h, int64_t i) const {
   }
 }
 
+template <class C>
+int64_t Bias<C>::key_limit(int64_t b, int64_t i) const {
+  int64_t limit = total_;
+  const int64_t p = i + offset_[static_cast<size_t>(b)];
+  if (causal_) limit = std::min(limit, p + 1);
+  if (right_ >= 0) limit = std::min(limit, p + right_ + 1);
+  if (!nonpad_.empty()) limit = std::min(limit, nonpad_[static_cast<size_t>(b)]);
+  return std::max<int64_t>(limit, 0);
+}
+
 template class Bias<float>;
 template class Bias<double>;
 

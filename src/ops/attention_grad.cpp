@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -50,8 +51,8 @@ const C* view_as(const Tensor& t, std::vector<C>& buffer) {
 
 // The keys (or values) of all positions as C [B, Hkv, total, D]: past then new tokens.
 template <class T, class C>
-std::vector<C> all_positions(const KernelContext& ctx, int past_i, int new_i, const Strides& s, const Geometry& g, int64_t D) {
-  std::vector<C> out(static_cast<size_t>(g.B * g.Hkv * g.total * D));
+void all_positions(const KernelContext& ctx, int past_i, int new_i, const Strides& s, const Geometry& g, int64_t D, std::vector<C>& out) {
+  out.resize(static_cast<size_t>(g.B * g.Hkv * g.total * D));
   const T* pn = ctx.input(new_i).data<T>();
   const T* pp = g.has_past ? ctx.input(past_i).data<T>() : nullptr;
   for (int64_t b = 0; b < g.B; ++b) {
@@ -63,14 +64,13 @@ std::vector<C> all_positions(const KernelContext& ctx, int past_i, int new_i, co
       }
     }
   }
-  return out;
 }
 
 // Accumulator [B, Hkv, total, D] starting from the gradient flowing into present_* (or zeros).
 template <class T, class C>
-std::vector<C> present_gradient(const KernelContext& ctx, int i, const Geometry& g, int64_t D) {
-  std::vector<C> out(static_cast<size_t>(g.B * g.Hkv * g.total * D), C(0));
-  if (!ctx.has_input(i)) return out;
+void present_gradient(const KernelContext& ctx, int i, const Geometry& g, int64_t D, std::vector<C>& out) {
+  out.assign(static_cast<size_t>(g.B * g.Hkv * g.total * D), C(0));
+  if (!ctx.has_input(i)) return;
   const Tensor& t = ctx.input(i);
   const Shape want{g.B, g.Hkv, g.total, D};
   if (!(t.shape() == want) || t.dtype() != ctx.input(kBase + kQ).dtype()) {
@@ -79,7 +79,6 @@ std::vector<C> present_gradient(const KernelContext& ctx, int i, const Geometry&
   }
   const T* p = t.data<T>();
   for (size_t k = 0; k < out.size(); ++k) out[k] = static_cast<C>(convert<double>(p[k]));
-  return out;
 }
 
 // Output `o` (laid out as K or V by `s`) and the past's gradient `past_o` from the accumulator.
@@ -105,8 +104,26 @@ void split_positions(KernelContext& ctx, int o, int past_o, const std::vector<C>
   }
 }
 
+// Buffers kept by the kernel between runs (the same shapes come again: no fresh pages each run).
+template <class C>
+struct Buffers {
+  std::vector<C> k_all, v_all, dk_all, dv_all, dq, dmask;
+};
+struct Scratch {
+  Buffers<float> f;
+  Buffers<double> d;
+  template <class C>
+  Buffers<C>& get() {
+    if constexpr (std::is_same_v<C, float>) {
+      return f;
+    } else {
+      return d;
+    }
+  }
+};
+
 template <class T>
-void run_attention_grad(KernelContext& ctx, const Spec& spec) {
+void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) {
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const Geometry g = read_geometry(ctx, spec, kBase);
   const Bias<C> bias(ctx, spec, g, kBase);
@@ -125,21 +142,27 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec) {
   std::vector<C> qb, dyb;
   const C* pq = view_as<T, C>(q_t, qb);
   const C* pdy = view_as<T, C>(dy_t, dyb);
-  const std::vector<C> k_all = all_positions<T, C>(ctx, kBase + kPastKey, kBase + kK, g.k, g, g.Dh);
-  const std::vector<C> v_all = all_positions<T, C>(ctx, kBase + kPastValue, kBase + kV, g.v, g, g.Dv);
-  std::vector<C> dk_all = present_gradient<T, C>(ctx, kDPresentKey, g, g.Dh);
-  std::vector<C> dv_all = present_gradient<T, C>(ctx, kDPresentValue, g, g.Dv);
-  std::vector<C> dq(static_cast<size_t>(q_t.numel()));
+  Buffers<C>& buf = scratch.get<C>();
+  std::vector<C>&k_all = buf.k_all, &v_all = buf.v_all, &dk_all = buf.dk_all, &dv_all = buf.dv_all, &dq = buf.dq;
+  all_positions<T, C>(ctx, kBase + kPastKey, kBase + kK, g.k, g, g.Dh, k_all);
+  all_positions<T, C>(ctx, kBase + kPastValue, kBase + kV, g.v, g, g.Dv, v_all);
+  present_gradient<T, C>(ctx, kDPresentKey, g, g.Dh, dk_all);
+  present_gradient<T, C>(ctx, kDPresentValue, g, g.Dv, dv_all);
+  dq.resize(static_cast<size_t>(q_t.numel()));
   const int64_t T_ = g.total, tasks = g.B * g.Hkv;
   const int threads = head_threads(tasks);
   const int64_t mask_n = want_mask ? ctx.input(kBase + kMask).numel() : 0;
-  std::vector<C> dmask(static_cast<size_t>(threads * mask_n), C(0));
+  std::vector<C>& dmask = buf.dmask;
+  dmask.assign(static_cast<size_t>(threads * mask_n), C(0));
   const C scale = static_cast<C>(g.scale), cap = static_cast<C>(spec.softcap);
   const bool capped = spec.softcap > 0;
+  // Blocks of query rows when the keys they attend end early (see attention.h), else one block.
+  const bool blocked = spec.is_causal || spec.right_window >= 0 || ctx.has_input(kBase + kNonpad);
+  const int64_t block = blocked ? kQueryBlock : std::max<int64_t>(g.Sq, 1);
   bool gemm_ok = true;
 #pragma omp parallel num_threads(threads) reduction(&& : gemm_ok)
   {
-    const size_t n = static_cast<size_t>(g.Sq * T_);
+    const size_t n = static_cast<size_t>(std::min(g.Sq, block) * T_);
     std::vector<C> p(n), dp(n), th(capped ? n : 0), brow(static_cast<size_t>(T_));
     const int t = omp_get_thread_num();
     C* dm = dmask.data() + t * mask_n;
@@ -150,68 +173,72 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec) {
       C* dkk = dk_all.data() + task * T_ * g.Dh;
       C* dvv = dv_all.data() + task * T_ * g.Dv;
       for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
-        const C* qh = pq + g.q.at(b, h);
-        const C* dyh = pdy + g.y.at(b, h);
-        gemm_ok = gemm_ok && gemm(false, true, g.Sq, T_, g.Dh, scale, qh, g.q.s, kk, g.Dh, C(0), p.data(), T_);
-        for (int64_t i = 0; i < g.Sq; ++i) {  // P = softmax(softcap(S) + bias), zero rows where all masked
-          C* row = p.data() + i * T_;
-          C* br = brow.data();
-          bias.row(br, b, h, i);
-          if (capped) {
-            C* tr = th.data() + i * T_;
-            for (int64_t j = 0; j < T_; ++j) {
-              tr[j] = std::tanh(row[j] / cap);
-              row[j] = cap * tr[j];
+        for (int64_t i0 = 0; i0 < g.Sq; i0 += block) {  // blocks of query rows against the keys they can attend
+          const int64_t rows = std::min(g.Sq - i0, block), kn = blocked ? bias.key_limit(b, i0 + rows - 1) : T_;
+          const C* qh = pq + g.q.at(b, h) + i0 * g.q.s;
+          const C* dyh = pdy + g.y.at(b, h) + i0 * g.y.s;
+          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dh, scale, qh, g.q.s, kk, g.Dh, C(0), p.data(), T_);
+          for (int64_t r = 0; r < rows; ++r) {  // P = softmax(softcap(S) + bias), zero rows where all masked
+            C* row = p.data() + r * T_;
+            C* br = brow.data();
+            bias.row(br, b, h, i0 + r);
+            if (capped) {
+              C* tr = th.data() + r * T_;
+              for (int64_t j = 0; j < kn; ++j) {
+                tr[j] = std::tanh(row[j] / cap);
+                row[j] = cap * tr[j];
+              }
             }
-          }
-          int64_t masked = 0;
-          C m = -std::numeric_limits<C>::infinity();
+            int64_t masked = 0;
+            C m = -std::numeric_limits<C>::infinity();
 #pragma omp simd reduction(+ : masked) reduction(max : m)
-          for (int64_t j = 0; j < T_; ++j) {
-            masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
-            row[j] += br[j];
-            m = std::max(m, row[j]);
-          }
-          if (masked == T_) {
-            std::fill(row, row + T_, C(0));
-            continue;
-          }
-          const C safe = m == -std::numeric_limits<C>::infinity() ? C(0) : m;
-          C sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < T_; ++j) {
-            if constexpr (std::is_same_v<C, float>) {
-              row[j] = exp_nonpositive(row[j] - safe);
-            } else {
-              row[j] = std::exp(row[j] - safe);
+            for (int64_t j = 0; j < kn; ++j) {
+              masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
+              row[j] += br[j];
+              m = std::max(m, row[j]);
             }
-            sum += row[j];
-          }
-          const C inv = C(1) / (sum == C(0) ? C(1) : sum);
+            if (masked == kn) {
+              std::fill(row, row + kn, C(0));
+              continue;
+            }
+            const C safe = m == -std::numeric_limits<C>::infinity() ? C(0) : m;
+            C sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < kn; ++j) {
+              if constexpr (std::is_same_v<C, float>) {
+                row[j] = exp_nonpositive(row[j] - safe);
+              } else {
+                row[j] = std::exp(row[j] - safe);
+              }
+              sum += row[j];
+            }
+            const C inv = C(1) / (sum == C(0) ? C(1) : sum);
 #pragma omp simd
-          for (int64_t j = 0; j < T_; ++j) row[j] *= inv;
-        }
-        gemm_ok = gemm_ok && gemm(false, true, g.Sq, T_, g.Dv, C(1), dyh, g.y.s, vv, g.Dv, C(0), dp.data(), T_);
-        gemm_ok = gemm_ok && gemm(true, false, T_, g.Dv, g.Sq, C(1), p.data(), T_, dyh, g.y.s, C(1), dvv, g.Dv);
-        for (int64_t i = 0; i < g.Sq; ++i) {  // dX = P (dP - rowsum(P dP)), then through the softcap
-          C* pr = p.data() + i * T_;
-          C* dr = dp.data() + i * T_;
-          C dot = 0;
+            for (int64_t j = 0; j < kn; ++j) row[j] *= inv;
+          }
+          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dv, C(1), dyh, g.y.s, vv, g.Dv, C(0), dp.data(), T_);
+          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dv, rows, C(1), p.data(), T_, dyh, g.y.s, C(1), dvv, g.Dv);
+          for (int64_t r = 0; r < rows; ++r) {  // dX = P (dP - rowsum(P dP)), then through the softcap
+            C* pr = p.data() + r * T_;
+            C* dr = dp.data() + r * T_;
+            C dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t j = 0; j < T_; ++j) dot += pr[j] * dr[j];
+            for (int64_t j = 0; j < kn; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-          for (int64_t j = 0; j < T_; ++j) dr[j] = pr[j] * (dr[j] - dot);
-          if (want_mask) {
-            C* mr = dm + bias.mask_offset(b, h, i);
-            for (int64_t j = 0; j < bias.mask_len(); ++j) mr[j] += dr[j];
+            for (int64_t j = 0; j < kn; ++j) dr[j] = pr[j] * (dr[j] - dot);
+            if (want_mask) {
+              C* mr = dm + bias.mask_offset(b, h, i0 + r);
+              for (int64_t j = 0; j < std::min(kn, bias.mask_len()); ++j) mr[j] += dr[j];
+            }
+            if (capped) {
+              const C* tr = th.data() + r * T_;
+              for (int64_t j = 0; j < kn; ++j) dr[j] *= C(1) - tr[j] * tr[j];
+            }
           }
-          if (capped) {
-            const C* tr = th.data() + i * T_;
-            for (int64_t j = 0; j < T_; ++j) dr[j] *= C(1) - tr[j] * tr[j];
-          }
+          gemm_ok = gemm_ok && gemm(false, false, rows, g.Dh, kn, scale, dp.data(), T_, kk, g.Dh, C(0), dq.data() + g.q.at(b, h) + i0 * g.q.s,
+                                    g.q.s);
+          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dh, rows, scale, dp.data(), T_, qh, g.q.s, C(1), dkk, g.Dh);
         }
-        gemm_ok = gemm_ok && gemm(false, false, g.Sq, g.Dh, T_, scale, dp.data(), T_, kk, g.Dh, C(0), dq.data() + g.q.at(b, h), g.q.s);
-        gemm_ok = gemm_ok && gemm(true, false, T_, g.Dh, g.Sq, scale, dp.data(), T_, qh, g.q.s, C(1), dkk, g.Dh);
       }
     }
   }
@@ -240,9 +267,9 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec) {
 
 std::unique_ptr<Kernel> make_attention_grad(const KernelInit& init) {
   const Spec spec = parse_spec(init, static_cast<int>(init.attr_int("version", 24)));
-  return make_kernel([spec](KernelContext& ctx) {
+  return make_kernel([spec, scratch = std::make_shared<Scratch>()](KernelContext& ctx) {
     const DataType dt = ctx.input(kBase + kQ).dtype();
-    visit_dtype<FloatTypes>(dt, "input " + ctx.input_name(kBase + kQ), [&]<class T>() { run_attention_grad<T>(ctx, spec); });
+    visit_dtype<FloatTypes>(dt, "input " + ctx.input_name(kBase + kQ), [&]<class T>() { run_attention_grad<T>(ctx, spec, *scratch); });
   });
 }
 
