@@ -32,6 +32,7 @@ constexpr OpsetRange kOpsets[] = {
 };
 
 constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
+constexpr DTypeSet kFloat16And32{DataType::Float16, DataType::BFloat16, DataType::Float32};
 constexpr DTypeSet kFloat16And32And64{DataType::Float16, DataType::Float32, DataType::Float64};
 
 // clang-format off
@@ -263,6 +264,8 @@ const KernelDef kKernels[] = {
   {"", "Mish",                 18, 21,       kFloat16And32And64, make_transformer_activation},  // no bfloat16 before 22
   {"", "Mish",                 22, 22,       kFloat,            make_transformer_activation},
   {"", "SwiGLU",               28, 28,       kFloat,            make_swiglu},
+  {"", "LinearAttention",      27, 27,       kFloat16And32,     make_linear_attention},  // linear_attention.cpp
+  {"", "CausalConvWithState",  27, 27,       kFloat16And32,     make_causal_conv_with_state},
   {kInternal, "AttentionGrad",          1, 1, kFloat,           make_attention_grad, 1},
   {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
   {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},
