@@ -9,6 +9,7 @@
 #include <random>
 
 #include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
 #include "test_util.h"
 
 namespace onnxtrain {
@@ -247,11 +248,76 @@ TEST(LayerNormalizationGrad, Float32WithSavedStatisticsMatchesFloat64) {
   for (size_t i = 0; i < 3; ++i) expect_close(got[i], f32(want[i]), 1e-4, 1e-5);
 }
 
+// The LayerNormalization rule when a loss also reads the saved Mean and InvStdDev (float32
+// outputs, so the finite differences use eps 1e-3 and a tolerance to match):
+// loss = sum(Y R0) + sum(Cast(Mean) R1) + sum(Cast(InvStdDev) R2), gradient with respect to X.
+TEST(LayerNormalizationGrad, FlowsThroughTheSavedStatistics) {
+  const Tensor x = random_f64({3, 4}, 53), scale = random_f64({4}, 54), r0 = random_f64({3, 4}, 55), r1 = random_f64({3, 1}, 56),
+               r2 = random_f64({3, 1}, 57);
+  auto model = [&](bool gradient) {
+    onnx::ModelProto m = testing::empty_model("ln_stats");
+    auto* opset = m.add_opset_import();
+    opset->set_domain("ai.onnx.preview.training");
+    opset->set_version(1);
+    onnx::GraphProto& g = *m.mutable_graph();
+    testing::typed_value(g.add_input(), "X", onnx::TensorProto::DOUBLE, {3, 4});
+    const std::vector<std::pair<std::string, Tensor>> inits{{"S", scale}, {"R0", r0}, {"R1", r1}, {"R2", r2}};
+    for (const auto& [name, t] : inits) io::tensor_to_proto(t, name, *g.add_initializer());
+    testing::add_node(g, "LayerNormalization", {"X", "S"}, {"Y", "Mean", "Inv"});
+    testing::add_node(g, "Cast", {"Mean"}, {"Mean64"})->add_attribute()->CopyFrom(attr("to", int64_t{11}));
+    testing::add_node(g, "Cast", {"Inv"}, {"Inv64"})->add_attribute()->CopyFrom(attr("to", int64_t{11}));
+    testing::add_node(g, "Mul", {"Y", "R0"}, {"t0"});
+    testing::add_node(g, "Mul", {"Mean64", "R1"}, {"t1"});
+    testing::add_node(g, "Mul", {"Inv64", "R2"}, {"t2"});
+    for (const char* t : {"t0", "t1", "t2"}) {
+      testing::add_node(g, "ReduceSum", {t}, {std::string(t) + "s"})->add_attribute()->CopyFrom(attr("keepdims", int64_t{0}));
+    }
+    testing::add_node(g, "Sum", {"t0s", "t1s", "t2s"}, {"loss"});
+    g.add_output()->set_name(gradient ? "dX" : "loss");
+    if (gradient) {
+      auto* n = testing::add_node(g, "Gradient", {"X"}, {"dX"});
+      n->set_domain("ai.onnx.preview.training");
+      n->add_attribute()->CopyFrom(attr("xs", std::vector<std::string>{"X"}));
+      n->add_attribute()->CopyFrom(attr("y", std::string("loss")));
+    }
+    return m;
+  };
+  runtime::Session with_gradient(model(true)), loss_only(model(false));
+  const Tensor got = with_gradient.run({{"X", x}}).at("dX");
+  const Tensor want = testing::central_differences(
+      [&](const Tensor& at) { return loss_only.run({{"X", at}}).at("loss").to_double_vector()[0]; }, x, 1e-3);
+  expect_close(got, want, 1e-3, 1e-3);
+}
+
 TEST(RotaryEmbedding, PositionsOutsideTheCacheAreErrors) {
   const Tensor x = random_f64({1, 1, 2, 4}, 60), cache = random_f64({3, 2}, 61);
   EXPECT_THROW(run("RotaryEmbedding", {f32(x), f32(cache), f32(cache), i64({1, 2}, {0, 3})}, {}, 23), Error);
   EXPECT_THROW(run("RotaryEmbedding", {f32(x), f32(cache), f32(cache), i64({1, 2}, {0, 1})}, {attr("rotary_embedding_dim", int64_t{3})}, 23),
                Error);
+}
+
+TEST(LinearAttention, TheUpdateRuleDecidesWhichInputsMustBeGiven) {
+  const Tensor q = f32(random_f64({1, 2, 4}, 80)), decay = f32(random_f64({1, 2, 2}, 81));
+  const Attrs heads{attr("q_num_heads", int64_t{2}), attr("kv_num_heads", int64_t{2})};
+  EXPECT_THROW(run("LinearAttention", {q, q, q}, heads, 27, 2), Error);  // gated_delta needs decay and beta
+  Attrs gated = heads;
+  gated.push_back(attr("update_rule", std::string("gated")));
+  const auto out = run("LinearAttention", {q, q, q, Tensor(), decay}, gated, 27, 2);
+  EXPECT_EQ(out[0].shape(), (Shape{1, 2, 4}));
+  EXPECT_EQ(out[1].shape(), (Shape{1, 2, 2, 2}));
+  EXPECT_THROW(run("LinearAttention", {q, q, q, Tensor(), decay, decay}, gated, 27, 2), Error);  // gated forbids beta
+}
+
+TEST(CausalConvWithState, ChecksTheDepthwiseWeight) {
+  const Tensor x = f32(random_f64({1, 3, 5}, 82));
+  EXPECT_THROW(run("CausalConvWithState", {x, f32(random_f64({3, 2, 2}, 83))}, {}, 27, 2), Error);
+  const auto out = run("CausalConvWithState", {x, f32(random_f64({3, 1, 3}, 84))}, {}, 27, 2);
+  // present_state is the last k - 1 = 2 inputs of each channel.
+  const auto xv = x.to_double_vector(), sv = out[1].to_double_vector();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(sv[static_cast<size_t>(c * 2)], xv[static_cast<size_t>(c * 5 + 3)]);
+    EXPECT_EQ(sv[static_cast<size_t>(c * 2 + 1)], xv[static_cast<size_t>(c * 5 + 4)]);
+  }
 }
 
 // --- activations ------------------------------------------------------------------------------
