@@ -390,13 +390,17 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
         const T* xr = px + r * inner;
         const T* gr = pg + r * inner;
         V sum_g = 0, sum_gx = 0;
+        const V* sv = scale_v.data();
 #pragma omp simd reduction(+ : sum_g, sum_gx)
         for (int64_t k = 0; k < inner; ++k) {
           const V g = static_cast<V>(gr[k]), xhat = (static_cast<V>(xr[k]) - mean) * inv;
-          const V gs = g * scale_v[static_cast<size_t>(k)];
-          sum_g += gs;
-          sum_gx += gs * xhat;
-          ds[k] += g * xhat;
+          sum_g += g * sv[k];
+          sum_gx += g * sv[k] * xhat;
+        }
+#pragma omp simd
+        for (int64_t k = 0; k < inner; ++k) {
+          const V g = static_cast<V>(gr[k]);
+          ds[k] += g * ((static_cast<V>(xr[k]) - mean) * inv);
           db[k] += g;
         }
         const V a = sum_g / static_cast<V>(inner), b = sum_gx / static_cast<V>(inner);
@@ -404,7 +408,7 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
 #pragma omp simd
         for (int64_t k = 0; k < inner; ++k) {
           const V xhat = (static_cast<V>(xr[k]) - mean) * inv;
-          dxr[k] = convert<T>(inv * (static_cast<V>(gr[k]) * scale_v[static_cast<size_t>(k)] - a - xhat * b));
+          dxr[k] = convert<T>(inv * (static_cast<V>(gr[k]) * sv[k] - a - xhat * b));
         }
       }
     }
