@@ -108,6 +108,31 @@ void swiglu_rule(Builder& b) {
   set_wanted(b, b.op_n("SwiGLUGrad", {b.GO(0), b.I(0), b.I(1)}, 2, forward_attributes(b), kInternalDomain, wanted), wanted);
 }
 
+// ---- CausalConvWithState: dInput, dWeight, dBias by ai.onnxtrain.CausalConvWithStateGrad, with the
+// gradient flowing into present_state ----
+void causal_conv_rule(Builder& b) {
+  const std::vector<bool> wanted{b.needs(0), b.needs(1), b.has_input(2) && b.needs(2)};
+  std::vector<std::string> in{b.GO(0), b.I(0), b.I(1), b.has_input(2) ? b.I(2) : "", b.has_input(3) ? b.I(3) : "",
+                              b.num_outputs() > 1 && !b.O(1).empty() && b.has_GO(1) ? b.GO(1) : ""};
+  while (in.back().empty()) in.pop_back();
+  set_wanted(b, b.op_n("CausalConvWithStateGrad", in, 3, forward_attributes(b), kInternalDomain, wanted), wanted);
+}
+
+// ---- LinearAttention: dquery, dkey, dvalue, ddecay, dbeta by ai.onnxtrain.LinearAttentionGrad
+// (backpropagation through the tokens), with the gradient flowing into present_state ----
+void linear_attention_rule(Builder& b) {
+  const std::vector<bool> wanted{b.needs(0), b.needs(1), b.needs(2), b.has_input(4) && b.needs(4), b.has_input(5) && b.needs(5)};
+  std::vector<std::string> in{b.GO(0)};
+  for (int i = 0; i < 6; ++i) in.push_back(b.has_input(i) ? b.I(i) : "");
+  in.push_back(b.num_outputs() > 1 && !b.O(1).empty() && b.has_GO(1) ? b.GO(1) : "");
+  while (in.back().empty()) in.pop_back();
+  const auto grads = b.op_n("LinearAttentionGrad", in, 5, forward_attributes(b), kInternalDomain, wanted);
+  const int input_of[] = {0, 1, 2, 4, 5};
+  for (size_t i = 0; i < 5; ++i) {
+    if (wanted[i]) b.set_GI(input_of[i], grads[i]);
+  }
+}
+
 // The rule of the backward ops above.
 void transformer_backward_op(Builder& b) {
   throw Error(b.node().op_type() + " (a backward op of the transformer ops) is not differentiable: second derivatives through "
@@ -133,6 +158,12 @@ std::vector<Rule> transformer_rules() {
     {"", "Swish",              kIn0, false, activation_rule, "dx = dy (s + alpha x s (1 - s)), s = sigmoid(alpha x) (ai.onnxtrain.SwishGrad)"},
     {"", "Mish",               kIn0, false, activation_rule, "dx = dy (tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x)), sp = softplus(x) (ai.onnxtrain.MishGrad)"},
     {"", "SwiGLU",             inputs_mask({0, 1}), false, swiglu_rule, "dA = dy B swish'(A), dB = dy swish(A) (ai.onnxtrain.SwiGLUGrad)"},
+    {"", "CausalConvWithState", inputs_mask({0, 1, 2}), false, causal_conv_rule,
+        "dz = dy act'(z); dinput = the transposed depthwise convolution of dz (plus d present_state); dweight = sum dz padded; dbias = sum dz (ai.onnxtrain.CausalConvWithStateGrad); past_state: not differentiable (its schema tag)"},
+    {"", "LinearAttention", inputs_mask({0, 1, 2, 4, 5}), false, linear_attention_rule,
+        "backpropagation through the tokens: dq = scale S do, dS += scale q do^T, du = dS^T k, dk = dS u, delta: dv = beta du, dbeta = du (v - S'^T k); gated: dg = e^g sum dS' S (ai.onnxtrain.LinearAttentionGrad); past_state: not differentiable (its schema tag)"},
+    {kInternalDomain, "LinearAttentionGrad", kAllInputs, false, transformer_backward_op, "not twice differentiable"},
+    {kInternalDomain, "CausalConvWithStateGrad", kAllInputs, false, transformer_backward_op, "not twice differentiable"},
     {kInternalDomain, "AttentionGrad",          kAllInputs, false, transformer_backward_op, "not twice differentiable"},
     {kInternalDomain, "LayerNormalizationGrad", kAllInputs, false, transformer_backward_op, "not twice differentiable"},
     {kInternalDomain, "RMSNormalizationGrad",   kAllInputs, false, transformer_backward_op, "not twice differentiable"},

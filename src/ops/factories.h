@@ -130,8 +130,11 @@ std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init);
 // activation.cpp: Gelu, Swish, Mish and GeluGrad, SwishGrad, MishGrad; SwiGLU and SwiGLUGrad.
 std::unique_ptr<Kernel> make_transformer_activation(const KernelInit& init);
 std::unique_ptr<Kernel> make_swiglu(const KernelInit& init);
-// linear_attention.cpp: LinearAttention, CausalConvWithState (forward only).
+// linear_attention.cpp: LinearAttention, CausalConvWithState.
 std::unique_ptr<Kernel> make_linear_attention(const KernelInit& init);
 std::unique_ptr<Kernel> make_causal_conv_with_state(const KernelInit& init);
+// linear_attention_grad.cpp: ai.onnxtrain.CausalConvWithStateGrad, LinearAttentionGrad.
+std::unique_ptr<Kernel> make_causal_conv_with_state_grad(const KernelInit& init);
+std::unique_ptr<Kernel> make_linear_attention_grad(const KernelInit& init);
 
 }  // namespace onnxtrain::ops

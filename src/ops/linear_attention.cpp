@@ -1,5 +1,5 @@
 // The recurrent sequence mixers of Gated DeltaNet and Mamba models (ONNX operator docs,
-// ai.onnx version 27): LinearAttention and CausalConvWithState. Forward only (no gradient rules).
+// ai.onnx version 27): LinearAttention and CausalConvWithState.
 //
 // LinearAttention: query [B, T, Hq * dk], key [B, T, Hkv * dk], value [B, T, Hkv * dv] (the
 //   attributes q_num_heads and kv_num_heads are required, Hq a multiple of Hkv); a state S
@@ -13,12 +13,16 @@
 //   scale: the attribute, or 1 / sqrt(dk) when 0. Outputs: output [B, T, Hq * dv] (the query's
 //   type) and present_state = S after the last token (past_state's type, else the query's).
 //   decay must be given exactly for the gated rules and beta for the delta rules. chunk_size is a
-//   tuning hint of the spec; the recurrence runs token by token (exact). Computes in float32.
+//   tuning hint of the spec; the recurrence runs token by token (exact). Computes in float32
+//   (float64 for float64 data, accepted beyond the schema's types so that the gradient rule is
+//   checked by finite differences in float64). Backward op LinearAttentionGrad: linear_attention_grad.cpp.
 // CausalConvWithState: input [B, C, L], weight [C, 1, k], bias [C], past_state [B, C, k - 1]
 //   (zeros when omitted): a depthwise convolution of concat(past_state, input) along the
 //   sequence, output[b, c, t] = bias[c] + sum_m weight[c, 0, m] padded[b, c, t + m], then
 //   activation 'silu' (alias 'swish'): x sigmoid(x), or 'none'; present_state = the last k - 1
-//   positions of the padded sequence. Computes in float32.
+//   positions of the padded sequence. Computes in float32 (float64 for float64 data, accepted
+//   beyond the schema's types so that its gradient rule is checked by finite differences in float64).
+//   Its backward op CausalConvWithStateGrad: linear_attention_grad.cpp.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -26,30 +30,15 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "ops/factories.h"
+#include "ops/linear_attention.h"
 
 namespace onnxtrain::ops {
+
+namespace linear_attention {
 
 namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
-
-enum class UpdateRule { Linear, Gated, Delta, GatedDelta };
-
-struct LinearAttentionSpec {
-  int64_t q_heads = 0, kv_heads = 0;
-  double scale = 0;
-  bool gating = false, delta = false;
-};
-
-// Input i as float [numel] (a copy when it is not float32).
-std::vector<float> as_float(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  visit_dtype<FloatTypes>(t.dtype(), "input", [&]<class T>() {
-    const T* p = t.data<T>();
-    for (size_t i = 0; i < out.size(); ++i) out[i] = convert<float>(p[i]);
-  });
-  return out;
-}
 
 void require_rank3(const KernelContext& ctx, int i, int64_t B, int64_t T, int64_t last, const char* what) {
   const Tensor& t = ctx.input(i);
@@ -59,87 +48,101 @@ void require_rank3(const KernelContext& ctx, int i, int64_t B, int64_t T, int64_
   }
 }
 
-void run_linear_attention(KernelContext& ctx, const LinearAttentionSpec& spec) {
-  const Tensor& q = ctx.input(0);
+}  // namespace
+
+Spec parse_spec(const KernelInit& init) {
+  Spec spec;
+  spec.q_heads = init.required_int("q_num_heads");
+  spec.kv_heads = init.required_int("kv_num_heads");
+  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0) {
+    fail("attribute 'q_num_heads' = " + num(spec.q_heads) + " must be a positive multiple of 'kv_num_heads' = " + num(spec.kv_heads));
+  }
+  spec.scale = init.attr_float("scale", 0.0f);
+  const std::string rule = init.attr_string("update_rule", "gated_delta");
+  if (rule != "linear" && rule != "gated" && rule != "delta" && rule != "gated_delta") {
+    fail("attribute 'update_rule' = '" + rule + "' is not one of 'linear', 'gated', 'delta', 'gated_delta'");
+  }
+  spec.gating = rule == "gated" || rule == "gated_delta";
+  spec.delta = rule == "delta" || rule == "gated_delta";
+  return spec;
+}
+
+Geometry read_geometry(const KernelContext& ctx, const Spec& spec, int base) {
+  const Tensor& q = ctx.input(base);
   if (q.rank() != 3 || q.dim(2) % spec.q_heads != 0) {
-    fail("input " + ctx.input_name(0) + " (query) is " + q.description() + ", expected [B, T, q_num_heads * dk] with q_num_heads = " +
+    fail("input " + ctx.input_name(base) + " (query) is " + q.description() + ", expected [B, T, q_num_heads * dk] with q_num_heads = " +
          num(spec.q_heads));
   }
-  const int64_t B = q.dim(0), T = q.dim(1), Hq = spec.q_heads, Hkv = spec.kv_heads, dk = q.dim(2) / Hq;
-  require_rank3(ctx, 1, B, T, Hkv * dk, "key");
-  require_rank3(ctx, 2, B, T, -1, "value");
-  const Tensor& v = ctx.input(2);
-  if (v.dim(2) % Hkv != 0) fail("input " + ctx.input_name(2) + " (value) is " + v.description() + ": its last dim is not a multiple of kv_num_heads");
-  const int64_t dv = v.dim(2) / Hkv;
-  for (int i = 1; i <= 2; ++i) {
+  Geometry g;
+  g.B = q.dim(0), g.T = q.dim(1), g.Hq = spec.q_heads, g.Hkv = spec.kv_heads, g.dk = q.dim(2) / g.Hq;
+  require_rank3(ctx, base + 1, g.B, g.T, g.Hkv * g.dk, "key");
+  require_rank3(ctx, base + 2, g.B, g.T, -1, "value");
+  const Tensor& v = ctx.input(base + 2);
+  if (v.dim(2) % g.Hkv != 0) fail("input " + ctx.input_name(base + 2) + " (value) is " + v.description() + ": its last dim is not a multiple of kv_num_heads");
+  g.dv = v.dim(2) / g.Hkv;
+  for (int i = base + 1; i <= base + 2; ++i) {
     if (ctx.input(i).dtype() != q.dtype()) fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected the query's type");
   }
-  const bool has_decay = ctx.has_input(4), has_beta = ctx.has_input(5);
-  if (has_decay != spec.gating || has_beta != spec.delta) {
+  g.has_decay = ctx.has_input(base + 4), g.has_beta = ctx.has_input(base + 5);
+  if (g.has_decay != spec.gating || g.has_beta != spec.delta) {
     fail("update_rule needs " + std::string(spec.gating ? "decay" : "no decay") + " and " + (spec.delta ? "beta" : "no beta") +
-         "; the node gives " + (has_decay ? "decay" : "no decay") + " and " + (has_beta ? "beta" : "no beta"));
+         "; the node gives " + (g.has_decay ? "decay" : "no decay") + " and " + (g.has_beta ? "beta" : "no beta"));
   }
-  int64_t decay_per_row = 0;  // 1: decay per row of S ([.., Hkv * dk]), 0: per head
-  if (has_decay) {
-    const Tensor& d = ctx.input(4);
-    require_rank3(ctx, 4, B, T, -1, "decay");
-    if (d.dim(2) != Hkv && d.dim(2) != Hkv * dk) fail("input " + ctx.input_name(4) + " (decay) is " + d.description() + ", expected last dim kv_num_heads or kv_num_heads * dk");
-    decay_per_row = d.dim(2) == Hkv ? 0 : 1;
-  }
-  int64_t beta_heads = 0;
-  if (has_beta) {
-    const Tensor& bt = ctx.input(5);
-    require_rank3(ctx, 5, B, T, -1, "beta");
-    if (bt.dim(2) != Hkv && bt.dim(2) != 1) fail("input " + ctx.input_name(5) + " (beta) is " + bt.description() + ", expected last dim kv_num_heads or 1");
-    beta_heads = bt.dim(2);
-  }
-  DataType state_type = q.dtype();
-  std::vector<float> state(static_cast<size_t>(B * Hkv * dk * dv), 0.0f);
-  if (ctx.has_input(3)) {
-    const Tensor& p = ctx.input(3);
-    if (!(p.shape() == Shape{B, Hkv, dk, dv}) || !is_floating(p.dtype())) {
-      fail("input " + ctx.input_name(3) + " (past_state) is " + p.description() + ", expected " + Shape{B, Hkv, dk, dv}.to_string());
+  if (g.has_decay) {
+    const Tensor& d = ctx.input(base + 4);
+    require_rank3(ctx, base + 4, g.B, g.T, -1, "decay");
+    if (d.dim(2) != g.Hkv && d.dim(2) != g.Hkv * g.dk) {
+      fail("input " + ctx.input_name(base + 4) + " (decay) is " + d.description() + ", expected last dim kv_num_heads or kv_num_heads * dk");
     }
-    state = as_float(p);
-    state_type = p.dtype();
+    g.decay_per_row = d.dim(2) != g.Hkv;
   }
-  const std::vector<float> qf = as_float(q), kf = as_float(ctx.input(1)), vf = as_float(v);
-  const std::vector<float> decay = has_decay ? as_float(ctx.input(4)) : std::vector<float>();
-  const std::vector<float> beta = has_beta ? as_float(ctx.input(5)) : std::vector<float>();
-  const float scale = static_cast<float>(spec.scale != 0 ? spec.scale : 1.0 / std::sqrt(static_cast<double>(dk)));
-  std::vector<float> out(static_cast<size_t>(B * T * Hq * dv));
-  const int64_t group = Hq / Hkv;
+  if (g.has_beta) {
+    const Tensor& bt = ctx.input(base + 5);
+    require_rank3(ctx, base + 5, g.B, g.T, -1, "beta");
+    if (bt.dim(2) != g.Hkv && bt.dim(2) != 1) fail("input " + ctx.input_name(base + 5) + " (beta) is " + bt.description() + ", expected last dim kv_num_heads or 1");
+    g.beta_heads = bt.dim(2);
+  }
+  g.state_type = q.dtype();
+  g.has_past = ctx.has_input(base + 3);
+  if (g.has_past) {
+    const Tensor& p = ctx.input(base + 3);
+    if (!(p.shape() == Shape{g.B, g.Hkv, g.dk, g.dv}) || !is_floating(p.dtype())) {
+      fail("input " + ctx.input_name(base + 3) + " (past_state) is " + p.description() + ", expected " + Shape{g.B, g.Hkv, g.dk, g.dv}.to_string());
+    }
+    g.state_type = p.dtype();
+  }
+  g.scale = spec.scale != 0 ? spec.scale : 1.0 / std::sqrt(static_cast<double>(g.dk));
+  return g;
+}
+
+}  // namespace linear_attention
+
+namespace {
+
+namespace la = linear_attention;
+
+template <class V>
+void run_linear_attention(KernelContext& ctx, const la::Spec& spec) {
+  const la::Geometry geo = la::read_geometry(ctx, spec, 0);
+  const int64_t B = geo.B, T = geo.T, Hq = geo.Hq, Hkv = geo.Hkv, dk = geo.dk, dv = geo.dv;
+  std::vector<V> state = geo.has_past ? la::values<V>(ctx.input(3)) : std::vector<V>(static_cast<size_t>(B * Hkv * dk * dv), V(0));
+  const std::vector<V> q = la::values<V>(ctx.input(0)), k = la::values<V>(ctx.input(1)), v = la::values<V>(ctx.input(2));
+  const std::vector<V> decay = geo.has_decay ? la::values<V>(ctx.input(4)) : std::vector<V>();
+  const std::vector<V> beta = geo.has_beta ? la::values<V>(ctx.input(5)) : std::vector<V>();
+  const V scale = static_cast<V>(geo.scale);
+  std::vector<V> out(static_cast<size_t>(B * T * Hq * dv));
   parallel_for(B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> u(static_cast<size_t>(dv));
+    std::vector<V> scaled(static_cast<size_t>(dk * dv)), u(static_cast<size_t>(dv)), r(static_cast<size_t>(dv));
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / Hkv, h = bh % Hkv;
-      float* S = state.data() + bh * dk * dv;
+      V* S = state.data() + bh * dk * dv;
       for (int64_t t = 0; t < T; ++t) {
-        const float* kt = kf.data() + (b * T + t) * Hkv * dk + h * dk;
-        const float* vt = vf.data() + (b * T + t) * Hkv * dv + h * dv;
-        if (has_decay) {
-          const float* g = decay.data() + (b * T + t) * (decay_per_row ? Hkv * dk : Hkv) + h * (decay_per_row ? dk : 1);
-          for (int64_t d = 0; d < dk; ++d) {
-            const float f = std::exp(g[decay_per_row ? d : 0]);
-            for (int64_t m = 0; m < dv; ++m) S[d * dv + m] *= f;
-          }
-        }
-        if (has_beta) {
-          const float bv = beta[static_cast<size_t>((b * T + t) * beta_heads + (beta_heads == 1 ? 0 : h))];
-          for (int64_t m = 0; m < dv; ++m) {
-            float r = 0;
-            for (int64_t d = 0; d < dk; ++d) r += S[d * dv + m] * kt[d];
-            u[static_cast<size_t>(m)] = bv * (vt[m] - r);
-          }
-        } else {
-          std::copy(vt, vt + dv, u.begin());
-        }
-        for (int64_t d = 0; d < dk; ++d) {
-          for (int64_t m = 0; m < dv; ++m) S[d * dv + m] += kt[d] * u[static_cast<size_t>(m)];
-        }
-        for (int64_t hq = h * group; hq < (h + 1) * group; ++hq) {
-          const float* qt = qf.data() + (b * T + t) * Hq * dk + hq * dk;
-          float* o = out.data() + (b * T + t) * Hq * dv + hq * dv;
+        la::step(geo, spec, S, k.data() + geo.k_at(b, t, h), v.data() + geo.v_at(b, t, h),
+                 geo.has_decay ? decay.data() + geo.g_at(b, t, h) : nullptr, geo.has_beta ? beta[static_cast<size_t>(geo.beta_at(b, t, h))] : V(1),
+                 scaled.data(), u.data(), r.data());
+        for (int64_t hq = h * geo.group(); hq < (h + 1) * geo.group(); ++hq) {  // output_t = scale q_t^T S
+          const V* qt = q.data() + geo.q_at(b, t, hq);
+          V* o = out.data() + geo.o_at(b, t, hq);
           for (int64_t m = 0; m < dv; ++m) o[m] = 0;
           for (int64_t d = 0; d < dk; ++d) {
             for (int64_t m = 0; m < dv; ++m) o[m] += qt[d] * S[d * dv + m];
@@ -149,12 +152,12 @@ void run_linear_attention(KernelContext& ctx, const LinearAttentionSpec& spec) {
       }
     }
   });
-  Tensor y = ctx.allocate_output(0, q.dtype(), Shape{B, T, Hq * dv});
-  Tensor present = ctx.allocate_output(1, state_type, Shape{B, Hkv, dk, dv});
-  visit_dtype<FloatTypes>(q.dtype(), "output", [&]<class U>() {
+  Tensor y = ctx.allocate_output(0, ctx.input(0).dtype(), Shape{B, T, Hq * dv});
+  Tensor present = ctx.allocate_output(1, geo.state_type, Shape{B, Hkv, dk, dv});
+  visit_dtype<FloatTypes>(y.dtype(), "output", [&]<class U>() {
     for (size_t i = 0; i < out.size(); ++i) y.data<U>()[i] = convert<U>(out[i]);
   });
-  visit_dtype<FloatTypes>(state_type, "present_state", [&]<class U>() {
+  visit_dtype<FloatTypes>(geo.state_type, "present_state", [&]<class U>() {
     for (size_t i = 0; i < state.size(); ++i) present.data<U>()[i] = convert<U>(state[i]);
   });
 }
@@ -167,12 +170,12 @@ void run_causal_conv(KernelContext& ctx, bool silu) {
   if (x.rank() != 3) fail("input " + ctx.input_name(0) + " is " + x.description() + ", expected [batch, channels, length]");
   const int64_t B = x.dim(0), C = x.dim(1), L = x.dim(2);
   if (w.rank() != 3 || w.dim(0) != C || w.dim(1) != 1 || w.dim(2) < 1 || w.dtype() != x.dtype()) {
-    fail("input " + ctx.input_name(1) + " is " + w.description() + ", expected " + std::string(dtype_name(x.dtype())) + " [" + num(C) +
+    fail("input " + ctx.input_name(1) + " is " + w.description() + ", expected " + std::string(dtype_name(x.dtype())) + " [" + la::num(C) +
          ", 1, k] (depthwise, k >= 1)");
   }
   const int64_t k = w.dim(2), P = k - 1;
   if (ctx.has_input(2) && (!(ctx.input(2).shape() == Shape{C}) || ctx.input(2).dtype() != x.dtype())) {
-    fail("input " + ctx.input_name(2) + " (bias) is " + ctx.input(2).description() + ", expected [" + num(C) + "]");
+    fail("input " + ctx.input_name(2) + " (bias) is " + ctx.input(2).description() + ", expected [" + la::num(C) + "]");
   }
   if (ctx.has_input(3) && (!(ctx.input(3).shape() == Shape{B, C, P}) || ctx.input(3).dtype() != x.dtype())) {
     fail("input " + ctx.input_name(3) + " (past_state) is " + ctx.input(3).description() + ", expected " + Shape{B, C, P}.to_string());
@@ -180,7 +183,7 @@ void run_causal_conv(KernelContext& ctx, bool silu) {
   Tensor y = ctx.allocate_output(0, x.dtype(), x.shape());
   Tensor present = ctx.allocate_output(1, x.dtype(), Shape{B, C, P});
   visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
-    using V = float;
+    using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     const T* pb = ctx.has_input(2) ? ctx.input(2).data<T>() : nullptr;
@@ -208,20 +211,11 @@ void run_causal_conv(KernelContext& ctx, bool silu) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_linear_attention(const KernelInit& init) {
-  LinearAttentionSpec spec;
-  spec.q_heads = init.required_int("q_num_heads");
-  spec.kv_heads = init.required_int("kv_num_heads");
-  if (spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.q_heads % spec.kv_heads != 0) {
-    fail("attribute 'q_num_heads' = " + num(spec.q_heads) + " must be a positive multiple of 'kv_num_heads' = " + num(spec.kv_heads));
-  }
-  spec.scale = init.attr_float("scale", 0.0f);
-  const std::string rule = init.attr_string("update_rule", "gated_delta");
-  if (rule != "linear" && rule != "gated" && rule != "delta" && rule != "gated_delta") {
-    fail("attribute 'update_rule' = '" + rule + "' is not one of 'linear', 'gated', 'delta', 'gated_delta'");
-  }
-  spec.gating = rule == "gated" || rule == "gated_delta";
-  spec.delta = rule == "delta" || rule == "gated_delta";
-  return make_kernel([spec](KernelContext& ctx) { run_linear_attention(ctx, spec); });
+  const la::Spec spec = la::parse_spec(init);
+  return make_kernel([spec](KernelContext& ctx) {
+    if (ctx.input(0).dtype() == DataType::Float64) return run_linear_attention<double>(ctx, spec);
+    run_linear_attention<float>(ctx, spec);
+  });
 }
 
 std::unique_ptr<Kernel> make_causal_conv_with_state(const KernelInit& init) {

@@ -32,7 +32,6 @@ constexpr OpsetRange kOpsets[] = {
 };
 
 constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
-constexpr DTypeSet kFloat16And32{DataType::Float16, DataType::BFloat16, DataType::Float32};
 constexpr DTypeSet kFloat16And32And64{DataType::Float16, DataType::Float32, DataType::Float64};
 
 // clang-format off
@@ -264,8 +263,8 @@ const KernelDef kKernels[] = {
   {"", "Mish",                 18, 21,       kFloat16And32And64, make_transformer_activation},  // no bfloat16 before 22
   {"", "Mish",                 22, 22,       kFloat,            make_transformer_activation},
   {"", "SwiGLU",               28, 28,       kFloat,            make_swiglu},
-  {"", "LinearAttention",      27, 27,       kFloat16And32,     make_linear_attention},  // linear_attention.cpp
-  {"", "CausalConvWithState",  27, 27,       kFloat16And32,     make_causal_conv_with_state},
+  {"", "LinearAttention",      27, 27,       kFloat,            make_linear_attention},  // linear_attention.cpp; float64 beyond the schema
+  {"", "CausalConvWithState",  27, 27,       kFloat,            make_causal_conv_with_state},  // float64 beyond the schema (gradient checks)
   {kInternal, "AttentionGrad",          1, 1, kFloat,           make_attention_grad, 1},
   {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
   {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},
@@ -274,6 +273,8 @@ const KernelDef kKernels[] = {
   {kInternal, "SwishGrad",              1, 1, kFloat,           make_transformer_activation, 1},
   {kInternal, "MishGrad",               1, 1, kFloat,           make_transformer_activation, 1},
   {kInternal, "SwiGLUGrad",             1, 1, kFloat,           make_swiglu, 1},
+  {kInternal, "CausalConvWithStateGrad", 1, 1, kFloat,          make_causal_conv_with_state_grad, 1},
+  {kInternal, "LinearAttentionGrad",    1, 1, kFloat,           make_linear_attention_grad, 1},
 };
 // clang-format on
 

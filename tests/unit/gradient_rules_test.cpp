@@ -316,6 +316,22 @@ void transformer_cases(std::vector<Case>& c) {
   c.push_back({"Swish", {attr("alpha", 0.7f)}, {x({2, 3})}, 1, 24});
   c.push_back({"Mish", {}, {x({2, 3})}, 1, 22});
   c.push_back({"SwiGLU", {attr("alpha", 1.3f)}, {x({2, 3}), x({2, 3})}, 1, 28});
+  c.push_back({"CausalConvWithState", {attr("activation", std::string("silu"))},
+               {x({2, 2, 4}), x({2, 1, 3}), x({2}), fixed(uniform({2, 2, 2}, -1, 1))}, 2, 27, "", "silu, past_state, present_state used"});
+  c.push_back({"CausalConvWithState", {}, {x({1, 2, 3}), x({2, 1, 2})}, 1, 27, "", "no bias"});
+  auto la = [&](const char* rule, std::vector<Input> in, const char* label, int64_t hq = 2, int64_t hkv = 2) {
+    c.push_back({"LinearAttention", {attr("update_rule", std::string(rule)), attr("q_num_heads", hq), attr("kv_num_heads", hkv)},
+                 std::move(in), 2, 27, "", label});
+  };
+  // Keys small, so that the delta rule's state stays moderate over the tokens.
+  auto small = [](const Shape& s) { return in_range(s, -0.5, 0.5); };
+  la("gated_delta", {x({1, 3, 4}), small({1, 3, 4}), x({1, 3, 6}), fixed(uniform({1, 2, 2, 3}, -1, 1)), in_range({1, 3, 4}, -0.5, 0),
+                     in_range({1, 3, 2}, 0.2, 0.9)},
+     "gated_delta, past_state, decay per row, present_state used");
+  la("gated_delta", {x({1, 3, 8}), small({1, 3, 4}), x({1, 3, 4}), omitted(), in_range({1, 3, 2}, -0.5, 0), in_range({1, 3, 1}, 0.2, 0.9)},
+     "gated_delta, GQA 4 over 2, per-head decay, beta shared by the heads", 4, 2);
+  la("linear", {x({2, 2, 4}), small({2, 2, 4}), x({2, 2, 4})}, "linear");
+  la("delta", {x({1, 3, 4}), small({1, 3, 4}), x({1, 3, 4}), omitted(), omitted(), in_range({1, 3, 2}, 0.2, 0.9)}, "delta");
 }
 
 std::vector<Case> cases() {
