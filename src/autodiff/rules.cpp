@@ -332,6 +332,7 @@ std::vector<Rule> control_flow_rules();
 std::vector<Rule> rnn_rules();
 std::vector<Rule> signal_rules();  // rules_signal.cpp
 std::vector<Rule> vision_rules();  // rules_vision.cpp
+std::vector<Rule> transformer_rules();  // rules_transformer.cpp
 
 namespace {
 
@@ -432,6 +433,7 @@ const std::vector<Rule>& table() {
     for (auto& r : rnn_rules()) all.push_back(r);
     for (auto& r : signal_rules()) all.push_back(r);
     for (auto& r : vision_rules()) all.push_back(r);
+    for (auto& r : transformer_rules()) all.push_back(r);
     return all;
   }();
   return rules;

@@ -123,21 +123,6 @@ void instance_norm_rule(Builder& b) {
   if (b.needs(1)) b.set_GI(1, b.reduce_sum(mul(b, g, n.xhat), sum_axes, false));
   if (b.needs(2)) b.set_GI(2, b.reduce_sum(g, sum_axes, false));
 }
-void layer_norm_rule(Builder& b) {
-  const std::string x = b.I(0), g = b.GO(0);
-  const int r = b.require_rank(x);
-  int64_t axis = b.get_int("axis", -1);
-  if (axis < 0) axis += r;
-  const std::vector<int64_t> normalized = range(axis, r), leading = range(0, axis);
-  const Normalized n = normalize(b, x, normalized, b.get_float("epsilon", 1e-5f));
-  if (b.needs(0)) b.set_GI(0, normalized_input_gradient(b, mul(b, g, b.I(1)), n, normalized));
-  auto to_param = [&](const std::string& v, const std::string& param) {
-    return b.sum_to_shape_of(leading.empty() ? v : b.reduce_sum(v, leading, false), param);
-  };
-  if (b.needs(1)) b.set_GI(1, to_param(mul(b, g, n.xhat), b.I(1)));
-  if (b.needs(2)) b.set_GI(2, to_param(g, b.I(2)));
-}
-
 // ---- dropout ----
 void dropout_rule(Builder& b) {
   // Training: dx = dy mask / (1 - ratio); otherwise dx = dy.
@@ -260,7 +245,6 @@ std::vector<Rule> nn_rules() {
     {"", "BatchNormalization",   inputs_mask({0, 1, 2, 3, 4}), false, batch_norm_rule,
                                  "training: dx = scale invstd (dy - mean(dy) - xhat mean(dy xhat)); inference: dx = dy scale invstd"},
     {"", "InstanceNormalization", inputs_mask({0, 1, 2}), false, instance_norm_rule, "as BatchNormalization in training, per instance"},
-    {"", "LayerNormalization",   inputs_mask({0, 1, 2}), false, layer_norm_rule,   "dx = invstd (g - mean(g) - xhat mean(g xhat)), g = dy scale"},
     {"", "Dropout",              kIn0, false, dropout_rule,              "training: dx = dy mask / (1 - ratio); inference: dx = dy"},
     {"", "Softmax",              kIn0, false, softmax_rule,              "dx = y (dy - sum(dy y))"},
     {"", "LogSoftmax",           kIn0, false, log_softmax_rule,          "dx = dy - e^y sum(dy)"},

@@ -164,5 +164,25 @@ std::unique_ptr<Kernel> make_max_unpool(const KernelInit& init);    // unpool.cp
 std::unique_ptr<Kernel> make_deform_conv(const KernelInit& init);   // deform_conv.cpp: DeformConv, DeformConvGrad
 std::unique_ptr<Kernel> make_vision(const KernelInit& init);        // vision.cpp: Col2Im, Col2ImGrad, CenterCropPad,
                                                                      //   Upsample
+// --- transformer ops ---
+// attention.cpp: Attention-23/24/25; attention_grad.cpp: ai.onnxtrain.AttentionGrad.
+std::unique_ptr<Kernel> make_attention(const KernelInit& init);
+std::unique_ptr<Kernel> make_attention_grad(const KernelInit& init);
+// transformer_norm.cpp: RMSNormalization, GroupNormalization, RotaryEmbedding and the backward
+// ops RMSNormalizationGrad, GroupNormalizationGrad.
+std::unique_ptr<Kernel> make_rms_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_group_norm(const KernelInit& init);
+std::unique_ptr<Kernel> make_rotary_embedding(const KernelInit& init);
+// normalization.cpp: ai.onnxtrain.LayerNormalizationGrad.
+std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init);
+// activation.cpp: Gelu, Swish, Mish and GeluGrad, SwishGrad, MishGrad; SwiGLU and SwiGLUGrad.
+std::unique_ptr<Kernel> make_transformer_activation(const KernelInit& init);
+std::unique_ptr<Kernel> make_swiglu(const KernelInit& init);
+// linear_attention.cpp: LinearAttention, CausalConvWithState.
+std::unique_ptr<Kernel> make_linear_attention(const KernelInit& init);
+std::unique_ptr<Kernel> make_causal_conv_with_state(const KernelInit& init);
+// linear_attention_grad.cpp: ai.onnxtrain.CausalConvWithStateGrad, LinearAttentionGrad.
+std::unique_ptr<Kernel> make_causal_conv_with_state_grad(const KernelInit& init);
+std::unique_ptr<Kernel> make_linear_attention_grad(const KernelInit& init);
 
 }  // namespace onnxtrain::ops

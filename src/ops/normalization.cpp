@@ -17,6 +17,7 @@
 //   per row Mean, InvStdDev = 1 / sqrt(var + epsilon) and Y = (X - Mean) * InvStdDev * Scale + B,
 //   Scale and B broadcast against dims[axis:]. Mean and InvStdDev have shape
 //   [d0..d(axis-1), 1, .., 1] and type float32: stash_type 1 is the only one supported.
+//   Its backward op LayerNormalizationGrad (ai.onnxtrain) is described at run_layer_norm_grad.
 // Dropout: opset 1-11 takes `ratio` as attribute and runs in training mode only before opset 7
 //   with is_test = 0; opset 12+ takes ratio (default 0.5) and training_mode (default false) as
 //   inputs. Outside training (or with ratio 0) the output is the input and the mask all true.
@@ -25,9 +26,11 @@
 //   Philox (core/rng.h) as in random.cpp: key = the `seed` attribute or else the session seed,
 //   stream = the first output's name, counter = (run index, element / 4). The mask is bool
 //   from opset 10, typed like the data before.
-// Statistics accumulate in double; Float16/BFloat16 data is normalized in float.
+// Statistics accumulate in double (LayerNormalization: in float for float32, float16 and
+// bfloat16 data); Float16/BFloat16 data is normalized in float.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -265,6 +268,23 @@ std::vector<double> broadcast_to_inner(const KernelContext& ctx, int i, const Sh
   return out;
 }
 
+// Mean and population variance of one row of n values, two passes in the compute type (float
+// for float32 and the 16-bit types, double for float64) so that the loops vectorize.
+template <class T, class V = compute_t<T>>
+std::pair<V, V> row_moments(const T* x, int64_t n) {
+  V sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<V>(x[i]);
+  const V mean = sum / static_cast<V>(n);
+  V squares = 0;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < n; ++i) {
+    const V d = static_cast<V>(x[i]) - mean;
+    squares += d * d;
+  }
+  return {mean, squares / static_cast<V>(n)};
+}
+
 void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
   const Tensor& x = ctx.input(0);
   const int64_t rank = static_cast<int64_t>(x.rank());
@@ -296,18 +316,114 @@ void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
     T* py = y.data<T>();
     parallel_for(outer, std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const Moments m = moments(px + r * inner, 1, inner, inner);
-        const double inv = 1.0 / std::sqrt(m.var + epsilon);
-        mean_out[r] = static_cast<float>(m.mean);
+        const auto [mean, var] = row_moments(px + r * inner, inner);
+        const V inv = static_cast<V>(1.0 / std::sqrt(static_cast<double>(var) + epsilon));
+        mean_out[r] = static_cast<float>(mean);
         inv_out[r] = static_cast<float>(inv);
-        const V c = static_cast<V>(m.mean), f = static_cast<V>(inv);
+        const V c = mean, f = inv;
         const T* xr = px + r * inner;
         T* yr = py + r * inner;
+#pragma omp simd
         for (int64_t i = 0; i < inner; ++i) {
           yr[i] = convert<T>((convert<V>(xr[i]) - c) * f * scale_v[static_cast<size_t>(i)] + bias_v[static_cast<size_t>(i)]);
         }
       }
     });
+  });
+}
+
+// LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev) -> dX, dScale, dBias (ai.onnxtrain, emitted
+// by the LayerNormalization rule): one pass over the rows with the forward's saved statistics
+// (recomputed from X in double when Mean and InvStdDev are omitted). Per row, with
+// xhat = (x - Mean) InvStdDev and g = dY Scale:
+//   dX = InvStdDev (g - mean(g) - xhat mean(g xhat)),
+// and dScale = sum over rows of dY xhat, dBias = sum over rows of dY, both shaped like the
+// normalized dims X.shape[axis:] (the rule sums them to Scale's and B's shapes).
+void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const int64_t rank = static_cast<int64_t>(x.rank());
+  if (axis_attr < -rank || axis_attr >= rank) {
+    fail("attribute 'axis' = " + std::to_string(axis_attr) + " is out of range for input " + ctx.input_name(1) + " " + x.description());
+  }
+  if (dy.dtype() != x.dtype() || !(dy.shape() == x.shape())) {
+    fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected " + x.description() + " like input " + ctx.input_name(1));
+  }
+  const size_t axis = static_cast<size_t>(axis_attr < 0 ? axis_attr + rank : axis_attr);
+  const int64_t outer = x.shape().numel(0, axis), inner = x.shape().numel(axis, x.rank());
+  const std::vector<double> scale = broadcast_to_inner(ctx, 2, x.shape(), axis);
+  const bool saved = ctx.has_input(3) && ctx.has_input(4);
+  for (int i = 3; saved && i <= 4; ++i) {
+    if (ctx.input(i).dtype() != DataType::Float32 || ctx.input(i).numel() != outer) {
+      fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected float32 with " + std::to_string(outer) +
+           " values (LayerNormalization's saved statistics)");
+    }
+  }
+  const Shape inner_shape(x.shape().dims().subspan(axis));
+  Tensor dx = ctx.allocate_output(0, x.dtype(), x.shape());  // copies: see run_layer_norm
+  Tensor dscale = ctx.allocate_output(1, x.dtype(), inner_shape);
+  Tensor dbias = ctx.allocate_output(2, x.dtype(), inner_shape);
+  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(1), [&]<class T>() {
+    using V = compute_t<T>;
+    const std::vector<V> scale_v(scale.begin(), scale.end());
+    const float* saved_mean = saved ? ctx.input(3).data<float>() : nullptr;
+    const float* saved_inv = saved ? ctx.input(4).data<float>() : nullptr;
+    const T* px = x.data<T>();
+    const T* pg = dy.data<T>();
+    T* pdx = dx.data<T>();
+    const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(outer / 8)));
+    // Per thread: dScale and dBias partial sums over its rows.
+    std::vector<V> partial(static_cast<size_t>(threads) * 2 * static_cast<size_t>(inner), V(0));
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      V* ds = partial.data() + static_cast<size_t>(t) * 2 * static_cast<size_t>(inner);
+      V* db = ds + inner;
+      const int64_t begin = outer * t / threads, end = outer * (t + 1) / threads;
+      for (int64_t r = begin; r < end; ++r) {
+        V mean, inv;
+        if (saved) {
+          mean = static_cast<V>(saved_mean[r]), inv = static_cast<V>(saved_inv[r]);
+        } else {
+          const auto [m, var] = row_moments(px + r * inner, inner);
+          mean = m, inv = static_cast<V>(1.0 / std::sqrt(static_cast<double>(var) + epsilon));
+        }
+        const T* xr = px + r * inner;
+        const T* gr = pg + r * inner;
+        V sum_g = 0, sum_gx = 0;
+        const V* sv = scale_v.data();
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+        for (int64_t k = 0; k < inner; ++k) {
+          const V g = static_cast<V>(gr[k]), xhat = (static_cast<V>(xr[k]) - mean) * inv;
+          sum_g += g * sv[k];
+          sum_gx += g * sv[k] * xhat;
+        }
+#pragma omp simd
+        for (int64_t k = 0; k < inner; ++k) {
+          const V g = static_cast<V>(gr[k]);
+          ds[k] += g * ((static_cast<V>(xr[k]) - mean) * inv);
+          db[k] += g;
+        }
+        const V a = sum_g / static_cast<V>(inner), b = sum_gx / static_cast<V>(inner);
+        T* dxr = pdx + r * inner;
+#pragma omp simd
+        for (int64_t k = 0; k < inner; ++k) {
+          const V xhat = (static_cast<V>(xr[k]) - mean) * inv;
+          dxr[k] = convert<T>(inv * (static_cast<V>(gr[k]) * sv[k] - a - xhat * b));
+        }
+      }
+    }
+    T* pds = dscale.data<T>();
+    T* pdb = dbias.data<T>();
+    for (int64_t k = 0; k < inner; ++k) {
+      V s = 0, b = 0;
+      for (int t = 0; t < threads; ++t) {
+        s += partial[static_cast<size_t>(t) * 2 * static_cast<size_t>(inner) + static_cast<size_t>(k)];
+        b += partial[(static_cast<size_t>(t) * 2 + 1) * static_cast<size_t>(inner) + static_cast<size_t>(k)];
+      }
+      pds[k] = convert<T>(s);
+      pdb[k] = convert<T>(b);
+    }
   });
 }
 
@@ -428,6 +544,12 @@ std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
     fail("attribute 'stash_type' = " + std::to_string(stash_type) + " is not supported (only 1, float32)");
   }
   return make_kernel([axis, epsilon](KernelContext& ctx) { run_layer_norm(ctx, axis, epsilon); });
+}
+
+std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init) {
+  const int64_t axis = init.attr_int("axis", -1);
+  const double epsilon = init.attr_float("epsilon", 1e-5f);
+  return make_kernel([axis, epsilon](KernelContext& ctx) { run_layer_norm_grad(ctx, axis, epsilon); });
 }
 
 std::unique_ptr<Kernel> make_dropout(const KernelInit& init) {

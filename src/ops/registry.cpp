@@ -41,6 +41,7 @@ constexpr DTypeSet kFloat32And64{DataType::Float32, DataType::Float64};
 constexpr DTypeSet kFloatNoBFloat16{DataType::Float32, DataType::Float64, DataType::Float16};
 constexpr DTypeSet kAllNoBFloat16 = kFloatNoBFloat16 | kInt | kBool;
 constexpr DTypeSet kCumProdTypes = kFloat | DTypeSet{DataType::Int32, DataType::Int64, DataType::UInt32, DataType::UInt64};
+constexpr DTypeSet kFloat16And32And64{DataType::Float16, DataType::Float32, DataType::Float64};
 
 // clang-format off
 const KernelDef kKernels[] = {
@@ -401,6 +402,29 @@ const KernelDef kKernels[] = {
   {kInternal, "MaxUnpoolGrad",      1, 1,    kFloat,            make_max_unpool},
   {kInternal, "DeformConvGrad",     1, 1,    kFloat,            make_deform_conv},
   {kInternal, "Col2ImGrad",         1, 1,    kNumeric,          make_vision},
+  // --- transformer ops (attention.cpp, transformer_norm.cpp, activation.cpp) ---
+  {"", "Attention",            23, 25,       kFloat,            make_attention},  // 24: nonpad_kv_seqlen; 25: sliding window
+  {"", "RotaryEmbedding",      23, 23,       kFloat,            make_rotary_embedding},  // float64 beyond the schema (gradient checks)
+  {"", "RMSNormalization",     23, 23,       kFloat,            make_rms_norm},
+  {"", "GroupNormalization",   18, 18,       kFloat,            make_group_norm},  // scale, bias per group
+  {"", "GroupNormalization",   21, 21,       kFloat,            make_group_norm},  // per channel; stash_type
+  {"", "Gelu",                 20, 20,       kFloat,            make_transformer_activation},
+  {"", "Swish",                24, 24,       kFloat,            make_transformer_activation},
+  {"", "Mish",                 18, 21,       kFloat16And32And64, make_transformer_activation},  // no bfloat16 before 22
+  {"", "Mish",                 22, 22,       kFloat,            make_transformer_activation},
+  {"", "SwiGLU",               28, 28,       kFloat,            make_swiglu},
+  {"", "LinearAttention",      27, 27,       kFloat,            make_linear_attention},  // linear_attention.cpp; float64 beyond the schema
+  {"", "CausalConvWithState",  27, 27,       kFloat,            make_causal_conv_with_state},  // float64 beyond the schema (gradient checks)
+  {kInternal, "AttentionGrad",          1, 1, kFloat,           make_attention_grad, 1},
+  {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
+  {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},
+  {kInternal, "GroupNormalizationGrad", 1, 1, kFloat,           make_group_norm, 1},
+  {kInternal, "GeluGrad",               1, 1, kFloat,           make_transformer_activation, 1},
+  {kInternal, "SwishGrad",              1, 1, kFloat,           make_transformer_activation, 1},
+  {kInternal, "MishGrad",               1, 1, kFloat,           make_transformer_activation, 1},
+  {kInternal, "SwiGLUGrad",             1, 1, kFloat,           make_swiglu, 1},
+  {kInternal, "CausalConvWithStateGrad", 1, 1, kFloat,          make_causal_conv_with_state_grad, 1},
+  {kInternal, "LinearAttentionGrad",    1, 1, kFloat,           make_linear_attention_grad, 1},
 };
 // clang-format on
 

@@ -1,0 +1,276 @@
+// AttentionGrad (ai.onnxtrain, emitted by the Attention gradient rule in
+// autodiff/rules_transformer.cpp): the gradients of Attention-23/24/25 in one pass per
+// (batch, key/value head), recomputing the scores and the softmax instead of keeping them
+// (the memory of FlashAttention's backward pass, arXiv 2205.14135, without its tiling).
+//
+// Inputs: dY, then Attention's inputs Q, K, V, attn_mask, past_key, past_value,
+// nonpad_kv_seqlen (optional ones may be empty), then dPresentKey, dPresentValue (optional:
+// the gradients flowing into present_key / present_value). Attributes: Attention's.
+// Outputs: dQ, dK, dV, dAttnMask (a float mask only), dPastKey, dPastValue; each may be omitted.
+// Per query head h of key/value head k (shapes in attention.h), with P the forward softmax:
+//   dV_k += P^T dY_h;  dP = dY_h V_k^T;  dX = P (dP - rowsum(P dP));
+//   dAttnMask += dX (summed over the dims the mask broadcasts);
+//   dS = dX (1 - tanh^2(S / softcap)) with softcap, else dX;
+//   dQ_h = scale dS K_k;  dK_k += scale dS^T Q_h,
+// and dK, dV of all positions split into the past's part and the new tokens' part (laid out
+// as K and V). Rows the mask fully masks have P = 0 and get no gradient. The computation runs
+// in float32 (float64 for float64 inputs) at any softmax_precision; float16/bfloat16 results
+// are rounded once.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "ops/attention.h"
+#include "ops/factories.h"
+
+namespace onnxtrain::ops {
+
+namespace {
+
+using namespace attention;
+
+constexpr int kBase = 1;  // AttentionGrad's inputs: dY, then Attention's
+constexpr int kDPresentKey = 8, kDPresentValue = 9;
+
+// Tensor t (laid out by s) as compute type C: its own data when T is C, else a converted copy.
+template <class T, class C>
+const C* view_as(const Tensor& t, std::vector<C>& buffer) {
+  if constexpr (std::is_same_v<T, C>) {
+    return t.data<T>();
+  } else {
+    const T* p = t.data<T>();
+    buffer.resize(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<C>(convert<double>(p[i]));
+    return buffer.data();
+  }
+}
+
+// The keys (or values) of all positions as C [B, Hkv, total, D]: past then new tokens.
+template <class T, class C>
+void all_positions(const KernelContext& ctx, int past_i, int new_i, const Strides& s, const Geometry& g, int64_t D, std::vector<C>& out) {
+  out.resize(static_cast<size_t>(g.B * g.Hkv * g.total * D));
+  const T* pn = ctx.input(new_i).data<T>();
+  const T* pp = g.has_past ? ctx.input(past_i).data<T>() : nullptr;
+  for (int64_t b = 0; b < g.B; ++b) {
+    for (int64_t h = 0; h < g.Hkv; ++h) {
+      C* o = out.data() + (b * g.Hkv + h) * g.total * D;
+      for (int64_t k = 0; pp && k < g.past * D; ++k) o[k] = static_cast<C>(convert<double>(pp[(b * g.Hkv + h) * g.past * D + k]));
+      for (int64_t r = 0; r < g.Skv; ++r) {
+        for (int64_t d = 0; d < D; ++d) o[(g.past + r) * D + d] = static_cast<C>(convert<double>(pn[s.at(b, h) + r * s.s + d]));
+      }
+    }
+  }
+}
+
+// Accumulator [B, Hkv, total, D] starting from the gradient flowing into present_* (or zeros).
+template <class T, class C>
+void present_gradient(const KernelContext& ctx, int i, const Geometry& g, int64_t D, std::vector<C>& out) {
+  out.assign(static_cast<size_t>(g.B * g.Hkv * g.total * D), C(0));
+  if (!ctx.has_input(i)) return;
+  const Tensor& t = ctx.input(i);
+  const Shape want{g.B, g.Hkv, g.total, D};
+  if (!(t.shape() == want) || t.dtype() != ctx.input(kBase + kQ).dtype()) {
+    fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected " + std::string(dtype_name(ctx.input(kBase + kQ).dtype())) + " " +
+         want.to_string() + " (the gradient of a present output)");
+  }
+  const T* p = t.data<T>();
+  for (size_t k = 0; k < out.size(); ++k) out[k] = static_cast<C>(convert<double>(p[k]));
+}
+
+// Output `o` (laid out as K or V by `s`) and the past's gradient `past_o` from the accumulator.
+template <class T, class C>
+void split_positions(KernelContext& ctx, int o, int past_o, const std::vector<C>& all, const Strides& s, const Geometry& g, int64_t D) {
+  if (ctx.has_output(o)) {
+    T* out = ctx.allocate_output(o, ctx.input(kBase + (o == 1 ? kK : kV)).dtype(), ctx.input(kBase + (o == 1 ? kK : kV)).shape()).template data<T>();
+    for (int64_t b = 0; b < g.B; ++b) {
+      for (int64_t h = 0; h < g.Hkv; ++h) {
+        const C* src = all.data() + ((b * g.Hkv + h) * g.total + g.past) * D;
+        for (int64_t r = 0; r < g.Skv; ++r) {
+          for (int64_t d = 0; d < D; ++d) out[s.at(b, h) + r * s.s + d] = convert<T>(src[r * D + d]);
+        }
+      }
+    }
+  }
+  if (ctx.has_output(past_o)) {
+    if (!g.has_past) fail("output " + ctx.output_name(past_o) + " asks for the gradient of a past input the node does not have");
+    T* out = ctx.allocate_output(past_o, ctx.input(kBase + kQ).dtype(), Shape{g.B, g.Hkv, g.past, D}).template data<T>();
+    for (int64_t bh = 0; bh < g.B * g.Hkv; ++bh) {
+      for (int64_t k = 0; k < g.past * D; ++k) out[bh * g.past * D + k] = convert<T>(all[static_cast<size_t>(bh * g.total * D + k)]);
+    }
+  }
+}
+
+// Buffers kept by the kernel between runs (the same shapes come again: no fresh pages each run).
+template <class C>
+struct Buffers {
+  std::vector<C> k_all, v_all, dk_all, dv_all, dq, dmask;
+};
+struct Scratch {
+  Buffers<float> f;
+  Buffers<double> d;
+  template <class C>
+  Buffers<C>& get() {
+    if constexpr (std::is_same_v<C, float>) {
+      return f;
+    } else {
+      return d;
+    }
+  }
+};
+
+template <class T>
+void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const Geometry g = read_geometry(ctx, spec, kBase);
+  const Bias<C> bias(ctx, spec, g, kBase);
+  const Tensor& q_t = ctx.input(kBase + kQ);
+  Shape y_shape = q_t.shape();
+  y_shape[y_shape.size() - 1] = g.rank3 ? g.Hq * g.Dv : g.Dv;
+  const Tensor& dy_t = ctx.input(0);
+  if (!(dy_t.shape() == y_shape) || dy_t.dtype() != q_t.dtype()) {
+    fail("input " + ctx.input_name(0) + " is " + dy_t.description() + ", expected " + std::string(dtype_name(q_t.dtype())) + " " + y_shape.to_string() +
+         " (the gradient of Y)");
+  }
+  const bool want_mask = ctx.has_output(3);
+  if (want_mask && (!bias.has_mask() || !is_floating(ctx.input(kBase + kMask).dtype()))) {
+    fail("output " + ctx.output_name(3) + " asks for the gradient of attn_mask, which needs a floating-point mask");
+  }
+  std::vector<C> qb, dyb;
+  const C* pq = view_as<T, C>(q_t, qb);
+  const C* pdy = view_as<T, C>(dy_t, dyb);
+  Buffers<C>& buf = scratch.get<C>();
+  std::vector<C>&k_all = buf.k_all, &v_all = buf.v_all, &dk_all = buf.dk_all, &dv_all = buf.dv_all, &dq = buf.dq;
+  all_positions<T, C>(ctx, kBase + kPastKey, kBase + kK, g.k, g, g.Dh, k_all);
+  all_positions<T, C>(ctx, kBase + kPastValue, kBase + kV, g.v, g, g.Dv, v_all);
+  present_gradient<T, C>(ctx, kDPresentKey, g, g.Dh, dk_all);
+  present_gradient<T, C>(ctx, kDPresentValue, g, g.Dv, dv_all);
+  dq.resize(static_cast<size_t>(q_t.numel()));
+  const int64_t T_ = g.total, tasks = g.B * g.Hkv;
+  const int threads = head_threads(tasks);
+  const int64_t mask_n = want_mask ? ctx.input(kBase + kMask).numel() : 0;
+  std::vector<C>& dmask = buf.dmask;
+  dmask.assign(static_cast<size_t>(threads * mask_n), C(0));
+  const C scale = static_cast<C>(g.scale), cap = static_cast<C>(spec.softcap);
+  const bool capped = spec.softcap > 0;
+  // Blocks of query rows when the keys they attend end early (see attention.h), else one block.
+  const bool blocked = spec.is_causal || spec.right_window >= 0 || ctx.has_input(kBase + kNonpad);
+  const int64_t block = blocked ? kQueryBlock : std::max<int64_t>(g.Sq, 1);
+  bool gemm_ok = true;
+#pragma omp parallel num_threads(threads) reduction(&& : gemm_ok)
+  {
+    const size_t n = static_cast<size_t>(std::min(g.Sq, block) * T_);
+    std::vector<C> p(n), dp(n), th(capped ? n : 0), brow(static_cast<size_t>(T_));
+    const int t = omp_get_thread_num();
+    C* dm = dmask.data() + t * mask_n;
+    for (int64_t task = tasks * t / threads; task < tasks * (t + 1) / threads; ++task) {
+      const int64_t b = task / g.Hkv, hk = task % g.Hkv;
+      const C* kk = k_all.data() + task * T_ * g.Dh;
+      const C* vv = v_all.data() + task * T_ * g.Dv;
+      C* dkk = dk_all.data() + task * T_ * g.Dh;
+      C* dvv = dv_all.data() + task * T_ * g.Dv;
+      for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
+        for (int64_t i0 = 0; i0 < g.Sq; i0 += block) {  // blocks of query rows against the keys they can attend
+          const int64_t rows = std::min(g.Sq - i0, block), kn = blocked ? bias.key_limit(b, i0 + rows - 1) : T_;
+          const C* qh = pq + g.q.at(b, h) + i0 * g.q.s;
+          const C* dyh = pdy + g.y.at(b, h) + i0 * g.y.s;
+          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dh, scale, qh, g.q.s, kk, g.Dh, C(0), p.data(), T_);
+          for (int64_t r = 0; r < rows; ++r) {  // P = softmax(softcap(S) + bias), zero rows where all masked
+            C* row = p.data() + r * T_;
+            C* br = brow.data();
+            bias.row(br, b, h, i0 + r);
+            if (capped) {
+              C* tr = th.data() + r * T_;
+              for (int64_t j = 0; j < kn; ++j) {
+                tr[j] = std::tanh(row[j] / cap);
+                row[j] = cap * tr[j];
+              }
+            }
+            int64_t masked = 0;
+            C m = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(+ : masked) reduction(max : m)
+            for (int64_t j = 0; j < kn; ++j) {
+              masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
+              row[j] += br[j];
+              m = std::max(m, row[j]);
+            }
+            if (masked == kn) {
+              std::fill(row, row + kn, C(0));
+              continue;
+            }
+            const C safe = m == -std::numeric_limits<C>::infinity() ? C(0) : m;
+            C sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < kn; ++j) {
+              if constexpr (std::is_same_v<C, float>) {
+                row[j] = exp_nonpositive(row[j] - safe);
+              } else {
+                row[j] = std::exp(row[j] - safe);
+              }
+              sum += row[j];
+            }
+            const C inv = C(1) / (sum == C(0) ? C(1) : sum);
+#pragma omp simd
+            for (int64_t j = 0; j < kn; ++j) row[j] *= inv;
+          }
+          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dv, C(1), dyh, g.y.s, vv, g.Dv, C(0), dp.data(), T_);
+          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dv, rows, C(1), p.data(), T_, dyh, g.y.s, C(1), dvv, g.Dv);
+          for (int64_t r = 0; r < rows; ++r) {  // dX = P (dP - rowsum(P dP)), then through the softcap
+            C* pr = p.data() + r * T_;
+            C* dr = dp.data() + r * T_;
+            C dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t j = 0; j < kn; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+            for (int64_t j = 0; j < kn; ++j) dr[j] = pr[j] * (dr[j] - dot);
+            if (want_mask) {
+              C* mr = dm + bias.mask_offset(b, h, i0 + r);
+              for (int64_t j = 0; j < std::min(kn, bias.mask_len()); ++j) mr[j] += dr[j];
+            }
+            if (capped) {
+              const C* tr = th.data() + r * T_;
+              for (int64_t j = 0; j < kn; ++j) dr[j] *= C(1) - tr[j] * tr[j];
+            }
+          }
+          gemm_ok = gemm_ok && gemm(false, false, rows, g.Dh, kn, scale, dp.data(), T_, kk, g.Dh, C(0), dq.data() + g.q.at(b, h) + i0 * g.q.s,
+                                    g.q.s);
+          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dh, rows, scale, dp.data(), T_, qh, g.q.s, C(1), dkk, g.Dh);
+        }
+      }
+    }
+  }
+  if (!gemm_ok) throw Error("oneDNN's sgemm failed in AttentionGrad");
+  if (ctx.has_output(0)) {
+    T* out = ctx.allocate_output(0, q_t.dtype(), q_t.shape()).template data<T>();
+    for (size_t k = 0; k < dq.size(); ++k) out[k] = convert<T>(dq[k]);
+  }
+  split_positions<T, C>(ctx, 1, 4, dk_all, g.k, g, g.Dh);
+  split_positions<T, C>(ctx, 2, 5, dv_all, g.v, g, g.Dv);
+  if (want_mask) {
+    const Tensor& m = ctx.input(kBase + kMask);
+    Tensor& out = ctx.allocate_output(3, m.dtype(), m.shape());
+    visit_dtype<FloatTypes>(m.dtype(), "input " + ctx.input_name(kBase + kMask), [&]<class M>() {
+      M* pm = out.data<M>();
+      for (int64_t k = 0; k < mask_n; ++k) {
+        C sum = 0;
+        for (int t = 0; t < threads; ++t) sum += dmask[static_cast<size_t>(t * mask_n + k)];
+        pm[k] = convert<M>(sum);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_attention_grad(const KernelInit& init) {
+  const Spec spec = parse_spec(init, static_cast<int>(init.attr_int("version", 24)));
+  return make_kernel([spec, scratch = std::make_shared<Scratch>()](KernelContext& ctx) {
+    const DataType dt = ctx.input(kBase + kQ).dtype();
+    visit_dtype<FloatTypes>(dt, "input " + ctx.input_name(kBase + kQ), [&]<class T>() { run_attention_grad<T>(ctx, spec, *scratch); });
+  });
+}
+
+}  // namespace onnxtrain::ops
