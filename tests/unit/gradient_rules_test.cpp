@@ -335,6 +335,8 @@ void vision_cases(std::vector<Case>& c) {
   c.push_back({"Upsample", {str("mode", "linear")}, {x({1, 2, 2, 3}), fixed(Tensor::from_vector<float>({4}, {1, 1, 2.5f, 1.5f}))}, 1, 9,
                "", "linear"});
   c.push_back({"Upsample", {attr("scales", std::vector<float>{1, 2, 3})}, {x({2, 2, 1})}, 1, 7, "", "nearest, Upsample-7"});
+}
+
 // Transformer ops (rules_transformer.cpp): Attention in its tricky configurations (causal,
 // GQA, 3-D inputs, float and bool masks shorter than the keys, softcap, a past with present
 // outputs that carry gradients too, nonpad_kv_seqlen, a sliding window), RotaryEmbedding
