@@ -116,4 +116,8 @@ std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init);
 // through time).
 std::unique_ptr<Kernel> make_rnn_grad(const KernelInit& init);
 
+// image_decoder.cpp, tfidf.cpp
+std::unique_ptr<Kernel> make_image_decoder(const KernelInit& init);
+std::unique_ptr<Kernel> make_tfidf_vectorizer(const KernelInit& init);
+
 }  // namespace onnxtrain::ops
