@@ -13,9 +13,12 @@
 // gray image. Refused: JPEG/PNG-compressed BMPs, non-contiguous masks, OS/2 compressions.
 // PNM: libnetpbm reads PBM, PGM, PPM (plain and raw) and PAM; depth 1-2 gives gray, 3-4 RGB
 // (the second or fourth plane being alpha, dropped). Samples are scaled to 8 bits as Pillow does
-// for maxval != 255, round(v / maxval * 255) with ties to even. libnetpbm reports errors by
-// longjmp to one process-wide jump buffer (pm_setjmpbuf), so its use is serialized by a mutex.
+// for maxval != 255, round(v / maxval * 255) with ties to even. A plain file may end right
+// after its last sample (Pillow reads it; libnetpbm is given a newline after it). libnetpbm
+// reports errors by longjmp to one process-wide jump buffer (pm_setjmpbuf), so its use is
+// serialized by a mutex.
 #include <bit>
+#include <cctype>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -261,6 +264,14 @@ Image8 decode_bmp(std::span<const uint8_t> data) {
 }
 
 Image8 decode_pnm(std::span<const uint8_t> data) {
+  // libnetpbm needs white space after the last sample of a plain (P1-P3) file, Pillow does not:
+  // such a file is read with a newline appended.
+  std::vector<uint8_t> padded;
+  if (data.size() >= 2 && data[1] >= '1' && data[1] <= '3' && !std::isspace(data.back())) {
+    padded.assign(data.begin(), data.end());
+    padded.push_back('\n');
+    data = padded;
+  }
   std::lock_guard<std::mutex> lock(netpbm_mutex);
   FILE* file = fmemopen(const_cast<uint8_t*>(data.data()), data.size(), "rb");
   if (file == nullptr) throw ImageDecodeError("PNM: cannot read the data");
