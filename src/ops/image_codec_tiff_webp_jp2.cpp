@@ -3,7 +3,8 @@
 // TIFF: the first directory (page), read through libtiff's RGBA interface
 // (TIFFReadRGBAImageOriented, top-left origin), which handles every photometric
 // interpretation, bit depth and compression libtiff knows; gray files (MinIsBlack/MinIsWhite)
-// stay gray. Errors go to per-file handlers (TIFFOpenOptions, libtiff 4.5), never to stderr.
+// stay gray; colour under an unassociated alpha is kept as stored, not multiplied by alpha
+// (Pillow's "RGBA" then convert("RGB")). Errors go to per-file handlers (TIFFOpenOptions, libtiff 4.5), never to stderr.
 // WebP: WebPAnimDecoder with its default options (RGBA, not premultiplied), the first frame,
 // as Pillow reads WebP; alpha is dropped.
 // JPEG 2000: JP2 files and raw codestreams (J2K). 1-2 components give gray, 3-4 RGB (the
@@ -141,6 +142,18 @@ void convert_jpeg2000(const opj_image_t& image, Image8& out) {
   }
 }
 
+// libtiff's RGBA interface multiplies colour by an unassociated alpha; Pillow keeps the colour
+// (and then drops alpha). Declaring such alpha associated (in memory only) keeps the colour.
+void keep_colour_of_unassociated_alpha(TIFF* tif) {
+  uint16_t count = 0;
+  const uint16_t* types = nullptr;
+  if (!TIFFGetField(tif, TIFFTAG_EXTRASAMPLES, &count, &types) || types == nullptr) return;
+  std::vector<uint16_t> associated(types, types + count);
+  if (std::find(associated.begin(), associated.end(), EXTRASAMPLE_UNASSALPHA) == associated.end()) return;
+  std::replace(associated.begin(), associated.end(), uint16_t{EXTRASAMPLE_UNASSALPHA}, uint16_t{EXTRASAMPLE_ASSOCALPHA});
+  TIFFSetField(tif, TIFFTAG_EXTRASAMPLES, count, associated.data());
+}
+
 }  // namespace
 
 Image8 decode_tiff(std::span<const uint8_t> data) {
@@ -158,6 +171,7 @@ Image8 decode_tiff(std::span<const uint8_t> data) {
     TIFF* tif;
     ~Guard() { TIFFClose(tif); }
   } guard{tif};
+  keep_colour_of_unassociated_alpha(tif);
   char reason[1024] = {};
   if (!TIFFRGBAImageOK(tif, reason)) throw ImageDecodeError(std::string("TIFF: ") + reason);
   uint32_t width = 0, height = 0;

@@ -166,6 +166,10 @@ Bytes encode_tiff(const Bytes& samples, int channels, uint16_t photometric, uint
   TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
   TIFFSetField(tif, TIFFTAG_COMPRESSION, compression);
   TIFFSetField(tif, TIFFTAG_ROWSPERSTRIP, 2);
+  if (channels == 4) {
+    const uint16_t unassociated = EXTRASAMPLE_UNASSALPHA;
+    TIFFSetField(tif, TIFFTAG_EXTRASAMPLES, 1, &unassociated);
+  }
   for (int y = 0; y < kH; ++y) TIFFWriteScanline(tif, const_cast<uint8_t*>(samples.data()) + y * kW * channels, y, 0);
   TIFFClose(tif);
   return read_file(path);
@@ -339,10 +343,14 @@ TEST(ImageDecoder, JpegColourGrayAndAdobeCmyk) {
   }
 }
 
-TEST(ImageDecoder, TiffRgbCompressedAndMinIsWhite) {
+TEST(ImageDecoder, TiffRgbCompressedAlphaAndMinIsWhite) {
   const Bytes rgb = rgb_pattern(), gray = gray_pattern();
   expect_decodes_to(encode_tiff(rgb, 3, PHOTOMETRIC_RGB, COMPRESSION_NONE), rgb, kH, kW);
   expect_decodes_to(encode_tiff(rgb, 3, PHOTOMETRIC_RGB, COMPRESSION_LZW), rgb, kH, kW);
+  // Colour under an unassociated alpha is kept, not multiplied by alpha (Pillow's RGBA -> RGB).
+  Bytes rgba;
+  for (int i = 0; i < kW * kH; ++i) rgba.insert(rgba.end(), {rgb[i * 3], rgb[i * 3 + 1], rgb[i * 3 + 2], uint8_t(i * 7)});
+  expect_decodes_to(encode_tiff(rgba, 4, PHOTOMETRIC_RGB, COMPRESSION_NONE), rgb, kH, kW);
   Bytes inverted = gray;
   for (uint8_t& v : inverted) v = static_cast<uint8_t>(255 - v);
   const Bytes tiff = encode_tiff(inverted, 1, PHOTOMETRIC_MINISWHITE, COMPRESSION_ADOBE_DEFLATE);
