@@ -170,11 +170,12 @@ void convert_bmp_row(const BmpInfo& info, const uint8_t* src, uint8_t* dst, int 
   const Field fields[3] = {Field(info.masks[0]), Field(info.masks[1]), Field(info.masks[2])};
   for (int64_t x = 0; x < info.width; ++x, dst += channels) {
     if (info.bpp <= 8) {
-      uint32_t index = src[x];  // 8 bits, or the indices RLE decoding produced
-      if (info.compression == kBiRgb && info.bpp < 8) {
-        const int64_t bit = x * info.bpp;
-        index = (src[bit / 8] >> (8 - info.bpp - bit % 8)) & ((1u << info.bpp) - 1);
-      }
+      // 1, 2 or 4 bits packed from the high bits down; otherwise a byte (8 bits, or the indices
+      // RLE decoding produced).
+      const bool packed = info.compression == kBiRgb && info.bpp < 8;
+      const int64_t bit = x * info.bpp;
+      const uint32_t index =
+          packed ? (src[bit / 8] >> (8 - info.bpp - bit % 8)) & ((1u << info.bpp) - 1) : src[x];
       std::memcpy(dst, &info.palette[index * 3], static_cast<size_t>(channels));
     } else if (info.bpp == 24) {
       dst[0] = src[x * 3 + 2], dst[1] = src[x * 3 + 1], dst[2] = src[x * 3];
