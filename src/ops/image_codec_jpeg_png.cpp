@@ -66,6 +66,11 @@ bool read_jpeg(jpeg_decompress_struct& cinfo, JpegErrors& errors, std::span<cons
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data.data(), static_cast<unsigned long>(data.size()));
   jpeg_read_header(&cinfo, TRUE);
+  // Before libjpeg sizes its buffers (a progressive file's are whole-image coefficient arrays).
+  if (int64_t{cinfo.image_width} * cinfo.image_height > kMaxPixels) {
+    throw ImageDecodeError("JPEG: " + std::to_string(cinfo.image_width) + "x" + std::to_string(cinfo.image_height) +
+                           " pixels exceed the limit of " + std::to_string(kMaxPixels));
+  }
   switch (cinfo.num_components) {
     case 1: cinfo.out_color_space = JCS_GRAYSCALE; break;
     case 3: cinfo.out_color_space = JCS_RGB; break;

@@ -14,6 +14,7 @@
 // sampled at the nearest lower position. sYCC/e-YCC and CMYK colour spaces are refused.
 #include <openjpeg.h>
 #include <tiffio.h>
+#include <webp/decode.h>
 #include <webp/demux.h>
 
 #include <algorithm>
@@ -198,6 +199,13 @@ Image8 decode_tiff(std::span<const uint8_t> data) {
 }
 
 Image8 decode_webp(std::span<const uint8_t> data) {
+  // The canvas size first: the decoder allocates two canvases before it can be asked.
+  int width = 0, height = 0;
+  if (!WebPGetInfo(data.data(), data.size(), &width, &height)) throw ImageDecodeError("WebP: not a decodable WebP file");
+  if (int64_t{width} * height > kMaxPixels) {
+    throw ImageDecodeError("WebP: " + std::to_string(width) + "x" + std::to_string(height) + " pixels exceed the limit of " +
+                           std::to_string(kMaxPixels));
+  }
   const WebPData webp{data.data(), data.size()};
   WebPAnimDecoder* decoder = WebPAnimDecoderNew(&webp, nullptr);  // defaults: RGBA, one thread
   if (decoder == nullptr) throw ImageDecodeError("WebP: not a decodable WebP file");

@@ -123,7 +123,7 @@ Bytes encode_png(int color_type, int bit_depth, const Bytes& samples, bool inter
   return out;
 }
 
-Bytes encode_jpeg(const Bytes& pixels, int components, J_COLOR_SPACE space, bool full_chroma) {
+Bytes encode_jpeg(const Bytes& pixels, int components, J_COLOR_SPACE space, bool full_chroma, bool progressive = false) {
   jpeg_compress_struct cinfo;
   jpeg_error_mgr errors;
   cinfo.err = jpeg_std_error(&errors);
@@ -138,6 +138,7 @@ Bytes encode_jpeg(const Bytes& pixels, int components, J_COLOR_SPACE space, bool
   if (full_chroma) {
     for (int c = 0; c < cinfo.num_components; ++c) cinfo.comp_info[c].h_samp_factor = cinfo.comp_info[c].v_samp_factor = 1;
   }
+  if (progressive) jpeg_simple_progression(&cinfo);
   jpeg_start_compress(&cinfo, TRUE);
   while (cinfo.next_scanline < cinfo.image_height) {
     JSAMPROW row = const_cast<uint8_t*>(pixels.data()) + cinfo.next_scanline * kW * components;
@@ -560,6 +561,35 @@ TEST(ImageDecoder, TruncatedAndCorruptedFilesFailCleanly) {
   }
   EXPECT_GT(failed, 0);
   EXPECT_GT(decoded, 0);
+}
+
+// A small file claiming a huge image is refused before the decoder sizes its buffers (a
+// progressive JPEG's coefficient arrays would take gigabytes).
+TEST(ImageDecoder, HugeClaimedSizesAreRefusedBeforeDecoding) {
+  Bytes jpeg = encode_jpeg(rgb_pattern(), 3, JCS_RGB, false, /*progressive=*/true);
+  for (size_t i = 0; i + 9 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xC2) {  // SOF2: length, precision, height, width
+      jpeg[i + 5] = 0xEA, jpeg[i + 6] = 0x60, jpeg[i + 7] = 0xEA, jpeg[i + 8] = 0x60;  // 60000 x 60000
+      break;
+    }
+  }
+  expect_undecodable(jpeg);
+  try {
+    image::decode_jpeg(jpeg);
+    ADD_FAILURE() << "no error";
+  } catch (const image::ImageDecodeError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("JPEG: 60000x60000 pixels exceed", 0), 0u) << e.what();
+  }
+  // WebP: an extended header (VP8X) declaring a 16000 x 16000 canvas.
+  Bytes webp = raw("RIFF\x16\0\0\0WEBPVP8X\x0a\0\0\0\0\0\0\0");
+  for (int k = 0; k < 2; ++k) webp.insert(webp.end(), {uint8_t((16000 - 1) & 0xFF), uint8_t((16000 - 1) >> 8), 0});
+  expect_undecodable(webp);
+  try {
+    image::decode_webp(webp);
+    ADD_FAILURE() << "no error";
+  } catch (const image::ImageDecodeError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("WebP: 16000x16000 pixels exceed", 0), 0u) << e.what();
+  }
 }
 
 TEST(ImageDecoder, RejectsANonVectorInputAndAnUnknownPixelFormat) {
