@@ -43,7 +43,9 @@ constexpr uint32_t kBiRgb = 0, kBiRle8 = 1, kBiRle4 = 2, kBiBitfields = 3, kBiAl
 struct Bytes {
   std::span<const uint8_t> data;
   void need(size_t offset, size_t n, const char* what) const {
-    if (offset > data.size() || n > data.size() - offset) throw ImageDecodeError(std::string("BMP: the file ends inside ") + what);
+    if (offset > data.size() || n > data.size() - offset) {
+      throw ImageDecodeError(std::string("BMP: the file ends inside ") + what);
+    }
   }
   uint32_t u16(size_t at) const {
     need(at, 2, "its header");
@@ -224,7 +226,9 @@ bool read_pnm(FILE* file, size_t size, PnmState& state, Image8& out) {
   const long header = std::ftell(file);
   const uint64_t samples = uint64_t(pam.width) * uint64_t(pam.height) * pam.depth;
   const uint64_t least = pam.format == RPBM_FORMAT ? (uint64_t(pam.width) + 7) / 8 * uint64_t(pam.height) : samples;
-  if (header < 0 || least > size - static_cast<size_t>(header)) throw ImageDecodeError("PNM: the file ends inside the image");
+  if (header < 0 || least > size - static_cast<size_t>(header)) {
+    throw ImageDecodeError("PNM: the file ends inside the image");
+  }
   const int channels = pam.depth <= 2 ? 1 : 3;
   allocate(out, pam.height, pam.width, channels);
   state.row = pnm_allocpamrow(&pam);

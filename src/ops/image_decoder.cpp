@@ -36,7 +36,8 @@ ImageFormat detect_format(std::span<const uint8_t> d) {
     return ImageFormat::Jpeg2000;  // JP2 signature box, or a raw codestream (SOC, SIZ)
   }
   if (starts({'B', 'M'})) return ImageFormat::Bmp;
-  if (d.size() >= 3 && d[0] == 'P' && d[1] >= '1' && d[1] <= '7' && (d[2] == ' ' || d[2] == '\t' || d[2] == '\n' || d[2] == '\r')) {
+  const auto space = [](uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  if (d.size() >= 3 && d[0] == 'P' && d[1] >= '1' && d[1] <= '7' && space(d[2])) {
     return ImageFormat::Pnm;
   }
   return ImageFormat::Unknown;

@@ -40,7 +40,8 @@ class NgramTrie {
   void insert(const Item* items, int64_t n, int32_t ordinal) {
     int32_t node = 0;
     for (int64_t i = 0; i < n; ++i) {
-      auto [it, added] = nodes_[static_cast<size_t>(node)].children.try_emplace(items[i], static_cast<int32_t>(nodes_.size()));
+      auto& children = nodes_[static_cast<size_t>(node)].children;
+      auto [it, added] = children.try_emplace(items[i], static_cast<int32_t>(nodes_.size()));
       node = it->second;
       if (added) nodes_.emplace_back();
     }
@@ -144,7 +145,8 @@ int64_t load_pool(const std::vector<int64_t>& ngram_counts, const std::vector<in
                   " items into runs of " + std::to_string(n) + "-grams at index " + std::to_string(i));
     }
     for (int64_t at = begin; at < end; at += n, ++ordinal) {
-      if (n >= a.min_gram_length && n <= a.max_gram_length) a.trie.insert(pool.data() + at, n, static_cast<int32_t>(ordinal));
+      if (n < a.min_gram_length || n > a.max_gram_length) continue;  // never counted
+      a.trie.insert(pool.data() + at, n, static_cast<int32_t>(ordinal));
     }
   }
   return ordinal;
@@ -184,7 +186,9 @@ std::unique_ptr<Kernel> make_tfidf_vectorizer(const KernelInit& init) {
   }
   constexpr int64_t kMaxOutput = int64_t{1} << 31;
   for (const int64_t index : a.ngram_indexes) {
-    if (index < 0 || index >= kMaxOutput) throw Error(what + "'ngram_indexes' holds " + std::to_string(index) + ", outside [0, 2^31)");
+    if (index < 0 || index >= kMaxOutput) {
+      throw Error(what + "'ngram_indexes' holds " + std::to_string(index) + ", outside [0, 2^31)");
+    }
     a.output_size = std::max(a.output_size, index + 1);
   }
   a.weights = init.attr_floats("weights");
