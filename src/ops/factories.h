@@ -184,5 +184,8 @@ std::unique_ptr<Kernel> make_causal_conv_with_state(const KernelInit& init);
 // linear_attention_grad.cpp: ai.onnxtrain.CausalConvWithStateGrad, LinearAttentionGrad.
 std::unique_ptr<Kernel> make_causal_conv_with_state_grad(const KernelInit& init);
 std::unique_ptr<Kernel> make_linear_attention_grad(const KernelInit& init);
+// image_decoder.cpp, tfidf.cpp
+std::unique_ptr<Kernel> make_image_decoder(const KernelInit& init);
+std::unique_ptr<Kernel> make_tfidf_vectorizer(const KernelInit& init);
 
 }  // namespace onnxtrain::ops

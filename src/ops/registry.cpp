@@ -353,6 +353,10 @@ const KernelDef kKernels[] = {
   {"", "Det",                  22, 22,       kFloat,            make_det},
   {"", "CumProd",              26, 26,       kCumProdTypes,     make_cumprod},
 
+  // --- image and text features (image_decoder.cpp, tfidf.cpp): not differentiable ---
+  {"", "ImageDecoder",         20, kMaxOnnx, DTypeSet{DataType::UInt8}, make_image_decoder},
+  {"", "TfIdfVectorizer",       9, kMaxOnnx, kIndex,           make_tfidf_vectorizer},
+
   // --- ai.onnx.preview.training optimizers (optimizers.cpp); the type is that of R ---
   {kTraining, "Adagrad",        1, 1,        kFloat32And64,     make_adagrad},
   {kTraining, "Momentum",       1, 1,        kFloat32And64,     make_momentum},
