@@ -140,6 +140,12 @@ runtime::NamedValues read_feeds(const std::vector<std::string>& specs, const std
   return feeds;
 }
 
+// Whether NumPy's .npy format has an element type for `dtype`.
+bool npy_can_hold(DataType dtype) {
+  return dtype == DataType::Bool || dtype == DataType::Float16 || dtype == DataType::Float32 ||
+         dtype == DataType::Float64 || is_integral(dtype);
+}
+
 runtime::NamedTensors tensors_of(const runtime::NamedValues& values) {
   runtime::NamedTensors tensors;
   for (const auto& [name, v] : values) {
@@ -251,9 +257,10 @@ int run(const RunArgs& args) {
     const Value& v = outputs.at(info.name);
     std::cout << info.name << ": " << preview(v) << "\n";
     if (args.output_dir.empty()) continue;
-    // Numeric and bool tensors as .npy; string tensors, sequences and optionals as .pb.
+    // Tensors NumPy has a type for as .npy; others (strings, bfloat16, float8, int4, ...),
+    // sequences and optionals as .pb.
     const fs::path stem = fs::path(args.output_dir) / safe_file_name(info.name);
-    if (v.is_tensor() && v.tensor().dtype() != DataType::String) {
+    if (v.is_tensor() && npy_can_hold(v.tensor().dtype())) {
       io::write_npy(v.tensor(), stem.string() + ".npy");
     } else {
       io::write_value_pb(v, info.name, stem.string() + ".pb");

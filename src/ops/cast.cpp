@@ -19,9 +19,20 @@
 // The conversions themselves are core/dispatch.h `convert` (float to integer truncates toward
 // zero and saturates; integer to integer keeps the low bits; to bool is != 0; to int4/int2
 // rounds to nearest even and keeps the low bits) and dtype.h's narrow_float_bits (rounding to
-// nearest even, saturation). A cast to the input's own type returns the input. String is not a
-// tensor type here: a `to` of STRING is refused with the other unsupported types.
+// nearest even, saturation). A cast to the input's own type returns the input.
+// Strings (Cast-9 and later; the doc's "Casting from string tensor ..." paragraph): a number
+// becomes its shortest decimal form that reads back to the same value (std::to_chars, as
+// NumPy prints float32 and float64; float16, bfloat16 and the narrow floats are printed as the
+// float32 they equal), an integer its decimal digits, a bool "True" or "False" (as NumPy). A
+// string is read as a decimal or scientific number, or INF, +INF, -INF, NaN in any case
+// (strtod in the C locale), then converted to the target type as a float64 would be; integer
+// targets read integer literals exactly. A string that is no number is an error naming it.
+#include <charconv>
+#include <clocale>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <locale.h>
 #include <string>
 #include <unordered_map>
 
@@ -33,15 +44,85 @@ namespace onnxtrain::ops {
 
 namespace {
 
-// T1 = T2 of Cast/CastLike at op version `version`.
+// T1 = T2 of Cast/CastLike at op version `version` (strings from Cast-9).
 DTypeSet cast_types(int version) {
-  if (version >= 28) return kCast28;
-  if (version >= 25) return kCast25;
-  if (version >= 24) return kCast24;
-  if (version >= 23) return kCast23;
-  if (version >= 21) return kCast21;
-  if (version >= 19) return kCast19;
-  return kAll;
+  if (version >= 28) return kCast28 | kString;
+  if (version >= 25) return kCast25 | kString;
+  if (version >= 24) return kCast24 | kString;
+  if (version >= 23) return kCast23 | kString;
+  if (version >= 21) return kCast21 | kString;
+  if (version >= 19) return kCast19 | kString;
+  return version >= 9 ? kAll | kString : kAll;
+}
+
+std::string to_text(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+std::string to_text(float v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// Numbers to their text (see the file comment).
+void numbers_to_strings(const Tensor& x, Tensor& y) {
+  std::string* out = y.data<std::string>();
+  const int64_t n = x.numel();
+  if (x.dtype() == DataType::Bool) {
+    for (int64_t i = 0; i < n; ++i) out[i] = x.data<bool>()[i] ? "True" : "False";
+  } else if (x.dtype() == DataType::Float64) {
+    for (int64_t i = 0; i < n; ++i) out[i] = to_text(x.data<double>()[i]);
+  } else if (is_integral(x.dtype()) || is_sub_byte_integral(x.dtype())) {
+    Tensor wide(is_signed_integral(x.dtype()) || x.dtype() == DataType::Int4 || x.dtype() == DataType::Int2
+                    ? DataType::Int64 : DataType::UInt64, x.shape());
+    cast_into(x, wide);
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = wide.dtype() == DataType::Int64 ? std::to_string(wide.data<int64_t>()[i])
+                                               : std::to_string(wide.data<uint64_t>()[i]);
+    }
+  } else {
+    Tensor f = x;
+    if (x.dtype() != DataType::Float32) {
+      f = Tensor(DataType::Float32, x.shape());
+      cast_into(x, f);
+    }
+    for (int64_t i = 0; i < n; ++i) out[i] = to_text(f.data<float>()[i]);
+  }
+}
+
+// Text to numbers (see the file comment); `what` names the input in errors.
+void strings_to_numbers(const Tensor& x, Tensor& y, const NarrowFloatCast& how, const std::string& what) {
+  static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(nullptr));
+  const std::string* in = x.data<std::string>();
+  const int64_t n = x.numel();
+  const bool integer_target = is_integral(y.dtype());
+  Tensor wide(integer_target ? DataType::Int64 : DataType::Float64, x.shape());
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string& s = in[i];
+    if (integer_target) {
+      int64_t v = 0;
+      const char* first = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+      const auto r = std::from_chars(first, s.data() + s.size(), v);
+      if (r.ec == std::errc() && r.ptr == s.data() + s.size()) {
+        wide.data<int64_t>()[i] = v;
+        continue;
+      }
+    }
+    char* end = nullptr;
+    const double d = strtod_l(s.c_str(), &end, c_locale);
+    if (s.empty() || end != s.c_str() + s.size()) {
+      fail("element " + std::to_string(i) + " of " + what + ", \"" + s + "\", is not a number");
+    }
+    if (integer_target) {
+      if (!std::isfinite(d)) fail("element " + std::to_string(i) + " of " + what + ", \"" + s + "\", is no integer");
+      wide.data<int64_t>()[i] = static_cast<int64_t>(std::clamp(std::trunc(d), -9.2e18, 9.2e18));
+    } else {
+      wide.data<double>()[i] = d;
+    }
+  }
+  cast_into(wide, y, how);
 }
 
 // Cast-1 to Cast-5 name the target type with a string ("FLOAT"), later opsets with an int.
@@ -91,7 +172,13 @@ void cast_output(KernelContext& ctx, DataType to, const NarrowFloatCast& how) {
     return;
   }
   Tensor& y = ctx.allocate_output(0, to, x.shape());
-  cast_into(x, y, how);
+  if (to == DataType::String) {
+    numbers_to_strings(x, y);
+  } else if (x.dtype() == DataType::String) {
+    strings_to_numbers(x, y, how, "input " + ctx.input_name(0));
+  } else {
+    cast_into(x, y, how);
+  }
 }
 
 }  // namespace

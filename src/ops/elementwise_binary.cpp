@@ -257,6 +257,15 @@ std::unique_ptr<Kernel> make_binary(const KernelInit& init) {
           });
         });
       });
+    } else if (a.dtype() == DataType::String) {
+      // Equal-19 compares strings (the rows admit strings for Equal only).
+      if (op != Binary::Equal) fail(what + " is a string tensor; only Equal compares strings");
+      const std::string* pa = a.data<std::string>();
+      const std::string* pb = b.data<std::string>();
+      bool* po = out.data<bool>();
+      bc.for_each_run([&](int64_t o, const auto& in, int64_t len, const auto& step) {
+        for (int64_t i = 0; i < len; ++i) po[o + i] = pa[in[0] + i * step[0]] == pb[in[1] + i * step[1]];
+      });
     } else if (is_logic(op)) {
       visit_dtype<TypeList<bool>>(a.dtype(), what, [&]<class T>() { run_comparison<T>(op, bc, a, b, out); });
     } else if (is_comparison(op)) {

@@ -107,7 +107,8 @@ const KernelDef kKernels[] = {
   // Equal-19 adds string, which onnxtrain's Tensor cannot hold: a string input is refused when
   // the model loads, and the row's types exclude it. Served because gradient rules emit Equal
   // at the model's opset (Max, Min, ReduceMax, GlobalMaxPool, losses with ignore_index).
-  {"", "Equal",                 7, kOnnx28, kAll,              make_binary},
+  {"", "Equal",                 7, 18,       kAll,              make_binary},
+  {"", "Equal",                19, kOnnx28, kAll | kString,    make_binary},  // + string
   {"", "Greater",               1, 6,        kNumeric,          make_binary},
   {"", "Greater",               7, kOnnx17, kNumeric,          make_binary},
   {"", "Less",                  1, 6,        kNumeric,          make_binary},
@@ -284,19 +285,20 @@ const KernelDef kKernels[] = {
   {"", "Bernoulli",            15, kOnnx28, kFloat,            make_bernoulli},
 
   // --- casts (cast.cpp): each version adds types (registry.h kCast19 ..) ---
-  {"", "Cast",                  1, 18,       kAll,              make_cast},
-  {"", "Cast",                 19, 20,       kCast19,           make_cast},  // + float8, saturate
-  {"", "Cast",                 21, 22,       kCast21,           make_cast},  // + int4, uint4
-  {"", "Cast",                 23, 23,       kCast23,           make_cast},  // + float4e2m1
-  {"", "Cast",                 24, 24,       kCast24,           make_cast},  // + float8e8m0, round_mode
-  {"", "Cast",                 25, 27,       kCast25,           make_cast},  // + int2, uint2
-  {"", "Cast",                 28, kMaxOnnx, kCast28,           make_cast},  // + float6
-  {"", "CastLike",             15, 18,       kAll,              make_cast_like},
-  {"", "CastLike",             19, 20,       kCast19,           make_cast_like},
-  {"", "CastLike",             21, 22,       kCast21,           make_cast_like},
-  {"", "CastLike",             23, 23,       kCast23,           make_cast_like},
-  {"", "CastLike",             24, 24,       kCast24,           make_cast_like},
-  {"", "CastLike",             25, kMaxOnnx, kCast25,           make_cast_like},
+  {"", "Cast",                  1, 8,        kAll,              make_cast},
+  {"", "Cast",                  9, 18,       kAll | kString,    make_cast},  // + string
+  {"", "Cast",                 19, 20,       kCast19 | kString, make_cast},  // + float8, saturate
+  {"", "Cast",                 21, 22,       kCast21 | kString, make_cast},  // + int4, uint4
+  {"", "Cast",                 23, 23,       kCast23 | kString, make_cast},  // + float4e2m1
+  {"", "Cast",                 24, 24,       kCast24 | kString, make_cast},  // + float8e8m0, round_mode
+  {"", "Cast",                 25, 27,       kCast25 | kString, make_cast},  // + int2, uint2
+  {"", "Cast",                 28, kMaxOnnx, kCast28 | kString, make_cast},  // + float6
+  {"", "CastLike",             15, 18,       kAll | kString,    make_cast_like},
+  {"", "CastLike",             19, 20,       kCast19 | kString, make_cast_like},
+  {"", "CastLike",             21, 22,       kCast21 | kString, make_cast_like},
+  {"", "CastLike",             23, 23,       kCast23 | kString, make_cast_like},
+  {"", "CastLike",             24, 24,       kCast24 | kString, make_cast_like},
+  {"", "CastLike",             25, kMaxOnnx, kCast25 | kString, make_cast_like},
   {"", "BitCast",              26, kMaxOnnx, kAll | kNarrow,    make_bitcast},
 
   // --- quantization (quantize.cpp, quantize_matmul.cpp, quantize_conv.cpp); the type is x's ---

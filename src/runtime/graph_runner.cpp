@@ -119,9 +119,18 @@ void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
       throw Error(source_ + ": missing feed for input '" + inputs_[i].name + "' (" +
                   inputs_[i].type_string() + ")");
     }
-    check_feed(inputs_[i], *it->second, source_);
-    values_[static_cast<size_t>(input_ids_[i])] = *it->second;
-    append_shape(signature_, *it->second);
+    const Value& fed = *it->second;
+    const ValueType& declared = inputs_[i].type;
+    // A value of type T fed where optional(T) is declared is that optional holding it (a Loop
+    // body's optional loop-carried value receives the plain value the previous iteration made).
+    if (declared.kind() == ValueType::Kind::Optional && !fed.is_optional() && fed.defined() &&
+        has_type(fed, declared.element())) {
+      values_[static_cast<size_t>(input_ids_[i])] = Value::optional(declared.element(), fed);
+    } else {
+      check_feed(inputs_[i], fed, source_);
+      values_[static_cast<size_t>(input_ids_[i])] = fed;
+    }
+    append_shape(signature_, fed);
   }
   for (size_t i = 0; i < optional_inputs_.size(); ++i) {
     auto it = feeds.find(optional_inputs_[i].name);

@@ -84,6 +84,28 @@ TEST(MakeTrainable, DefaultProgramValidatesAndTrains) {
   EXPECT_TRUE(session.state().contains("W"));
 }
 
+// Models of any opset the runtime serves: below 13 they are upgraded with ONNX's version
+// converter, newer ones keep their opset (the program's ops at that opset).
+TEST(MakeTrainable, OldAndNewOpsetsTrain) {
+  for (int opset : {7, 9, 12, 13, 18, 21, 28}) {
+    const onnx::ModelProto model = make_trainable(classifier(opset), {});
+    int imported = 0;
+    for (const auto& o : model.opset_import()) {
+      if (o.domain().empty()) imported = static_cast<int>(o.version());
+    }
+    EXPECT_EQ(imported, std::max(opset, 13)) << "opset " << opset;
+    TrainingSession session(model);
+    session.initialize();
+    double first = 0, last = 0;
+    for (int s = 0; s < 30; ++s) {
+      const double loss = session.step(batch()).at("onnxtrain.loss").to_double_vector()[0];
+      if (s == 0) first = loss;
+      last = loss;
+    }
+    EXPECT_LT(last, first * 0.9) << "opset " << opset;
+  }
+}
+
 TEST(MakeTrainable, GradientClippingBoundsTheUpdate) {
   MakeTrainableOptions options;
   options.lr = 1.0;
@@ -184,7 +206,6 @@ TEST(MakeTrainable, BadOptionsAreClearErrors) {
   o = {};
   o.schedule = Schedule::Cosine;
   EXPECT_NE(error_of(model, o).find("--total-steps"), std::string::npos);
-  EXPECT_NE(error_of(classifier(12), {}).find("opset 13 or later"), std::string::npos);
   // A label that the model already uses as a name.
   o = {};
   o.label = "W";

@@ -128,8 +128,40 @@ TEST(Cast, IntAndStringTargetsSaturationAndBool) {
   EXPECT_EQ(to_bool.to_double_vector(), (std::vector<double>{1, 0, 1, 1}));
   const Tensor like = run1("CastLike", 15, {}, {x, vec<double>({1}, {0})});
   EXPECT_EQ(like.dtype(), DataType::Float64);
-  EXPECT_THROW(run1("Cast", 13, {attr("to", int64_t{8})}, {x}), Error);   // STRING
+  EXPECT_THROW(run1("Cast", 6, {attr("to", int64_t{8})}, {x}), Error);   // STRING: from Cast-9
   EXPECT_THROW(run1("Cast", 1, {attr("to", std::string("COMPLEX"))}, {x}), Error);
+}
+
+// Cast-9+ to and from strings: shortest round-trip text (as NumPy prints), and numbers read
+// from plain, scientific and the special spellings; text that is no number names the input.
+TEST(Cast, StringsBothWays) {
+  const Tensor x = f32({0.1f, -2.5f, 1e-5f, 3e38f});
+  const Tensor text = run1("Cast", 13, {attr("to", int64_t{8})}, {x});
+  ASSERT_EQ(text.dtype(), DataType::String);
+  EXPECT_EQ(std::vector<std::string>(text.data<std::string>(), text.data<std::string>() + 4),
+            (std::vector<std::string>{"0.1", "-2.5", "1e-05", "3e+38"}));
+  const Tensor i = run1("Cast", 19, {attr("to", int64_t{8})}, {vec<int64_t>({2}, {-7, 9007199254740993})});
+  EXPECT_EQ(i.data<std::string>()[1], "9007199254740993");
+  const Tensor words = Tensor::from_vector<std::string>({6}, {"3.25", "1E2", "+INF", "-inf", "nan", " 7"});
+  const Tensor back = run1("Cast", 13, {attr("to", int64_t{11})}, {words.view({6})}).view({6});
+  const double* v = back.data<double>();
+  EXPECT_EQ(v[0], 3.25);
+  EXPECT_EQ(v[1], 100);
+  EXPECT_TRUE(std::isinf(v[2]) && v[2] > 0);
+  EXPECT_TRUE(std::isinf(v[3]) && v[3] < 0);
+  EXPECT_TRUE(std::isnan(v[4]));
+  EXPECT_EQ(v[5], 7);  // leading space, as strtod reads it
+  // Integer targets read integer literals exactly and truncate decimals.
+  const Tensor ints = run1("Cast", 13, {attr("to", int64_t{7})},
+                           {Tensor::from_vector<std::string>({3}, {"9007199254740993", "100.9", "-3"})});
+  EXPECT_EQ(ints.to_int64_vector("ints"), (std::vector<int64_t>{9007199254740993, 100, -3}));
+  try {
+    run1("Cast", 13, {attr("to", int64_t{1})}, {Tensor::from_vector<std::string>({2}, {"1", "Hello World!"})});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("element 1 of input 'in0', \"Hello World!\", is not a number"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Identity, SharesTheInputsStorage) {
