@@ -253,7 +253,7 @@ void write_results(const fs::path& path, const std::string& data_root, const std
   for (const auto& def : ops::kernel_table()) {
     const std::string domain = def.domain.empty() ? "ai.onnx" : std::string(def.domain);
     nlohmann::json type_list = nlohmann::json::array();  // empty: the type comes from an attribute
-    for (int t = 0; t <= static_cast<int>(DataType::BFloat16); ++t) {
+    for (int t = 0; t <= kMaxDataType; ++t) {
       if (def.types.contains(static_cast<DataType>(t))) type_list.push_back(dtype_name(static_cast<DataType>(t)));
     }
     kernels.push_back({{"op", domain + "." + std::string(def.op_type)}, {"since", def.since},
