@@ -112,6 +112,8 @@ const onnx::ValueInfoProto* find_value(const google::protobuf::RepeatedPtrField<
 
 // The oldest ai.onnx opset the training program is written for; older models are upgraded.
 constexpr int kMinOpset = 13;
+// The IR version that introduced TrainingInfoProto.
+constexpr int kMinIrVersion = 7;
 
 int ai_onnx_opset(const onnx::ModelProto& model) {
   for (const auto& o : model.opset_import()) {
@@ -199,6 +201,10 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
                   std::to_string(kMinOpset) + " with ONNX's version converter, which failed: " + e.what());
     }
   }
+  // TrainingInfoProto exists from IR version 7; IR 3 models (whose initializers must also be
+  // graph inputs, a rule the program's own initializers would break) are lifted to it. Their
+  // initializers stay graph inputs, which IR 4 and later read as inputs with a default.
+  if (model.ir_version() < kMinIrVersion) model.set_ir_version(kMinIrVersion);
   const onnx::GraphProto& g = model.graph();
   bool has_training_import = false;
   for (const auto& o : model.opset_import()) has_training_import |= o.domain() == autodiff::kTrainingDomain;
