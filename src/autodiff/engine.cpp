@@ -274,11 +274,17 @@ void assign_output_ranks(const onnx::NodeProto& node, std::unordered_map<std::st
   } else if (op == "Gather" && rank(0) >= 0 && rank(1) >= 0) {
     r = rank(0) - 1 + rank(1);
   } else if (op.rfind("Reduce", 0) == 0 && rank(0) >= 0) {
+    // Axes absent or empty: every axis, or none with noop_with_empty_axes (the versions that
+    // take axes as an input); an axes input of unknown length leaves the rank unknown.
+    const bool axes_input = node.input_size() > 1 && !node.input(1).empty();
+    const int64_t n = axes_input ? length(1) : ints_attr("axes");
+    const bool noop = int_attr("noop_with_empty_axes", 0) != 0;
     if (int_attr("keepdims", 1) != 0) {
       r = rank(0);
+    } else if (axes_input && n < 0) {
+      r = -1;
     } else {
-      const int64_t n = node.input_size() > 1 ? length(1) : ints_attr("axes");
-      r = n < 0 ? (node.input_size() > 1 ? -1 : 0) : rank(0) - static_cast<int>(n);
+      r = n <= 0 ? (noop ? rank(0) : 0) : rank(0) - static_cast<int>(n);
     }
   }
   if (r < 0) return;

@@ -254,5 +254,27 @@ TEST(Gradient, DrivesATrainingInfoAlgorithm) {
   expect_close(session.state().at("w"), vec({0.5 + 2.6, -1 + 3.8}));
 }
 
+// ReduceSumSquare-18 with noop_with_empty_axes = 1 and no axes reduces nothing and keeps the
+// rank (keepdims = 0 notwithstanding): h is [2, 3], and the gradient of the [3]-shaped w
+// broadcast over it sums over the rows. loss = sum(x^2 * w).
+TEST(Gradient, ReduceWithNoopKeepsTheRankItInfers) {
+  GraphBuilder b;
+  b.model.mutable_opset_import(0)->set_version(18);
+  b.input("x", {2, 3});
+  b.input("w", {3});
+  auto* sq = b.node("ReduceSumSquare", {"x"}, {"h"});
+  sq->add_attribute()->CopyFrom(testing::attr("noop_with_empty_axes", int64_t{1}));
+  sq->add_attribute()->CopyFrom(testing::attr("keepdims", int64_t{0}));
+  b.node("Mul", {"h", "w"}, {"hw"});
+  b.node("ReduceSum", {"hw"}, {"loss"})->add_attribute()->CopyFrom(testing::attr("keepdims", int64_t{0}));
+  b.gradient({"x", "w"}, {"dx", "dw"}, {"x", "w"}, "loss");
+  b.output("dx");
+  b.output("dw");
+  const Tensor x = Tensor::from_vector<double>({2, 3}, {1, 2, 3, -1, 0.5, 2});
+  const runtime::NamedTensors out = b.run({{"x", x}, {"w", vec({1, -2, 0.5})}});
+  expect_close(out.at("dw"), vec({2, 4.25, 13}));  // sum over rows of x^2
+  expect_close(out.at("dx"), Tensor::from_vector<double>({2, 3}, {2, -8, 3, -2, -2, 2}));  // 2 x w
+}
+
 }  // namespace
 }  // namespace onnxtrain
