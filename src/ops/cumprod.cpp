@@ -28,11 +28,7 @@ class CumProd final : public Kernel {
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const Tensor& a = ctx.input(1);
-    if ((a.dtype() != DataType::Int32 && a.dtype() != DataType::Int64) || a.rank() > 1 || a.numel() != 1) {
-      throw Error("input " + ctx.input_name(1) + " (axis) must be an int32 or int64 scalar, got " + a.description());
-    }
-    const auto axis = static_cast<size_t>(normalize_axis(a.to_int64_vector("axis")[0], static_cast<int64_t>(x.rank()),
+    const auto axis = static_cast<size_t>(normalize_axis(int_scalar(ctx, 1, "axis"), static_cast<int64_t>(x.rank()),
                                                          "CumProd input " + ctx.input_name(1) + " (axis)"));
     const int64_t outer = x.shape().numel(0, axis), n = x.dim(axis), inner = x.shape().numel(axis + 1, x.rank());
     Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());

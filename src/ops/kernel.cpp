@@ -4,6 +4,15 @@ namespace onnxtrain::ops {
 
 void fail(const std::string& message) { throw Error(message); }
 
+int64_t int_scalar(const KernelContext& ctx, int i, const std::string& role) {
+  const Tensor& t = ctx.input(i);
+  if ((t.dtype() != DataType::Int64 && t.dtype() != DataType::Int32) || t.rank() > 1 || t.numel() != 1) {
+    throw Error("input " + ctx.input_name(i) + " (" + role + ") must be an int32 or int64 scalar, got " +
+                t.description());
+  }
+  return t.to_int64_vector(role)[0];
+}
+
 namespace {
 const char* type_name(ir::AttributeType t) {
   switch (t) {

@@ -169,4 +169,9 @@ std::unique_ptr<Kernel> make_kernel(F f) {
 // Shorthand for kernel errors: "input 'X' <message>".
 [[noreturn]] void fail(const std::string& message);
 
+// The value of input i as an integer scalar (0-D, or 1-D of one element; int32 or int64), as
+// ops take sizes, lengths and axes (DFT's dft_length, the window ops' size, CumProd's axis);
+// `role` names it in the Error for anything else.
+int64_t int_scalar(const KernelContext& ctx, int i, const std::string& role);
+
 }  // namespace onnxtrain::ops

@@ -21,6 +21,7 @@
 #include "ops/broadcast.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
+#include "ops/matmul_shape.h"
 #include "ops/gemm_ref.h"
 
 namespace onnxtrain::ops {
@@ -98,77 +99,6 @@ Shape concat(const Shape& a, std::initializer_list<int64_t> tail) {
 // ---------------------------------------------------------------------------------------------
 // MatMul
 
-// The numpy.matmul reading of two operand shapes.
-struct MatMulShape {
-  Shape batch;             // broadcast batch dims of the output
-  Shape a_batch, b_batch;  // each operand's batch dims, left-padded with 1 to batch's rank
-  int64_t M = 0, K = 0, N = 0;
-  Shape out;
-};
-
-Shape left_padded(const Shape& s, size_t rank) {
-  Shape r = Shape::filled(rank - s.size(), 1);
-  for (int64_t d : s) r.push_back(d);
-  return r;
-}
-
-MatMulShape matmul_shape(const KernelContext& ctx, const Shape& a, const Shape& b) {
-  for (int i = 0; i < 2; ++i) {
-    if (ctx.input(i).rank() == 0) {
-      fail("input " + ctx.input_name(i) + " is a scalar; MatMul needs rank >= 1");
-    }
-  }
-  MatMulShape s;
-  s.M = a.size() == 1 ? 1 : a[a.size() - 2];
-  s.K = a.back();
-  const int64_t b_rows = b.size() == 1 ? b[0] : b[b.size() - 2];
-  s.N = b.size() == 1 ? 1 : b.back();
-  if (b_rows != s.K) {
-    fail("inputs " + ctx.input_name(0) + " " + a.to_string() + " and " + ctx.input_name(1) + " " +
-         b.to_string() + " cannot be multiplied: " + std::to_string(s.K) + " columns against " +
-         std::to_string(b_rows) + " rows");
-  }
-  const Shape a_batch(a.dims().first(a.size() - std::min<size_t>(2, a.size())));
-  const Shape b_batch(b.dims().first(b.size() - std::min<size_t>(2, b.size())));
-  try {
-    s.batch = broadcast_shapes(a_batch, b_batch);
-  } catch (const Error& e) {
-    fail("batch dims of " + ctx.input_name(0) + " " + a.to_string() + " and " + ctx.input_name(1) +
-         " " + b.to_string() + " do not broadcast: " + e.what());
-  }
-  s.a_batch = left_padded(a_batch, s.batch.size());
-  s.b_batch = left_padded(b_batch, s.batch.size());
-  s.out = s.batch;
-  if (a.size() > 1) s.out.push_back(s.M);
-  if (b.size() > 1) s.out.push_back(s.N);
-  return s;
-}
-
-// For each output batch (row-major over `batch`): the element offset of an operand's matrix,
-// whose batch dims `operand` are those of `batch` or 1 (broadcast).
-std::vector<int64_t> batch_offsets(const Shape& operand, const Shape& batch, int64_t matrix_size) {
-  const size_t rank = batch.size();
-  std::vector<int64_t> stride(rank);
-  int64_t running = matrix_size;
-  for (size_t d = rank; d-- > 0;) {
-    stride[d] = operand[d] == 1 ? 0 : running;
-    running *= operand[d];
-  }
-  std::vector<int64_t> offsets(static_cast<size_t>(batch.numel()));
-  std::vector<int64_t> index(rank, 0);
-  int64_t offset = 0;
-  for (auto& o : offsets) {
-    o = offset;
-    for (size_t d = rank; d-- > 0;) {  // odometer step
-      offset += stride[d];
-      if (++index[d] < batch[d]) break;
-      offset -= stride[d] * batch[d];
-      index[d] = 0;
-    }
-  }
-  return offsets;
-}
-
 template <class T>
 void matmul_reference(const MatMulShape& s, const T* a, const T* b, T* y) {
   const auto a_off = batch_offsets(s.a_batch, s.batch, s.M * s.K);
@@ -185,7 +115,7 @@ class MatMulKernel final : public Kernel {
       fail("inputs " + ctx.input_name(0) + " (" + a.description() + ") and " + ctx.input_name(1) +
            " (" + b.description() + ") must have the same element type");
     }
-    const MatMulShape s = matmul_shape(ctx, a.shape(), b.shape());
+    const MatMulShape s = matmul_shape(ctx, 0, 1);
     visit_dtype<NumericTypes>(a.dtype(), "MatMul input " + ctx.input_name(0), [&]<class T>() {
       if constexpr (is_half_v<T>) {
         Tensor y(DataType::Float32, s.out);

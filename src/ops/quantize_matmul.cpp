@@ -19,69 +19,13 @@
 
 #include "ops/broadcast.h"
 #include "ops/factories.h"
+#include "ops/matmul_shape.h"
 #include "ops/gemm_ref.h"
 #include "ops/registry.h"
 
 namespace onnxtrain::ops {
 
 namespace {
-
-// The numpy.matmul reading of two shapes.
-struct MatShape {
-  Shape batch, a_batch, b_batch;  // operand batch dims left-padded with 1 to batch's rank
-  int64_t M = 1, K = 0, N = 1;
-  Shape out;
-};
-
-Shape left_padded(const Shape& s, size_t rank) {
-  Shape r = Shape::filled(rank - s.size(), 1);
-  for (int64_t d : s) r.push_back(d);
-  return r;
-}
-
-MatShape mat_shape(const KernelContext& ctx, int ia, int ib) {
-  const Shape& a = ctx.input(ia).shape();
-  const Shape& b = ctx.input(ib).shape();
-  if (a.size() == 0 || b.size() == 0) {
-    fail("inputs " + ctx.input_name(ia) + " " + a.to_string() + " and " + ctx.input_name(ib) + " " +
-         b.to_string() + " must have rank >= 1");
-  }
-  MatShape s;
-  s.M = a.size() == 1 ? 1 : a[a.size() - 2];
-  s.K = a.back();
-  const int64_t b_rows = b.size() == 1 ? b[0] : b[b.size() - 2];
-  s.N = b.size() == 1 ? 1 : b.back();
-  if (b_rows != s.K) {
-    fail("inputs " + ctx.input_name(ia) + " " + a.to_string() + " and " + ctx.input_name(ib) + " " +
-         b.to_string() + " cannot be multiplied: " + std::to_string(s.K) + " columns against " +
-         std::to_string(b_rows) + " rows");
-  }
-  const Shape a_batch(a.dims().first(a.size() - std::min<size_t>(2, a.size())));
-  const Shape b_batch(b.dims().first(b.size() - std::min<size_t>(2, b.size())));
-  s.batch = broadcast_shapes(a_batch, b_batch);
-  s.a_batch = left_padded(a_batch, s.batch.size());
-  s.b_batch = left_padded(b_batch, s.batch.size());
-  s.out = s.batch;
-  if (a.size() > 1) s.out.push_back(s.M);
-  if (b.size() > 1) s.out.push_back(s.N);
-  return s;
-}
-
-// Element offsets of an operand's matrices for each output batch (row-major over `batch`).
-std::vector<int64_t> batch_offsets(const Shape& operand, const Shape& batch, int64_t matrix_size) {
-  std::vector<int64_t> offsets(static_cast<size_t>(batch.numel()));
-  for (size_t i = 0; i < offsets.size(); ++i) {
-    int64_t rest = static_cast<int64_t>(i), offset = 0, stride = matrix_size;
-    for (size_t d = batch.size(); d-- > 0;) {
-      const int64_t index = rest % batch[d];
-      rest /= batch[d];
-      if (operand[d] != 1) offset += index * stride;
-      stride *= operand[d];
-    }
-    offsets[i] = offset;
-  }
-  return offsets;
-}
 
 // A row parameter given as a vector of M elements, seen as [M, 1] so that it broadcasts along
 // the rows of a 2-D operand; every other parameter keeps its shape.
@@ -115,7 +59,7 @@ std::vector<T> centered(const KernelContext& ctx, int operand, int zero_point, b
 
 // (A - a_zp) · (B - b_zp) over the numpy.matmul shapes s, in T.
 template <class T>
-std::vector<T> product(const KernelContext& ctx, const MatShape& s, int a, int a_zp, int b, int b_zp) {
+std::vector<T> product(const KernelContext& ctx, const MatMulShape& s, int a, int a_zp, int b, int b_zp) {
   const std::vector<T> av = centered<T>(ctx, a, a_zp, true);
   const std::vector<T> bv = centered<T>(ctx, b, b_zp, false);
   std::vector<T> y(static_cast<size_t>(s.out.numel()));
@@ -147,7 +91,7 @@ void check_types(const KernelContext& ctx, std::initializer_list<int> inputs, DT
 std::unique_ptr<Kernel> make_matmul_integer(const KernelInit&) {
   return make_kernel([](KernelContext& ctx) {
     check_types(ctx, {0, 1}, kInt8Quant, "MatMulInteger");
-    const MatShape s = mat_shape(ctx, 0, 1);
+    const MatMulShape s = matmul_shape(ctx, 0, 1);
     const std::vector<int32_t> y = product<int32_t>(ctx, s, 0, 2, 1, 3);
     Tensor& out = ctx.allocate_output(0, DataType::Int32, s.out);
     std::copy(y.begin(), y.end(), out.data<int32_t>());
@@ -168,7 +112,7 @@ std::unique_ptr<Kernel> make_qlinear_matmul(const KernelInit& init) {
       fail("inputs " + ctx.input_name(1) + ", " + ctx.input_name(4) + " and " + ctx.input_name(6) +
            " must have one type");
     }
-    const MatShape s = mat_shape(ctx, 0, 3);
+    const MatMulShape s = matmul_shape(ctx, 0, 3);
     const std::vector<double> a_scale = param_values(ctx, 1, ctx.input(0), true, s.out);
     const std::vector<double> b_scale = param_values(ctx, 4, ctx.input(3), false, s.out);
     const std::vector<double> y_scale = param_values(ctx, 6, ctx.input(0), false, s.out);

@@ -104,16 +104,6 @@ void for_each_line(const T* in, const Lines& li, T* out, const Lines& lo, int64_
   });
 }
 
-// The single value of an optional integer scalar input (0-D, or 1-D of one element).
-int64_t int_scalar(const KernelContext& ctx, int i, const std::string& role) {
-  const Tensor& t = ctx.input(i);
-  if ((t.dtype() != DataType::Int64 && t.dtype() != DataType::Int32) || t.rank() > 1 || t.numel() != 1) {
-    throw Error("input " + ctx.input_name(i) + " (" + role + ") must be an int32 or int64 scalar, got " +
-                t.description());
-  }
-  return t.to_int64_vector(role)[0];
-}
-
 int64_t positive_scalar(const KernelContext& ctx, int i, const std::string& role) {
   const int64_t v = int_scalar(ctx, i, role);
   if (v < 1) throw Error("input " + ctx.input_name(i) + " (" + role + ") must be positive, got " + std::to_string(v));

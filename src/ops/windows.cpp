@@ -43,16 +43,6 @@ DataType output_datatype(const KernelInit& init) {
   return t;
 }
 
-// The single value of an integer scalar input (0-D, or 1-D of one element).
-int64_t int_scalar(const KernelContext& ctx, int i, const std::string& role) {
-  const Tensor& t = ctx.input(i);
-  if ((t.dtype() != DataType::Int64 && t.dtype() != DataType::Int32) || t.rank() > 1 || t.numel() != 1) {
-    throw Error("input " + ctx.input_name(i) + " (" + role + ") must be an int32 or int64 scalar, got " +
-                t.description());
-  }
-  return t.to_int64_vector(role)[0];
-}
-
 double float_scalar(const KernelContext& ctx, int i, const std::string& role) {
   const Tensor& t = ctx.input(i);
   if (!is_floating(t.dtype()) || t.rank() > 1 || t.numel() != 1) {
