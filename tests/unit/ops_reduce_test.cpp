@@ -17,6 +17,7 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::throws_with;
 using testing::f32;
 using testing::i64;
 using testing::iota;
@@ -57,16 +58,6 @@ void expect_typed(const Tensor& t, DataType dtype, const Shape& shape, const std
 onnx::AttributeProto iattr(const std::string& name, int64_t value) { return attr(name, value); }
 
 // Whether f throws an Error whose message contains `part`.
-template <class F>
-bool throws_with(F f, const std::string& part) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()).find(part) != std::string::npos;
-  }
-  return false;
-}
-
 // ---------------------------------------------------------------- Reduce*
 
 // ReduceSum and ReduceMax over the axes in `mask` (bit d: axis d) of a rank-3 tensor, against

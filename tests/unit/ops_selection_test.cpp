@@ -14,6 +14,7 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::throws_with;
 using testing::f32;
 using testing::i64;
 using testing::NodeSpec;
@@ -21,17 +22,6 @@ using testing::run1;
 using testing::run_node;
 using Ints = std::vector<int64_t>;
 using Attrs = std::vector<onnx::AttributeProto>;
-
-template <class F>
-bool throws_with(F f, const std::string& part) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find(part) != std::string::npos) return true;
-    ADD_FAILURE() << "message without '" << part << "': " << e.what();
-  }
-  return false;
-}
 
 Tensor bools(const std::vector<bool>& v) {
   Tensor t(DataType::Bool, Shape{static_cast<int64_t>(v.size())});

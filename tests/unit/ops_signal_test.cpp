@@ -16,23 +16,13 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::throws_with;
 using testing::expect_close;
 using testing::NodeSpec;
 using testing::run1;
 using testing::run_node;
 using Cx = std::complex<double>;
 using Attrs = std::vector<onnx::AttributeProto>;
-
-template <class F>
-bool throws_with(F f, const std::string& part) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find(part) != std::string::npos) return true;
-    ADD_FAILURE() << "message without '" << part << "': " << e.what();
-  }
-  return false;
-}
 
 Tensor f64(const Shape& s, const std::vector<double>& v) { return Tensor::from_vector<double>(s, v); }
 Tensor i64s(int64_t v) { return Tensor::scalar<int64_t>(v); }

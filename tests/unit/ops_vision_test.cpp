@@ -17,6 +17,7 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::throws_with;
 using testing::expect_close;
 using testing::i64;
 using testing::NodeSpec;
@@ -30,19 +31,6 @@ Tensor run(const std::string& op, int opset, const std::vector<Tensor>& in, Attr
 }
 Tensor f64(const Shape& s, const std::vector<double>& v) { return Tensor::from_vector<double>(s, v); }
 Tensor f32(const Shape& s, const std::vector<float>& v) { return Tensor::from_vector<float>(s, v); }
-
-template <class F>
-bool throws_with(F f, const std::string& part) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find(part) != std::string::npos) return true;
-    ADD_FAILURE() << "message without '" << part << "': " << e.what();
-    return false;
-  }
-  ADD_FAILURE() << "no error";
-  return false;
-}
 
 // Row-major flat index of `idx` in `shape`.
 int64_t flat(const Shape& shape, const Ints& idx) {

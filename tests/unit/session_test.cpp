@@ -17,6 +17,8 @@
 namespace onnxtrain::runtime {
 namespace {
 
+using testing::error_of;
+
 using testing::NodeSpec;
 
 // Relu over float32[N,3] with a symbolic batch dim.
@@ -25,15 +27,6 @@ onnx::ModelProto relu_model() {
   auto* dim = m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0);
   dim->set_dim_param("N");
   return m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Session, RunsAndReportsInputsAndOutputs) {

@@ -3,9 +3,31 @@
 #include <cmath>
 #include <random>
 
+#include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 
 namespace onnxtrain::testing {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool throws_with(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(part) != std::string::npos) return true;
+    ADD_FAILURE() << "message without '" << part << "': " << e.what();
+    return false;
+  }
+  ADD_FAILURE() << "no error (expected one saying '" << part << "')";
+  return false;
+}
 
 void typed_value(onnx::ValueInfoProto* v, const std::string& name, int elem, const std::vector<int64_t>& dims) {
   v->set_name(name);

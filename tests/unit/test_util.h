@@ -99,6 +99,12 @@ Tensor random_f64(const Shape& shape, uint32_t seed, double scale = 1.0);
 // (f(x + eps e_j) - f(x - eps e_j)) / (2 eps).
 Tensor central_differences(const std::function<double(const Tensor&)>& f, const Tensor& x, double eps = 1e-6);
 
+// The message of the onnxtrain::Error that f throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+// Whether f throws an onnxtrain::Error whose message contains `part`; a message without it,
+// or no error, is also reported as a test failure naming what came instead.
+bool throws_with(const std::function<void()>& f, const std::string& part);
+
 // Element-wise comparison with |got - want| <= atol + rtol * |want|; shapes and dtypes equal.
 void expect_close(const Tensor& got, const Tensor& want, double rtol = 1e-5, double atol = 1e-6);
 

@@ -11,9 +11,12 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
+#include "test_util.h"
 
 namespace onnxtrain::training {
 namespace {
+
+using onnxtrain::testing::error_of;
 
 namespace fs = std::filesystem;
 
@@ -154,15 +157,6 @@ std::vector<double> reference_losses(int steps, std::vector<double>& w, double& 
 }
 
 runtime::NamedTensors feeds() { return {{"X", x_data()}, {"Y_true", y_data()}}; }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // --- tests ---
 

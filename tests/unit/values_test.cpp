@@ -18,19 +18,11 @@ namespace onnxtrain {
 namespace {
 
 using testing::add_node;
+using testing::error_of;
 using testing::attr;
 using testing::f32;
 using testing::i64;
 using testing::typed_value;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
