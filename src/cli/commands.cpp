@@ -303,8 +303,9 @@ int make_trainable(const MakeTrainableArgs& args) {
     throw Error(args.model + ": the trainable model make-trainable built fails the ONNX checker (nothing written): " +
                 e.what());
   }
-  training::validate_training_info(trainable, args.output, base_dir);
-  training::TrainingSession planned(trainable, {}, base_dir, args.output);  // plans every graph
+  const std::string built = args.model + " made trainable (nothing written)";
+  training::validate_training_info(trainable, built, base_dir);
+  training::TrainingSession planned(trainable, {}, base_dir, built);  // plans every graph
   io::save_model(trainable, args.output, {.source_dir = base_dir});
   const auto& info = trainable.training_info(0);
   std::cout << "wrote " << args.output << ": " << info.update_binding_size() << " update bindings, "

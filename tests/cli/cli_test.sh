@@ -45,6 +45,17 @@ expect 2 "'z' is not an input" -- "$bin" run "$relu/model.onnx" --input "x=$relu
 expect 2 "must be .npy or .pb" -- "$bin" run "$relu/model.onnx" --input "x=$tmp/garbage.onnx"
 expect 2 "." -- "$bin" frobnicate
 
+# Values beyond numeric tensors: a sequence input read from a SequenceProto file and written
+# back as .pb, string tensors, and bfloat16 inputs that the test data stores as uint16 bits.
+seq=$data/node/test_identity_sequence
+expect 0 'y: sequence\(float32\) of 2: \[float32\[1,1,2,2\]' -- "$bin" run "$seq/model.onnx" --input "x=$seq/test_data_set_0/input_0.pb" --output-dir "$tmp/seq"
+[[ -f $tmp/seq/y.pb ]] || { echo "FAIL: run did not write the sequence y.pb"; failures=$((failures + 1)); }
+strnorm=$data/simple/test_strnorm_model_monday_casesensintive_upper
+expect 0 'y: string\[3\] = \["TUESDAY", "WEDNESDAY", "THURSDAY"\]' -- "$bin" run "$strnorm/model.onnx" --input "x=$strnorm/test_data_set_0/input_0.pb" --output-dir "$tmp/str"
+[[ -f $tmp/str/y.pb ]] || { echo "FAIL: run did not write the string tensor y.pb"; failures=$((failures + 1)); }
+bf16=$data/node/test_cast_BFLOAT16_to_FLOAT
+expect 0 'output: float32\[3,4\]' -- "$bin" run "$bf16/model.onnx" --input "input=$bf16/test_data_set_0/input_0.pb"
+
 # Training from the command line: the linear-regression example.
 examples=$(cd "$(dirname "$0")/../../examples" && pwd)
 "$python" "$examples/linear_regression/make_model.py" "$tmp/lr" >/dev/null
@@ -82,6 +93,21 @@ PY
 expect 0 'trains W' -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/train.onnx" --optimizer adam
 expect 2 'already has training_info' -- "$bin" make-trainable "$tmp/mt/train.onnx" -o "$tmp/mt/again.onnx"
 expect 2 "'hinge' is not one of bce_with_logits, cross_entropy, l1, mse, nll" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --loss hinge
+# A model make-trainable cannot train (Unique has no gradient rule) gets an error and no file.
+"$python" - "$tmp/mt" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+w = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
+nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Unique", ["h"], ["u"], sorted=0),
+         helper.make_node("ReduceSum", ["u"], ["s"], keepdims=1), helper.make_node("Add", ["h", "s"], ["logits"])]
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                      [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], [w])
+onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), sys.argv[1] + "/unique.onnx")
+PY
+expect 2 "no gradient rule|not differentiable|Unique" -- "$bin" make-trainable "$tmp/mt/unique.onnx" -o "$tmp/mt/unique_train.onnx"
+[[ ! -e $tmp/mt/unique_train.onnx ]] || { echo "FAIL: make-trainable wrote a model it could not train"; failures=$((failures + 1)); }
 expect 0 'trained 4 steps' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 16 -o "$tmp/mt/trained.onnx"
 expect 0 'wrote .*inference.onnx' -- "$bin" export "$tmp/mt/trained.onnx" -o "$tmp/mt/inference.onnx"
 expect 0 'checker ok' -- "$python" -c "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1])); print('checker ok')" "$tmp/mt/inference.onnx"
