@@ -61,6 +61,7 @@ struct ValueTypes {
   std::unordered_map<std::string, DataType> dtypes;
   std::unordered_map<std::string, int> ranks;
   std::unordered_map<std::string, int64_t> lengths;  // dim 0 of 1-D values, where known
+  std::unordered_map<std::string, std::vector<int64_t>> dims;  // static dims, -1 where unknown
 };
 
 // The declared type of the subgraph output that becomes output k of an If or Loop node.
@@ -86,6 +87,8 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets, co
     if (t.has_shape()) {
       result.ranks[v.name()] = t.shape().dim_size();
       if (t.shape().dim_size() == 1 && t.shape().dim(0).has_dim_value()) result.lengths[v.name()] = t.shape().dim(0).dim_value();
+      std::vector<int64_t>& dims = result.dims[v.name()];
+      for (const auto& d : t.shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
     }
   };
   onnx::GraphProto copy = graph;
@@ -120,6 +123,7 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets, co
   for (const auto& t : graph.initializer()) {
     types[t.name()] = static_cast<DataType>(t.data_type());
     result.ranks[t.name()] = t.dims_size();
+    result.dims[t.name()].assign(t.dims().begin(), t.dims().end());
     if (t.dims_size() == 1) result.lengths[t.name()] = t.dims(0);
   }
   // Constant nodes: ONNX inference types them, but their lengths help Reshape and Unsqueeze below.
@@ -133,6 +137,7 @@ ValueTypes infer_types(const onnx::GraphProto& graph, const OpsetMap& opsets, co
     for (const auto& [name, t] : enclosing->dtypes) result.dtypes.try_emplace(name, t);
     for (const auto& [name, r] : enclosing->ranks) result.ranks.try_emplace(name, r);
     for (const auto& [name, n] : enclosing->lengths) result.lengths.try_emplace(name, n);
+    for (const auto& [name, d] : enclosing->dims) result.dims.try_emplace(name, d);
   }
   return result;
 }
@@ -414,7 +419,7 @@ class Engine {
   void index_graph(int skip);
   // Element types and ranks of every value, with those of the enclosing graphs for a subgraph.
   void infer_value_types();
-  ValueTypes value_types() const { return {types_, ranks_, lengths_}; }
+  ValueTypes value_types() const { return {types_, ranks_, lengths_, dims_}; }
   // The value of `name` when it is a constant of this graph or of an enclosing one.
   std::optional<onnx::TensorProto> constant_value(const std::string& name) const;
   // Nodes that read `roots`, directly or not (through inputs or subgraphs), leaving out `skip`.
@@ -424,8 +429,8 @@ class Engine {
   // Nodes the targets depend on, not looking past `stop` values.
   std::unordered_set<int> ancestors_of(const std::vector<std::string>& targets,
                                        const std::unordered_set<std::string>& stop) const;
-  // Unrolls every Loop between xs and the targets (subgraphs.h); returns `skip` moved along
-  // with the nodes.
+  // Unrolls every Loop and Scan between xs and the targets (subgraphs.h); returns `skip` moved
+  // along with the nodes.
   int unroll_loops_on_path(const std::vector<std::string>& xs, const std::vector<std::string>& targets, int skip);
   // The backward walk from `seeds` (value, gradient flowing into it) over the nodes between
   // x_values and the seeded values; `y` names the target in errors.
@@ -461,6 +466,7 @@ class Engine {
   std::unordered_map<std::string, DataType> types_;
   std::unordered_map<std::string, int> ranks_;
   std::unordered_map<std::string, int64_t> lengths_;
+  std::unordered_map<std::string, std::vector<int64_t>> dims_;
   std::unordered_map<std::string, std::vector<std::string>> grads_;
   std::vector<onnx::NodeProto> emitted_;
   std::unordered_map<std::string, int> producer_;
@@ -554,6 +560,7 @@ void Engine::infer_value_types() {
   types_ = std::move(inferred.dtypes);
   ranks_ = std::move(inferred.ranks);
   lengths_ = std::move(inferred.lengths);
+  dims_ = std::move(inferred.dims);
   for (int i : topological_order(graph_)) {
     assign_output_types(graph_.node(i), types_);
     assign_output_ranks(graph_.node(i), ranks_, lengths_);
@@ -605,20 +612,35 @@ std::unordered_set<int> Engine::ancestors_of(const std::vector<std::string>& tar
 
 int Engine::unroll_loops_on_path(const std::vector<std::string>& xs, const std::vector<std::string>& targets, int skip) {
   const std::unordered_set<std::string> stop(xs.begin(), xs.end());
-  const LoopScope scope{[this](const std::string& hint) { return fresh(hint); },
-                        [this](const std::string& name) { return constant_value(name); }, opset(), context_};
+  // Static dims come from shape inference over the graph as it is when a Scan is unrolled.
+  ValueTypes shapes;
+  LoopScope scope{[this](const std::string& hint) { return fresh(hint); },
+                  [this](const std::string& name) { return constant_value(name); }, opset(), context_, {}};
+  scope.static_dims = [&shapes](const std::string& name) -> std::optional<std::vector<int64_t>> {
+    const auto it = shapes.dims.find(name);
+    if (it == shapes.dims.end()) return std::nullopt;
+    return it->second;
+  };
   for (;;) {
     const std::vector<int> order = topological_order(graph_);
     const auto desc_nodes = descendants_of(xs, order, skip).second;
     const auto anc = ancestors_of(targets, stop);
     const auto loop = std::find_if(order.begin(), order.end(), [&](int i) {
       const auto& n = graph_.node(i);
-      return n.op_type() == "Loop" && (n.domain().empty() || n.domain() == "ai.onnx") && desc_nodes.contains(i) &&
-             anc.contains(i);
+      return (n.op_type() == "Loop" || n.op_type() == "Scan") && (n.domain().empty() || n.domain() == "ai.onnx") &&
+             desc_nodes.contains(i) && anc.contains(i);
     });
     if (loop == order.end()) return skip;
     const int at = *loop;
-    std::vector<onnx::NodeProto> unrolled = unroll_loop(graph_.node(at), node_label(graph_.node(at), at), scope);
+    const onnx::NodeProto& node = graph_.node(at);
+    std::vector<onnx::NodeProto> unrolled;
+    if (node.op_type() == "Loop") {
+      unrolled = unroll_loop(node, node_label(node, at), scope);
+    } else {
+      const ValueTypes enclosing = parent_ ? parent_->value_types() : ValueTypes{};
+      shapes = infer_types(graph_, opsets_, parent_ ? &enclosing : nullptr);
+      unrolled = unroll_scan(node, node_label(node, at), scope);
+    }
     google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
     for (int i = 0; i < graph_.node_size(); ++i) {
       if (i != at) {

@@ -192,15 +192,124 @@ void prune_to_outputs(onnx::GraphProto& graph) {
 
 namespace {
 
+// What unrolling a Loop or a Scan shares: copies of the body with fresh names, the body's
+// initializers as Constant nodes made once, the emitted nodes.
+class BodyCopies {
+ protected:
+  BodyCopies(const onnx::NodeProto& node, const std::string& label, const LoopScope& scope)
+      : node_(node), label_(label), scope_(scope) {}
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw Error(scope_.where + ": cannot differentiate through " + label_ + ": " + why);
+  }
+
+  // The body's node order and the body names its nodes and outputs read.
+  void read_body() {
+    body_ = graph_attribute(node_, "body");
+    if (!body_) fail("it has no graph attribute 'body'");
+    order_ = topological_order(*body_);
+    for (const auto& n : body_->node()) {
+      for (auto& r : node_reads(n)) reads_.insert(std::move(r));
+    }
+    for (const auto& o : body_->output()) reads_.insert(o.name());
+  }
+
+  std::string constant(const onnx::TensorProto& value, const std::string& hint) {
+    onnx::TensorProto t = value;
+    t.clear_name();
+    const std::string out = scope_.fresh(hint);
+    add("Constant", {}, out, {attr_tensor("value", t)});
+    return out;
+  }
+
+  static onnx::TensorProto int64_scalar(int64_t v) {
+    onnx::TensorProto t;
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_int64_data(v);
+    return t;
+  }
+
+  // The body's initializers as Constant nodes, made once and shared by the copies.
+  const std::unordered_map<std::string, std::string>& shared_constants() {
+    if (!shared_made_) {
+      for (const auto& t : body_->initializer()) shared_[t.name()] = constant(t, "loop_initializer");
+      shared_made_ = true;
+    }
+    return shared_;
+  }
+
+  // One copy of the body: its nodes read names[v] for each body value v bound there, and record
+  // their fresh outputs in `names`; returns the name of body output k in this copy.
+  std::function<std::string(int)> copy_body(std::unordered_map<std::string, std::string>& names) {
+    for (int i : order_) {
+      const onnx::NodeProto& node = body_->node(i);
+      onnx::NodeProto copy = copy_node(node, names, scope_.fresh);
+      copy.set_name(scope_.fresh(node.name().empty() ? node.op_type() : node.name()));
+      nodes_.push_back(std::move(copy));
+    }
+    return [this, &names](int k) {
+      const std::string& o = body_->output(k).name();
+      const auto found = names.find(o);
+      return found == names.end() ? o : found->second;  // an enclosing value the body returns
+    };
+  }
+
+  void add(const std::string& type, const std::vector<std::string>& inputs, const std::string& output,
+           const std::vector<onnx::AttributeProto>& attrs = {}) {
+    onnx::NodeProto n;
+    n.set_op_type(type);
+    n.set_name(scope_.fresh(type));
+    for (const auto& in : inputs) n.add_input(in);
+    n.add_output(output);
+    for (const auto& a : attrs) *n.add_attribute() = a;
+    nodes_.push_back(std::move(n));
+  }
+
+  // `parts` stacked along a new axis `axis` (negative: from the back) into `out`.
+  void stack(const std::vector<std::string>& parts, int64_t axis, const std::string& out) {
+    std::vector<std::string> unsqueezed;
+    for (const auto& p : parts) {
+      const std::string u = scope_.fresh("scan_unsqueezed");
+      if (scope_.opset >= 13) {
+        auto& axes = axes_[axis];
+        if (axes.empty()) {
+          onnx::TensorProto t;
+          t.set_data_type(onnx::TensorProto::INT64);
+          t.add_dims(1);
+          t.add_int64_data(axis);
+          axes = constant(t, "scan_axes");
+        }
+        add("Unsqueeze", {p, axes}, u);
+      } else {
+        add("Unsqueeze", {p}, u, {attr_ints("axes", {axis})});
+      }
+      unsqueezed.push_back(u);
+    }
+    add("Concat", unsqueezed, out, {attr_int("axis", axis)});
+  }
+
+  const onnx::NodeProto& node_;
+  const std::string& label_;
+  const LoopScope& scope_;
+  const onnx::GraphProto* body_ = nullptr;
+  std::vector<int> order_;
+  std::unordered_set<std::string> reads_;  // what the body reads of its own names
+  std::vector<onnx::NodeProto> nodes_;
+
+ private:
+  std::unordered_map<std::string, std::string> shared_;
+  bool shared_made_ = false;
+  std::unordered_map<int64_t, std::string> axes_;
+};
+
 // Builds the nodes of an unrolled Loop (see unroll_loop).
-class Unroller {
+class Unroller : private BodyCopies {
  public:
   Unroller(const onnx::NodeProto& loop, const std::string& label, const LoopScope& scope)
-      : loop_(loop), label_(label), scope_(scope) {}
+      : BodyCopies(loop, label, scope), loop_(loop) {}
 
   std::vector<onnx::NodeProto> run() {
-    body_ = graph_attribute(loop_, "body");
-    if (!body_) fail("it has no graph attribute 'body'");
+    read_body();
     carried_ = loop_.input_size() - 2;
     if (carried_ < 0) fail("it needs inputs M, cond and the loop-carried values");
     if (body_->input_size() != carried_ + 2) {
@@ -215,25 +324,14 @@ class Unroller {
     std::vector<std::string> carried;
     for (int j = 0; j < carried_; ++j) carried.push_back(loop_.input(2 + j));
     std::vector<std::vector<std::string>> scanned(static_cast<size_t>(scans_));
-    const std::vector<int> order = topological_order(*body_);
-    std::unordered_set<std::string> reads;  // what the body reads of its own names
-    for (const auto& n : body_->node()) {
-      for (auto& r : node_reads(n)) reads.insert(std::move(r));
-    }
-    for (const auto& o : body_->output()) reads.insert(o.name());
     const std::string& iteration = body_->input(0).name();
     const std::string& condition = body_->input(1).name();
     for (int64_t it = 0; it < trips; ++it) {
       std::unordered_map<std::string, std::string> names = shared_constants();
-      if (reads.contains(iteration)) names[iteration] = constant(iteration_tensor(it), "iteration");
-      if (reads.contains(condition)) names[condition] = true_constant();
+      if (reads_.contains(iteration)) names[iteration] = constant(int64_scalar(it), "iteration");
+      if (reads_.contains(condition)) names[condition] = true_constant();
       for (int j = 0; j < carried_; ++j) names[body_->input(2 + j).name()] = carried[static_cast<size_t>(j)];
-      for (int i : order) copy_body_node(body_->node(i), names);
-      auto value = [&](int k) {
-        const std::string& o = body_->output(k).name();
-        const auto found = names.find(o);
-        return found == names.end() ? o : found->second;  // an enclosing value the body returns
-      };
+      const auto value = copy_body(names);
       for (int j = 0; j < carried_; ++j) carried[static_cast<size_t>(j)] = value(1 + j);
       for (int k = 0; k < scans_; ++k) scanned[static_cast<size_t>(k)].push_back(value(1 + carried_ + k));
     }
@@ -242,16 +340,12 @@ class Unroller {
     }
     for (int k = 0; k < scans_ && carried_ + k < loop_.output_size(); ++k) {
       const std::string& out = loop_.output(carried_ + k);
-      if (!out.empty()) stack(scanned[static_cast<size_t>(k)], k, out);
+      if (!out.empty()) stack_scan_output(scanned[static_cast<size_t>(k)], k, out);
     }
     return std::move(nodes_);
   }
 
  private:
-  [[noreturn]] void fail(const std::string& why) const {
-    throw Error(scope_.where + ": cannot differentiate through " + label_ + ": " + why);
-  }
-
   // M, when the loop ends by it alone (see unroll_loop); 0 for a constant false condition.
   int64_t trip_count() {
     const std::string& m = loop_.input(0);
@@ -309,30 +403,6 @@ class Unroller {
     return std::nullopt;
   }
 
-  static onnx::TensorProto iteration_tensor(int64_t it) {
-    onnx::TensorProto t;
-    t.set_data_type(onnx::TensorProto::INT64);
-    t.add_int64_data(it);
-    return t;
-  }
-
-  std::string constant(const onnx::TensorProto& value, const std::string& hint) {
-    onnx::TensorProto t = value;
-    t.clear_name();
-    const std::string out = scope_.fresh(hint);
-    add("Constant", {}, out, {attr_tensor("value", t)});
-    return out;
-  }
-
-  // The body's initializers as Constant nodes, made once and shared by the copies.
-  const std::unordered_map<std::string, std::string>& shared_constants() {
-    if (!shared_made_) {
-      for (const auto& t : body_->initializer()) shared_[t.name()] = constant(t, "loop_initializer");
-      shared_made_ = true;
-    }
-    return shared_;
-  }
-
   std::string true_constant() {
     if (true_.empty()) {
       onnx::TensorProto t;
@@ -343,15 +413,9 @@ class Unroller {
     return true_;
   }
 
-  // Copies a body node into the enclosing graph: reads renamed by `names`, outputs fresh.
-  void copy_body_node(const onnx::NodeProto& node, std::unordered_map<std::string, std::string>& names) {
-    onnx::NodeProto copy = copy_node(node, names, scope_.fresh);
-    copy.set_name(scope_.fresh(node.name().empty() ? node.op_type() : node.name()));
-    nodes_.push_back(std::move(copy));
-  }
-
-  // Scan output k of every copy stacked along a new first axis into `out`.
-  void stack(const std::vector<std::string>& parts, int k, const std::string& out) {
+  // Scan output k of every copy stacked along a new first axis into `out` (a Constant of shape
+  // [0] for zero iterations, as the Loop kernel gives).
+  void stack_scan_output(const std::vector<std::string>& parts, int k, const std::string& out) {
     if (parts.empty()) {
       const auto& type = body_->output(1 + carried_ + k).type();
       const int elem = type.has_tensor_type() && type.tensor_type().elem_type() != 0 ? type.tensor_type().elem_type()
@@ -362,52 +426,99 @@ class Unroller {
       add("Constant", {}, out, {attr_tensor("value", empty)});
       return;
     }
-    std::vector<std::string> unsqueezed;
-    for (const auto& p : parts) {
-      const std::string u = scope_.fresh("scan_unsqueezed");
-      if (scope_.opset >= 13) {
-        if (axis0_.empty()) {
-          onnx::TensorProto axes;
-          axes.set_data_type(onnx::TensorProto::INT64);
-          axes.add_dims(1);
-          axes.add_int64_data(0);
-          axis0_ = constant(axes, "scan_axes");
-        }
-        add("Unsqueeze", {p, axis0_}, u);
-      } else {
-        add("Unsqueeze", {p}, u, {attr_ints("axes", {0})});
-      }
-      unsqueezed.push_back(u);
-    }
-    add("Concat", unsqueezed, out, {attr_int("axis", 0)});
-  }
-
-  void add(const std::string& type, const std::vector<std::string>& inputs, const std::string& output,
-           const std::vector<onnx::AttributeProto>& attrs = {}) {
-    onnx::NodeProto n;
-    n.set_op_type(type);
-    n.set_name(scope_.fresh(type));
-    for (const auto& in : inputs) n.add_input(in);
-    n.add_output(output);
-    for (const auto& a : attrs) *n.add_attribute() = a;
-    nodes_.push_back(std::move(n));
+    stack(parts, 0, out);
   }
 
   const onnx::NodeProto& loop_;
-  const std::string& label_;
-  const LoopScope& scope_;
-  const onnx::GraphProto* body_ = nullptr;
   int carried_ = 0, scans_ = 0;
-  std::vector<onnx::NodeProto> nodes_;
-  std::unordered_map<std::string, std::string> shared_;
-  bool shared_made_ = false;
-  std::string true_, axis0_;
+  std::string true_;
+};
+
+// Builds the nodes of an unrolled Scan (see unroll_scan).
+class ScanUnroller : private BodyCopies {
+ public:
+  ScanUnroller(const onnx::NodeProto& scan, const std::string& label, const LoopScope& scope)
+      : BodyCopies(scan, label, scope) {}
+
+  std::vector<onnx::NodeProto> run() {
+    if (scope_.opset < 9) fail("Scan-8 (a batch axis and sequence_lens) is not unrolled; export at opset 9 or later");
+    read_body();
+    int64_t inputs = -1;
+    for (const auto& a : node_.attribute()) {
+      if (a.name() == "num_scan_inputs") inputs = a.i();
+    }
+    const int m = static_cast<int>(inputs);
+    const int states = node_.input_size() - m;
+    const int outputs = body_->output_size() - states;
+    if (m < 1 || states < 0 || outputs < 0 || body_->input_size() != states + m) {
+      fail("its inputs, body and num_scan_inputs do not agree");
+    }
+    const auto ints = [&](const char* name, int count) {
+      std::vector<int64_t> v(static_cast<size_t>(count), 0);
+      for (const auto& a : node_.attribute()) {
+        if (a.name() == name) v.assign(a.ints().begin(), a.ints().end());
+      }
+      if (static_cast<int>(v.size()) != count) fail("attribute '" + std::string(name) + "' has the wrong length");
+      return v;
+    };
+    const auto in_axes = ints("scan_input_axes", m), in_dirs = ints("scan_input_directions", m);
+    const auto out_axes = ints("scan_output_axes", outputs), out_dirs = ints("scan_output_directions", outputs);
+    const int64_t n = scan_length(node_.input(states), in_axes[0]);
+    std::vector<std::string> carried(node_.input().begin(), node_.input().begin() + states);
+    std::vector<std::vector<std::string>> scanned(static_cast<size_t>(outputs));
+    for (int64_t t = 0; t < n; ++t) {
+      std::unordered_map<std::string, std::string> names = shared_constants();
+      for (int j = 0; j < states; ++j) names[body_->input(j).name()] = carried[static_cast<size_t>(j)];
+      for (int k = 0; k < m; ++k) {
+        const std::string& slot = body_->input(states + k).name();
+        if (!reads_.contains(slot)) continue;
+        const std::string slice = scope_.fresh("scan_slice");
+        const std::string at = constant(int64_scalar(in_dirs[static_cast<size_t>(k)] ? n - 1 - t : t), "scan_position");
+        add("Gather", {node_.input(states + k), at}, slice, {attr_int("axis", in_axes[static_cast<size_t>(k)])});
+        names[slot] = slice;
+      }
+      const auto value = copy_body(names);
+      for (int j = 0; j < states; ++j) carried[static_cast<size_t>(j)] = value(j);
+      for (int k = 0; k < outputs; ++k) scanned[static_cast<size_t>(k)].push_back(value(states + k));
+    }
+    for (int j = 0; j < states && j < node_.output_size(); ++j) {
+      if (!node_.output(j).empty()) add("Identity", {carried[static_cast<size_t>(j)]}, node_.output(j));
+    }
+    for (int k = 0; k < outputs && states + k < node_.output_size(); ++k) {
+      const std::string& out = node_.output(states + k);
+      if (out.empty()) continue;
+      auto& parts = scanned[static_cast<size_t>(k)];
+      if (out_dirs[static_cast<size_t>(k)]) std::reverse(parts.begin(), parts.end());
+      stack(parts, out_axes[static_cast<size_t>(k)], out);
+    }
+    return std::move(nodes_);
+  }
+
+ private:
+  // The length of `input` along `axis`, known when the graph is planned.
+  int64_t scan_length(const std::string& input, int64_t axis) const {
+    const auto dims = scope_.static_dims ? scope_.static_dims(input) : std::nullopt;
+    if (!dims) fail("the shape of scan input '" + input + "' is not known when the graph is planned");
+    const auto rank = static_cast<int64_t>(dims->size());
+    if (axis < -rank || axis >= rank) fail("scan input '" + input + "' has no axis " + std::to_string(axis));
+    const int64_t n = (*dims)[static_cast<size_t>(axis < 0 ? axis + rank : axis)];
+    if (n < 0) {
+      fail("the length of scan input '" + input + "' along axis " + std::to_string(axis) +
+           " is not known when the graph is planned (a symbolic dim)");
+    }
+    if (n == 0) fail("scan input '" + input + "' is empty along its scan axis");
+    return n;
+  }
 };
 
 }  // namespace
 
 std::vector<onnx::NodeProto> unroll_loop(const onnx::NodeProto& loop, const std::string& label, const LoopScope& scope) {
   return Unroller(loop, label, scope).run();
+}
+
+std::vector<onnx::NodeProto> unroll_scan(const onnx::NodeProto& scan, const std::string& label, const LoopScope& scope) {
+  return ScanUnroller(scan, label, scope).run();
 }
 
 }  // namespace onnxtrain::autodiff

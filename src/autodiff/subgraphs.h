@@ -57,6 +57,9 @@ struct LoopScope {
   std::function<std::optional<onnx::TensorProto>(const std::string&)> constant;
   int opset = 1;      // of ai.onnx, for the form of Unsqueeze
   std::string where;  // the graph and Gradient node, for errors
+  // The dims of a value known when the graph is planned (-1 for each unknown dim), or nullopt
+  // (unroll_scan reads the length of the scan axis from them).
+  std::function<std::optional<std::vector<int64_t>>(const std::string&)> static_dims;
 };
 
 // The nodes that compute the outputs of `loop` (described as `label` in errors) without a
@@ -68,5 +71,15 @@ struct LoopScope {
 // omitted or constant, the body's condition output constant or its condition input passed
 // through. Throws Error naming the node and the reason otherwise.
 std::vector<onnx::NodeProto> unroll_loop(const onnx::NodeProto& loop, const std::string& label, const LoopScope& scope);
+
+// The nodes that compute the outputs of a Scan (version 9 and later; ONNX operator doc "Scan")
+// without a Scan: one copy of its body per position along the scan axis, which must be known
+// when the graph is planned (a static dim of the first scan input); each copy reads the slice
+// of every scan input at its position (Gather along the input's axis, from the back for
+// direction 1) and the states the copy before it made; each scan output is the copies' slices
+// stacked along its axis (Unsqueeze and Concat; in reverse for direction 1), the final states
+// by Identity. Throws Error naming the node and the reason for a Scan-8 (batched), an unknown
+// or zero scan length.
+std::vector<onnx::NodeProto> unroll_scan(const onnx::NodeProto& scan, const std::string& label, const LoopScope& scope);
 
 }  // namespace onnxtrain::autodiff

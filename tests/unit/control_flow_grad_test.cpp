@@ -2,8 +2,9 @@
 // checked against central differences in float64: both branches of an If, values read by one
 // branch only, xs read inside a branch, an If output off the path, nested If, a Loop inside a
 // branch, unrolled Loops (loop-carried values, scan outputs, the iteration number, enclosing
-// values, nested Loops, zero iterations), second derivatives, evaluation at other inputs, the
-// errors for Loops that cannot be unrolled, and a training step of a model with an If.
+// values, nested Loops, zero iterations), unrolled Scans (states, several scan inputs and
+// outputs on other axes and in reverse), second derivatives, evaluation at other inputs, the
+// errors for Loops and Scans that cannot be unrolled, and a training step of a model with an If.
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
@@ -417,6 +418,78 @@ TEST(LoopGradient, ZeroIterations) {
   const auto out = expect_gradients_match(m, {"s0", "w"}, {{"s0", vec({0.2, -0.6})}, {"w", vec({0.9, 1.1})}});
   EXPECT_EQ(out.at("d_s0").to_double_vector(), std::vector<double>(2, 1.0));
   EXPECT_EQ(out.at("d_w").to_double_vector(), std::vector<double>(2, 0.0));
+}
+
+// ---- Scan ----
+
+// Scan (opset 16) over xs [3, 4] along axis 1 (4 steps) backwards and ws [4, 3] along axis 0
+// forwards, with state h [3]: h = tanh(h * w_t + x_t); scan outputs h * x_t stacked along axis 1
+// (then [3, 4]) in reverse, and h + w_t along axis 0 ([4, 3]). y = outputs weighted + h_final.
+onnx::ModelProto scan_model(int64_t steps) {
+  onnx::GraphProto g;
+  g.set_name("main");
+  typed_value(g.add_input(), "h0", kDouble, {3});
+  typed_value(g.add_input(), "xs", kDouble, {3, steps});
+  typed_value(g.add_input(), "ws", kDouble, {steps, 3});
+  onnx::GraphProto body;
+  body.set_name("body");
+  typed_value(body.add_input(), "h_in", kDouble, {3});
+  typed_value(body.add_input(), "x_t", kDouble, {3});
+  typed_value(body.add_input(), "w_t", kDouble, {3});
+  add_node(body, "Mul", {"h_in", "w_t"}, {"hw"});
+  add_node(body, "Add", {"hw", "x_t"}, {"pre"});
+  add_node(body, "Tanh", {"pre"}, {"h_out"});
+  add_node(body, "Mul", {"h_out", "x_t"}, {"out_a"});
+  add_node(body, "Add", {"h_out", "w_t"}, {"out_b"});
+  typed_value(body.add_output(), "h_out", kDouble, {3});
+  typed_value(body.add_output(), "out_a", kDouble, {3});
+  typed_value(body.add_output(), "out_b", kDouble, {3});
+  auto* scan = add_node(g, "Scan", {"h0", "xs", "ws"}, {"h_final", "a", "b"});
+  scan->set_name("scan");
+  graph_attr(scan, "body", body);
+  *scan->add_attribute() = testing::attr("num_scan_inputs", int64_t{2});
+  *scan->add_attribute() = testing::attr("scan_input_axes", std::vector<int64_t>{1, 0});
+  *scan->add_attribute() = testing::attr("scan_input_directions", std::vector<int64_t>{1, 0});
+  *scan->add_attribute() = testing::attr("scan_output_axes", std::vector<int64_t>{-1, 0});
+  *scan->add_attribute() = testing::attr("scan_output_directions", std::vector<int64_t>{1, 0});
+  add_node(g, "Transpose", {"b"}, {"bt"});  // [3, steps] like a
+  add_node(g, "Mul", {"a", "bt"}, {"ab"});
+  *add_node(g, "ReduceSum", {"ab"}, {"abs"})->add_attribute() = testing::attr("keepdims", int64_t{0});
+  add_node(g, "Add", {"h_final", "abs"}, {"y"});
+  g.add_output()->set_name("y");
+  onnx::ModelProto m = model_of(g);
+  m.mutable_opset_import(0)->set_version(16);
+  return m;
+}
+
+NamedTensors scan_feeds(int64_t steps) {
+  std::vector<double> x, w;
+  for (int64_t k = 0; k < 3 * steps; ++k) {
+    x.push_back(0.4 - 0.15 * static_cast<double>(k % 7));
+    w.push_back(0.3 + 0.1 * static_cast<double>(k % 5));
+  }
+  return {{"h0", vec({0.1, -0.5, 0.3})},
+          {"xs", Tensor::from_vector<double>({3, steps}, x)},
+          {"ws", Tensor::from_vector<double>({steps, 3}, w)}};
+}
+
+TEST(ScanGradient, UnrolledScanMatchesFiniteDifferences) {
+  expect_gradients_match(scan_model(4), {"h0", "xs", "ws"}, scan_feeds(4));
+  // Opset 11: the stacking Unsqueeze takes an axes attribute.
+  onnx::ModelProto m = scan_model(2);
+  m.mutable_opset_import(0)->set_version(11);
+  expect_gradients_match(m, {"h0", "xs", "ws"}, scan_feeds(2));
+}
+
+TEST(ScanGradient, AScanOfUnknownLengthIsAnErrorNamingTheNodeAndWhy) {
+  onnx::ModelProto m = scan_model(4);
+  auto* xs = m.mutable_graph()->mutable_input(1)->mutable_type()->mutable_tensor_type()->mutable_shape();
+  xs->mutable_dim(1)->set_dim_param("T");  // the scan length is a symbolic dim
+  auto* ws = m.mutable_graph()->mutable_input(2)->mutable_type()->mutable_tensor_type()->mutable_shape();
+  ws->mutable_dim(0)->set_dim_param("T");
+  const std::string e = testing::error_of([&] { runtime::Session s(with_gradient(m, {"h0"})); });
+  EXPECT_NE(e.find("cannot differentiate through node 'scan' (Scan)"), std::string::npos) << e;
+  EXPECT_NE(e.find("symbolic dim"), std::string::npos) << e;
 }
 
 TEST(LoopGradient, NestedLoopsAndAnIfInTheBody) {
