@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 
@@ -357,6 +358,59 @@ TEST(Functions, ModelLocalFunctionsAreInlined) {
   EXPECT_TRUE(runtime::has_functions_to_inline(g, m));
   runtime::Session session(m);
   testing::expect_close(session.run({{"x", f32({2}, {1, -2})}}).at("six_times"), f32({2}, {6, -12}));
+}
+
+// IR 10's `overload`: two functions of one name, told apart by it; and a Gradient through a
+// call (the call is inlined before the Gradient node is expanded).
+TEST(Functions, OverloadsAreToldApartAndCallsAreDifferentiable) {
+  onnx::ModelProto m = model_at(18);
+  m.set_ir_version(10);
+  auto* custom = m.add_opset_import();
+  custom->set_domain("custom");
+  custom->set_version(1);
+  auto* training = m.add_opset_import();
+  training->set_domain("ai.onnx.preview.training");
+  training->set_version(1);
+  for (const char* overload : {"square", "sine"}) {
+    auto* f = m.add_functions();
+    f->set_name("F");
+    f->set_domain("custom");
+    f->set_overload(overload);
+    f->add_input("x");
+    f->add_output("y");
+    f->add_opset_import()->set_version(18);
+    auto* n = f->add_node();
+    n->add_input("x");
+    n->add_output("y");
+    if (std::string(overload) == "square") {
+      n->set_op_type("Mul");
+      n->add_input("x");
+    } else {
+      n->set_op_type("Sin");
+    }
+  }
+  auto& g = *m.mutable_graph();
+  typed_value(g.add_input(), "x", onnx::TensorProto::DOUBLE, {2});
+  auto* sq = add_node(g, "F", {"x"}, {"a"});
+  sq->set_domain("custom");
+  sq->set_overload("square");
+  auto* sn = add_node(g, "F", {"a"}, {"b"});
+  sn->set_domain("custom");
+  sn->set_overload("sine");
+  add_node(g, "ReduceSum", {"b"}, {"loss"});
+  auto* grad = add_node(g, "Gradient", {"x"}, {"dx"});
+  grad->set_domain("ai.onnx.preview.training");
+  grad->add_attribute()->CopyFrom(attr("xs", std::vector<std::string>{"x"}));
+  grad->add_attribute()->CopyFrom(attr("y", std::string("loss")));
+  g.add_output()->set_name("b");
+  g.add_output()->set_name("dx");
+  runtime::Session session(m);
+  const std::vector<double> x{0.5, -1.2};
+  const runtime::NamedTensors out = session.run({{"x", Tensor::from_vector<double>({2}, x)}});
+  // b = sin(x^2), d sum(b) / dx = 2 x cos(x^2)
+  const std::vector<double> b{std::sin(0.25), std::sin(1.44)}, dx{2 * 0.5 * std::cos(0.25), 2 * -1.2 * std::cos(1.44)};
+  testing::expect_close(out.at("b"), Tensor::from_vector<double>({2}, b), 1e-12, 1e-12);
+  testing::expect_close(out.at("dx"), Tensor::from_vector<double>({2}, dx), 1e-12, 1e-12);
 }
 
 TEST(Functions, OpsDefinedAsFunctionsRunThroughTheirBodyWithoutAKernel) {
