@@ -1,5 +1,6 @@
 #include "autodiff/sequences.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>

@@ -24,14 +24,12 @@ namespace onnxtrain::cli {
 namespace fs = std::filesystem;
 
 namespace {
+
 // The folder external data paths are relative to: that of the model file ("." for a bare name).
 fs::path model_folder(const std::string& model_path) {
   const fs::path parent = fs::path(model_path).parent_path();
   return parent.empty() ? fs::path(".") : parent;
 }
-}  // namespace
-
-namespace {
 
 std::string type_string(const onnx::TypeProto& type) {
   if (!type.has_tensor_type()) return "(non-tensor type)";

@@ -87,10 +87,6 @@ void collect_tensors(onnx::GraphProto& graph, std::vector<onnx::TensorProto*>& o
   }
 }
 
-}  // namespace
-
-namespace {
-
 std::vector<onnx::TensorProto*> all_tensors(onnx::ModelProto& model) {
   std::vector<onnx::TensorProto*> tensors;
   collect_tensors(*model.mutable_graph(), tensors);
