@@ -49,6 +49,11 @@ struct SaveOptions {
   uint64_t external_threshold = kMaxProtoBytes;
   uint64_t external_min_bytes = 1024;
 };
+// Replaces every tensor of `model` stored as external data (in the graph, the training_info
+// graphs and their subgraphs) by its data, read from `base_dir` (the model's folder), so that
+// the model no longer depends on that folder (the ONNX checker of an in-memory model, for one,
+// looks for external data in the current folder).
+void inline_external_data(onnx::ModelProto& model, const std::filesystem::path& base_dir);
 // Writes a model atomically (see the file comment), serializing it straight into the file
 // (taken by value: move a model in to avoid a copy). Throws Error naming `path` when the
 // folder is not writable or the disk is full; the previous file, if any, is left intact.

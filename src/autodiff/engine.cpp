@@ -27,6 +27,7 @@
 #include <unordered_set>
 
 #include "autodiff/builder.h"
+#include "autodiff/sequences.h"
 #include "autodiff/subgraphs.h"
 #include "ir/graph.h"
 #include "onnxtrain/error.h"
@@ -906,6 +907,8 @@ bool has_gradient_nodes(const onnx::GraphProto& graph) {
 }
 
 void expand_gradients(onnx::GraphProto& graph, const OpsetMap& opsets, const std::string& where) {
+  // Chunks of SplitToSequence read by SequenceAt become Slice/Gather, whose gradients exist.
+  slice_sequence_chunks(graph);
   // One node at a time, earliest in topological order first, so a Gradient node whose y
   // depends on another one's outputs (a higher-order derivative) sees that one expanded.
   while (has_gradient_nodes(graph)) {

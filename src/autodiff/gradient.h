@@ -19,6 +19,9 @@
 //     which needs its trip count M to be an initializer or Constant and its condition to end
 //     nothing early (the cond input omitted or a constant, the body's cond output a constant
 //     or its cond input passed through); its outputs keep their values and names.
+//   - Sequences: SequenceAt at a constant position of a SplitToSequence is first rewritten as
+//     the Slice or Gather that reads the same chunk (autodiff/sequences.h); other sequence
+//     values on a path from xs to y have no gradient.
 //   - Errors (onnxtrain::Error): an operator without a gradient rule on a path from xs to y
 //     (naming the op, the node and the path), an integer tensor in xs, a name in xs/zs/y that
 //     the graph does not define, a node whose inputs do not match xs+zs, a Loop on a path

@@ -25,6 +25,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The folder external data paths are relative to: that of the model file ("." for a bare name).
+fs::path model_folder(const std::string& model_path) {
+  const fs::path parent = fs::path(model_path).parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
 std::string type_string(const onnx::TypeProto& type) {
   if (!type.has_tensor_type()) return "(non-tensor type)";
   const auto& t = type.tensor_type();
@@ -227,7 +233,7 @@ int check(const std::string& model_path) {
     std::cerr << "error: " << model_path << ": the ONNX checker rejects the model: " << e.what() << "\n";
     return 2;
   }
-  const fs::path base_dir = fs::path(model_path).parent_path();
+  const fs::path base_dir = model_folder(model_path);
   if (model.training_info_size() > 0) {
     training::validate_training_info(model, model_path, base_dir);
     training::TrainingSession session(model, {}, base_dir, model_path);  // plans every graph
@@ -282,7 +288,9 @@ int step(const StepArgs& args) {
     for (size_t i = 0; i < session.num_algorithms(); ++i) {
       for (const auto& info : session.step_outputs(i)) {
         const Tensor& t = outputs.at(info.name);
-        if (t.numel() == 1) std::cout << "  " << info.name << "=" << std::setprecision(7) << t.to_double_vector()[0];
+        // A float64 value is printed with every digit it has (17), so that it reads back exactly.
+        const int digits = t.dtype() == DataType::Float64 ? 17 : 7;
+        if (t.numel() == 1) std::cout << "  " << info.name << "=" << std::setprecision(digits) << t.to_double_vector()[0];
       }
     }
     std::cout << "\n";
@@ -293,10 +301,14 @@ int step(const StepArgs& args) {
 }
 
 int make_trainable(const MakeTrainableArgs& args) {
-  const onnx::ModelProto model = io::load_model(args.model);
+  const fs::path base_dir = model_folder(args.model);
+  onnx::ModelProto model = io::load_model(args.model);
+  // The written model carries its weights inline (save_model brings external data in); do it
+  // first, so that the in-memory ONNX checker below does not look for the data file in the
+  // current folder (torch.onnx.export writes external data by default).
+  io::inline_external_data(model, base_dir);
   const onnx::ModelProto trainable = training::make_trainable(model, args.options, args.model);
   // Check before writing, as `onnxtrain check` does: a model this command writes must pass it.
-  const fs::path base_dir = fs::path(args.model).parent_path();
   try {
     onnx::checker::check_model(trainable);
   } catch (const std::exception& e) {
@@ -319,7 +331,7 @@ int make_trainable(const MakeTrainableArgs& args) {
 int export_model(const std::string& model_path, const std::string& output) {
   const onnx::ModelProto model = io::load_model(model_path);
   const onnx::ModelProto inference = training::export_inference(model);
-  io::save_model(inference, output, {.source_dir = std::filesystem::path(model_path).parent_path()});
+  io::save_model(inference, output, {.source_dir = model_folder(model_path)});
   std::cout << "wrote " << output << " (" << inference.graph().initializer_size() << " initializers)\n";
   return 0;
 }

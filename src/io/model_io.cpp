@@ -87,22 +87,35 @@ void collect_tensors(onnx::GraphProto& graph, std::vector<onnx::TensorProto*>& o
   }
 }
 
-}  // namespace
-
-void save_model(onnx::ModelProto model, const fs::path& path, const SaveOptions& options) {
+std::vector<onnx::TensorProto*> all_tensors(onnx::ModelProto& model) {
   std::vector<onnx::TensorProto*> tensors;
   collect_tensors(*model.mutable_graph(), tensors);
   for (auto& info : *model.mutable_training_info()) {
     if (info.has_initialization()) collect_tensors(*info.mutable_initialization(), tensors);
     collect_tensors(*info.mutable_algorithm(), tensors);
   }
-  // Bring external data in, so the saved model does not depend on the source folder.
+  return tensors;
+}
+
+void inline_tensors(const std::vector<onnx::TensorProto*>& tensors, const fs::path& base_dir) {
   for (onnx::TensorProto* t : tensors) {
     if (t->data_location() != onnx::TensorProto::EXTERNAL) continue;
-    const Tensor value = tensor_from_proto(*t, options.source_dir, "initializer");
+    const Tensor value = tensor_from_proto(*t, base_dir, "initializer");
     const std::string name = t->name();
     tensor_to_proto(value, name, *t);
   }
+}
+
+}  // namespace
+
+void inline_external_data(onnx::ModelProto& model, const fs::path& base_dir) {
+  inline_tensors(all_tensors(model), base_dir);
+}
+
+void save_model(onnx::ModelProto model, const fs::path& path, const SaveOptions& options) {
+  const std::vector<onnx::TensorProto*> tensors = all_tensors(model);
+  // Bring external data in, so the saved model does not depend on the source folder.
+  inline_tensors(tensors, options.source_dir);
   std::string external;
   const std::string external_name = path.filename().string() + ".data";
   if (model.ByteSizeLong() > options.external_threshold) {

@@ -30,6 +30,7 @@
 // bfloat16 data); Float16/BFloat16 data is normalized in float.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -334,7 +335,9 @@ void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
 
 // LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev) -> dX, dScale, dBias (ai.onnxtrain, emitted
 // by the LayerNormalization rule): one pass over the rows with the forward's saved statistics
-// (recomputed from X in double when Mean and InvStdDev are omitted). Per row, with
+// (recomputed from X in double when Mean and InvStdDev are omitted, and for float64 X: the
+// saved statistics are float32, 1e-7 off the double ones the forward normalized with, which
+// left float64 gradients 1e-7 off PyTorch's). Per row, with
 // xhat = (x - Mean) InvStdDev and g = dY Scale:
 //   dX = InvStdDev (g - mean(g) - xhat mean(g xhat)),
 // and dScale = sum over rows of dY xhat, dBias = sum over rows of dY, both shaped like the
@@ -366,8 +369,9 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
   visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(1), [&]<class T>() {
     using V = compute_t<T>;
     const std::vector<V> scale_v(scale.begin(), scale.end());
-    const float* saved_mean = saved ? ctx.input(3).data<float>() : nullptr;
-    const float* saved_inv = saved ? ctx.input(4).data<float>() : nullptr;
+    const bool use_saved = saved && !std::is_same_v<T, double>;
+    const float* saved_mean = use_saved ? ctx.input(3).data<float>() : nullptr;
+    const float* saved_inv = use_saved ? ctx.input(4).data<float>() : nullptr;
     const T* px = x.data<T>();
     const T* pg = dy.data<T>();
     T* pdx = dx.data<T>();
@@ -382,7 +386,7 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
       const int64_t begin = outer * t / threads, end = outer * (t + 1) / threads;
       for (int64_t r = begin; r < end; ++r) {
         V mean, inv;
-        if (saved) {
+        if (use_saved) {
           mean = static_cast<V>(saved_mean[r]), inv = static_cast<V>(saved_inv[r]);
         } else {
           const auto [m, var] = row_moments(px + r * inner, inner);

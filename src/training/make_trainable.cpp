@@ -485,8 +485,12 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       // PyTorch counts Adam's steps from 1 for the bias correction.
       const std::string t1 = alg.node("Add", {T, alg.scalar(claim(P("adam.one")), 1, onnx::TensorProto::INT64)}, claim(P("adam.t")));
       const std::string t1f = alg.node("Cast", {t1}, claim(P("adam.t_float")), {autodiff::attr_int("to", f)});
+      // bc2 uses the beta2 the Adam op uses: its float attribute (0.999 becomes 0.99900001287).
+      // A float64 program computing bc2 from the double 0.999 would scale v by (1 - 0.999) /
+      // (1 - float(0.999)) and move float64 weights 6e-6 (relative to the update) off PyTorch's.
+      const double beta2 = static_cast<float>(opt.beta2);
       const std::string bc2 = alg.node("Sub", {alg.scalar(claim(P("adam.unit")), 1, f),
-                                               alg.node("Pow", {alg.scalar(claim(P("adam.beta2")), opt.beta2, f), t1f},
+                                               alg.node("Pow", {alg.scalar(claim(P("adam.beta2")), beta2, f), t1f},
                                                         claim(P("adam.beta2_t")))},
                                        claim(P("adam.bc2")));
       const std::string s_bc = alg.node("Sqrt", {bc2}, claim(P("adam.s")));
@@ -510,7 +514,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       const std::vector<std::string> in = joined({{r, t1}, xs, g_in, m_in, v_in});
       const std::vector<std::string> out = joined({new_params, m_out, v_out});
       std::vector<onnx::AttributeProto> attrs{autodiff::attr_float("alpha", static_cast<float>(opt.beta1)),
-                                             autodiff::attr_float("beta", static_cast<float>(opt.beta2)),
+                                             autodiff::attr_float("beta", static_cast<float>(beta2)),
                                              autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-8)))};
       if (opt.optimizer == Optimizer::AdamW) {
         attrs.push_back(autodiff::attr_float("norm_coefficient_post", static_cast<float>(opt.lr * wd)));

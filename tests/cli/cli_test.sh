@@ -91,6 +91,11 @@ np.save(out + "/data/x.npy", rng.normal(size=(64, 4)).astype(np.float32))
 np.save(out + "/data/label.npy", rng.integers(0, 3, size=64))
 PY
 expect 0 'trains W' -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/train.onnx" --optimizer adam
+# Weights in external data (torch.onnx.export's default), the model named without a folder.
+"$python" -c "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2], save_as_external_data=True, size_threshold=0)" "$tmp/mt/model.onnx" "$tmp/mt/external.onnx"
+expect 0 'trains W' -- bash -c 'cd "$1" && "$2" make-trainable external.onnx -o external_train.onnx' _ "$tmp/mt" "$(realpath "$bin")"
+expect 0 'trains W' -- "$bin" make-trainable "$tmp/mt/external.onnx" -o "$tmp/external_train.onnx"
+expect 0 'wrote .*external_inference.onnx' -- bash -c 'cd "$1" && "$2" export external.onnx -o external_inference.onnx' _ "$tmp/mt" "$(realpath "$bin")"
 expect 2 'already has training_info' -- "$bin" make-trainable "$tmp/mt/train.onnx" -o "$tmp/mt/again.onnx"
 expect 2 "'hinge' is not one of bce_with_logits, cross_entropy, l1, mse, nll" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --loss hinge
 # A model make-trainable cannot train (Unique has no gradient rule) gets an error and no file.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -169,6 +170,86 @@ TEST(Gradient, AnOpWithoutARuleNamesTheOpTheNodeAndThePath) {
   EXPECT_NE(message.find("no gradient rule for Unique"), std::string::npos) << message;
   EXPECT_NE(message.find("node 'Unique_s'"), std::string::npos) << message;
   EXPECT_NE(message.find("'x' -> Exp -> [Unique]"), std::string::npos) << message;
+}
+
+// SequenceAt at constant positions of a SplitToSequence (as the dynamo exporter writes
+// torch.split) is rewritten as Slice or Gather, so gradients pass through the chunks. x [2, 6];
+// loss = sum(a * a) + sum(b * w), a and b two chunks (positions negative where allowed).
+TEST(Gradient, FlowsThroughSequenceAtOfSplitToSequence) {
+  struct Case {
+    std::string name;
+    std::optional<Tensor> split;
+    int64_t axis, keepdims, pa, pb;
+    std::vector<int64_t> w_dims;
+    std::vector<int> a_cells, b_cells;  // the cells of x (row-major index) in a and b, in order
+  };
+  auto cols = [](std::initializer_list<int> cs) {
+    std::vector<int> cells;
+    for (int r = 0; r < 2; ++r) {
+      for (int c : cs) cells.push_back(r * 6 + c);
+    }
+    return cells;
+  };
+  const std::vector<Case> cases{
+      {"scalar split", Tensor::scalar<int64_t>(2), 1, 1, 2, 0, {2, 2}, cols({4, 5}), cols({0, 1})},
+      {"sizes, negative position", Tensor::from_vector<int64_t>({3}, {1, 2, 3}), -1, 1, -1, 1, {2, 2}, cols({3, 4, 5}),
+       cols({1, 2})},
+      {"no split, keepdims 0", std::nullopt, 0, 0, 1, -2, {6}, {6, 7, 8, 9, 10, 11}, {0, 1, 2, 3, 4, 5}},
+      {"no split, keepdims 1", std::nullopt, 1, 1, 5, -6, {2, 1}, cols({5}), cols({0})}};
+  std::vector<double> xv(12), wv(6);
+  for (int i = 0; i < 12; ++i) xv[static_cast<size_t>(i)] = 0.25 * i - 1;
+  for (int i = 0; i < 6; ++i) wv[static_cast<size_t>(i)] = 1.5 - 0.5 * i;
+  for (const Case& c : cases) {
+    auto build = [&](GraphBuilder& m, bool with_gradient) {
+      m.input("x", {2, 6});
+      m.input("w", c.w_dims);
+      auto* split = m.node("SplitToSequence", {"x"}, {"seq"});
+      if (c.split) {
+        io::tensor_to_proto(*c.split, "split", *m.g.add_initializer());
+        split->add_input("split");
+      }
+      split->add_attribute()->CopyFrom(testing::attr("axis", c.axis));
+      split->add_attribute()->CopyFrom(testing::attr("keepdims", c.keepdims));
+      io::tensor_to_proto(Tensor::scalar<int64_t>(c.pa), "pa", *m.g.add_initializer());
+      m.node("Constant", {}, {"pb"})->add_attribute()->CopyFrom(testing::attr("value_int", c.pb));
+      m.node("SequenceAt", {"seq", "pa"}, {"a"});
+      m.node("SequenceAt", {"seq", "pb"}, {"b"});
+      m.node("Mul", {"a", "a"}, {"aa"});
+      m.node("Mul", {"b", "w"}, {"bw"});
+      m.node("ReduceSum", {"aa"}, {"sa"});
+      m.node("ReduceSum", {"bw"}, {"sb"});
+      m.node("Add", {"sa", "sb"}, {"y"});
+      m.output("y");
+      if (!with_gradient) return;
+      m.gradient({"x", "w"}, {"dx", "dw"}, {"x", "w"}, "y");
+      m.output("dx");
+      m.output("dw");
+    };
+    GraphBuilder m, forward_only;
+    build(m, true);
+    build(forward_only, false);
+    const std::vector<double> w_values(wv.begin(), wv.begin() + static_cast<std::ptrdiff_t>(c.b_cells.size()));
+    const Tensor w = Tensor::from_vector<double>(Shape(c.w_dims), w_values);
+    const auto out = m.run({{"x", Tensor::from_vector<double>({2, 6}, xv)}, {"w", w}});
+    double y = 0;
+    std::vector<double> dx(12, 0.0), dw;
+    for (int cell : c.a_cells) {
+      y += xv[static_cast<size_t>(cell)] * xv[static_cast<size_t>(cell)];
+      dx[static_cast<size_t>(cell)] += 2 * xv[static_cast<size_t>(cell)];
+    }
+    for (size_t k = 0; k < c.b_cells.size(); ++k) {
+      const auto cell = static_cast<size_t>(c.b_cells[k]);
+      y += xv[cell] * wv[k];
+      dx[cell] += wv[k];
+      dw.push_back(xv[cell]);
+    }
+    SCOPED_TRACE(c.name);
+    EXPECT_DOUBLE_EQ(out.at("y").to_double_vector()[0], y);
+    // The sequence kernels (no rewrite without a Gradient node) give the same value.
+    EXPECT_DOUBLE_EQ(forward_only.run({{"x", Tensor::from_vector<double>({2, 6}, xv)}, {"w", w}}).at("y").to_double_vector()[0], y);
+    expect_close(out.at("dx"), Tensor::from_vector<double>({2, 6}, dx), 1e-12, 1e-12);
+    expect_close(out.at("dw"), Tensor::from_vector<double>(Shape(c.w_dims), dw), 1e-12, 1e-12);
+  }
 }
 
 TEST(Gradient, RejectsIntegerXsUnknownNamesAndMismatchedInputs) {

@@ -312,6 +312,27 @@ TEST(ModelIo, LargeModelsGoToExternalData) {
             (std::vector<double>{1, 2, 3}));
 }
 
+// torch.onnx.export writes weights as external data by default; make-trainable brings them in
+// before the in-memory ONNX checker runs (which would look for the data file in the current
+// folder).
+TEST(ModelIo, InlineExternalDataReadsTheModelFolder) {
+  TempDir dir;
+  io::SaveOptions options;
+  options.external_threshold = 64;
+  options.external_min_bytes = 8;
+  io::save_model(small_model(), dir / "m.onnx", options);
+  onnx::ModelProto model = io::load_model(dir / "m.onnx");
+  ASSERT_EQ(model.graph().initializer(0).data_location(), onnx::TensorProto::EXTERNAL);
+  onnx::ModelProto without_folder = model;
+  EXPECT_THROW(io::inline_external_data(without_folder, {}), Error);
+  io::inline_external_data(model, dir.path());
+  const auto& w = model.graph().initializer(0);
+  EXPECT_EQ(w.data_location(), onnx::TensorProto::DEFAULT);
+  EXPECT_EQ(w.external_data_size(), 0);
+  EXPECT_EQ(w.name(), "W");
+  EXPECT_EQ(io::tensor_from_proto(w, {}, "W").to_double_vector(), (std::vector<double>{1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace onnxtrain
 

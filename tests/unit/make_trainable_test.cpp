@@ -106,6 +106,48 @@ TEST(MakeTrainable, OldAndNewOpsetsTrain) {
   }
 }
 
+// y [1, 3] = x * W (float64), loss = mean((y - label)^2), dL/dW = 2/3 (x W - label) x: two
+// steps of Adam must be PyTorch's Adam to the last bits of float64. The Adam op's betas are
+// float attributes, so the reference uses float(0.9) and float(0.999), and make-trainable's
+// bias correction must use the same float beta2 as the op (it once used the double 0.999,
+// which moved the weights by 6e-6 of the update).
+TEST(MakeTrainable, Float64AdamIsPyTorchAdam) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto& g = *m.mutable_graph();
+  g.set_name("scale");
+  typed_value(g.add_input(), "x", onnx::TensorProto::DOUBLE, {1, 3});
+  const std::vector<double> w0{0.5, -1.25, 2.0}, x{1.5, 0.75, -2.0}, label{0.25, 1.0, -1.5};
+  io::tensor_to_proto(Tensor::from_vector<double>({3}, w0), "W", *g.add_initializer());
+  auto* mul = g.add_node();
+  mul->set_op_type("Mul");
+  mul->add_input("x");
+  mul->add_input("W");
+  mul->add_output("y");
+  typed_value(g.add_output(), "y", onnx::TensorProto::DOUBLE, {1, 3});
+  MakeTrainableOptions options;
+  options.loss = Loss::Mse;
+  options.optimizer = Optimizer::Adam;
+  options.lr = 0.25;  // exact in float32: the program computes the learning rate in float32
+  TrainingSession session(make_trainable(m, options));
+  const runtime::NamedTensors feeds{{"x", Tensor::from_vector<double>({1, 3}, x)},
+                                    {"label", Tensor::from_vector<double>({1, 3}, label)}};
+  const double b1 = static_cast<float>(0.9), b2 = static_cast<float>(0.999), eps = static_cast<float>(1e-8);
+  std::vector<double> w = w0, mom(3, 0.0), var(3, 0.0);
+  for (int t = 1; t <= 2; ++t) {
+    session.step(feeds);
+    for (int i = 0; i < 3; ++i) {
+      const double grad = 2.0 / 3.0 * (x[i] * w[i] - label[i]) * x[i];
+      mom[i] = b1 * mom[i] + (1 - b1) * grad;
+      var[i] = b2 * var[i] + (1 - b2) * grad * grad;
+      w[i] -= 0.25 * (mom[i] / (1 - std::pow(b1, t))) / (std::sqrt(var[i] / (1 - std::pow(b2, t))) + eps);
+    }
+    const std::vector<double> got = session.state().at("W").to_double_vector();
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i], w[i], 1e-13 * std::abs(w[i])) << "step " << t << ", W[" << i << "]";
+  }
+}
+
 TEST(MakeTrainable, GradientClippingBoundsTheUpdate) {
   MakeTrainableOptions options;
   options.lr = 1.0;

@@ -248,6 +248,18 @@ TEST(LayerNormalizationGrad, Float32WithSavedStatisticsMatchesFloat64) {
   for (size_t i = 0; i < 3; ++i) expect_close(got[i], f32(want[i]), 1e-4, 1e-5);
 }
 
+// In float64 the saved statistics (float32 by the op's stash_type 1) are too coarse: the
+// gradient with them must equal the gradient with the statistics recomputed in double (it was
+// 1e-7 off, which a float64 BERT showed against PyTorch).
+TEST(LayerNormalizationGrad, Float64IgnoresTheFloat32SavedStatistics) {
+  const Tensor x = random_f64({16, 24}, 58), scale = random_f64({24}, 59), dy = random_f64({16, 24}, 60);
+  const auto fwd = run("LayerNormalization", {x, scale}, {}, 17, 3);
+  ASSERT_EQ(fwd[1].dtype(), DataType::Float32);
+  const auto got = run("LayerNormalizationGrad", {dy, x, scale, fwd[1], fwd[2]}, {}, 1, 3, "ai.onnxtrain");
+  const auto want = run("LayerNormalizationGrad", {dy, x, scale}, {}, 1, 3, "ai.onnxtrain");
+  for (size_t i = 0; i < 3; ++i) expect_close(got[i], want[i], 1e-13, 1e-14);
+}
+
 // The LayerNormalization rule when a loss also reads the saved Mean and InvStdDev (float32
 // outputs, so the finite differences use eps 1e-3 and a tolerance to match):
 // loss = sum(Y R0) + sum(Cast(Mean) R1) + sum(Cast(InvStdDev) R2), gradient with respect to X.
