@@ -1,0 +1,165 @@
+// onnxtrain <command>: parses flags and calls the library; see `onnxtrain --help`.
+#include "cli/app.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <map>
+
+#include "cli/commands.h"
+#include "onnxtrain/error.h"
+
+namespace onnxtrain::cli {
+
+int main(int argc, char** argv) {
+  CLI::App app{"onnxtrain: runs and trains ONNX models as the ONNX standard describes training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "onnxtrain 0.1.0");
+
+  std::string model;
+  auto* info = app.add_subcommand("info", "Describe a model: opsets, inputs, outputs, initializers, training_info");
+  info->add_option("model", model, "the .onnx file")->required();
+
+  auto* check = app.add_subcommand("check", "Validate a model (ONNX checker and onnxtrain's own checks); exit 0 valid, 2 invalid");
+  check->add_option("model", model, "the .onnx file")->required();
+
+  onnxtrain::cli::RunArgs run_args;
+  auto* run = app.add_subcommand("run", "Run the inference graph on inputs from .npy or .pb files");
+  run->add_option("model", run_args.model, "the .onnx file")->required();
+  run->add_option("-i,--input", run_args.inputs, "NAME=FILE, one per graph input (FILE: .npy or TensorProto .pb)");
+  run->add_option("-o,--output-dir", run_args.output_dir, "write every graph output as DIR/NAME.npy");
+  run->add_option("--threads", run_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+
+  onnxtrain::cli::StepArgs step_args;
+  auto* step = app.add_subcommand("step", "Run training steps of the model's TrainingInfoProto on fixed feeds and save the result");
+  step->add_option("model", step_args.model, "the .onnx file with training_info")->required();
+  step->add_option("-i,--input", step_args.inputs, "NAME=FILE for each algorithm input (FILE: .npy or TensorProto .pb)");
+  step->add_flag("--initialize", step_args.initialize, "run the initialization graphs first");
+  step->add_option("--steps", step_args.steps, "number of steps (default 1)")->check(CLI::PositiveNumber);
+  step->add_option("-o,--output", step_args.output, "where to write the updated model")->required();
+  step->add_option("--threads", step_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+
+  onnxtrain::cli::MakeTrainableArgs mt;
+  auto& o = mt.options;
+  using onnxtrain::training::Init;
+  using onnxtrain::training::Loss;
+  using onnxtrain::training::Optimizer;
+  using onnxtrain::training::Reduction;
+  using onnxtrain::training::Schedule;
+  const std::map<std::string, Loss> losses{{"cross_entropy", Loss::CrossEntropy}, {"nll", Loss::Nll}, {"mse", Loss::Mse},
+                                           {"l1", Loss::L1}, {"bce_with_logits", Loss::BceWithLogits}};
+  const std::map<std::string, Reduction> reductions{{"mean", Reduction::Mean}, {"sum", Reduction::Sum}};
+  const std::map<std::string, Optimizer> optimizers{{"sgd", Optimizer::Sgd}, {"momentum", Optimizer::Momentum},
+                                                    {"nesterov", Optimizer::Nesterov}, {"adagrad", Optimizer::Adagrad},
+                                                    {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}};
+  const std::map<std::string, Schedule> schedules{{"constant", Schedule::Constant}, {"step", Schedule::Step},
+                                                  {"exponential", Schedule::Exponential}, {"cosine", Schedule::Cosine},
+                                                  {"linear", Schedule::Linear}};
+  std::string init = "keep", loss = "cross_entropy", reduction = "mean", optimizer = "sgd", schedule = "constant";
+  auto* make = app.add_subcommand("make-trainable", "Add the standard training program (training_info) to an inference model");
+  make->add_option("model", mt.model, "the inference .onnx file")->required();
+  make->add_option("-o,--output", mt.output, "where to write the trainable model")->required();
+  make->add_option("--loss", loss, "cross_entropy (default), nll, mse, l1, bce_with_logits");
+  make->add_option("--reduction", reduction, "mean (default) or sum");
+  make->add_option("--output-name", o.output, "the model output the loss reads (default: the only output)");
+  make->add_option("--label", o.label, "name of the new label input (default: label)");
+  make->add_option("--loss-graph", o.loss_graph, "a model computing a custom scalar loss from model outputs and labels");
+  make->add_option("--optimizer", optimizer, "sgd (default), momentum, nesterov, adagrad, adam, adamw");
+  make->add_option("--lr", o.lr, "learning rate (default 0.01)")->check(CLI::PositiveNumber);
+  make->add_option("--momentum", o.momentum, "momentum and nesterov (default 0.9)");
+  make->add_option("--beta1", o.beta1, "adam, adamw (default 0.9)");
+  make->add_option("--beta2", o.beta2, "adam, adamw (default 0.999)");
+  make->add_option("--eps", o.eps, "adam, adamw (default 1e-8), adagrad (default 1e-10)");
+  make->add_option("--weight-decay", o.weight_decay, "L2 penalty; decoupled for adamw (default 0)");
+  make->add_option("--lr-schedule", schedule, "constant (default), step, exponential, cosine, linear");
+  make->add_option("--warmup-steps", o.warmup_steps, "linear warm-up over the first N steps");
+  make->add_option("--total-steps", o.total_steps, "length of cosine and linear schedules");
+  make->add_option("--step-size", o.step_size, "steps between decays of the step schedule");
+  make->add_option("--gamma", o.gamma, "decay factor of step and exponential schedules (default 0.1)");
+  make->add_option("--grad-clip-norm", o.grad_clip_norm, "clip gradients to this global L2 norm");
+  make->add_option("--freeze", o.freeze, "regex of initializers to keep fixed (repeatable)");
+  make->add_option("--train", o.train, "regex of the only initializers to train (repeatable)");
+  make->add_option("--init", init, "keep (default), xavier, he, normal:STD: re-draw weights in initialize()");
+  make->add_flag("--replace", o.replace, "replace an existing training_info");
+
+  onnxtrain::training::TrainOptions tr;
+  auto* train = app.add_subcommand("train", "Train a model that carries training_info on a dataset");
+  train->add_option("model", tr.model, "the .onnx file with training_info (see make-trainable)")->required();
+  train->add_option("--data", tr.data, "a folder of IDX or .npy files, a .npz or a .csv file")->required();
+  train->add_option("-o,--output", tr.output, "where to write the trained model")->required();
+  train->add_option("--map", tr.map, "INPUT=COLUMN: the dataset column an input reads (repeatable)");
+  train->add_option("--scale", tr.scale, "COLUMN=FACTOR, e.g. image=1/255 (repeatable)");
+  train->add_option("--epochs", tr.epochs, "passes over the training split (default 1)")->check(CLI::PositiveNumber);
+  train->add_option("--batch-size", tr.batch_size, "samples per step (default 32)")->check(CLI::PositiveNumber);
+  train->add_flag("--shuffle,!--no-shuffle", tr.shuffle, "shuffle every epoch (default on)");
+  train->add_option("--seed", tr.seed, "seed of shuffling and of random ops (default 0)");
+  train->add_flag("--drop-last", tr.drop_last, "skip a last batch smaller than --batch-size");
+  train->add_option("--max-steps", tr.max_steps, "stop after this many steps in all");
+  train->add_option("--eval-every", tr.eval_every, "also evaluate on the test split every N steps");
+  train->add_flag("-q,--quiet", tr.quiet, "no progress output");
+  train->add_option("--metrics", tr.metrics, "append JSON lines (steps and evaluations) to this file");
+  train->add_option("--checkpoint-every", tr.checkpoint_every, "also checkpoint every N steps");
+  train->add_option("--checkpoint", tr.checkpoint, "checkpoint file (default: OUTPUT with .ckpt.onnx)");
+  train->add_option("--resume", tr.resume, "continue from a checkpoint");
+  train->add_flag("--initialize", tr.initialize, "run the initialization graphs first");
+  train->add_option("--export-inference", tr.export_inference, "also write the inference-only model here");
+  train->add_option("--threads", tr.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+
+  std::string export_model, export_output;
+  auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept)");
+  exp->add_option("model", export_model, "the .onnx file")->required();
+  exp->add_option("-o,--output", export_output, "where to write the inference model")->required();
+
+  try {
+    app.parse(argc, argv);
+    // Named choices, with the valid names in the message.
+    auto pick = [](const auto& choices, const std::string& value, const std::string& option) {
+      const auto it = choices.find(value);
+      if (it != choices.end()) return it->second;
+      std::string names;
+      for (const auto& [name, v] : choices) names += (names.empty() ? "" : ", ") + name;
+      throw CLI::ValidationError(option, "'" + value + "' is not one of " + names);
+    };
+    o.loss = pick(losses, loss, "--loss");
+    o.reduction = pick(reductions, reduction, "--reduction");
+    o.optimizer = pick(optimizers, optimizer, "--optimizer");
+    o.schedule = pick(schedules, schedule, "--lr-schedule");
+    if (init == "keep") {
+      o.init = Init::Keep;
+    } else if (init == "xavier") {
+      o.init = Init::Xavier;
+    } else if (init == "he") {
+      o.init = Init::He;
+    } else if (init.rfind("normal:", 0) == 0) {
+      o.init = Init::Normal;
+      try {
+        o.init_std = std::stod(init.substr(7));
+      } catch (const std::exception&) {
+        throw CLI::ValidationError("--init", "normal:STD needs a number, got '" + init + "'");
+      }
+    } else {
+      throw CLI::ValidationError("--init", "expected keep, xavier, he or normal:STD, got '" + init + "'");
+    }
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*info) return onnxtrain::cli::info(model);
+    if (*check) return onnxtrain::cli::check(model);
+    if (*run) return onnxtrain::cli::run(run_args);
+    if (*step) return onnxtrain::cli::step(step_args);
+    if (*make) return onnxtrain::cli::make_trainable(mt);
+    if (*train) return onnxtrain::cli::train(tr);
+    if (*exp) return onnxtrain::cli::export_model(export_model, export_output);
+  } catch (const onnxtrain::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace onnxtrain::cli
