@@ -142,7 +142,10 @@ struct ParamGroup {
   std::optional<bool> nesterov;               // Sgd, Momentum, Nesterov
   std::optional<double> beta1, beta2;         // Adam, AdamW (PyTorch's betas)
   std::optional<double> eps;                  // Adagrad, Adam, AdamW
-  std::optional<double> lr_decay, initial_accumulator_value;  // Adagrad
+  std::optional<double> lr_decay;             // Adagrad
+  std::optional<double> initial_accumulator_value;  // Adagrad: the group's sum starts here. PyTorch
+                                                    // 2.13 starts every group at the constructor's
+                                                    // value and ignores a group's own entry
   std::optional<double> max_lr, base_momentum, max_momentum;  // OneCycle
 };
 

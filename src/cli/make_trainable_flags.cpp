@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <map>
+#include <type_traits>
 
 namespace onnxtrain::cli {
 
@@ -71,27 +72,23 @@ const std::string& single(const std::pair<std::string, std::vector<std::string>>
   return pair.second[0];
 }
 
-double number_of(const std::string& text, const std::string& flag, const std::string& key) {
+// `text` as a double (std::stod) or an int64_t (std::stoll), all of it.
+template <class T>
+T parsed(const std::string& text, const std::string& flag, const std::string& key) {
   size_t used = 0;
-  double v = 0;
+  T v{};
   try {
-    v = std::stod(text, &used);
+    if constexpr (std::is_same_v<T, double>) {
+      v = std::stod(text, &used);
+    } else {
+      v = std::stoll(text, &used);
+    }
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size()) throw CLI::ValidationError(flag, key + "=" + text + " is not a number");
-  return v;
-}
-
-int64_t integer_of(const std::string& text, const std::string& flag, const std::string& key) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  if (used == 0 || used != text.size()) {
+    throw CLI::ValidationError(flag, key + "=" + text + (std::is_same_v<T, double> ? " is not a number" : " is not an integer"));
   }
-  if (used == 0 || used != text.size()) throw CLI::ValidationError(flag, key + "=" + text + " is not an integer");
   return v;
 }
 
@@ -123,7 +120,7 @@ ParamGroup param_group_of(const std::string& text) {
   for (const auto& pair : spec.pairs) {
     const std::string& value = single(pair, flag);
     if (const auto it = numbers.find(pair.first); it != numbers.end()) {
-      group.*(it->second) = number_of(value, flag, pair.first);
+      group.*(it->second) = parsed<double>(value, flag, pair.first);
     } else if (pair.first == "nesterov") {
       if (value != "true" && value != "false" && value != "1" && value != "0") {
         throw CLI::ValidationError(flag, "nesterov=" + value + " is not true or false");
@@ -156,11 +153,11 @@ LrScheduler scheduler_of(const std::string& text) {
                                                                {"total_steps", &LrScheduler::total_steps}};
   for (const auto& pair : spec.pairs) {
     if (const auto it = numbers.find(pair.first); it != numbers.end()) {
-      s.*(it->second) = number_of(single(pair, flag), flag, pair.first);
+      s.*(it->second) = parsed<double>(single(pair, flag), flag, pair.first);
     } else if (const auto jt = integers.find(pair.first); jt != integers.end()) {
-      s.*(jt->second) = integer_of(single(pair, flag), flag, pair.first);
+      s.*(jt->second) = parsed<int64_t>(single(pair, flag), flag, pair.first);
     } else if (pair.first == "milestones") {
-      for (const auto& v : pair.second) s.milestones.push_back(integer_of(v, flag, pair.first));
+      for (const auto& v : pair.second) s.milestones.push_back(parsed<int64_t>(v, flag, pair.first));
     } else {
       std::string keys;
       append_keys(keys, numbers);
