@@ -81,6 +81,14 @@ class ScheduleWriter {
   std::string base_, momenta_;
 };
 
+// PyTorch's `float(scale * pct_start * total_steps) - minus`: the product rounded before the
+// subtraction (a fused multiply-add, which the compiler may form from a * b - c, would not round
+// it and could move a phase's end across a step).
+double phase_end(double scale, double pct_start, double total, double minus) {
+  const volatile double product = scale * pct_start * total;
+  return product - minus;
+}
+
 void need(bool ok, const std::string& where, const std::string& what) {
   if (!ok) throw Error(where + " needs " + what);
 }
@@ -172,7 +180,9 @@ std::string ScheduleWriter::one_cycle(const LrScheduler& s, const std::string& t
        "anneal_strategy 'cos' or 'linear', got '" + s.anneal_strategy + "'");
   need(s.div_factor > 0 && s.final_div_factor > 0, where, "div_factor > 0 and final_div_factor > 0");
   for (const auto& g : groups_) {
-    if (!g.max_lr) throw Error(where + " needs max_lr (--max-lr, or max_lr of " + g.label + ")");
+    if (!g.max_lr) {
+      throw Error(where + " needs max_lr (--max-lr" + (g.prefix.empty() ? std::string() : ", or max_lr of " + g.label) + ")");
+    }
     if (!(*g.max_lr >= 0)) throw Error(g.label + ": max_lr = " + number(*g.max_lr) + " is out of range (>= 0)");
   }
   const bool cycle = s.cycle_momentum;
@@ -192,11 +202,11 @@ std::string ScheduleWriter::one_cycle(const LrScheduler& s, const std::string& t
   };
   std::vector<Phase> phases;
   if (s.three_phase) {
-    phases = {{s.pct_start * total - 1, initial, peak, max_m, base_m},
-              {2 * s.pct_start * total - 2, peak, initial, base_m, max_m},
+    phases = {{phase_end(1, s.pct_start, total, 1), initial, peak, max_m, base_m},
+              {phase_end(2, s.pct_start, total, 2), peak, initial, base_m, max_m},
               {total - 1, initial, last, max_m, max_m}};
   } else {
-    phases = {{s.pct_start * total - 1, initial, peak, max_m, base_m}, {total - 1, peak, last, base_m, max_m}};
+    phases = {{phase_end(1, s.pct_start, total, 1), initial, peak, max_m, base_m}, {total - 1, peak, last, base_m, max_m}};
   }
   const std::string tc = node("Min", {t, k(p + "total_steps", total)}, p + "t_clamped");
   const bool cos = s.anneal_strategy == "cos";
