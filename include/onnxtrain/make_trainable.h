@@ -5,12 +5,13 @@
 //
 // The algorithm graph: loss (reading a model output and a new label input) -> Gradient (xs =
 // the trainable initializers, y = the loss) -> optional global-norm clipping -> learning rate
-// from the iteration counter (the schedule) -> optimizer update; outputs the loss and the
-// learning rate. update_binding writes back the parameters, the optimizer state, the counter
-// and BatchNormalization running statistics. Optimizers, parameter groups and schedules are
-// PyTorch's (torch.optim, torch.optim.lr_scheduler): a float64 program trains as PyTorch does
-// in float64 (tests/parity/optimizer_parity.py: 20 steps, rtol 1e-6). The initialization graph resets the optimizer
-// state and the counter and, with an `init` other than Keep, re-draws the weights.
+// of each parameter group from the iteration counter (the schedule) -> optimizer update;
+// outputs the loss and the learning rates. update_binding writes back the parameters, the
+// optimizer state, the counter and BatchNormalization running statistics. The initialization
+// graph resets the optimizer state and the counter and, with an `init` other than Keep,
+// re-draws the weights. Optimizers, parameter groups and schedules are PyTorch's (torch.optim,
+// torch.optim.lr_scheduler): a float64 program trains as PyTorch does in float64
+// (tests/parity/optimizer_parity.py: 20 steps, rtol 1e-6).
 #pragma once
 
 #include <cstdint>
