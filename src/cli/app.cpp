@@ -4,9 +4,9 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
-#include <map>
 
 #include "cli/commands.h"
+#include "cli/make_trainable_flags.h"
 #include "onnxtrain/error.h"
 
 namespace onnxtrain::cli {
@@ -39,48 +39,8 @@ int main(int argc, char** argv) {
   step->add_option("-o,--output", step_args.output, "where to write the updated model")->required();
   step->add_option("--threads", step_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
 
-  onnxtrain::cli::MakeTrainableArgs mt;
-  auto& o = mt.options;
-  using onnxtrain::training::Init;
-  using onnxtrain::training::Loss;
-  using onnxtrain::training::Optimizer;
-  using onnxtrain::training::Reduction;
-  using onnxtrain::training::Schedule;
-  const std::map<std::string, Loss> losses{{"cross_entropy", Loss::CrossEntropy}, {"nll", Loss::Nll}, {"mse", Loss::Mse},
-                                           {"l1", Loss::L1}, {"bce_with_logits", Loss::BceWithLogits}};
-  const std::map<std::string, Reduction> reductions{{"mean", Reduction::Mean}, {"sum", Reduction::Sum}};
-  const std::map<std::string, Optimizer> optimizers{{"sgd", Optimizer::Sgd}, {"momentum", Optimizer::Momentum},
-                                                    {"nesterov", Optimizer::Nesterov}, {"adagrad", Optimizer::Adagrad},
-                                                    {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}};
-  const std::map<std::string, Schedule> schedules{{"constant", Schedule::Constant}, {"step", Schedule::Step},
-                                                  {"exponential", Schedule::Exponential}, {"cosine", Schedule::Cosine},
-                                                  {"linear", Schedule::Linear}};
-  std::string init = "keep", loss = "cross_entropy", reduction = "mean", optimizer = "sgd", schedule = "constant";
-  auto* make = app.add_subcommand("make-trainable", "Add the standard training program (training_info) to an inference model");
-  make->add_option("model", mt.model, "the inference .onnx file")->required();
-  make->add_option("-o,--output", mt.output, "where to write the trainable model")->required();
-  make->add_option("--loss", loss, "cross_entropy (default), nll, mse, l1, bce_with_logits");
-  make->add_option("--reduction", reduction, "mean (default) or sum");
-  make->add_option("--output-name", o.output, "the model output the loss reads (default: the only output)");
-  make->add_option("--label", o.label, "name of the new label input (default: label)");
-  make->add_option("--loss-graph", o.loss_graph, "a model computing a custom scalar loss from model outputs and labels");
-  make->add_option("--optimizer", optimizer, "sgd (default), momentum, nesterov, adagrad, adam, adamw");
-  make->add_option("--lr", o.lr, "learning rate (default 0.01)")->check(CLI::PositiveNumber);
-  make->add_option("--momentum", o.momentum, "momentum and nesterov (default 0.9)");
-  make->add_option("--beta1", o.beta1, "adam, adamw (default 0.9)");
-  make->add_option("--beta2", o.beta2, "adam, adamw (default 0.999)");
-  make->add_option("--eps", o.eps, "adam, adamw (default 1e-8), adagrad (default 1e-10)");
-  make->add_option("--weight-decay", o.weight_decay, "L2 penalty; decoupled for adamw (default 0)");
-  make->add_option("--lr-schedule", schedule, "constant (default), step, exponential, cosine, linear");
-  make->add_option("--warmup-steps", o.warmup_steps, "linear warm-up over the first N steps");
-  make->add_option("--total-steps", o.total_steps, "length of cosine and linear schedules");
-  make->add_option("--step-size", o.step_size, "steps between decays of the step schedule");
-  make->add_option("--gamma", o.gamma, "decay factor of step and exponential schedules (default 0.1)");
-  make->add_option("--grad-clip-norm", o.grad_clip_norm, "clip gradients to this global L2 norm");
-  make->add_option("--freeze", o.freeze, "regex of initializers to keep fixed (repeatable)");
-  make->add_option("--train", o.train, "regex of the only initializers to train (repeatable)");
-  make->add_option("--init", init, "keep (default), xavier, he, normal:STD: re-draw weights in initialize()");
-  make->add_flag("--replace", o.replace, "replace an existing training_info");
+  onnxtrain::cli::MakeTrainableFlags mt;
+  auto* make = onnxtrain::cli::add_make_trainable(app, mt);
 
   onnxtrain::training::TrainOptions tr;
   auto* train = app.add_subcommand("train", "Train a model that carries training_info on a dataset");
@@ -112,34 +72,7 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-    // Named choices, with the valid names in the message.
-    auto pick = [](const auto& choices, const std::string& value, const std::string& option) {
-      const auto it = choices.find(value);
-      if (it != choices.end()) return it->second;
-      std::string names;
-      for (const auto& [name, v] : choices) names += (names.empty() ? "" : ", ") + name;
-      throw CLI::ValidationError(option, "'" + value + "' is not one of " + names);
-    };
-    o.loss = pick(losses, loss, "--loss");
-    o.reduction = pick(reductions, reduction, "--reduction");
-    o.optimizer = pick(optimizers, optimizer, "--optimizer");
-    o.schedule = pick(schedules, schedule, "--lr-schedule");
-    if (init == "keep") {
-      o.init = Init::Keep;
-    } else if (init == "xavier") {
-      o.init = Init::Xavier;
-    } else if (init == "he") {
-      o.init = Init::He;
-    } else if (init.rfind("normal:", 0) == 0) {
-      o.init = Init::Normal;
-      try {
-        o.init_std = std::stod(init.substr(7));
-      } catch (const std::exception&) {
-        throw CLI::ValidationError("--init", "normal:STD needs a number, got '" + init + "'");
-      }
-    } else {
-      throw CLI::ValidationError("--init", "expected keep, xavier, he or normal:STD, got '" + init + "'");
-    }
+    if (*make) onnxtrain::cli::resolve_make_trainable(mt);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
@@ -149,7 +82,7 @@ int main(int argc, char** argv) {
     if (*check) return onnxtrain::cli::check(model);
     if (*run) return onnxtrain::cli::run(run_args);
     if (*step) return onnxtrain::cli::step(step_args);
-    if (*make) return onnxtrain::cli::make_trainable(mt);
+    if (*make) return onnxtrain::cli::make_trainable(mt.args);
     if (*train) return onnxtrain::cli::train(tr);
     if (*exp) return onnxtrain::cli::export_model(export_model, export_output);
   } catch (const onnxtrain::Error& e) {

@@ -18,20 +18,11 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/tensor.h"
+#include "training/make_trainable_internal.h"
 
 namespace onnxtrain::training {
 
-namespace {
-
-constexpr const char* kPrefix = "onnxtrain.";
-
-onnx::AttributeProto attr_strings(const std::string& name, const std::vector<std::string>& v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::STRINGS);
-  for (const auto& s : v) a.add_strings(s);
-  return a;
-}
+namespace detail {
 
 onnx::ValueInfoProto value_info(const std::string& name, int32_t elem_type, const std::vector<int64_t>& dims) {
   onnx::ValueInfoProto v;
@@ -46,61 +37,75 @@ onnx::ValueInfoProto value_info(const std::string& name, int32_t elem_type, cons
   return v;
 }
 
-// A graph under construction.
-class GraphWriter {
- public:
-  explicit GraphWriter(onnx::GraphProto& g) : g_(g) {}
-
-  std::string node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output,
-                   const std::vector<onnx::AttributeProto>& attrs = {}, const std::string& domain = "") {
-    nodes(op, inputs, {output}, attrs, domain);
-    return output;
-  }
-  void nodes(const std::string& op, const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
-             const std::vector<onnx::AttributeProto>& attrs = {}, const std::string& domain = "") {
-    auto* n = g_.add_node();
-    n->set_op_type(op);
-    if (!domain.empty()) n->set_domain(domain);
-    n->set_name(outputs.empty() ? op : outputs[0]);
-    for (const auto& i : inputs) n->add_input(i);
-    for (const auto& o : outputs) n->add_output(o);
-    for (const auto& a : attrs) *n->add_attribute() = a;
-  }
-  // A scalar float32 or int64 initializer.
-  std::string scalar(const std::string& name, double value, int32_t elem_type = onnx::TensorProto::FLOAT) {
-    Tensor t = elem_type == onnx::TensorProto::INT64 ? Tensor::scalar<int64_t>(static_cast<int64_t>(value))
-               : elem_type == onnx::TensorProto::DOUBLE ? Tensor::scalar(value)
-                                                        : Tensor::scalar(static_cast<float>(value));
-    io::tensor_to_proto(t, name, *g_.add_initializer());
-    return name;
-  }
-  void initializer(const std::string& name, const Tensor& t) { io::tensor_to_proto(t, name, *g_.add_initializer()); }
-  void output(const onnx::ValueInfoProto& v) { *g_.add_output() = v; }
-  void input(const onnx::ValueInfoProto& v) { *g_.add_input() = v; }
-
- private:
-  onnx::GraphProto& g_;
-};
-
-struct Param {
-  std::string name;
-  int32_t elem_type;
-  std::vector<int64_t> dims;
-};
-
-std::vector<int64_t> dims_of(const onnx::TensorProto& t) { return {t.dims().begin(), t.dims().end()}; }
-
-// Zeros of a parameter's type and shape (optimizer state, reset values).
-Tensor zeros_like(const Param& p) {
-  return Tensor::zeros(p.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64 : DataType::Float32, Shape(p.dims));
+std::string GraphWriter::node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output,
+                              const std::vector<onnx::AttributeProto>& attrs, const std::string& domain) {
+  nodes(op, inputs, {output}, attrs, domain);
+  return output;
 }
 
-// The lists one after another: the variadic inputs and outputs of the optimizer ops.
+void GraphWriter::nodes(const std::string& op, const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+                        const std::vector<onnx::AttributeProto>& attrs, const std::string& domain) {
+  auto* n = g_.add_node();
+  n->set_op_type(op);
+  if (!domain.empty()) n->set_domain(domain);
+  n->set_name(outputs.empty() ? op : outputs[0]);
+  for (const auto& i : inputs) n->add_input(i);
+  for (const auto& o : outputs) n->add_output(o);
+  for (const auto& a : attrs) *n->add_attribute() = a;
+}
+
+std::string GraphWriter::scalar(const std::string& name, double value, int32_t elem_type) {
+  Tensor t = elem_type == onnx::TensorProto::INT64 ? Tensor::scalar<int64_t>(static_cast<int64_t>(value))
+             : elem_type == onnx::TensorProto::DOUBLE ? Tensor::scalar(value)
+                                                      : Tensor::scalar(static_cast<float>(value));
+  io::tensor_to_proto(t, name, *g_.add_initializer());
+  return name;
+}
+
+void GraphWriter::initializer(const std::string& name, const Tensor& t) { io::tensor_to_proto(t, name, *g_.add_initializer()); }
+
+std::string Names::claim(const std::string& name) {
+  if (!taken_.insert(name).second) {
+    throw Error(source_ + ": the training program needs the name '" + name + "', which the model already uses");
+  }
+  return name;
+}
+
+Tensor filled_like(const Param& p, double value) {
+  const bool is_double = p.elem_type == onnx::TensorProto::DOUBLE;
+  Tensor t = Tensor::zeros(is_double ? DataType::Float64 : DataType::Float32, Shape(p.dims));
+  if (value == 0) return t;
+  if (is_double) {
+    std::fill_n(t.data<double>(), t.numel(), value);
+  } else {
+    std::fill_n(t.data<float>(), t.numel(), static_cast<float>(value));
+  }
+  return t;
+}
+
 std::vector<std::string> joined(std::initializer_list<std::vector<std::string>> lists) {
   std::vector<std::string> out;
   for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
   return out;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::GraphWriter;
+using detail::Param;
+using detail::value_info;
+
+onnx::AttributeProto attr_strings(const std::string& name, const std::vector<std::string>& v) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::STRINGS);
+  for (const auto& s : v) a.add_strings(s);
+  return a;
+}
+
+std::vector<int64_t> dims_of(const onnx::TensorProto& t) { return {t.dims().begin(), t.dims().end()}; }
 
 const onnx::ValueInfoProto* find_value(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& list,
                                        const std::string& name) {
@@ -215,16 +220,12 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
   }
 
   // Every name the model uses, so the program's names cannot collide.
-  std::set<std::string> names;
-  for (const auto& v : g.input()) names.insert(v.name());
-  for (const auto& t : g.initializer()) names.insert(t.name());
-  for (const auto& n : g.node()) names.insert(n.output().begin(), n.output().end());
-  auto claim = [&](const std::string& name) {
-    if (!names.insert(name).second) {
-      throw Error(source + ": the training program needs the name '" + name + "', which the model already uses");
-    }
-    return name;
-  };
+  std::set<std::string> taken;
+  for (const auto& v : g.input()) taken.insert(v.name());
+  for (const auto& t : g.initializer()) taken.insert(t.name());
+  for (const auto& n : g.node()) taken.insert(n.output().begin(), n.output().end());
+  detail::Names names(std::move(taken), source);
+  auto claim = [&](const std::string& name) { return names.claim(name); };
 
   // The output the loss reads.
   std::string output = opt.output;
@@ -253,7 +254,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
   onnx::GraphProto& alg_graph = *info.mutable_algorithm();
   alg_graph.set_name("onnxtrain_training_step");
   GraphWriter alg(alg_graph);
-  auto P = [](const std::string& s) { return std::string(kPrefix) + s; };
+  auto P = [](const std::string& s) { return std::string(detail::kPrefix) + s; };
 
   // ---- the loss ----
   const std::string label = opt.label.empty() ? "label" : opt.label;
@@ -327,7 +328,8 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     }
   }
   // ---- the trainable set ----
-  std::vector<Param> params = trainable_candidates(g, {output});
+  const std::vector<Param> candidates = trainable_candidates(g, {output});
+  std::vector<Param> params = candidates;
   const auto freeze = compile(opt.freeze, "--freeze");
   const auto train = compile(opt.train, "--train");
   for (size_t k = 0; k < opt.freeze.size(); ++k) {
@@ -345,6 +347,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     return full_match_any(freeze, p.name) || (!train.empty() && !full_match_any(train, p.name));
   });
   if (params.empty()) throw Error(source + ": nothing to train: no floating-point initializer of rank >= 1 feeds the loss");
+  const std::vector<detail::Group> groups = detail::resolve_groups(opt, params, candidates, source);
 
   // ---- gradients ----
   std::vector<std::string> xs, grads;
@@ -374,164 +377,36 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     }
   }
 
-  // ---- learning rate from the iteration counter T (steps done, 0-based) ----
+  // ---- learning rates (and cycled momenta) of each group from the iteration counter T ----
   const std::string T = claim(P("step"));
   alg.scalar(T, 0, onnx::TensorProto::INT64);
-  const std::string t = alg.node("Cast", {T}, claim(P("lr.t")), {autodiff::attr_int("to", onnx::TensorProto::FLOAT)});
-  std::string lr = alg.scalar(claim(P("lr.base")), opt.lr);
-  auto constant = [&](const std::string& name, double v) { return alg.scalar(claim(P("lr." + name)), v); };
-  switch (opt.schedule) {
-    case Schedule::Constant:
-      break;
-    case Schedule::Step: {
-      if (opt.step_size <= 0) throw Error("--lr-schedule step needs --step-size > 0");
-      const std::string k = alg.node("Floor", {alg.node("Div", {t, constant("step_size", static_cast<double>(opt.step_size))},
-                                                         claim(P("lr.t_over_step")))},
-                                     claim(P("lr.k")));
-      lr = alg.node("Mul", {lr, alg.node("Pow", {constant("gamma", opt.gamma), k}, claim(P("lr.gamma_k")))}, claim(P("lr.step")));
-      break;
-    }
-    case Schedule::Exponential:
-      lr = alg.node("Mul", {lr, alg.node("Pow", {constant("gamma", opt.gamma), t}, claim(P("lr.gamma_t")))}, claim(P("lr.exponential")));
-      break;
-    case Schedule::Cosine:
-    case Schedule::Linear: {
-      if (opt.total_steps <= 0) throw Error("--lr-schedule cosine/linear needs --total-steps > 0");
-      const std::string total = constant("total", static_cast<double>(opt.total_steps));
-      const std::string frac = alg.node("Div", {alg.node("Min", {t, total}, claim(P("lr.t_clamped"))), total}, claim(P("lr.frac")));
-      std::string factor;
-      if (opt.schedule == Schedule::Cosine) {
-        const std::string c = alg.node("Cos", {alg.node("Mul", {frac, constant("pi", std::numbers::pi)}, claim(P("lr.angle")))},
-                                       claim(P("lr.cos")));
-        factor = alg.node("Mul", {alg.node("Add", {c, constant("one", 1)}, claim(P("lr.cos1"))), constant("half", 0.5)},
-                          claim(P("lr.factor")));
-      } else {
-        factor = alg.node("Sub", {constant("one", 1), frac}, claim(P("lr.factor")));
-      }
-      lr = alg.node("Mul", {lr, factor}, claim(P("lr.scheduled")));
-      break;
+  const detail::ScheduleValues schedule = detail::write_schedule(alg, names, opt, groups, T);
+  std::vector<std::string> group_lrs, group_momenta, group_lr_outputs;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const std::string& prefix = groups[k].prefix;
+    const std::string index = alg.scalar(claim(P(prefix + "lr.index")), static_cast<double>(k), onnx::TensorProto::INT64);
+    // "onnxtrain.param_groups.K.lr" is an output; the group of parameters in no group is internal.
+    const std::string lr = claim(P(prefix.empty() ? "lr.group" : prefix + "lr"));
+    group_lrs.push_back(alg.node("Gather", {schedule.lrs, index}, lr, {autodiff::attr_int("axis", 0)}));
+    if (!prefix.empty()) group_lr_outputs.push_back(lr);
+    if (!schedule.momenta.empty()) {
+      group_momenta.push_back(alg.node("Gather", {schedule.momenta, index}, claim(P(prefix + "cycled_momentum")),
+                                         {autodiff::attr_int("axis", 0)}));
     }
   }
-  if (opt.warmup_steps > 0) {
-    const std::string ramp = alg.node("Div", {alg.node("Add", {t, constant("warmup_one", 1)}, claim(P("lr.t1"))),
-                                             constant("warmup", static_cast<double>(opt.warmup_steps))},
-                                      claim(P("lr.ramp")));
-    const std::string w = alg.node("Min", {ramp, constant("warmup_cap", 1)}, claim(P("lr.warmup_factor")));
-    lr = alg.node("Mul", {lr, w}, claim(P("lr.warmed")));
-  }
-  const std::string lr_out = alg.node("Identity", {lr}, claim(P("lr")));
-  std::string lr_typed = lr_out;
-  if (f == onnx::TensorProto::DOUBLE) lr_typed = alg.node("Cast", {lr_out}, claim(P("lr.double")), {autodiff::attr_int("to", f)});
+  const std::string lr_out = alg.node("Cast", {group_lrs[0]}, claim(P("lr")), {autodiff::attr_int("to", onnx::TensorProto::FLOAT)});
 
   // ---- the optimizer ----
   std::vector<std::string> new_params;
   for (const auto& p : params) new_params.push_back(claim(P("new." + p.name)));
-  struct State {
-    std::string name, next;
-    const Param* param;
-  };
-  std::vector<State> states;
-  auto add_states = [&](const std::string& kind) {
-    std::vector<std::string> names, next;
-    for (const auto& p : params) {
-      const std::string s = claim(P(kind + "." + p.name));
-      alg.initializer(s, zeros_like(p));
-      states.push_back({s, claim(P(kind + ".new." + p.name)), &p});
-      names.push_back(s);
-      next.push_back(states.back().next);
-    }
-    return std::pair{names, next};
-  };
-  const double wd = opt.weight_decay;
-  // L2 weight decay in the gradient, as torch.optim's weight_decay: g + wd p.
-  auto l2_regularized = [&](size_t i) {
-    const std::string& name = params[i].name;
-    return alg.node("Add", {grads[i], alg.node("Mul", {name, alg.scalar(claim(P("wd." + name)), wd, f)}, claim(P("decay." + name)))},
-                    claim(P("reg_grad." + name)));
-  };
-  switch (opt.optimizer) {
-    case Optimizer::Sgd:
-      for (size_t i = 0; i < params.size(); ++i) {
-        const std::string g_i = wd != 0 ? l2_regularized(i) : grads[i];
-        alg.node("Sub", {params[i].name, alg.node("Mul", {g_i, lr_typed}, claim(P("update." + params[i].name)))}, new_params[i]);
-      }
-      break;
-    case Optimizer::Momentum:
-    case Optimizer::Nesterov: {
-      const auto [v, v_new] = add_states("momentum");
-      alg.nodes("Momentum", joined({{lr_typed, T}, xs, grads, v}), joined({new_params, v_new}),
-                {autodiff::attr_float("alpha", static_cast<float>(opt.momentum)), autodiff::attr_float("beta", 1.0f),
-                 autodiff::attr_float("norm_coefficient", static_cast<float>(wd)),
-                 autodiff::attr_string("mode", opt.optimizer == Optimizer::Nesterov ? "nesterov" : "standard")},
-                autodiff::kTrainingDomain);
-      break;
-    }
-    case Optimizer::Adagrad: {
-      const auto [h, h_new] = add_states("adagrad_sum");
-      alg.nodes("Adagrad", joined({{lr_typed, T}, xs, grads, h}), joined({new_params, h_new}),
-                {autodiff::attr_float("decay_factor", 0.0f), autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-10))),
-                 autodiff::attr_float("norm_coefficient", static_cast<float>(wd))},
-                autodiff::kTrainingDomain);
-      break;
-    }
-    case Optimizer::Adam:
-    case Optimizer::AdamW: {
-      // The state holds PyTorch's moments m and v. ONNX's Adam adds epsilon to sqrt(H) where
-      // PyTorch adds it to sqrt(v / bc2), bc2 = 1 - beta2^t; feeding the op G / s, m / s and
-      // v / s^2 with s = sqrt(bc2), and scaling its outputs back, makes its update exactly
-      // PyTorch's: R sqrt(bc2) / bc1 (m / s) / (sqrt(v) / s + eps) = lr / bc1 m / (sqrt(v / bc2) + eps).
-      const auto [m1, m1_new] = add_states("adam_m");
-      const auto [m2, m2_new] = add_states("adam_v");
-      // PyTorch counts Adam's steps from 1 for the bias correction.
-      const std::string t1 = alg.node("Add", {T, alg.scalar(claim(P("adam.one")), 1, onnx::TensorProto::INT64)}, claim(P("adam.t")));
-      const std::string t1f = alg.node("Cast", {t1}, claim(P("adam.t_float")), {autodiff::attr_int("to", f)});
-      // bc2 uses the beta2 the Adam op uses: its float attribute (0.999 becomes 0.99900001287).
-      // A float64 program computing bc2 from the double 0.999 would scale v by (1 - 0.999) /
-      // (1 - float(0.999)) and move float64 weights 6e-6 (relative to the update) off PyTorch's.
-      const double beta2 = static_cast<float>(opt.beta2);
-      const std::string bc2 = alg.node("Sub", {alg.scalar(claim(P("adam.unit")), 1, f),
-                                               alg.node("Pow", {alg.scalar(claim(P("adam.beta2")), beta2, f), t1f},
-                                                        claim(P("adam.beta2_t")))},
-                                       claim(P("adam.bc2")));
-      const std::string s_bc = alg.node("Sqrt", {bc2}, claim(P("adam.s")));
-      // AdamW: PyTorch decays before the update, p (1 - lr wd) - lr u; ONNX's
-      // norm_coefficient_post c decays after it, (1 - c)(p - R u). With c = lr wd and
-      // R = lr / (1 - c) the two are equal (for a scheduled lr, c stays the base lr's).
-      std::string r = lr_typed;
-      if (opt.optimizer == Optimizer::AdamW && wd != 0) {
-        r = alg.node("Div", {lr_typed, alg.scalar(claim(P("adamw.keep")), 1 - opt.lr * wd, f)}, claim(P("adamw.lr")));
-      }
-      std::vector<std::string> g_in, m_in, v_in, m_out, v_out;
-      for (size_t i = 0; i < params.size(); ++i) {
-        const std::string& name = params[i].name;
-        const std::string g_i = opt.optimizer == Optimizer::Adam && wd != 0 ? l2_regularized(i) : grads[i];
-        g_in.push_back(alg.node("Div", {g_i, s_bc}, claim(P("adam.g_in." + name))));
-        m_in.push_back(alg.node("Div", {m1[i], s_bc}, claim(P("adam.m_in." + name))));
-        v_in.push_back(alg.node("Div", {m2[i], bc2}, claim(P("adam.v_in." + name))));
-        m_out.push_back(claim(P("adam.m_out." + name)));
-        v_out.push_back(claim(P("adam.v_out." + name)));
-      }
-      const std::vector<std::string> in = joined({{r, t1}, xs, g_in, m_in, v_in});
-      const std::vector<std::string> out = joined({new_params, m_out, v_out});
-      std::vector<onnx::AttributeProto> attrs{autodiff::attr_float("alpha", static_cast<float>(opt.beta1)),
-                                             autodiff::attr_float("beta", static_cast<float>(beta2)),
-                                             autodiff::attr_float("epsilon", static_cast<float>(opt.eps.value_or(1e-8)))};
-      if (opt.optimizer == Optimizer::AdamW) {
-        attrs.push_back(autodiff::attr_float("norm_coefficient_post", static_cast<float>(opt.lr * wd)));
-      }
-      alg.nodes("Adam", in, out, attrs, autodiff::kTrainingDomain);
-      for (size_t i = 0; i < params.size(); ++i) {
-        alg.node("Mul", {m_out[i], s_bc}, m1_new[i]);
-        alg.node("Mul", {v_out[i], bc2}, m2_new[i]);
-      }
-      break;
-    }
-  }
+  const std::vector<detail::State> states =
+      detail::write_update(alg, names, groups, {opt, params, grads, new_params, T, group_lrs, group_momenta});
   const std::string T_new = alg.node("Add", {T, alg.scalar(claim(P("step.one")), 1, onnx::TensorProto::INT64)}, claim(P("step.new")));
 
   // ---- outputs and bindings ----
   alg.output(value_info(loss, f, {}));
   alg.output(value_info(lr_out, onnx::TensorProto::FLOAT, {}));
+  for (const auto& lr : group_lr_outputs) alg.output(value_info(lr, onnx::TensorProto::DOUBLE, {}));
   auto bind = [&](const std::string& key, const std::string& value) {
     auto* b = info.add_update_binding();
     b->set_key(key);
@@ -572,7 +447,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
   };
   for (const auto& s : states) {
     const std::string z = claim(P("init." + s.name));
-    ini.initializer(z, zeros_like(*s.param));
+    ini.initializer(z, detail::filled_like(*s.param, s.initial));
     const std::string out = ini.node("Identity", {z}, claim(P("init.out." + s.name)));
     ini.output(value_info(out, s.param->elem_type, s.param->dims));
     init_bind(s.name, out);
@@ -588,7 +463,7 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       const std::string out = claim(P("init.out." + p.name));
       if (p.dims.size() == 1) {
         const std::string z = claim(P("init.zero." + p.name));
-        ini.initializer(z, zeros_like(p));
+        ini.initializer(z, detail::filled_like(p, 0));
         ini.node("Identity", {z}, out);
       } else {
         // PyTorch's fan convention for a weight [out, in, k...].

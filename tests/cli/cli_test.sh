@@ -98,6 +98,15 @@ expect 0 'trains W' -- "$bin" make-trainable "$tmp/mt/external.onnx" -o "$tmp/ex
 expect 0 'wrote .*external_inference.onnx' -- bash -c 'cd "$1" && "$2" export external.onnx -o external_inference.onnx' _ "$tmp/mt" "$(realpath "$bin")"
 expect 2 'already has training_info' -- "$bin" make-trainable "$tmp/mt/train.onnx" -o "$tmp/mt/again.onnx"
 expect 2 "'hinge' is not one of bce_with_logits, cross_entropy, l1, mse, nll" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --loss hinge
+# make-trainable's parameter groups and schedulers: specs parsed, bad ones named.
+expect 0 'trains W' -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/groups.onnx" --optimizer nesterov --param-group 'W:lr=0.5,momentum=0.5,nesterov=true' --lr-schedule sequential --scheduler linear:start_factor=0.1,total_iters=5 --scheduler 'multistep:milestones=2,4,gamma=0.5' --milestones 5
+expect 2 "'betas' is not a parameter group key" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --param-group 'W:betas=0.9'
+expect 2 "is not of the form REGEX:key=value" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --param-group W
+expect 2 "lr=fast is not a number" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --param-group 'W:lr=fast'
+expect 2 "param_groups\[0\] pattern 'V' matches no trainable initializer" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --param-group 'V:lr=0.1'
+expect 2 "'cyclic' is not one of constant" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --lr-schedule sequential --scheduler cyclic:gamma=0.5
+expect 2 "onecycle needs max_lr" -- "$bin" make-trainable "$tmp/mt/model.onnx" -o "$tmp/mt/x.onnx" --lr-schedule onecycle --total-steps 10
+[[ ! -e $tmp/mt/x.onnx ]] || { echo "FAIL: make-trainable wrote a model for bad options"; failures=$((failures + 1)); }
 # A model make-trainable cannot train (Unique has no gradient rule) gets an error and no file.
 "$python" - "$tmp/mt" <<'PY'
 import sys

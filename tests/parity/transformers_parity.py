@@ -41,9 +41,9 @@ torch.optim:
   decay 0.01); the loss of every step and every parameter after the last step agree within
   rtol 1e-6, relative to |value| + 1e-3 (so atol 1e-9);
 - float32: one step of SGD (lr 0.1); loss and parameters within rtol 1e-4 (atol 1e-7).
-ONNX's Momentum and Adam take their hyperparameters as float attributes and make-trainable
-computes the learning rate in float32, so PyTorch gets the float32 values of lr, momentum,
-betas and eps (f32). Every parameter of the module must be an initializer of the export with
+PyTorch gets the hyperparameters as given: a float64 program computes its learning rate in
+float64 and writes its updates with float64 constants where the ONNX optimizer ops' float
+attributes would round them (make-trainable.md). Every parameter of the module must be an initializer of the export with
 the module's value (the export must not fold or rename it; a tied weight appears once).
 
 The causal-LM loss is Hugging Face's ForCausalLMLoss: logits[:, :-1] against labels[:, 1:]
@@ -322,21 +322,12 @@ KNOWN_EXPORT_FAILURES = {
 
 # ---- training ----
 
-def f32(x):
-    """x rounded to float32: ONNX's Momentum and Adam take their hyperparameters as float
-    attributes, and make-trainable computes the learning rate in float32 (then casts it), so
-    PyTorch gets the float32 values. With the decimal values a float64 run drifts from the
-    program by the rounding (lr 0.01 is 2e-8 off), up to 6e-7 of a weight after 5 steps."""
-    return float(np.float32(x))
-
-
 OPTIMIZERS = {  # name: (make-trainable options, torch optimizer)
     "momentum": (["--optimizer", "momentum", "--lr", "0.01", "--momentum", "0.9"],
-                 lambda p: torch.optim.SGD(p, lr=f32(0.01), momentum=f32(0.9))),
+                 lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)),
     "adamw": (["--optimizer", "adamw", "--lr", "0.001", "--weight-decay", "0.01"],
-              lambda p: torch.optim.AdamW(p, lr=f32(0.001), betas=(f32(0.9), f32(0.999)), eps=f32(1e-8),
-                                          weight_decay=f32(1e-5) / f32(0.001))),
-    "sgd": (["--optimizer", "sgd", "--lr", "0.1"], lambda p: torch.optim.SGD(p, lr=f32(0.1))),
+              lambda p: torch.optim.AdamW(p, lr=0.001, weight_decay=0.01)),
+    "sgd": (["--optimizer", "sgd", "--lr", "0.1"], lambda p: torch.optim.SGD(p, lr=0.1)),
 }
 # (element type, steps, optimizers, rtol)
 PLANS = [(torch.float64, 5, ["momentum", "adamw"], 1e-6), (torch.float32, 1, ["sgd"], 1e-4)]

@@ -107,10 +107,10 @@ TEST(MakeTrainable, OldAndNewOpsetsTrain) {
 }
 
 // y [1, 3] = x * W (float64), loss = mean((y - label)^2), dL/dW = 2/3 (x W - label) x: two
-// steps of Adam must be PyTorch's Adam to the last bits of float64. The Adam op's betas are
-// float attributes, so the reference uses float(0.9) and float(0.999), and make-trainable's
-// bias correction must use the same float beta2 as the op (it once used the double 0.999,
-// which moved the weights by 6e-6 of the update).
+// steps of Adam must be PyTorch's float64 Adam to the last bits. The Adam op's betas are float
+// attributes, and float(0.9) moves float64 weights off PyTorch's, so with betas 0.9 and 0.999
+// a float64 program writes the update with plain ops and the double betas (this test once
+// took float(0.9) and float(0.999) as the reference).
 TEST(MakeTrainable, Float64AdamIsPyTorchAdam) {
   onnx::ModelProto m;
   m.set_ir_version(8);
@@ -129,11 +129,11 @@ TEST(MakeTrainable, Float64AdamIsPyTorchAdam) {
   MakeTrainableOptions options;
   options.loss = Loss::Mse;
   options.optimizer = Optimizer::Adam;
-  options.lr = 0.25;  // exact in float32: the program computes the learning rate in float32
+  options.lr = 0.25;
   TrainingSession session(make_trainable(m, options));
   const runtime::NamedTensors feeds{{"x", Tensor::from_vector<double>({1, 3}, x)},
                                     {"label", Tensor::from_vector<double>({1, 3}, label)}};
-  const double b1 = static_cast<float>(0.9), b2 = static_cast<float>(0.999), eps = static_cast<float>(1e-8);
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
   std::vector<double> w = w0, mom(3, 0.0), var(3, 0.0);
   for (int t = 1; t <= 2; ++t) {
     session.step(feeds);
