@@ -178,8 +178,15 @@ Tensor tensor_from(nb::handle obj, bool alias, const std::string& what) {
   if (!is_ndarray && (!importable || PyBytes_Check(array.ptr()) || PyUnicode_Check(array.ptr()))) {
     array = np.attr("asarray")(array);  // scalars, lists, str and bytes, objects with __array__
   }
+  if (!is_ndarray && nb::hasattr(array, "requires_grad") && nb::cast<bool>(array.attr("requires_grad"))) {
+    array = array.attr("detach")();  // a PyTorch tensor of an autograd graph: its values
+  }
   if (nb::isinstance(array, np.attr("ndarray"))) {
     nb::object dtype = array.attr("dtype");
+    if (!nb::cast<bool>(dtype.attr("isnative"))) {
+      throw Error(what + ": a NumPy array of non-native byte order (" + nb::cast<std::string>(nb::str(dtype)) +
+                  "); convert it with a.astype(a.dtype.newbyteorder('='))");
+    }
     const auto kind = nb::cast<std::string>(dtype.attr("kind"));
     const auto num = nb::cast<int>(dtype.attr("num"));
     if (num < 256 && (kind == "U" || kind == "S" || kind == "O")) return strings_from_numpy(array, what);

@@ -215,12 +215,20 @@ def test_scalars_and_lists_go_through_numpy():
     np.testing.assert_array_equal(y, [1.5, 2.5])
 
 
+def test_tensors_that_require_grad_give_their_values():
+    t = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = onnxtrain.InferenceSession(identity_model(TensorProto.FLOAT)).run({"x": t * 2})["y"]
+    np.testing.assert_array_equal(y, [2, 4, 6])
+
+
 def test_unsupported_arrays():
     session = onnxtrain.InferenceSession(identity_model(TensorProto.FLOAT))
     with pytest.raises(onnxtrain.Error, match="feed 'x': arrays of complex"):
         session.run({"x": np.zeros(3, np.complex64)})
     with pytest.raises(onnxtrain.Error, match="feed 'x': element 0 of the object array is object"):
         session.run({"x": object()})
+    with pytest.raises(onnxtrain.Error, match="feed 'x': a NumPy array of non-native byte order"):
+        session.run({"x": np.array([1, 2, 3], ">f4")})
 
 
 def test_empty_and_scalar_tensors():
