@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from conftest import model, mlp_reference
 from onnx import TensorProto, helper, numpy_helper
 
@@ -28,16 +29,29 @@ def heavy_model(n=768, depth=6):
     )
 
 
-def test_python_runs_while_a_session_runs():
-    session = onnxtrain.InferenceSession(heavy_model(), threads=1)
-    x = np.ones((768, 768), np.float32)
-    session.run({"x": x})  # plans once, outside the measurement
+def long_call(kind):
+    """A call of `kind` ("run" or "step") that takes a while on one thread, planned already."""
+    if kind == "run":
+        session = onnxtrain.InferenceSession(heavy_model(), threads=1)
+        feeds = {"x": np.ones((768, 768), np.float32)}
+        session.run(feeds)
+        return lambda: session.run(feeds)
+    trainable = onnxtrain.make_trainable(heavy_model(), loss="mse", optimizer="sgd", lr=1e-6)
+    training = onnxtrain.TrainingSession(trainable, threads=1)
+    feeds = {"x": np.ones((768, 768), np.float32), "label": np.zeros((768, 768), np.float32)}
+    training.step(feeds)
+    return lambda: training.step(feeds)
+
+
+@pytest.mark.parametrize("kind", ["run", "step"])
+def test_python_runs_while_a_session_runs(kind):
+    call = long_call(kind)
     times = []
 
     def work():
         start = time.perf_counter()
         for _ in range(3):
-            session.run({"x": x})
+            call()
         times.append(time.perf_counter() - start)
 
     t = threading.Thread(target=work)
@@ -47,35 +61,41 @@ def test_python_runs_while_a_session_runs():
         ticks.append(time.perf_counter())
     t.join()
     gaps = np.diff(ticks)
-    # With the GIL held by run(), this loop would stall for a whole run (at least a third of the
+    # With the GIL held by the call, this loop would stall for a whole call (a third of the
     # thread's time); released, it keeps ticking (Python's switch interval is 5 ms).
     assert times[0] > 0.05, "the model ran too fast to tell"
     assert gaps.max() < times[0] / 6, (gaps.max(), times[0])
 
 
-def test_two_sessions_run_at_the_same_time():
-    sessions = [onnxtrain.InferenceSession(heavy_model(), threads=1) for _ in range(2)]
-    x = np.ones((768, 768), np.float32)
-    for s in sessions:
-        s.run({"x": x})
-    spans: list[list[tuple[float, float]]] = [[], []]
-    barrier = threading.Barrier(2)
+def test_two_sessions_make_progress_at_the_same_time(mlp_model):
+    # While this thread runs one long call, another thread keeps completing calls of a second
+    # session. Were the GIL held through the long call, the other thread could not return from
+    # a call until the long one ended.
+    call = long_call("run")
+    small = onnxtrain.InferenceSession(mlp_model)
+    feeds = {"x": np.ones((2, 4), np.float32)}
+    done: list[float] = []
+    stop = threading.Event()
 
-    def work(i):
-        barrier.wait()
-        for _ in range(3):
-            start = time.perf_counter()
-            sessions[i].run({"x": x})
-            spans[i].append((start, time.perf_counter()))
+    def work():
+        while not stop.is_set():
+            small.run(feeds)
+            done.append(time.perf_counter())
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    # Runs on separate sessions overlap in time: neither waits for the other (nor for the GIL).
-    overlap = any(a0 < b1 and b0 < a1 for a0, a1 in spans[0] for b0, b1 in spans[1])
-    assert overlap, spans
+    t = threading.Thread(target=work)
+    t.start()
+    while not done:  # the other thread is running
+        time.sleep(0.001)
+    start = time.perf_counter()
+    call()
+    end = time.perf_counter()
+    stop.set()
+    t.join()
+    during = [d for d in done if start < d < end]
+    assert end - start > 0.02, "the model ran too fast to tell"
+    # The other thread's calls end all along the long call, not only before and after it.
+    gaps = np.diff([start, *during, end])
+    assert gaps.max() < (end - start) / 4, (gaps.max(), end - start, len(during))
 
 
 def test_one_session_from_several_threads(mlp_model):
