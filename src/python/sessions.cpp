@@ -71,9 +71,25 @@ auto locked(std::mutex& mutex, F&& f) {
   return f();
 }
 
-int threads_arg(std::optional<int> threads) {
+// SessionOptions or TrainingOptions: the fields both have.
+template <class Options>
+Options session_options(std::optional<int> threads, uint64_t seed, bool fuse) {
   if (threads && *threads < 0) throw Error("threads must be >= 0 (0: the OpenMP default), got " + std::to_string(*threads));
-  return threads.value_or(0);
+  Options options;
+  options.threads = threads.value_or(0);
+  options.seed = seed;
+  options.fuse = fuse;
+  return options;
+}
+
+// A Session or TrainingSession of `model` (a path, ModelProto or bytes), loaded and planned with
+// the GIL released.
+template <class S, class Options>
+std::unique_ptr<S> make_session(nb::handle model, const Options& options) {
+  const ModelArg arg = model_arg(model);
+  nb::gil_scoped_release release;
+  return arg.path ? std::make_unique<S>(*arg.path, options)
+                  : std::make_unique<S>(arg.load(), options, arg.base_dir(), arg.source);
 }
 
 struct InferenceSession {
@@ -84,17 +100,7 @@ struct InferenceSession {
 };
 
 void init_inference(InferenceSession* self, nb::handle model, std::optional<int> threads, uint64_t seed, bool fuse) {
-  runtime::SessionOptions options;
-  options.threads = threads_arg(threads);
-  options.seed = seed;
-  options.fuse = fuse;
-  const ModelArg arg = model_arg(model);
-  std::unique_ptr<runtime::Session> session;
-  {
-    nb::gil_scoped_release release;
-    session = arg.path ? std::make_unique<runtime::Session>(*arg.path, options)
-                       : std::make_unique<runtime::Session>(arg.load(), options, arg.base_dir(), arg.source);
-  }
+  auto session = make_session<runtime::Session>(model, session_options<runtime::SessionOptions>(threads, seed, fuse));
   auto* s = new (self) InferenceSession();
   s->session = std::move(session);
   s->declared = s->session->inputs();
@@ -129,19 +135,9 @@ struct TrainingSession {
 
 void init_training(TrainingSession* self, nb::handle model, uint64_t seed, std::optional<int> threads, bool nan_guard,
                    bool fuse) {
-  training::TrainingOptions options;
-  options.threads = threads_arg(threads);
-  options.seed = seed;
+  auto options = session_options<training::TrainingOptions>(threads, seed, fuse);
   options.nan_guard = nan_guard;
-  options.fuse = fuse;
-  const ModelArg arg = model_arg(model);
-  std::unique_ptr<training::TrainingSession> session;
-  {
-    nb::gil_scoped_release release;
-    session = arg.path ? std::make_unique<training::TrainingSession>(*arg.path, options)
-                       : std::make_unique<training::TrainingSession>(arg.load(), options, arg.base_dir(), arg.source);
-  }
-  new (self) TrainingSession{std::move(session), {}};
+  new (self) TrainingSession{make_session<training::TrainingSession>(model, options), {}};
 }
 
 size_t algorithm_index(const TrainingSession& self, size_t i) {
