@@ -6,6 +6,9 @@ helper.tensor_dtype_to_np_dtype; for values, NumPy, ml_dtypes' casts and PyTorch
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -174,6 +177,23 @@ def test_zero_copy_in_when_aligned():
     x[:] = [7, 8, 9]
     np.testing.assert_array_equal(session.run({"x": x})["y"], [7, 8, 9])
     assert _core._copies_in() == before + 1  # not aligned: one copy
+
+
+def test_viewed_array_is_released_after_the_call():
+    session = onnxtrain.InferenceSession(identity_model(TensorProto.FLOAT))
+    x = aligned(3, np.float32, 0)
+    x[:] = [1, 2, 3]
+    owner = weakref.ref(x.base)
+    before = _core._copies_in()
+    y = session.run({"x": x})["y"]  # a read-only view of x's memory (Identity)
+    assert _core._copies_in() == before
+    del x
+    gc.collect()
+    assert owner() is not None  # y still needs the memory
+    np.testing.assert_array_equal(y, [1, 2, 3])
+    del y
+    gc.collect()
+    assert owner() is None  # nothing in the session kept it
 
 
 def test_viewed_input_is_not_changed_and_outlives_the_call():
