@@ -81,7 +81,7 @@ struct TrainOptions {
   std::filesystem::path checkpoint;
   std::filesystem::path resume;           // continue from this checkpoint
   bool initialize = false;                // run the initialization graphs first (not on resume)
-  std::filesystem::path export_inference; // also write the inference-only model here
+  std::filesystem::path export_inference; // also write the inference-only model here (with or without OUTPUT)
   int threads = 0;
 };
 
@@ -135,6 +135,12 @@ class DatasetSource : public BatchSource {
   int64_t next_ = 0;  // the next batch
 };
 
+// The train split of a dataset in batches as options.batch_size, shuffle, seed and drop_last
+// say; an Error when drop_last leaves no batch.
+DatasetSource train_split_source(data::Dataset dataset, std::string name, const TrainOptions& options, bool idx);
+// A test split in order, in batches of options.batch_size.
+DatasetSource test_split_source(data::Dataset dataset, std::string name, const TrainOptions& options, bool idx);
+
 // What a hook sees after each step.
 struct StepEvent {
   int epoch = 0;                   // 0-based
@@ -157,16 +163,25 @@ struct EvalEvent {
   double test_accuracy = 0;
 };
 
+// What a hook sees at the end of each epoch (after its checkpoint and evaluation).
+struct EpochEvent {
+  int epoch = 0;                       // 0-based
+  int64_t step = 0;                    // steps done in all
+  std::filesystem::path checkpoint;    // the checkpoint just written (empty: none)
+};
+
 // Callbacks of the loop; any may be empty.
 struct TrainHooks {
   // Polled after every step, after every evaluation and when a source ends an epoch; a nonzero
   // value (a signal number) interrupts: the loop writes a checkpoint and returns with `signal`.
   std::function<int()> stop;
-  // After every step; returning true stops early: the run ends as at --max-steps (it evaluates,
-  // writes a checkpoint and the output).
+  // After every step; returning true stops early: the run ends as at --max-steps (it
+  // evaluates, unless it just did, and writes the output).
   std::function<bool(const StepEvent&)> on_step;
   // After every evaluation; returning true stops early as on_step does.
   std::function<bool(const EvalEvent&)> on_eval;
+  // After each epoch's checkpoint and evaluation; returning true ends the run there.
+  std::function<bool(const EpochEvent&)> on_epoch_end;
 };
 
 struct TrainResult {

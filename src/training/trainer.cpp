@@ -165,7 +165,6 @@ void Loop::resolve_feeds() {
 
 TrainResult Loop::run() {
   if (o_.epochs <= 0) throw Error("--epochs must be positive");
-  if (!o_.export_inference.empty() && o_.output.empty()) throw Error("--export-inference needs an output path");
   if (o_.checkpoint_every > 0 && checkpoint_.empty()) throw Error("--checkpoint-every needs a checkpoint or output path");
   check_outputs(o_);
   load_session();
@@ -196,6 +195,10 @@ TrainResult Loop::run() {
     if (!evaluate(epoch, true)) {
       interrupt(epoch + 1, 0);
       return result_;
+    }
+    if (hooks_.on_epoch_end && hooks_.on_epoch_end({epoch, result_.steps, checkpoint_})) {
+      early_ = true;
+      result_.stopped_early = true;
     }
     if (early_) break;
   }
@@ -356,14 +359,26 @@ void Loop::interrupt(int epoch, int64_t next_batch) {
 void Loop::finish() {
   if (!o_.output.empty()) session_->save(o_.output);
   if (!o_.export_inference.empty()) {
-    io::save_model(export_inference(io::load_model(o_.output)), o_.export_inference,
-                   {.source_dir = fs::path(o_.output).parent_path()});
+    // Without an output, the trained model goes through a scratch file beside the export.
+    const fs::path scratch = o_.output.empty() ? fs::path(o_.export_inference.string() + ".training.onnx") : fs::path();
+    struct Remove {
+      fs::path path;
+      ~Remove() {
+        if (path.empty()) return;
+        std::error_code ignored;
+        fs::remove(path, ignored);
+        fs::remove(path.string() + ".data", ignored);
+      }
+    } remove{scratch};
+    const fs::path trained = scratch.empty() ? o_.output : scratch;
+    if (!scratch.empty()) session_->save(scratch);
+    io::save_model(export_inference(io::load_model(trained)), o_.export_inference, {.source_dir = trained.parent_path()});
   }
   if (!o_.quiet) {
     log_ << "trained " << result_.steps << " steps in " << std::fixed << std::setprecision(1)
          << std::chrono::duration<double>(Clock::now() - started_).count() << " s";
     if (!o_.output.empty()) log_ << "; wrote " << o_.output.string();
-    if (!o_.export_inference.empty()) log_ << " and " << o_.export_inference.string();
+    if (!o_.export_inference.empty()) log_ << (o_.output.empty() ? "; wrote " : " and ") << o_.export_inference.string();
     log_ << std::endl;
   }
 }

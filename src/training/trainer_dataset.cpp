@@ -48,23 +48,32 @@ std::optional<Batch> DatasetSource::next() {
   return dataset_.rows(std::vector<int64_t>(order_.begin() + begin, order_.begin() + end)).columns;
 }
 
+DatasetSource train_split_source(data::Dataset dataset, std::string name, const TrainOptions& options, bool idx) {
+  const int64_t samples = dataset.size();
+  DatasetSource source(std::move(dataset), std::move(name), options.batch_size, options.shuffle, options.seed,
+                       options.drop_last, idx);
+  if (source.info().batches == 0) {
+    throw Error("--batch-size " + std::to_string(options.batch_size) + " with --drop-last leaves no batch of " +
+                std::to_string(samples) + " samples");
+  }
+  return source;
+}
+
+DatasetSource test_split_source(data::Dataset dataset, std::string name, const TrainOptions& options, bool idx) {
+  return DatasetSource(std::move(dataset), std::move(name), options.batch_size, false, options.seed, false, idx);
+}
+
 TrainResult train(const TrainOptions& options, std::ostream& log, const std::atomic<int>* stop) {
   if (options.batch_size <= 0) throw Error("--batch-size must be positive");
   if (options.epochs <= 0) throw Error("--epochs must be positive");
   check_outputs(options);
   data::Splits data = data::load_dataset(options.data);
-  const int64_t samples = data.train.size();
   const bool idx = data.format == "idx";
   const std::string name = options.data.string();
-  DatasetSource train_data(std::move(data.train), name, options.batch_size, options.shuffle, options.seed,
-                           options.drop_last, idx);
-  if (train_data.info().batches == 0) {
-    throw Error("--batch-size " + std::to_string(options.batch_size) + " with --drop-last leaves no batch of " +
-                std::to_string(samples) + " samples");
-  }
+  DatasetSource train_data = train_split_source(std::move(data.train), name, options, idx);
   std::optional<DatasetSource> test;
   if (data.test) {
-    test.emplace(std::move(*data.test), name + " (test split)", options.batch_size, false, options.seed, false, idx);
+    test.emplace(test_split_source(std::move(*data.test), name + " (test split)", options, idx));
     test->optional = true;
   }
   TrainHooks hooks;

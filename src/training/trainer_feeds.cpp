@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "core/dispatch.h"
 #include "onnxtrain/error.h"
@@ -37,6 +38,19 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
+// Floating values fed to an integer input (labels from a CSV file) must be whole numbers.
+void require_integral(const Tensor& rows, const Feed& f) {
+  const std::vector<double> values = rows.to_double_vector();
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] != std::trunc(values[i])) {
+      std::ostringstream value;
+      value << values[i];
+      throw Error("column '" + f.column + "' holds " + value.str() + " at element " + std::to_string(i) +
+                  ", which is not a whole number, for input '" + f.input.name + "' " + f.input.type_string());
+    }
+  }
+}
+
 // The column's rows converted to the input's type and per-sample shape.
 Tensor convert_column(const Tensor& rows, const Feed& f) {
   const runtime::ValueInfo& in = f.input;
@@ -54,6 +68,7 @@ Tensor convert_column(const Tensor& rows, const Feed& f) {
       });
     });
   } else if (rows.dtype() != to) {
+    if (is_floating(rows.dtype())) require_integral(rows, f);
     t = rows.cast(to);
   }
   if (!in.rank_known) return t;

@@ -146,13 +146,28 @@ TEST(TrainSource, HooksSeeEveryStepAndEvaluationAndMayStopEarly) {
   training::train(o, long_source, nullptr, {}, long_log);
   EXPECT_NE(long_log.str().find("epoch 34/34  step 100  loss"), std::string::npos) << long_log.str();
   EXPECT_EQ(long_log.str().find("ETA"), std::string::npos) << long_log.str();
-  // An evaluation hook that stops ends the run after that epoch.
+  // Epoch ends, with the checkpoint each wrote; an evaluation hook that stops ends the run
+  // after that epoch.
+  std::vector<training::EpochEvent> epochs;
+  hooks.on_epoch_end = [&](const training::EpochEvent& e) {
+    epochs.push_back(e);
+    return false;
+  };
   VectorSource again(batches_of(f.data));
   hooks.on_step = {};
   hooks.on_eval = [](const training::EvalEvent& e) { return e.epoch == 1; };
   const auto after_two = training::train(unshuffled(f, "two.onnx"), again, &test, hooks, std::cout);
   EXPECT_EQ(after_two.steps, 6);
   EXPECT_TRUE(after_two.stopped_early);
+  ASSERT_EQ(epochs.size(), 2u);  // the second epoch ended too, before the stop took effect
+  EXPECT_EQ(epochs[0].step, 3);
+  EXPECT_EQ(epochs[1].epoch, 1);
+  EXPECT_EQ(epochs[1].checkpoint, f.dir.path() / "two.ckpt.onnx");
+  // An epoch-end hook that stops.
+  hooks.on_eval = {};
+  hooks.on_epoch_end = [](const training::EpochEvent& e) { return e.epoch == 0; };
+  VectorSource third(batches_of(f.data));
+  EXPECT_EQ(training::train(unshuffled(f, "one.onnx"), third, nullptr, hooks, std::cout).steps, 3);
 }
 
 TEST(TrainSource, AStopWritesACheckpointAndResumeSkipsTheBatchesDone) {
@@ -217,6 +232,11 @@ TEST(TrainSource, AModelInMemoryTrainsWithoutWritingFiles) {
   for (const auto& e : fs::directory_iterator(f.dir.path())) {
     EXPECT_TRUE(e.path().filename() == "model.onnx" || e.path().filename() == "data") << e.path();
   }
+  // The inference model alone: no scratch file stays beside it.
+  o.export_inference = f.dir.path() / "inference.onnx";
+  training::train(o, source, nullptr, {}, std::cout);
+  EXPECT_EQ(io::load_model(o.export_inference).training_info_size(), 0);
+  EXPECT_FALSE(fs::exists(f.dir.path() / "inference.onnx.training.onnx"));
   o.checkpoint_every = 2;
   EXPECT_THROW(training::train(o, source, nullptr, {}, std::cout), Error);
 }
@@ -242,6 +262,11 @@ TEST(TrainSource, BadBatchesAreClearErrors) {
   VectorSource uneven(batches);
   EXPECT_NE(error_of(uneven, nullptr, o).find("epoch 1, batch 2: column 'label' has 5 samples but 'x' has 2"), std::string::npos)
       << error_of(uneven, nullptr, o);
+  batches = batches_of(f.data);
+  batches[2]["label"] = Tensor::from_vector<float>({2}, {1, 0.5f});
+  VectorSource fractional(batches);
+  EXPECT_NE(error_of(fractional, nullptr, o).find("epoch 1, batch 3: column 'label' holds 0.5 at element 1, which is not a whole number"),
+            std::string::npos) << error_of(fractional, nullptr, o);
   auto unlabeled = batches_of(f.data / "test");
   for (auto& b : unlabeled) b.erase("label");
   VectorSource train_source(batches_of(f.data)), test(unlabeled);
