@@ -238,6 +238,30 @@ struct TrainingSession::Impl {
     return outputs;
   }
 
+  // The kept model with every variable initializer at its current value and `metadata` set in
+  // metadata_props (tensors stored as external data stay references to base_dir).
+  onnx::ModelProto current_model(const std::map<std::string, std::string>& metadata) const {
+    onnx::ModelProto copy = model;
+    for (const auto& [key, value] : metadata) {
+      onnx::StringStringEntryProto* entry = nullptr;
+      for (auto& e : *copy.mutable_metadata_props()) {
+        if (e.key() == key) entry = &e;
+      }
+      if (!entry) entry = copy.add_metadata_props();
+      entry->set_key(key);
+      entry->set_value(value);
+    }
+    auto update = [&](onnx::GraphProto& g) {
+      for (auto& t : *g.mutable_initializer()) {
+        auto it = state.find(t.name());
+        if (it != state.end()) io::tensor_to_proto(it->second, t.name(), t);
+      }
+    };
+    update(*copy.mutable_graph());
+    for (auto& info : *copy.mutable_training_info()) update(*info.mutable_algorithm());
+    return copy;
+  }
+
   // The feeds that are inputs of algorithm i.
   runtime::NamedTensors feeds_for(size_t i, const runtime::NamedTensors& feeds, std::set<std::string>& used) const {
     runtime::NamedTensors selected;
@@ -355,27 +379,15 @@ uint64_t TrainingSession::steps_done() const { return impl_->steps_done; }
 void TrainingSession::set_steps_done(uint64_t steps) { impl_->steps_done = steps; }
 
 void TrainingSession::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) const {
-  onnx::ModelProto copy = impl_->model;
-  for (const auto& [key, value] : metadata) {
-    onnx::StringStringEntryProto* entry = nullptr;
-    for (auto& e : *copy.mutable_metadata_props()) {
-      if (e.key() == key) entry = &e;
-    }
-    if (!entry) entry = copy.add_metadata_props();
-    entry->set_key(key);
-    entry->set_value(value);
-  }
-  auto update = [&](onnx::GraphProto& g) {
-    for (auto& t : *g.mutable_initializer()) {
-      auto it = impl_->state.find(t.name());
-      if (it != impl_->state.end()) io::tensor_to_proto(it->second, t.name(), t);
-    }
-  };
-  update(*copy.mutable_graph());
-  for (auto& info : *copy.mutable_training_info()) update(*info.mutable_algorithm());
   io::SaveOptions options;
   options.source_dir = impl_->base_dir;
-  io::save_model(std::move(copy), path, options);
+  io::save_model(impl_->current_model(metadata), path, options);
+}
+
+onnx::ModelProto TrainingSession::model() const {
+  onnx::ModelProto copy = impl_->current_model({});
+  io::inline_external_data(copy, impl_->base_dir);
+  return copy;
 }
 
 }  // namespace onnxtrain::training

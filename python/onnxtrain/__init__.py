@@ -1,0 +1,51 @@
+"""onnxtrain: runs and trains ONNX models as the ONNX standard describes training.
+
+A thin layer over onnxtrain's C++ library (the extension module ``onnxtrain._core``):
+
+- :class:`InferenceSession` runs a model's inference graph;
+- :class:`TrainingSession` runs its ``training_info`` (TrainingInfoProto): ``initialize``,
+  ``step``, ``infer``, the mutable variables as ``state``, ``save``;
+- :func:`make_trainable` adds the standard training program (loss, Gradient, optimizer,
+  learning-rate schedule) to an inference model, :func:`export_inference` drops it again;
+- :class:`Error` (a ``ValueError``) reports bad input with the command-line tool's message.
+
+Arrays: NumPy in and out; PyTorch CPU tensors and any DLPack or buffer-protocol array in;
+``ml_dtypes`` types for bfloat16, float8, int4, float4 and float6. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from onnxtrain import _core
+from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
+
+__all__ = [
+    "Error",
+    "InferenceSession",
+    "TrainingSession",
+    "ValueInfo",
+    "export_inference",
+    "make_trainable",
+]
+
+__version__ = "0.1.0"
+
+
+def make_trainable(model: Any, **options: Any) -> Any:
+    # The docstring is _core.make_trainable's (it lists the options from the C++ table).
+    loss_graph = options.get("loss_graph")
+    if loss_graph is None or isinstance(loss_graph, (str, os.PathLike)):
+        return _core.make_trainable(model, **options)
+    # A loss graph in memory (an onnx.ModelProto): the C++ option is a path, so it goes through
+    # a temporary file, removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="onnxtrain-") as folder:
+        path = os.path.join(folder, "loss_graph.onnx")
+        with open(path, "wb") as f:
+            f.write(loss_graph.SerializeToString())
+        return _core.make_trainable(model, **{**options, "loss_graph": path})
+
+
+make_trainable.__doc__ = _core.make_trainable.__doc__
