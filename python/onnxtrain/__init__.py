@@ -21,14 +21,18 @@ from typing import Any
 
 from onnxtrain import _core
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
+from onnxtrain._train import TrainEvent, TrainResult, train
 
 __all__ = [
     "Error",
     "InferenceSession",
+    "TrainEvent",
+    "TrainResult",
     "TrainingSession",
     "ValueInfo",
     "export_inference",
     "make_trainable",
+    "train",
 ]
 
 __version__ = "0.1.0"
