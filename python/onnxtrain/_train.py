@@ -351,7 +351,8 @@ class _Bar:
 
     def step(self, e: TrainEvent) -> None:
         if self._bar is None:
-            self._bar = self._tqdm(total=e.total, initial=e.step - 1, unit="step", file=sys.stderr, dynamic_ncols=True)
+            self._bar = self._tqdm(total=e.total, initial=e.step - 1, desc=f"epoch {e.epoch + 1}/{self._epochs}",
+                                   unit="step", file=sys.stderr, dynamic_ncols=True)
         # The same smoothing as the CLI's progress lines.
         self._loss = e.loss if self._loss is None else 0.95 * self._loss + 0.05 * e.loss
         self._bar.set_description(f"epoch {e.epoch + 1}/{self._epochs}", refresh=False)
