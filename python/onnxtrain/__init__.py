@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxtrain import _core
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
 from onnxtrain._train import TrainEvent, TrainResult, train
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnxtrain._core import Model
 
 __all__ = [
     "Error",
@@ -38,7 +43,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def make_trainable(model: Any, **options: Any) -> Any:
+def make_trainable(model: Model, **options: Any) -> onnx.ModelProto:
     # The docstring is _core.make_trainable's (it lists the options from the C++ table).
     loss_graph = options.get("loss_graph")
     if loss_graph is None or isinstance(loss_graph, (str, os.PathLike)):

@@ -60,7 +60,6 @@ constexpr DTypeRow kDTypes[] = {
 };
 
 std::atomic<uint64_t> g_copies_in{0};
-std::atomic<uint64_t> g_copies_out{0};
 
 const DTypeRow* row_of(DataType dtype) {
   for (const auto& row : kDTypes) {
@@ -258,11 +257,9 @@ Tensor owned_tensor_from_array(nb::handle array, const std::string& what) { retu
 
 nb::object array_from_tensor(Tensor tensor) {
   if (!tensor.defined()) return nb::none();
-  if (tensor.dtype() != DataType::String && tensor.numel() > 0 && !tensor.storage_unique()) {
-    tensor = tensor.clone();  // the library or another output still uses this memory
-    g_copies_out.fetch_add(1, std::memory_order_relaxed);
-  }
-  return wrap(std::move(tensor), false);
+  // Memory the library or another output still uses stays read-only for Python.
+  const bool shared = tensor.dtype() != DataType::String && !tensor.storage_unique();
+  return wrap(std::move(tensor), shared);
 }
 
 nb::object readonly_array_from_tensor(const Tensor& tensor) {
@@ -338,11 +335,11 @@ nb::object object_from_value(Value value) {
 
 void bind_arrays(nb::module_& m) {
   m.def(
-      "_copy_counts",
+      "_copies_in",
       [] {
-        return nb::make_tuple(g_copies_in.load(std::memory_order_relaxed), g_copies_out.load(std::memory_order_relaxed));
+        return g_copies_in.load(std::memory_order_relaxed);
       },
-      "(arrays copied in, tensors copied out) since the module was loaded: for tests of the zero-copy paths.");
+      "Arrays copied in (not viewed) since the module was loaded: for the tests of the zero-copy path.");
 }
 
 }  // namespace onnxtrain::python

@@ -13,10 +13,13 @@
 // without a copy and kept alive by the tensor; any other array is copied once. The library
 // never writes into the tensors it is given, so a viewed array is only read.
 //
-// Out (array_from_tensor): a NumPy array over the tensor's own memory (no copy), which keeps
-// the storage alive through a capsule, when no other tensor shares that storage; otherwise a
-// copy, so that a returned array never aliases memory the library still uses. bfloat16 and the
-// narrow types come back as arrays of ml_dtypes' types, strings as object arrays of str.
+// Out (array_from_tensor): a NumPy array over the tensor's own memory, never a copy, which
+// keeps the storage alive through a capsule. It is writable when no other tensor shares that
+// storage, and read-only when one does (a step's new weights are also the session's state, an
+// output may be an initializer or another output): the library never writes into a tensor it
+// made, so the values stay, and Python cannot change what the session still uses. bfloat16 and
+// the narrow types come back as arrays of ml_dtypes' types (int4 and int2 through one copy: ml_dtypes
+// keeps their low bits where a Tensor sign-extends), strings as object arrays of str.
 //
 // Errors: onnxtrain::Error naming `what` (e.g. "feed 'x'") for arrays that cannot become
 // tensors; nb::type_error for objects that are no arrays at all. Call with the GIL held.
@@ -40,8 +43,8 @@ namespace nb = nanobind;
 Tensor tensor_from_array(nb::handle array, const std::string& what);
 // The same, always in memory of its own (values a session keeps, such as set_state's).
 Tensor owned_tensor_from_array(nb::handle array, const std::string& what);
-// A writable NumPy array with the tensor's values (zero-copy when the storage is unshared:
-// pass the tensor with std::move).
+// A NumPy array over the tensor's memory: writable when the storage is unshared (pass the tensor
+// with std::move), else read-only.
 nb::object array_from_tensor(Tensor tensor);
 // A read-only NumPy array over the tensor's memory, never a copy (for state the session keeps:
 // the library replaces tensors, it never writes into them, so the view keeps its values).
@@ -53,7 +56,8 @@ std::vector<std::pair<std::string, nb::object>> mapping_items(nb::handle mapping
 // Feeds from a mapping of input name (str) to array. nb::type_error for a non-mapping or a
 // non-str key.
 runtime::NamedTensors feeds_from_dict(nb::handle feeds);
-// Every tensor as an array (array_from_tensor); take the map by std::move for zero copies.
+// Every tensor as an array (array_from_tensor); pass the map with std::move, else every array is
+// read-only (the caller's map still shares each tensor).
 nb::dict dict_from_tensors(runtime::NamedTensors tensors);
 
 // A value of the declared `type` (ONNX IR "Static types"): an array for a tensor type, a list
@@ -66,8 +70,8 @@ nb::object object_from_value(Value value);
 // None for Undefined).
 nb::object numpy_dtype(DataType dtype);
 
-// onnxtrain._core._copy_counts(): (arrays copied in, tensors copied out) since the module was
-// loaded, for the tests of the zero-copy paths.
+// onnxtrain._core._copies_in(): arrays copied in (not viewed) since the module was loaded, for the
+// tests of the zero-copy path.
 void bind_arrays(nb::module_& m);
 
 }  // namespace onnxtrain::python

@@ -61,9 +61,11 @@ Returns
 dict[str, numpy.ndarray]
     Every graph output by name, in the declared element type (ml_dtypes' types for bfloat16,
     float8, int4, ...; object arrays of str for strings). A sequence output is a list of arrays,
-    an optional one None or its value. The arrays are the session's results without a copy
-    where no other value shares their memory, and writable; they never alias the session's
-    weights or your inputs.
+    an optional one None or its value. The arrays are the session's results, never copied:
+    writable, except where the memory is shared with something the session keeps or with
+    another output or input (an output that is an initializer, a training step's new weights,
+    which are also the new state); those are read-only, and numpy.array(a) gives a writable
+    copy. The session never writes into them afterwards.
 
 Raises
 ------
