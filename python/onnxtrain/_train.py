@@ -186,7 +186,7 @@ def train(
                         "the batches of an iterable train_data are its elements (set them on its DataLoader)")
     if eval_data is not None:
         _check_data(eval_data, "eval_data", 2 if epochs > 1 or eval_every > 0 else 1)
-    options = {
+    options: dict[str, Any] = {
         "output": _path(output),
         "map": _pairs(map, "map", lambda v: str(v)),
         "scale": _pairs(scale, "scale", _factor),
@@ -332,9 +332,9 @@ def _progress_bar(progress, epochs: int):
         return None
     try:
         if jupyter:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # type: ignore[import-untyped]
         else:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError:
         return None
     return _Bar(tqdm, epochs)
@@ -346,15 +346,16 @@ class _Bar:
     def __init__(self, tqdm, epochs: int):
         self._tqdm = tqdm
         self._epochs = epochs
-        self._bar = None
-        self._loss = None
+        self._bar: Any = None
+        self._loss: Optional[float] = None
 
     def step(self, e: TrainEvent) -> None:
         if self._bar is None:
             self._bar = self._tqdm(total=e.total, initial=e.step - 1, desc=f"epoch {e.epoch + 1}/{self._epochs}",
                                    unit="step", file=sys.stderr, dynamic_ncols=True)
         # The same smoothing as the CLI's progress lines.
-        self._loss = e.loss if self._loss is None else 0.95 * self._loss + 0.05 * e.loss
+        loss = float("nan") if e.loss is None else e.loss  # a step event always has one
+        self._loss = loss if self._loss is None else 0.95 * self._loss + 0.05 * loss
         self._bar.set_description(f"epoch {e.epoch + 1}/{self._epochs}", refresh=False)
         postfix = {"loss": f"{self._loss:.4f}"}
         if e.lr is not None:

@@ -1,6 +1,6 @@
 """onnxtrain.train: the training loop from Python (python/onnxtrain/_train.py, src/python/train.cpp).
 
-A 8-16-3 MLP made trainable with momentum SGD learns three Gaussian blobs (an .npz with a test
+A 4-16-3 MLP (conftest.mlp) made trainable with momentum SGD learns three Gaussian blobs (an .npz with a test
 split). The same run through the CLI, through a DataLoader of tuples, through dict batches and
 through a dict of arrays must end with bit-identical weights; checkpoints resume exactly;
 callbacks see every event and can stop the run; Ctrl-C (a real SIGINT to a child process)
@@ -17,38 +17,27 @@ import textwrap
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from conftest import mlp, package_env
+from onnx import numpy_helper
 
 import onnxtrain
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+WEIGHTS = ("w1", "b1", "w2", "b2")
 
 
 def blobs(n, seed):
+    """Three Gaussian blobs in 4 dims: x float32 [n, 4], label int64 [n]."""
     rng = np.random.default_rng(seed)
     label = rng.integers(0, 3, n)
-    centers = np.eye(3, 8, dtype=np.float32) * 3
-    return (centers[label] + rng.normal(size=(n, 8)).astype(np.float32)).astype(np.float32), label.astype(np.int64)
-
-
-def mlp():
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array((rng.normal(size=s) * 0.3).astype(np.float32), name)
-             for name, s in (("W1", (8, 16)), ("b1", (16,)), ("W2", (16, 3)), ("b2", (3,)))]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h1"]),
-             helper.make_node("Relu", ["h1"], ["h"]), helper.make_node("MatMul", ["h", "W2"], ["o0"]),
-             helper.make_node("Add", ["o0", "b2"], ["logits"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="momentum", lr=0.05)
+    centers = np.eye(3, 4, dtype=np.float32) * 3
+    return (centers[label] + rng.normal(size=(n, 4))).astype(np.float32), label.astype(np.int64)
 
 
 @pytest.fixture
 def setup(tmp_path):
     model = tmp_path / "train.onnx"
-    onnx.save(mlp(), model)
+    onnx.save(onnxtrain.make_trainable(mlp(hidden=16), optimizer="momentum", lr=0.05), model)
     x, label = blobs(100, 1)
     tx, tlabel = blobs(40, 2)
     data = tmp_path / "blobs.npz"
@@ -59,19 +48,19 @@ def setup(tmp_path):
 def weights(model):
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(model)
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in ("W1", "b1", "W2", "b2")}
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in WEIGHTS}
 
 
 def assert_same_weights(a, b):
     wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys() == {"W1", "b1", "W2", "b2"}
+    assert wa.keys() == wb.keys() == set(WEIGHTS)
     for name in wa:
         assert wa[name].tobytes() == wb[name].tobytes(), name
 
 
 def run_cli(*args):
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(onnxtrain.__file__))}
-    return subprocess.run([sys.executable, "-m", "onnxtrain", *map(str, args)], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "onnxtrain", *map(str, args)], capture_output=True, text=True,
+                          env=package_env())
 
 
 def test_a_path_trains_as_the_cli_does(setup):
@@ -123,6 +112,16 @@ def test_dict_batches_and_a_dict_of_arrays(setup):
                              progress=False)
     assert_same_weights(listed.model, path.model)
     assert listed.test_loss == path.test_loss
+    # A DataLoader over a dataset of dict samples collates them into dict batches.
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(x)
+
+        def __getitem__(self, i):
+            return {"x": x[i], "label": label[i]}
+
+    loader = torch.utils.data.DataLoader(Samples(), batch_size=25)
+    assert_same_weights(onnxtrain.train(setup["model"], loader, progress=False).model, path.model)
     # The whole dataset as a dict: batched, shuffled and dropped like a path.
     whole = onnxtrain.train(setup["model"], {"x": x, "label": label}, batch_size=25, shuffle=False, progress=False)
     assert_same_weights(whole.model, path.model)
@@ -277,9 +276,8 @@ CHILD = textwrap.dedent("""
 
 def test_ctrl_c_stops_after_the_step_and_leaves_a_checkpoint(setup):
     d = setup["dir"]
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(onnxtrain.__file__))}
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(setup["model"]), str(setup["data"]), str(d / "o.onnx")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=package_env())
     assert child.stdout.readline().strip() == "started"
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
@@ -313,9 +311,9 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(setup):
         [{"x": setup["x"][:10]}])
     fractional = [{"x": setup["x"][:10], "label": np.full(10, 0.5, np.float32)}]
     assert "column 'label' holds 0.5 at element 0, which is not a whole number" in error(fractional)
-    strings = [{"x": np.array([["a"] * 8] * 10), "label": setup["label"][:10]}]
+    strings = [{"x": np.array([["a"] * 4] * 10), "label": setup["label"][:10]}]
     assert "column 'x'" in error(strings)
-    assert "has samples of shape [7]" in error([{"x": setup["x"][:10, :7], "label": setup["label"][:10]}])
+    assert "has samples of shape [3]" in error([{"x": setup["x"][:10, :3], "label": setup["label"][:10]}])
     assert "no such file or folder" in error(d / "missing.npz")
     assert "does not exist" in error(setup["data"], checkpoint=d / "nowhere" / "c.onnx")
     assert "is an iterator" in error(iter(batches), epochs=2)
@@ -323,7 +321,7 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(setup):
     assert "eval_data" in error(setup["data"], eval_data=[{"x": setup["tx"][:5]}])
     nan = setup["x"][:10].copy()
     nan[3, 2] = np.nan
-    assert "epoch 1, batch 1: input 'x' holds NaN at element 26" in error([{"x": nan, "label": setup["label"][:10]}])
+    assert "epoch 1, batch 1: input 'x' holds NaN at element 14" in error([{"x": nan, "label": setup["label"][:10]}])
     with pytest.raises(TypeError):
         onnxtrain.train(setup["model"], setup["x"])
     with pytest.raises(TypeError):
