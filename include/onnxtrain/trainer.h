@@ -1,43 +1,69 @@
-// The training loop of `onnxtrain train`: a model that carries training_info, a dataset,
-// epochs of shuffled batches fed to TrainingSession::step, evaluation on the test split,
+// The training loop of `onnxtrain train` and of Python's onnxtrain.train: a model that carries
+// training_info, batches from a BatchSource, epochs fed to TrainingSession::step, evaluation,
 // progress, metrics, checkpoints and exact resume.
 //
-// Feeding. Each input of the step (algorithm and inference graph inputs) reads a dataset
-// column: `map` ("INPUT=COLUMN"), else the column of the same name, else, for an IDX dataset,
-// its only image column for a floating input and its label column for an integer input.
-// A column is converted to the input's element type (uint8 -> float32, labels -> int64),
-// multiplied by its `scale` ("COLUMN=1/255" or "COLUMN=0.5") when the input is floating, and
-// reshaped to the input's per-sample shape when the element counts match ([N, 28, 28] ->
-// [N, 784] or [N, 1, 28, 28]). A symbolic batch dim takes any batch size; a fixed one that
-// differs from batch_size is an Error before training starts.
+// Batches. The loop takes each epoch's batches from a BatchSource: a batch is a set of named
+// columns whose dim 0 indexes its samples. DatasetSource cuts a dataset read from a path
+// (data::load_dataset) into shuffled batches of `batch_size`; a caller (Python) may provide its
+// own. The loop restarts the source for every epoch, and for a resumed epoch asks it to skip
+// the batches done before the checkpoint.
 //
-// Order. With `shuffle`, epoch e visits the samples in a permutation drawn from
-// std::mt19937_64 seeded with (seed, e); without it, in order. A checkpoint records the epoch,
-// the next batch and the number of steps done (ModelProto.metadata_props "onnxtrain.epoch",
-// "onnxtrain.batch", "onnxtrain.steps_done", "onnxtrain.seed"), so `resume` continues with
-// the same batches and the same random-op draws: with the same threads and seed, a resumed
-// run ends with weights bit-identical to an uninterrupted one.
+// Feeding. Each input of the step (algorithm and inference graph inputs) reads a column:
+// `map` ("INPUT=COLUMN"), else the column of the same name, else, for an IDX dataset, its only
+// image column for a floating input and its label column for an integer input, else, for a
+// positional source (batches that are tuples), the i-th step input reads column "i". A column
+// is converted to the input's element type (uint8 -> float32, labels -> int64), multiplied by
+// its `scale` ("COLUMN=1/255" or "COLUMN=0.5") when the input is floating, and reshaped to the
+// input's per-sample shape when the element counts match ([N, 28, 28] -> [N, 784] or
+// [N, 1, 28, 28]). A symbolic batch dim takes any batch size; a fixed one that differs from a
+// source's fixed batch size is an Error before training starts.
 //
-// Errors (onnxtrain::Error): an unreadable dataset, a column that matches no input, a feed
-// that cannot be converted, NaN or Inf in a batch (named by epoch and batch), a failed step;
-// output paths are checked writable before training starts, and files are written
-// atomically, so a failure leaves the previous checkpoint intact.
+// Order. DatasetSource with `shuffle` visits the samples of epoch e in a permutation drawn
+// from std::mt19937_64 seeded with (seed, e); without it, in order. A checkpoint records the
+// epoch, the next batch and the number of steps done (ModelProto.metadata_props
+// "onnxtrain.epoch", "onnxtrain.batch", "onnxtrain.steps_done", "onnxtrain.seed"), so `resume`
+// continues with the same batches and the same random-op draws: with the same threads and
+// seed, a resumed run ends with weights bit-identical to an uninterrupted one (for a caller's
+// source, when it yields the same batches again).
+//
+// Errors (onnxtrain::Error): an unreadable dataset, a column that matches no input, a batch
+// without a column the first batch had, a feed that cannot be converted, NaN or Inf in a batch
+// (named by epoch and batch), a failed step, an epoch without batches; output paths are
+// checked writable before training starts, and files are written atomically, so a failure
+// leaves the previous checkpoint intact. An exception thrown by a source or a hook propagates
+// unchanged (no checkpoint is written then).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <iosfwd>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "onnxtrain/dataset.h"
+#include "onnxtrain/session.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnx {
+class ModelProto;
+}
+
 namespace onnxtrain::training {
+
+class TrainingSession;
 
 struct TrainOptions {
   std::filesystem::path model;            // a model with training_info
-  std::filesystem::path data;             // see data::load_dataset
-  std::filesystem::path output;           // the trained model (with training_info)
+  // The model in memory instead of reading `model` (which then names it in messages and
+  // resolves its external data relative to its folder).
+  std::shared_ptr<const onnx::ModelProto> model_proto;
+  std::filesystem::path data;             // see data::load_dataset (the path overload of train)
+  std::filesystem::path output;           // the trained model (with training_info); empty: none
   std::vector<std::string> map;           // INPUT=COLUMN
   std::vector<std::string> scale;         // COLUMN=FACTOR, FACTOR a number or a fraction "1/255"
   int epochs = 1;
@@ -50,11 +76,112 @@ struct TrainOptions {
   bool quiet = false;                     // no progress output
   std::filesystem::path metrics;          // JSON lines: one record per step and per evaluation
   int64_t checkpoint_every = 0;           // also checkpoint every N steps
-  std::filesystem::path checkpoint;       // where checkpoints go (default: OUTPUT with .ckpt.onnx)
+  // Where checkpoints go; empty: OUTPUT with .ckpt.onnx, or no checkpoints when OUTPUT is
+  // empty too.
+  std::filesystem::path checkpoint;
   std::filesystem::path resume;           // continue from this checkpoint
   bool initialize = false;                // run the initialization graphs first (not on resume)
-  std::filesystem::path export_inference; // also write the inference-only model here
+  std::filesystem::path export_inference; // also write the inference-only model here (with or without OUTPUT)
   int threads = 0;
+};
+
+// One batch: columns by name, dim 0 of each indexing the batch's samples.
+using Batch = std::map<std::string, Tensor>;
+
+// What the loop knows of a source before it iterates it.
+struct SourceInfo {
+  std::string name;                   // names the source in messages: a path, "train_data"
+  std::vector<std::string> columns;   // the columns of every batch
+  std::optional<int64_t> batches;     // batches per epoch, where known in advance
+  int64_t batch_size = 0;             // samples per batch when fixed by the source (else 0)
+  bool idx = false;                   // an IDX dataset: image/label defaults (see Feeding)
+  bool positional = false;            // columns "0", "1", ...: step input i reads column "i"
+  // For an evaluation source: skip evaluation, silently, when the model cannot be evaluated
+  // (the test split found beside a dataset) instead of an Error (data the caller chose).
+  bool optional = false;
+};
+
+// The batches of each epoch, restartable. Not used from several threads at once.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // Called once, before the first epoch.
+  virtual SourceInfo info() = 0;
+  // Restarts the source at epoch `epoch` (0-based), skipping its first `skip` batches.
+  virtual void start_epoch(int epoch, int64_t skip) = 0;
+  // The next batch of the epoch, or nullopt when the epoch is over (or the source was
+  // interrupted: the loop then polls TrainHooks::stop).
+  virtual std::optional<Batch> next() = 0;
+};
+
+// Rows of a dataset in batches of `batch_size`: shuffled per epoch as "Order" describes, the
+// last one smaller unless `drop_last`.
+class DatasetSource : public BatchSource {
+ public:
+  DatasetSource(data::Dataset dataset, std::string name, int64_t batch_size, bool shuffle, uint64_t seed,
+                bool drop_last, bool idx);
+  SourceInfo info() override;
+  void start_epoch(int epoch, int64_t skip) override;
+  std::optional<Batch> next() override;
+  bool optional = false;  // see SourceInfo::optional
+
+ private:
+  data::Dataset dataset_;
+  std::string name_;
+  int64_t batch_size_;
+  bool shuffle_, drop_last_, idx_;
+  uint64_t seed_;
+  std::vector<int64_t> order_;
+  int64_t next_ = 0;  // the next batch
+};
+
+// The train split of a dataset in batches as options.batch_size, shuffle, seed and drop_last
+// say; an Error when drop_last leaves no batch.
+DatasetSource train_split_source(data::Dataset dataset, std::string name, const TrainOptions& options, bool idx);
+// A test split in order, in batches of options.batch_size.
+DatasetSource test_split_source(data::Dataset dataset, std::string name, const TrainOptions& options, bool idx);
+
+// What a hook sees after each step.
+struct StepEvent {
+  int epoch = 0;                   // 0-based
+  int64_t batch = 0;               // 0-based, within the epoch
+  int64_t step = 0;                // steps done in all, this one included (1-based)
+  int64_t total = 0;               // steps the run will take, where known (else 0)
+  std::optional<int64_t> batches;  // batches per epoch, where known
+  double loss = 0;                 // onnxtrain.loss of this step (NaN when the model has none)
+  std::optional<double> lr;        // onnxtrain.lr, when the model outputs it
+  double steps_per_s = 0;          // steps of this run per second of this run so far
+  const runtime::NamedTensors* outputs = nullptr;  // every step output (valid during the call)
+};
+
+// What a hook sees after each evaluation (mean cross-entropy and accuracy over eval batches).
+struct EvalEvent {
+  int epoch = 0;      // 0-based
+  int64_t step = 0;   // steps done in all
+  bool epoch_end = false;  // after the epoch's last batch (else eval_every or an early stop)
+  double test_loss = 0;
+  double test_accuracy = 0;
+};
+
+// What a hook sees at the end of each epoch (after its checkpoint and evaluation).
+struct EpochEvent {
+  int epoch = 0;                       // 0-based
+  int64_t step = 0;                    // steps done in all
+  std::filesystem::path checkpoint;    // the checkpoint just written (empty: none)
+};
+
+// Callbacks of the loop; any may be empty.
+struct TrainHooks {
+  // Polled after every step, after every evaluation and when a source ends an epoch; a nonzero
+  // value (a signal number) interrupts: the loop writes a checkpoint and returns with `signal`.
+  std::function<int()> stop;
+  // After every step; returning true stops early: the run ends as at --max-steps (it
+  // evaluates, unless it just did, and writes the output).
+  std::function<bool(const StepEvent&)> on_step;
+  // After every evaluation; returning true stops early as on_step does.
+  std::function<bool(const EvalEvent&)> on_eval;
+  // After each epoch's checkpoint and evaluation; returning true ends the run there.
+  std::function<bool(const EpochEvent&)> on_epoch_end;
 };
 
 struct TrainResult {
@@ -62,11 +189,23 @@ struct TrainResult {
   double last_loss = 0;
   std::optional<double> test_loss;    // mean cross-entropy of the last evaluation
   std::optional<double> test_accuracy;
-  int signal = 0;                     // SIGINT or SIGTERM when interrupted, else 0
+  int signal = 0;                     // the stop hook's value when interrupted, else 0
+  bool stopped_early = false;         // a hook asked to stop
+  std::filesystem::path checkpoint;   // the last checkpoint written (empty: none)
+  // The trained session (the interrupted one when `signal` is set): its state, infer, save.
+  std::shared_ptr<TrainingSession> session;
 };
 
-// Runs the loop, printing progress to `log`. `stop` is polled after every step (the CLI sets
-// it from SIGINT/SIGTERM): the loop then writes a checkpoint and returns with `signal` set.
+// Runs the loop on `options.data`, printing progress to `log`. `stop` is polled after every
+// step (the CLI sets it from SIGINT/SIGTERM): the loop then writes a checkpoint and returns
+// with `signal` set.
 TrainResult train(const TrainOptions& options, std::ostream& log, const std::atomic<int>* stop = nullptr);
+
+// Runs the loop on batches from `train_data`, evaluating on `eval_data` (may be null) after
+// each epoch and every eval_every steps. options.data, batch_size, shuffle and drop_last are
+// not used (the sources decide). max_steps and the progress total need source.info().batches
+// to be known for a total; otherwise progress shows steps without a total.
+TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSource* eval_data,
+                  const TrainHooks& hooks, std::ostream& log);
 
 }  // namespace onnxtrain::training

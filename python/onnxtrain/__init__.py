@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxtrain import _core
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
+from onnxtrain._train import TrainEvent, TrainResult, train
 
 if TYPE_CHECKING:
     import onnx
@@ -30,10 +31,13 @@ if TYPE_CHECKING:
 __all__ = [
     "Error",
     "InferenceSession",
+    "TrainEvent",
+    "TrainResult",
     "TrainingSession",
     "ValueInfo",
     "export_inference",
     "make_trainable",
+    "train",
 ]
 
 __version__ = "0.1.0"
