@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -177,6 +178,36 @@ struct MakeTrainableOptions : LrScheduler {
   double init_std = 0.01;    // Normal
   bool replace = false;      // replace an existing training_info instead of failing
 };
+
+// The names `onnxtrain make-trainable` and Python's onnxtrain.make_trainable accept for each
+// choice (docs/make-trainable.md): "cross_entropy", "mean", "adamw", "onecycle", ...
+const std::map<std::string, Loss>& loss_names();
+const std::map<std::string, Reduction>& reduction_names();
+const std::map<std::string, Optimizer>& optimizer_names();
+const std::map<std::string, Schedule>& schedule_names();
+// Throws Error "OPTION: 'NAME' is not one of VALID".
+[[noreturn]] void throw_choice_error(const std::string& option, const std::string& name, const std::string& valid);
+// The choice called `name` among `names`; throws Error "OPTION: 'NAME' is not one of A, B, ...".
+template <class T>
+T choice_named(const std::map<std::string, T>& names, const std::string& name, const std::string& option) {
+  const auto it = names.find(name);
+  if (it != names.end()) return it->second;
+  std::string valid;
+  for (const auto& entry : names) valid += (valid.empty() ? "" : ", ") + entry.first;
+  throw_choice_error(option, name, valid);
+}
+// ParamGroup's and LrScheduler's fields by their keys in the CLI's --param-group and
+// --scheduler specs and in the Python package's param_group and scheduler dicts: PyTorch's
+// argument names ("lr", "weight_decay", ..., "T_max", also spelled "t_max" as its flag is).
+using ParamGroupNumber = std::optional<double> ParamGroup::*;
+using SchedulerNumber = double LrScheduler::*;
+using SchedulerInteger = int64_t LrScheduler::*;
+const std::map<std::string, ParamGroupNumber>& param_group_numbers();
+const std::map<std::string, SchedulerNumber>& scheduler_numbers();
+const std::map<std::string, SchedulerInteger>& scheduler_integers();
+// Sets options.init (and init_std) from "keep", "xavier", "he" or "normal:STD"; throws Error
+// naming `option` for anything else.
+void set_init(MakeTrainableOptions& options, const std::string& text, const std::string& option);
 
 // The model with training_info added. Algorithm outputs: "onnxtrain.loss" (the parameters'
 // type), "onnxtrain.lr" (float32: the learning rate of the first group, param_groups[0] or,

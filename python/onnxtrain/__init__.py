@@ -7,6 +7,9 @@ A thin layer over onnxtrain's C++ library (the extension module ``onnxtrain._cor
   ``step``, ``infer``, the mutable variables as ``state``, ``save``;
 - :func:`make_trainable` adds the standard training program (loss, Gradient, optimizer,
   learning-rate schedule) to an inference model, :func:`export_inference` drops it again;
+- :func:`train` trains a model on a dataset or any iterable of batches (a DataLoader);
+- :func:`from_torch` turns a PyTorch module, loss, optimizer and learning-rate scheduler into
+  a model whose training program trains as PyTorch would;
 - :class:`Error` (a ``ValueError``) reports bad input with the command-line tool's message.
 
 Arrays: NumPy in and out; PyTorch CPU tensors and any DLPack or buffer-protocol array in;
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxtrain import _core
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
+from onnxtrain._from_torch import from_torch
 from onnxtrain._train import TrainEvent, TrainResult, train
 
 if TYPE_CHECKING:
@@ -36,6 +40,7 @@ __all__ = [
     "TrainingSession",
     "ValueInfo",
     "export_inference",
+    "from_torch",
     "make_trainable",
     "train",
 ]

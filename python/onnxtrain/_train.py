@@ -13,16 +13,23 @@ import collections.abc
 import dataclasses
 import os
 import sys
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy
 
 from . import _core
 from ._core import Error
 
+if TYPE_CHECKING:
+    import onnx
+
+    from ._core import Model
+
 __all__ = ["train", "TrainResult", "TrainEvent"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,21 +73,22 @@ class TrainResult:
     stopped_early: bool  #: a callback returned True
     checkpoint: Optional[str]  #: the last checkpoint written (None: none)
     output: Optional[str]  #: the trained model's file (None: not written)
-    _trained: Any = dataclasses.field(default=None, repr=False, compare=False)
-    _model: Any = dataclasses.field(default=None, repr=False, compare=False)
+    _trained: Optional[_core._Trained] = dataclasses.field(default=None, repr=False, compare=False)
+    _model: Optional[onnx.ModelProto] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
-    def model(self):
+    def model(self) -> onnx.ModelProto:
         """The trained model as an ``onnx.ModelProto`` (with training_info)."""
         if self._model is None:
+            assert self._trained is not None
             self._model = self._trained.model()
         return self._model
 
 
 def train(
-    model,
-    train_data,
-    eval_data=None,
+    model: Model,
+    train_data: Any,
+    eval_data: Any = None,
     *,
     output: Optional[PathLike] = None,
     epochs: int = 1,
@@ -100,7 +108,7 @@ def train(
     export_inference: Optional[PathLike] = None,
     threads: Optional[int] = None,
     progress: Union[bool, str, None] = None,
-    callbacks: Union[Callable, Any, Iterable[Any], None] = None,
+    callbacks: Union[Callable[[TrainEvent], object], Any, Iterable[Any], None] = None,
 ) -> TrainResult:
     """Trains a model that carries training_info, as ``onnxtrain train`` does.
 
@@ -229,15 +237,15 @@ def train(
     return result
 
 
-def _path(value) -> str:
+def _path(value: Optional[PathLike]) -> str:
     return "" if value is None else os.fspath(value)
 
 
-def _factor(value) -> str:
+def _factor(value: Union[float, str]) -> str:
     return value if isinstance(value, str) else repr(float(value))
 
 
-def _pairs(value, name: str, text: Callable[[Any], str]) -> list:
+def _pairs(value: Union[Mapping[str, _T], Sequence[str], None], name: str, text: Callable[[_T], str]) -> list[str]:
     """A dict or a list of "NAME=VALUE" as the CLI's repeated flag takes it."""
     if value is None:
         return []
@@ -248,11 +256,11 @@ def _pairs(value, name: str, text: Callable[[Any], str]) -> list:
     return [str(item) for item in value]
 
 
-def _is_array(value) -> bool:
+def _is_array(value: object) -> bool:
     return any(hasattr(value, a) for a in ("__array__", "__dlpack__", "__array_interface__"))
 
 
-def _check_data(data, name: str, passes: int) -> None:
+def _check_data(data: object, name: str, passes: int) -> None:
     """Errors a train_data or eval_data shows before anything runs; `passes`: how many times
     the loop may iterate it."""
     if isinstance(data, (str, os.PathLike, collections.abc.Mapping)):
@@ -269,20 +277,21 @@ def _check_data(data, name: str, passes: int) -> None:
                     "steps): pass a list, a DataLoader or another re-iterable object")
 
 
-def _asks_stop(answer) -> bool:
+def _asks_stop(answer: object) -> bool:
     """A callback's answer: True (Python's or NumPy's) stops the run; anything else does not."""
     return answer is True or (isinstance(answer, numpy.bool_) and bool(answer))
 
 
-def _handler(kind: str, callbacks, bar):
+def _handler(kind: str, callbacks: Any, bar: Optional[_Bar]) -> Optional[Callable[[dict[str, Any]], bool]]:
     """The function the loop calls for `kind`'s events, or None when nothing listens."""
+    listeners: list[Any]
     if callbacks is None:
         listeners = []
     elif callable(callbacks) or any(hasattr(callbacks, "on_" + k) for k in ("step", "eval", "epoch_end")):
         listeners = [callbacks]
     else:
         listeners = list(callbacks)
-    calls = []
+    calls: list[Callable[[TrainEvent], object]] = []
     for listener in listeners:
         if any(hasattr(listener, "on_" + k) for k in ("step", "eval", "epoch_end")):
             method = getattr(listener, "on_" + kind, None)
@@ -297,7 +306,7 @@ def _handler(kind: str, callbacks, bar):
     if not calls:
         return None
 
-    def handle(fields: dict) -> bool:
+    def handle(fields: dict[str, Any]) -> bool:
         event = TrainEvent(kind=kind, **fields)
         stop = False
         for call in calls:
@@ -321,7 +330,7 @@ def _in_jupyter() -> bool:
     return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
 
 
-def _progress_bar(progress, epochs: int):
+def _progress_bar(progress: Union[bool, str, None], epochs: int) -> Optional[_Bar]:
     """The tqdm bar `progress` asks for, or None for the CLI's lines or silence."""
     if progress is False or progress == "lines":
         return None
@@ -343,7 +352,7 @@ def _progress_bar(progress, epochs: int):
 class _Bar:
     """A tqdm bar over the run's steps: epoch, smoothed loss and lr, evaluations above it."""
 
-    def __init__(self, tqdm, epochs: int):
+    def __init__(self, tqdm: Any, epochs: int) -> None:
         self._tqdm = tqdm
         self._epochs = epochs
         self._bar: Any = None

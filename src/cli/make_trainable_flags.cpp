@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "onnxtrain/error.h"
+
 #include <map>
 #include <type_traits>
 
@@ -19,21 +21,15 @@ using training::ParamGroup;
 using training::Reduction;
 using training::Schedule;
 
-const std::map<std::string, Schedule> kSchedules{
-    {"constant", Schedule::Constant},      {"step", Schedule::Step},
-    {"multistep", Schedule::MultiStep},    {"exponential", Schedule::Exponential},
-    {"cosine", Schedule::Cosine},          {"cosine_annealing", Schedule::CosineAnnealing},
-    {"linear", Schedule::Linear},          {"polynomial", Schedule::Polynomial},
-    {"onecycle", Schedule::OneCycle},      {"sequential", Schedule::Sequential}};
 
-// A named choice, with the valid names in the message.
+// A named choice (training::choice_named) as a flag's validation error.
 template <class T>
 T pick(const std::map<std::string, T>& choices, const std::string& value, const std::string& flag) {
-  const auto it = choices.find(value);
-  if (it != choices.end()) return it->second;
-  std::string names;
-  for (const auto& [name, v] : choices) names += (names.empty() ? "" : ", ") + name;
-  throw CLI::ValidationError(flag, "'" + value + "' is not one of " + names);
+  try {
+    return training::choice_named(choices, value, flag);
+  } catch (const Error& e) {
+    throw CLI::ValidationError(std::string(e.what()));
+  }
 }
 
 // "HEAD:key=value,key=value": the head, then each key with its values (a token without '='
@@ -104,19 +100,7 @@ ParamGroup param_group_of(const std::string& text) {
   const Spec spec = split_spec(text, flag, "REGEX:key=value,...", true);
   ParamGroup group;
   group.patterns.push_back(spec.head);
-  const std::map<std::string, std::optional<double> ParamGroup::*> numbers{
-      {"lr", &ParamGroup::lr},
-      {"weight_decay", &ParamGroup::weight_decay},
-      {"momentum", &ParamGroup::momentum},
-      {"dampening", &ParamGroup::dampening},
-      {"beta1", &ParamGroup::beta1},
-      {"beta2", &ParamGroup::beta2},
-      {"eps", &ParamGroup::eps},
-      {"lr_decay", &ParamGroup::lr_decay},
-      {"initial_accumulator_value", &ParamGroup::initial_accumulator_value},
-      {"max_lr", &ParamGroup::max_lr},
-      {"base_momentum", &ParamGroup::base_momentum},
-      {"max_momentum", &ParamGroup::max_momentum}};
+  const auto& numbers = training::param_group_numbers();
   for (const auto& pair : spec.pairs) {
     const std::string& value = single(pair, flag);
     if (const auto it = numbers.find(pair.first); it != numbers.end()) {
@@ -140,17 +124,9 @@ LrScheduler scheduler_of(const std::string& text) {
   const std::string flag = "--scheduler";
   const Spec spec = split_spec(text.find(':') == std::string::npos ? text + ":" : text, flag, "NAME:key=value,...", false);
   LrScheduler s;
-  s.schedule = pick(kSchedules, spec.head, flag);
-  const std::map<std::string, double LrScheduler::*> numbers{{"gamma", &LrScheduler::gamma},
-                                                             {"factor", &LrScheduler::factor},
-                                                             {"start_factor", &LrScheduler::start_factor},
-                                                             {"end_factor", &LrScheduler::end_factor},
-                                                             {"power", &LrScheduler::power},
-                                                             {"eta_min", &LrScheduler::eta_min}};
-  const std::map<std::string, int64_t LrScheduler::*> integers{{"step_size", &LrScheduler::step_size},
-                                                               {"total_iters", &LrScheduler::total_iters},
-                                                               {"T_max", &LrScheduler::T_max},
-                                                               {"total_steps", &LrScheduler::total_steps}};
+  s.schedule = pick(training::schedule_names(), spec.head, flag);
+  const auto& numbers = training::scheduler_numbers();
+  const auto& integers = training::scheduler_integers();
   for (const auto& pair : spec.pairs) {
     if (const auto it = numbers.find(pair.first); it != numbers.end()) {
       s.*(it->second) = parsed<double>(single(pair, flag), flag, pair.first);
@@ -237,36 +213,18 @@ CLI::App* add_make_trainable(CLI::App& app, MakeTrainableFlags& flags) {
 
 void resolve_make_trainable(MakeTrainableFlags& flags) {
   auto& o = flags.args.options;
-  o.loss = pick(std::map<std::string, Loss>{{"cross_entropy", Loss::CrossEntropy}, {"nll", Loss::Nll}, {"mse", Loss::Mse},
-                                            {"l1", Loss::L1}, {"bce_with_logits", Loss::BceWithLogits}},
-                flags.loss, "--loss");
-  o.reduction = pick(std::map<std::string, Reduction>{{"mean", Reduction::Mean}, {"sum", Reduction::Sum}}, flags.reduction,
-                     "--reduction");
-  o.optimizer = pick(std::map<std::string, Optimizer>{{"sgd", Optimizer::Sgd}, {"momentum", Optimizer::Momentum},
-                                                      {"nesterov", Optimizer::Nesterov}, {"adagrad", Optimizer::Adagrad},
-                                                      {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}},
-                     flags.optimizer, "--optimizer");
-  o.schedule = pick(kSchedules, flags.schedule, "--lr-schedule");
+  o.loss = pick(training::loss_names(), flags.loss, "--loss");
+  o.reduction = pick(training::reduction_names(), flags.reduction, "--reduction");
+  o.optimizer = pick(training::optimizer_names(), flags.optimizer, "--optimizer");
+  o.schedule = pick(training::schedule_names(), flags.schedule, "--lr-schedule");
   // `--lr-schedule linear --total-steps N` (the flag before --total-iters existed).
   if (o.schedule == Schedule::Linear && o.total_iters == 0) o.total_iters = o.total_steps;
   for (const auto& spec : flags.param_groups) o.param_groups.push_back(param_group_of(spec));
   for (const auto& spec : flags.schedulers) o.schedulers.push_back(scheduler_of(spec));
-  const std::string& init = flags.init;
-  if (init == "keep") {
-    o.init = Init::Keep;
-  } else if (init == "xavier") {
-    o.init = Init::Xavier;
-  } else if (init == "he") {
-    o.init = Init::He;
-  } else if (init.rfind("normal:", 0) == 0) {
-    o.init = Init::Normal;
-    try {
-      o.init_std = std::stod(init.substr(7));
-    } catch (const std::exception&) {
-      throw CLI::ValidationError("--init", "normal:STD needs a number, got '" + init + "'");
-    }
-  } else {
-    throw CLI::ValidationError("--init", "expected keep, xavier, he or normal:STD, got '" + init + "'");
+  try {
+    training::set_init(o, flags.init, "--init");
+  } catch (const Error& e) {
+    throw CLI::ValidationError(std::string(e.what()));
   }
 }
 

@@ -491,6 +491,93 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
   return model;
 }
 
+const std::map<std::string, Loss>& loss_names() {
+  static const std::map<std::string, Loss> names{{"cross_entropy", Loss::CrossEntropy}, {"nll", Loss::Nll},
+                                                 {"mse", Loss::Mse}, {"l1", Loss::L1},
+                                                 {"bce_with_logits", Loss::BceWithLogits}};
+  return names;
+}
+
+const std::map<std::string, Reduction>& reduction_names() {
+  static const std::map<std::string, Reduction> names{{"mean", Reduction::Mean}, {"sum", Reduction::Sum}};
+  return names;
+}
+
+const std::map<std::string, Optimizer>& optimizer_names() {
+  static const std::map<std::string, Optimizer> names{{"sgd", Optimizer::Sgd},         {"momentum", Optimizer::Momentum},
+                                                      {"nesterov", Optimizer::Nesterov}, {"adagrad", Optimizer::Adagrad},
+                                                      {"adam", Optimizer::Adam},       {"adamw", Optimizer::AdamW}};
+  return names;
+}
+
+const std::map<std::string, Schedule>& schedule_names() {
+  static const std::map<std::string, Schedule> names{
+      {"constant", Schedule::Constant},   {"step", Schedule::Step},
+      {"multistep", Schedule::MultiStep}, {"exponential", Schedule::Exponential},
+      {"cosine", Schedule::Cosine},       {"cosine_annealing", Schedule::CosineAnnealing},
+      {"linear", Schedule::Linear},       {"polynomial", Schedule::Polynomial},
+      {"onecycle", Schedule::OneCycle},   {"sequential", Schedule::Sequential}};
+  return names;
+}
+
+const std::map<std::string, ParamGroupNumber>& param_group_numbers() {
+  static const std::map<std::string, ParamGroupNumber> fields{
+      {"lr", &ParamGroup::lr},
+      {"weight_decay", &ParamGroup::weight_decay},
+      {"momentum", &ParamGroup::momentum},
+      {"dampening", &ParamGroup::dampening},
+      {"beta1", &ParamGroup::beta1},
+      {"beta2", &ParamGroup::beta2},
+      {"eps", &ParamGroup::eps},
+      {"lr_decay", &ParamGroup::lr_decay},
+      {"initial_accumulator_value", &ParamGroup::initial_accumulator_value},
+      {"max_lr", &ParamGroup::max_lr},
+      {"base_momentum", &ParamGroup::base_momentum},
+      {"max_momentum", &ParamGroup::max_momentum}};
+  return fields;
+}
+
+const std::map<std::string, SchedulerNumber>& scheduler_numbers() {
+  static const std::map<std::string, SchedulerNumber> fields{
+      {"gamma", &LrScheduler::gamma},           {"factor", &LrScheduler::factor}, {"start_factor", &LrScheduler::start_factor},
+      {"end_factor", &LrScheduler::end_factor}, {"power", &LrScheduler::power},   {"eta_min", &LrScheduler::eta_min}};
+  return fields;
+}
+
+const std::map<std::string, SchedulerInteger>& scheduler_integers() {
+  static const std::map<std::string, SchedulerInteger> fields{{"step_size", &LrScheduler::step_size},
+                                                              {"total_iters", &LrScheduler::total_iters},
+                                                              {"T_max", &LrScheduler::T_max},
+                                                              {"t_max", &LrScheduler::T_max},
+                                                              {"total_steps", &LrScheduler::total_steps}};
+  return fields;
+}
+
+void throw_choice_error(const std::string& option, const std::string& name, const std::string& valid) {
+  throw Error(option + ": '" + name + "' is not one of " + valid);
+}
+
+void set_init(MakeTrainableOptions& options, const std::string& text, const std::string& option) {
+  if (text == "keep" || text == "xavier" || text == "he") {
+    options.init = text == "keep" ? Init::Keep : text == "xavier" ? Init::Xavier : Init::He;
+    return;
+  }
+  if (text.rfind("normal:", 0) == 0) {
+    size_t used = 0;
+    double std = 0;
+    try {
+      std = std::stod(text.substr(7), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() - 7) throw Error(option + ": normal:STD needs a number, got '" + text + "'");
+    options.init = Init::Normal;
+    options.init_std = std;
+    return;
+  }
+  throw Error(option + ": expected keep, xavier, he or normal:STD, got '" + text + "'");
+}
+
 onnx::ModelProto export_inference(const onnx::ModelProto& input) {
   onnx::ModelProto model = input;
   model.clear_training_info();

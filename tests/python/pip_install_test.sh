@@ -3,7 +3,9 @@
 # gets the package's runtime dependencies at requirements.txt's pins, then the package from the
 # source tree (pip builds the wheel with scikit-build-core and nanobind in its own isolated
 # environment, pyproject.toml's pins). Then, from another folder: `import onnxtrain` runs a
-# model, and the `onnxtrain` console script works. Prints how long the install took.
+# model, the `onnxtrain` console script works, and README.md's Python quickstart runs (with
+# PyTorch and ONNX Runtime installed beside, at requirements.txt's pins). Prints how long the
+# install took.
 # Usage: pip_install_test.sh SOURCE_DIR WORK_DIR PYTHON (a Python to make the environment with)
 set -euo pipefail
 source_dir=$1 work=$2 python=$3
@@ -49,3 +51,8 @@ status=0
 "$venv/bin/onnxtrain" info missing.onnx 2>/dev/null || status=$?
 [[ $status -eq 2 ]] || { echo "FAIL: onnxtrain info missing.onnx exited $status, want 2"; exit 1; }
 echo "onnxtrain console script: ok"
+
+# README.md's quickstart, in this environment (PyTorch and ONNX Runtime as a user adds them).
+"${pip[@]}" install -c "$source_dir/requirements.txt" torch onnxruntime
+"$venv/bin/python" "$source_dir/tests/examples/readme_quickstart.py" "$source_dir/README.md"
+echo "README quickstart: ok"
