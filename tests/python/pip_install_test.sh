@@ -14,7 +14,7 @@ rm -rf "$work"
 mkdir -p "$work"
 "$python" -m venv "$venv"
 pip=("$venv/bin/pip" --disable-pip-version-check --quiet)
-mapfile -t pins < <(grep -E '^(numpy|onnx|ml_dtypes|protobuf|typing_extensions)==' "$source_dir/requirements.txt")
+mapfile -t pins < <(grep -E '^(numpy|onnx|ml_dtypes|protobuf|typing_extensions|tqdm)==' "$source_dir/requirements.txt")
 "${pip[@]}" install "${pins[@]}"
 start=$(date +%s)
 "${pip[@]}" install "$source_dir"
