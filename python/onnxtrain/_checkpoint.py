@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain._from_torch import _error, _torch
+
 METADATA_KEY = "onnxtrain.training"
 SCHEMA_VERSION = 1
 # PyTorch's param_groups keys the program's hyperparameters are compared on, per optimizer.
@@ -28,19 +30,6 @@ _HYPER = {"SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
 # The scheduler arguments a state_dict records under the same names as the schema.
 _SCHEDULER_ARGS = ("step_size", "gamma", "factor", "total_iters", "start_factor", "end_factor", "power",
                    "T_max", "eta_min", "total_steps")
-
-
-def _error(message: str) -> Exception:
-    from onnxtrain._core import Error
-    return Error(message)
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - torch is optional for the package
-        raise ImportError("onnxtrain checkpoints need PyTorch (pip install torch)") from e
-    return torch
 
 
 def _model_proto(model: Any) -> onnx.ModelProto:
