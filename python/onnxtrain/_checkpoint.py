@@ -135,7 +135,7 @@ def _as_init(array: Any, target: onnx.TensorProto, what: str) -> onnx.TensorProt
     dtype = onnx.helper.tensor_dtype_to_np_dtype(target.data_type)
     if array.dtype.kind != np.dtype(dtype).kind:
         raise _error(f"{what}: element type {array.dtype} does not fit initializer '{target.name}' ({dtype})")
-    return numpy_helper.from_array(np.ascontiguousarray(array.astype(dtype, copy=False)), target.name)
+    return numpy_helper.from_array(np.array(array, dtype=dtype, order="C"), target.name)
 
 
 def _optimizer_type(groups: list[Mapping[str, Any]], source: str) -> str:
