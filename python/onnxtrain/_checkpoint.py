@@ -104,6 +104,7 @@ def load_weights(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     PyTorch .pt/.pth/.bin file (torch.load(weights_only=True); a mapping of tensors, possibly
     under "state_dict"). Raises onnxtrain.Error naming the file."""
     path = os.fspath(path)
+    tensors: Any
     if path.endswith(".safetensors"):
         if not os.path.isfile(path):
             raise _error(f"weights {path}: no such file")
