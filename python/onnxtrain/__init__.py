@@ -10,6 +10,9 @@ A thin layer over onnxtrain's C++ library (the extension module ``onnxtrain._cor
 - :func:`train` trains a model on a dataset or any iterable of batches (a DataLoader);
 - :func:`from_torch` turns a PyTorch module, loss, optimizer and learning-rate scheduler into
   a model whose training program trains as PyTorch would;
+- :func:`import_checkpoint` / :func:`export_checkpoint` move weights, optimizer state and the
+  schedule's position between a training model and PyTorch / Hugging Face checkpoints;
+  :func:`training_metadata` reads the hyperparameters and provenance the model records;
 - :class:`Error` (a ``ValueError``) reports bad input with the command-line tool's message.
 
 Arrays: NumPy in and out; PyTorch CPU tensors and any DLPack or buffer-protocol array in;
@@ -24,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from onnxtrain import _core
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
+from onnxtrain._checkpoint import import_checkpoint, training_metadata
+from onnxtrain._checkpoint_export import export_checkpoint
 from onnxtrain._from_torch import from_torch
 from onnxtrain._train import TrainEvent, TrainResult, train
 
@@ -39,10 +44,13 @@ __all__ = [
     "TrainResult",
     "TrainingSession",
     "ValueInfo",
+    "export_checkpoint",
     "export_inference",
     "from_torch",
+    "import_checkpoint",
     "make_trainable",
     "train",
+    "training_metadata",
 ]
 
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/make_trainable_flags.h"
@@ -12,6 +13,13 @@
 namespace onnxtrain::cli {
 
 int main(int argc, char** argv) {
+  // Checkpoint import and export read and write PyTorch's files: the Python package does them.
+  if (argc > 1 && (std::string(argv[1]) == "import-checkpoint" || std::string(argv[1]) == "export-checkpoint")) {
+    std::cerr << "error: " << argv[1]
+              << " needs PyTorch: use the Python package's onnxtrain command (pip install onnxtrain; "
+                 "see docs/python.md, Checkpoints)\n";
+    return 2;
+  }
   CLI::App app{"onnxtrain: runs and trains ONNX models as the ONNX standard describes training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "onnxtrain 0.1.0");

@@ -18,6 +18,7 @@
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
 #include "onnxtrain/training.h"
+#include "training/training_metadata.h"
 
 namespace onnxtrain::cli {
 
@@ -185,6 +186,11 @@ int info(const std::string& model_path) {
   }
   std::cout << "outputs:\n";
   for (const auto& v : g.output()) std::cout << "  " << v.name() << "  " << type_string(v.type()) << "\n";
+  const std::string training_metadata = training::metadata_value(model, training::kTrainingMetadataKey);
+  if (!training_metadata.empty()) {
+    std::cout << "training metadata (" << training::kTrainingMetadataKey << "):\n";
+    for (const auto& line : training::training_metadata_summary(training_metadata)) std::cout << "  " << line << "\n";
+  }
   if (model.training_info_size() == 0) {
     std::cout << "training_info: none\n";
     return 0;

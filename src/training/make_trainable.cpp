@@ -19,6 +19,7 @@
 #include "onnxtrain/io.h"
 #include "onnxtrain/tensor.h"
 #include "training/make_trainable_internal.h"
+#include "training/training_metadata.h"
 
 namespace onnxtrain::training {
 
@@ -488,6 +489,9 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
       init_bind(p.name, out);
     }
   }
+  // The hyperparameters and provenance (training_metadata.h), replacing an older record.
+  set_metadata_value(model, kTrainingMetadataKey,
+                     detail::training_metadata_json(opt, params, groups, states, T, output, label));
   return model;
 }
 

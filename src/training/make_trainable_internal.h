@@ -101,11 +101,13 @@ ScheduleValues write_schedule(GraphWriter& alg, Names& names, const MakeTrainabl
                               const std::vector<Group>& groups, const std::string& T);
 
 // A variable of the optimizer: its initializer, the value that replaces it each step, the
-// parameter it belongs to and its initial value.
+// parameter it belongs to, its initial value and its kind.
 struct State {
   std::string name, next;
   const Param* param;
   double initial;
+  std::string kind;  // "momentum", "adagrad_sum", "adam_m" or "adam_v" (training_metadata.cpp
+                     // maps it to PyTorch's state key)
 };
 
 // What the update writes for each group: per group its learning rate and (cycled) momentum as

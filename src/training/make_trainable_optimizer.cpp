@@ -261,7 +261,7 @@ State UpdateWriter::state(const std::string& kind, size_t i, double initial) {
   const Param& p = in_.params[i];
   const std::string s = P_(kind + "." + p.name);
   alg_.initializer(s, filled_like(p, initial));
-  states_.push_back({s, P_(kind + ".new." + p.name), &p, initial});
+  states_.push_back({s, P_(kind + ".new." + p.name), &p, initial, kind});
   return states_.back();
 }
 

@@ -19,6 +19,7 @@
 #include "onnxtrain/make_trainable.h"
 #include "onnxtrain/training.h"
 #include "training/trainer_feeds.h"
+#include "training/training_metadata.h"
 
 namespace onnxtrain::training {
 
@@ -78,6 +79,9 @@ class Loop {
   void save_checkpoint(int epoch, int64_t next_batch);
   void interrupt(int epoch, int64_t next_batch);
   void finish();
+  // The metadata save() sets: the training metadata's progress (training_metadata.h), when the
+  // model has it, plus `extra`.
+  std::map<std::string, std::string> progress_metadata(std::map<std::string, std::string> extra) const;
   int poll() {
     if (signal_ == 0 && hooks_.stop) signal_ = hooks_.stop();
     return signal_;
@@ -93,7 +97,9 @@ class Loop {
   std::vector<feeding::Feed> feeds_;
   std::string source_name_, eval_name_, loss_name_, lr_name_, logits_, label_column_;
   std::optional<int64_t> batches_;
-  int start_epoch_ = 0;
+  int start_epoch_ = 0, epochs_done_ = 0;
+  std::string training_metadata_;  // the model's metadata_props onnxtrain.training, or ""
+  int64_t batch_size_ = 0;         // of the training source, 0 when it varies
   int64_t start_batch_ = 0, total_ = 0, log_every_ = 1, steps_this_run_ = 0;
   int64_t next_batch_ = 0;  // of the epoch run_epoch ran last
   std::string last_checkpoint_;  // the position last saved
@@ -113,6 +119,13 @@ void Loop::load_session() {
   session_options.threads = o_.threads;
   session_options.seed = o_.seed;
   session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
+  training_metadata_ = metadata_value(model, kTrainingMetadataKey);
+  try {
+    if (!training_metadata_.empty()) step_counter_of(training_metadata_);
+  } catch (const Error& e) {
+    log_ << "warning: " << source << ": " << e.what() << "; the saved models keep it as it is\n";
+    training_metadata_.clear();
+  }
   if (session_->num_algorithms() == 0) throw Error(source + ": the model has no training_info (see onnxtrain make-trainable)");
   if (!o_.resume.empty()) {
     try {
@@ -135,6 +148,7 @@ void Loop::load_session() {
 void Loop::resolve_feeds() {
   const SourceInfo info = train_.info();
   source_name_ = info.name;
+  batch_size_ = info.batch_size;
   batches_ = info.batches;
   feeds_ = feeding::resolve(*session_, info, o_);
   for (const auto& out : session_->step_outputs(0)) {
@@ -180,6 +194,7 @@ TrainResult Loop::run() {
   result_.steps = static_cast<int64_t>(session_->steps_done());
   result_.session = session_;
   started_ = last_line_ = Clock::now();
+  epochs_done_ = start_epoch_;
   for (int epoch = start_epoch_; epoch < o_.epochs; ++epoch) {
     if (total_ > 0 && result_.steps >= total_) break;
     const std::optional<End> end = run_epoch(epoch, epoch == start_epoch_ ? start_batch_ : 0);
@@ -191,6 +206,7 @@ TrainResult Loop::run() {
       }
       break;
     }
+    epochs_done_ = epoch + 1;
     save_checkpoint(epoch + 1, 0);
     if (!evaluate(epoch, true)) {
       interrupt(epoch + 1, 0);
@@ -336,10 +352,10 @@ bool Loop::evaluate(int epoch, bool epoch_end) {
 void Loop::save_checkpoint(int epoch, int64_t next_batch) {
   const std::string position = std::to_string(epoch) + "/" + std::to_string(next_batch) + "/" + std::to_string(result_.steps);
   if (checkpoint_.empty() || position == last_checkpoint_) return;
-  session_->save(checkpoint_, {{"onnxtrain.epoch", std::to_string(epoch)},
-                               {"onnxtrain.batch", std::to_string(next_batch)},
-                               {"onnxtrain.steps_done", std::to_string(session_->steps_done())},
-                               {"onnxtrain.seed", std::to_string(o_.seed)}});
+  session_->save(checkpoint_, progress_metadata({{"onnxtrain.epoch", std::to_string(epoch)},
+                                                 {"onnxtrain.batch", std::to_string(next_batch)},
+                                                 {"onnxtrain.steps_done", std::to_string(session_->steps_done())},
+                                                 {"onnxtrain.seed", std::to_string(o_.seed)}}));
   result_.checkpoint = checkpoint_;
   last_checkpoint_ = position;
 }
@@ -356,8 +372,27 @@ void Loop::interrupt(int epoch, int64_t next_batch) {
   }
 }
 
+std::map<std::string, std::string> Loop::progress_metadata(std::map<std::string, std::string> extra) const {
+  if (training_metadata_.empty()) return extra;
+  TrainingProgress progress;
+  progress.epochs_done = epochs_done_;
+  // The iteration counter holds the optimizer steps done, also those before an import.
+  const std::string counter = step_counter_of(training_metadata_);
+  const auto& state = session_->state();
+  const auto it = state.find(counter);
+  if (it != state.end() && it->second.dtype() == DataType::Int64 && it->second.numel() == 1) {
+    progress.global_step = it->second.data<int64_t>()[0];
+  }
+  if (batch_size_ > 0) progress.batch_size = batch_size_;
+  progress.seed = o_.seed;
+  progress.data = source_name_;
+  progress.updated_by = "train";
+  extra[kTrainingMetadataKey] = with_progress(training_metadata_, progress);
+  return extra;
+}
+
 void Loop::finish() {
-  if (!o_.output.empty()) session_->save(o_.output);
+  if (!o_.output.empty()) session_->save(o_.output, progress_metadata({}));
   if (!o_.export_inference.empty()) {
     // Without an output, the trained model goes through a scratch file beside the export.
     const fs::path scratch = o_.output.empty() ? fs::path(o_.export_inference.string() + ".training.onnx") : fs::path();
@@ -371,7 +406,7 @@ void Loop::finish() {
       }
     } remove{scratch};
     const fs::path trained = scratch.empty() ? o_.output : scratch;
-    if (!scratch.empty()) session_->save(scratch);
+    if (!scratch.empty()) session_->save(scratch, progress_metadata({}));
     io::save_model(export_inference(io::load_model(trained)), o_.export_inference, {.source_dir = trained.parent_path()});
   }
   if (!o_.quiet) {

@@ -123,6 +123,16 @@ PY
 expect 2 "no gradient rule|not differentiable|Unique" -- "$bin" make-trainable "$tmp/mt/unique.onnx" -o "$tmp/mt/unique_train.onnx"
 [[ ! -e $tmp/mt/unique_train.onnx ]] || { echo "FAIL: make-trainable wrote a model it could not train"; failures=$((failures + 1)); }
 expect 0 'trained 4 steps' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 16 -o "$tmp/mt/trained.onnx"
+# The training metadata (onnxtrain.training): make-trainable writes it, train updates its
+# progress, info shows it; checkpoint import/export belong to the Python package's command.
+expect 0 'optimizer: Adam \(torch.optim\), 1 param_groups' -- "$bin" info "$tmp/mt/train.onnx"
+expect 0 'param_groups\[0\]: betas=\[0.9,0.999\] eps=1e-08 lr=0.01 weight_decay=0.0; 1 params' -- "$bin" info "$tmp/mt/train.onnx"
+expect 0 'progress: epochs_done 0, global_step 0, batch_size -' -- "$bin" info "$tmp/mt/train.onnx"
+expect 0 'progress: epochs_done 1, global_step 4, batch_size 16, seed 0, data .*mt/data' -- "$bin" info "$tmp/mt/trained.onnx"
+expect 0 'written by: make-trainable, train' -- "$bin" info "$tmp/mt/trained.onnx"
+expect 0 'lr_scheduler: SequentialLR milestones=\[5\] schedulers=' -- "$bin" info "$tmp/mt/groups.onnx"
+expect 2 'import-checkpoint needs PyTorch: use the Python package' -- "$bin" import-checkpoint "$tmp/mt/train.onnx" -o "$tmp/mt/x.onnx"
+expect 2 'export-checkpoint needs PyTorch' -- "$bin" export-checkpoint "$tmp/mt/train.onnx" -o "$tmp/mt/x"
 expect 0 'wrote .*inference.onnx' -- "$bin" export "$tmp/mt/trained.onnx" -o "$tmp/mt/inference.onnx"
 expect 0 'checker ok' -- "$python" -c "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1])); print('checker ok')" "$tmp/mt/inference.onnx"
 expect 0 'logits: float32\[64,3\]' -- "$bin" run "$tmp/mt/inference.onnx" --input "x=$tmp/mt/data/x.npy"
