@@ -73,10 +73,19 @@ int main(int argc, char** argv) {
   train->add_option("--export-inference", tr.export_inference, "also write the inference-only model here");
   train->add_option("--threads", tr.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
 
-  std::string export_model, export_output;
-  auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept)");
-  exp->add_option("model", export_model, "the .onnx file")->required();
-  exp->add_option("-o,--output", export_output, "where to write the inference model")->required();
+  onnxtrain::cli::ExportArgs ex;
+  auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept) and/or its weights as .safetensors");
+  exp->add_option("model", ex.model, "the .onnx file")->required();
+  exp->add_option("-o,--output", ex.output, "where to write the inference model");
+  exp->add_option("--weights", ex.weights, "also (or only) write the graph's initializers to this .safetensors file");
+  exp->add_flag("--optimizer-state", ex.optimizer_state, "with --weights: add the training state (optimizer state, step counter)");
+
+  onnxtrain::cli::LoadWeightsArgs lw;
+  auto* load = app.add_subcommand("load-weights", "Replace a model's initializers by name from a .safetensors file");
+  load->add_option("model", lw.model, "the .onnx file")->required();
+  load->add_option("--weights", lw.weights, "the .safetensors file")->required();
+  load->add_option("-o,--output", lw.output, "where to write the model")->required();
+  load->add_flag("--allow-extra", lw.allow_extra, "skip tensors of the file that name no initializer");
 
   try {
     app.parse(argc, argv);
@@ -92,7 +101,8 @@ int main(int argc, char** argv) {
     if (*step) return onnxtrain::cli::step(step_args);
     if (*make) return onnxtrain::cli::make_trainable(mt.args);
     if (*train) return onnxtrain::cli::train(tr);
-    if (*exp) return onnxtrain::cli::export_model(export_model, export_output);
+    if (*exp) return onnxtrain::cli::export_model(ex);
+    if (*load) return onnxtrain::cli::load_weights(lw);
   } catch (const onnxtrain::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -24,13 +24,12 @@ namespace onnxtrain::cli {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The folder external data paths are relative to: that of the model file ("." for a bare name).
 fs::path model_folder(const std::string& model_path) {
   const fs::path parent = fs::path(model_path).parent_path();
   return parent.empty() ? fs::path(".") : parent;
 }
+
+namespace {
 
 std::string type_string(const onnx::TypeProto& type) {
   if (!type.has_tensor_type()) return "(non-tensor type)";
@@ -331,14 +330,6 @@ int make_trainable(const MakeTrainableArgs& args) {
   for (const auto& b : info.update_binding()) {
     if (b.key().rfind("onnxtrain.", 0) != 0) std::cout << "  trains " << b.key() << "\n";
   }
-  return 0;
-}
-
-int export_model(const std::string& model_path, const std::string& output) {
-  const onnx::ModelProto model = io::load_model(model_path);
-  const onnx::ModelProto inference = training::export_inference(model);
-  io::save_model(inference, output, {.source_dir = model_folder(model_path)});
-  std::cout << "wrote " << output << " (" << inference.graph().initializer_size() << " initializers)\n";
   return 0;
 }
 

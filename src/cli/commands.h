@@ -2,6 +2,7 @@
 // (an onnxtrain::Error was reported), 1 internal failure.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct MakeTrainableArgs {
   training::MakeTrainableOptions options;
 };
 
+// The folder external data paths are relative to: that of the model file ("." for a bare name).
+std::filesystem::path model_folder(const std::string& model_path);
+
 int info(const std::string& model_path);
 int check(const std::string& model_path);
 int run(const RunArgs& args);
@@ -38,6 +42,23 @@ int step(const StepArgs& args);
 int make_trainable(const MakeTrainableArgs& args);
 // Exit status 130 after SIGINT, 143 after SIGTERM (a checkpoint was written).
 int train(const training::TrainOptions& options);
-int export_model(const std::string& model_path, const std::string& output);
+
+// `onnxtrain export` (src/cli/weights.cpp): the inference model to `output` and/or the weights
+// to `weights` (safetensors): ModelProto.graph's initializers and, with optimizer_state, the
+// training_info state that update_binding writes (optimizer state, step counter).
+struct ExportArgs {
+  std::string model, output, weights;
+  bool optimizer_state = false;
+};
+int export_model(const ExportArgs& args);
+
+// `onnxtrain load-weights`: replaces initializers (graph and training state) by name from a
+// safetensors file; a tensor that names no initializer (unless allow_extra) or differs in dtype
+// or shape is an Error, and nothing is written.
+struct LoadWeightsArgs {
+  std::string model, weights, output;
+  bool allow_extra = false;
+};
+int load_weights(const LoadWeightsArgs& args);
 
 }  // namespace onnxtrain::cli

@@ -136,6 +136,58 @@ expect 2 'export-checkpoint needs PyTorch' -- "$bin" export-checkpoint "$tmp/mt/
 expect 0 'wrote .*inference.onnx' -- "$bin" export "$tmp/mt/trained.onnx" -o "$tmp/mt/inference.onnx"
 expect 0 'checker ok' -- "$python" -c "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1])); print('checker ok')" "$tmp/mt/inference.onnx"
 expect 0 'logits: float32\[64,3\]' -- "$bin" run "$tmp/mt/inference.onnx" --input "x=$tmp/mt/data/x.npy"
+# Weights as safetensors: export --weights, load-weights; bad files are exit 2 and write nothing.
+st=$tmp/mt/st
+mkdir -p "$st"
+expect 0 'wrote .*w.safetensors \(1 tensors\)' -- "$bin" export "$tmp/mt/trained.onnx" --weights "$st/w.safetensors"
+[[ ! -e $tmp/mt/trained.inference.onnx ]] || { echo "FAIL: export --weights wrote a model"; failures=$((failures + 1)); }
+expect 0 'wrote .*ws.safetensors \(4 tensors\)' -- "$bin" export "$tmp/mt/trained.onnx" --weights "$st/ws.safetensors" --optimizer-state -o "$st/inference.onnx"
+expect 2 'error: export: give -o/--output' -- "$bin" export "$tmp/mt/trained.onnx"
+expect 2 'error: export: --optimizer-state needs --weights' -- "$bin" export "$tmp/mt/trained.onnx" -o "$st/x.onnx" --optimizer-state
+expect 0 'wrote .*loaded.onnx \(1 of 1 initializers replaced' -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/w.safetensors" -o "$st/loaded.onnx"
+expect 0 'wrote .*state.onnx \(4 of 4 initializers replaced' -- "$bin" load-weights "$tmp/mt/train.onnx" --weights "$st/ws.safetensors" -o "$st/state.onnx"
+# The Python safetensors package reads what export wrote; load-weights put the trained W (and
+# Adam's state) in place; bad files for load-weights.
+expect 0 'safetensors ok' -- "$python" - "$tmp/mt" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from safetensors.numpy import load_file, save_file
+mt = sys.argv[1]
+trained = onnx.load(mt + "/trained.onnx")
+inits = {t.name: numpy_helper.to_array(t) for t in trained.graph.initializer}
+inits.update({t.name: numpy_helper.to_array(t) for t in trained.training_info[0].algorithm.initializer})
+w = load_file(mt + "/st/w.safetensors")
+assert list(w) == ["W"] and np.array_equal(w["W"], inits["W"]), w
+ws = load_file(mt + "/st/ws.safetensors")
+assert sorted(ws) == ["W", "onnxtrain.adam_m.W", "onnxtrain.adam_v.W", "onnxtrain.step"], sorted(ws)
+for name, value in ws.items():
+    assert value.dtype == inits[name].dtype and np.array_equal(value, inits[name]), name
+loaded = onnx.load(mt + "/st/loaded.onnx")
+assert np.array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), inits["W"])
+state = onnx.load(mt + "/st/state.onnx")
+got = {t.name: numpy_helper.to_array(t) for t in state.training_info[0].algorithm.initializer}
+assert np.array_equal(got["onnxtrain.adam_v.W"], inits["onnxtrain.adam_v.W"])
+assert np.array_equal(got["onnxtrain.step"], inits["onnxtrain.step"])
+onnx.checker.check_model(loaded)
+W = inits["W"]
+save_file({"W": W, "V": W}, mt + "/st/extra.safetensors")
+save_file({"W": W.T.copy()}, mt + "/st/shape.safetensors")
+save_file({"W": W.astype(np.float64)}, mt + "/st/dtype.safetensors")
+data = open(mt + "/st/w.safetensors", "rb").read()
+open(mt + "/st/truncated.safetensors", "wb").write(data[:-5])
+open(mt + "/st/huge.safetensors", "wb").write((1 << 63).to_bytes(8, "little") + data[8:])
+print("safetensors ok")
+PY
+expect 2 "error: .*extra.safetensors: tensor 'V' is no initializer of .*model.onnx" -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/extra.safetensors" -o "$st/bad.onnx"
+expect 2 "error: .*shape.safetensors: tensor 'W' is float32\[3,4\], but the initializer in .*model.onnx is float32\[4,3\]" -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/shape.safetensors" -o "$st/bad.onnx"
+expect 2 "error: .*dtype.safetensors: tensor 'W' is float64\[4,3\]" -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/dtype.safetensors" -o "$st/bad.onnx"
+expect 2 "error: .*truncated.safetensors: tensor 'W': data_offsets \[0,48\] ends beyond the buffer" -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/truncated.safetensors" -o "$st/bad.onnx"
+expect 2 "error: .*huge.safetensors: the header length 9223372036854775808 is above the limit" -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/huge.safetensors" -o "$st/bad.onnx"
+expect 2 "error: .*missing.safetensors: no such file" -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/missing.safetensors" -o "$st/bad.onnx"
+[[ ! -e $st/bad.onnx ]] || { echo "FAIL: load-weights wrote a model from a bad file"; failures=$((failures + 1)); }
+expect 0 '1 of 1 initializers replaced .*, 1 tensors of the file skipped' -- "$bin" load-weights "$tmp/mt/model.onnx" --weights "$st/extra.safetensors" -o "$st/extra.onnx" --allow-extra
 expect 2 'reads no column' -- "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --map label=nothing -o "$tmp/mt/t.onnx"
 "$bin" train "$tmp/mt/train.onnx" --data "$tmp/mt/data" --batch-size 1 --epochs 1000000 -o "$tmp/mt/long.onnx" -q &
 pid=$!
