@@ -379,8 +379,13 @@ def test_metadata_written_by_make_trainable_and_train(tmp_path):
     assert meta["loss"]["type"] == "CrossEntropyLoss" and meta["loss"]["label"] == "label"
     batches = _batches()
     data = {"input": np.concatenate([x.numpy() for x, _ in batches]), "label": np.concatenate([y.numpy() for _, y in batches])}
-    onnxtrain.train(model, data, batch_size=8, epochs=2, seed=5, progress=False, output=tmp_path / "trained.onnx")
+    result = onnxtrain.train(model, data, batch_size=8, epochs=2, seed=5, progress=False, output=tmp_path / "trained.onnx")
     meta = onnxtrain.training_metadata(tmp_path / "trained.onnx")
     assert meta["progress"]["global_step"] == 2 * (K + M)
     assert meta["progress"]["epochs_done"] == 2 and meta["progress"]["seed"] == 5
     assert meta["history"][-1]["by"] == "train"
+    # TrainResult.model carries the metadata the output was written with, also without an output.
+    assert onnxtrain.training_metadata(result.model) == meta
+    unsaved = onnxtrain.train(model, data, batch_size=8, epochs=1, max_steps=3, seed=5, progress=False)
+    progress = onnxtrain.training_metadata(unsaved.model)["progress"]
+    assert (progress["global_step"], progress["epochs_done"], progress["batch_size"]) == (3, 0, 8)
