@@ -194,6 +194,10 @@ struct TrainResult {
   std::filesystem::path checkpoint;   // the last checkpoint written (empty: none)
   // The trained session (the interrupted one when `signal` is set): its state, infer, save.
   std::shared_ptr<TrainingSession> session;
+  // The metadata_props entries the output is written with (metadata_props onnxtrain.training
+  // with its progress updated: training_metadata.h), also when no output is written; empty
+  // when the model has no training metadata. session->model(metadata) is the output in memory.
+  std::map<std::string, std::string> metadata;
 };
 
 // Runs the loop on `options.data`, printing progress to `log`. `stop` is polled after every

@@ -95,10 +95,11 @@ class TrainingSession {
   // (inference graph and algorithms), training_info preserved, atomically (io::save_model).
   // `metadata` entries are set in ModelProto.metadata_props (replacing equal keys).
   void save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata = {}) const;
-  // The model save() writes (without metadata), in memory: every variable initializer at its
-  // current value, training_info preserved, tensors stored as external data read in (from the
-  // model's folder) so that the result stands alone. Throws Error when external data is unreadable.
-  onnx::ModelProto model() const;
+  // The model save() writes, in memory, with the same `metadata`: every variable initializer at
+  // its current value, training_info preserved, tensors stored as external data read in (from
+  // the model's folder) so that the result stands alone. Throws Error when external data is
+  // unreadable.
+  onnx::ModelProto model(const std::map<std::string, std::string>& metadata = {}) const;
 
   // Successful steps so far: the run index random ops (Dropout) draw with. A resumed training
   // loop restores it so that it continues exactly as if it had never stopped.

@@ -62,7 +62,10 @@ class TrainResult:
     """What :func:`train` returns.
 
     ``model`` is the trained model (an ``onnx.ModelProto`` with its training_info, made on first
-    use from the session the run ended with, which the result keeps until then).
+    use from the session the run ended with, which the result keeps until then), with the
+    metadata_props the output is written with: the training metadata ("onnxtrain.training",
+    :func:`training_metadata`) with its progress (global_step, epochs_done, batch_size, seed,
+    data) updated, also when no output is written.
     """
 
     steps: int  #: steps run in all (those before a resume included)

@@ -318,6 +318,7 @@ data::Dataset dataset_from_mapping(nb::handle mapping, const std::string& name) 
 // The trained session, kept by the result until its model is asked for.
 struct Trained {
   std::shared_ptr<training::TrainingSession> session;
+  std::map<std::string, std::string> metadata;  // what the run's output is written with
 };
 
 // The sources of a dataset path (its splits, loaded without the GIL) or of a dict of arrays.
@@ -382,7 +383,7 @@ nb::dict train(nb::handle model, nb::handle train_data, nb::handle eval_data, co
   d["stopped_early"] = r.stopped_early;
   d["checkpoint"] = r.checkpoint.empty() ? nb::none() : nb::object(nb::str(r.checkpoint.string().c_str()));
   d["interrupt"] = r.signal != 0 ? interrupts.pending() : nb::none();
-  d["trained"] = nb::cast(Trained{r.session});
+  d["trained"] = nb::cast(Trained{r.session, r.metadata});
   return d;
 }
 
@@ -393,7 +394,7 @@ void bind_train(nb::module_& m) {
       .def("model", [](const Trained& t) {
         const onnx::ModelProto model = [&] {
           nb::gil_scoped_release release;
-          return t.session->model();
+          return t.session->model(t.metadata);
         }();
         return model_to_python(model);
       });

@@ -64,9 +64,15 @@ class Loop {
  public:
   Loop(const TrainOptions& o, BatchSource& train, BatchSource* eval, const TrainHooks& hooks, std::ostream& log)
       : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)) {}
-  TrainResult run();
+  // The loop, then the result's metadata (what the output is written with).
+  TrainResult run() {
+    TrainResult result = run_loop();
+    result.metadata = progress_metadata({});
+    return result;
+  }
 
  private:
+  TrainResult run_loop();
   enum class End { Epoch, Early };  // the epoch's batches are done; max_steps or a hook ended it
   void load_session();
   void resolve_feeds();
@@ -177,7 +183,7 @@ void Loop::resolve_feeds() {
   eval_ = nullptr;
 }
 
-TrainResult Loop::run() {
+TrainResult Loop::run_loop() {
   if (o_.epochs <= 0) throw Error("--epochs must be positive");
   if (o_.checkpoint_every > 0 && checkpoint_.empty()) throw Error("--checkpoint-every needs a checkpoint or output path");
   check_outputs(o_);

@@ -384,8 +384,8 @@ void TrainingSession::save(const std::filesystem::path& path, const std::map<std
   io::save_model(impl_->current_model(metadata), path, options);
 }
 
-onnx::ModelProto TrainingSession::model() const {
-  onnx::ModelProto copy = impl_->current_model({});
+onnx::ModelProto TrainingSession::model(const std::map<std::string, std::string>& metadata) const {
+  onnx::ModelProto copy = impl_->current_model(metadata);
   io::inline_external_data(copy, impl_->base_dir);
   return copy;
 }

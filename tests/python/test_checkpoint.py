@@ -158,11 +158,122 @@ def test_hf_style_folder_with_lambda_scheduler(tmp_path):
     _assert_equal(session, module)
 
 
-def test_hf_trainer_folder(tmp_path):
-    """A checkpoint folder written by transformers.Trainer itself, imported and continued,
-    equal to plain PyTorch continuing from the same folder."""
+def _hf_classes():
+    """A tiny transformers model built from its config (no download): an MLP classifier whose
+    parameter names survive the ONNX export as initializer names, and a Trainer that reads the
+    data in order (Trainer's default RandomSampler would need its seeded order replicated)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    class TinyConfig(transformers.PretrainedConfig):
+        model_type = "onnxtrain_tiny_mlp"
+
+        def __init__(self, in_features=8, hidden=16, classes=3, **kwargs):
+            super().__init__(**kwargs)
+            self.in_features, self.hidden, self.classes = in_features, hidden, classes
+
+    class TinyClassifier(transformers.PreTrainedModel):
+        config_class = TinyConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.hidden = torch.nn.Linear(config.in_features, config.hidden)
+            self.out = torch.nn.Linear(config.hidden, config.classes)
+            self.post_init()
+
+        def forward(self, input, labels=None):
+            logits = self.out(torch.tanh(self.hidden(input)))
+            if labels is None:
+                return logits  # what the ONNX export traces
+            return SequenceClassifierOutput(loss=torch.nn.functional.cross_entropy(logits, labels), logits=logits)
+
+    class InOrderTrainer(transformers.Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+
+    return transformers, TinyConfig, TinyClassifier, InOrderTrainer
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input": self.x[i], "labels": self.y[i]}
+
+
+# transformers' get_*_schedule_with_warmup as the torch schedulers the program expresses: the
+# LambdaLR factor is t / W for t < W (0 at step 0), then (N - t) / (N - W) (linear) or
+# (1 + cos(pi (t - W) / (N - W))) / 2 (cosine). LinearLR cannot start at 0 (start_factor > 0),
+# so step 0 is a ConstantLR(factor=0) and t in [1, W) a LinearLR from 1/W to 1 over W - 1 steps.
+def _hf_schedule_as_torch(kind, optimizer, warmup, total):
+    lr = torch.optim.lr_scheduler
+    decay = (lr.LinearLR(optimizer, start_factor=1.0, end_factor=0.0, total_iters=total - warmup) if kind == "linear"
+             else lr.CosineAnnealingLR(optimizer, T_max=total - warmup, eta_min=0.0))
+    return lr.SequentialLR(optimizer, [lr.ConstantLR(optimizer, factor=0.0, total_iters=1),
+                                       lr.LinearLR(optimizer, start_factor=1 / warmup, end_factor=1.0,
+                                                   total_iters=warmup - 1), decay], milestones=[1, warmup])
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_hf_trainer_folder(tmp_path, kind):
+    """A checkpoint folder written by transformers.Trainer itself (a float64 model built from its
+    config, AdamW with the Trainer's two param_groups (weight decay on weights, none on biases),
+    a warm-up schedule, gradient clipping at max_grad_norm): onnxtrain imports checkpoint-K and
+    trains M steps on the batches the Trainer sees next; the weights equal the Trainer's own
+    continuation (train(resume_from_checkpoint=checkpoint-K)) and its uninterrupted K + M steps."""
     pytest.importorskip("accelerate")  # transformers.Trainer needs it
-    pytest.skip("not yet written: the project's environment has no accelerate")  # pragma: no cover
+    transformers, TinyConfig, TinyClassifier, InOrderTrainer = _hf_classes()
+    batch, warmup, total = 4, 2, K + M
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(total * batch, 8, dtype=torch.float64, generator=g) * 3
+    y = torch.randint(0, 3, (total * batch,), generator=g)
+    data = _Rows(x, y)
+
+    def trainer(out, seed):
+        torch.manual_seed(seed)
+        args = transformers.TrainingArguments(
+            output_dir=str(out), max_steps=total, save_strategy="steps", save_steps=K, per_device_train_batch_size=batch,
+            learning_rate=0.05, weight_decay=0.1, adam_beta1=0.8, lr_scheduler_type=kind, warmup_steps=warmup,
+            max_grad_norm=1.0, optim="adamw_torch", use_cpu=True, report_to=[], seed=0, logging_strategy="no",
+            disable_tqdm=True)
+        return InOrderTrainer(model=TinyClassifier(TinyConfig()).double(), args=args, train_dataset=data)
+
+    whole = trainer(tmp_path / "whole", 0)
+    whole.train()
+    folder = tmp_path / "whole" / f"checkpoint-{K}"
+    resumed = trainer(tmp_path / "resumed", 1)
+    resumed.train(resume_from_checkpoint=str(folder))
+
+    # The program: the Trainer's own optimizer (create_optimizer) on a fresh copy, its schedule.
+    template = trainer(tmp_path / "template", 2)
+    optimizer = template.create_optimizer()
+    assert [len(gr["params"]) for gr in optimizer.param_groups] == [2, 2]
+    schedule = _hf_schedule_as_torch(kind, optimizer, warmup, total)
+    hf = transformers.get_scheduler(kind, torch.optim.SGD([torch.zeros(1)], lr=0.05), num_warmup_steps=warmup,
+                                    num_training_steps=total)
+    model = onnxtrain.from_torch(template.model, x[:batch], loss=torch.nn.CrossEntropyLoss(), optimizer=optimizer,
+                                 lr_scheduler=schedule, grad_clip_norm=1.0)
+    for _ in range(total):  # the stand-in schedule gives the Trainer's rates (stepped after from_torch read it)
+        np.testing.assert_allclose(schedule.get_last_lr()[0], hf.get_last_lr()[0], rtol=1e-12, atol=1e-15)
+        for s in (schedule, hf):
+            s.optimizer.step()
+            s.step()
+
+    model = onnxtrain.import_checkpoint(model, hf_folder=folder)
+    meta = onnxtrain.training_metadata(model)
+    assert (meta["progress"]["global_step"], meta["progress"]["batch_size"]) == (K, batch)
+    assert [g["params"] for g in meta["param_groups"]] == [["hidden.weight", "out.weight"], ["hidden.bias", "out.bias"]]
+    session = onnxtrain.TrainingSession(model)
+    before = {k: v.copy() for k, v in session.state.items() if k in dict(whole.model.named_parameters())}
+    for t in range(K, total):
+        session.step({"input": x[t * batch:(t + 1) * batch].numpy(), "label": y[t * batch:(t + 1) * batch].numpy()})
+    _assert_equal(session, resumed.model)
+    _assert_equal(session, whole.model)
+    assert any(not np.allclose(before[k], session.state[k]) for k in before)  # it did train
 
 
 def _bad(tmp_path):
@@ -268,8 +379,13 @@ def test_metadata_written_by_make_trainable_and_train(tmp_path):
     assert meta["loss"]["type"] == "CrossEntropyLoss" and meta["loss"]["label"] == "label"
     batches = _batches()
     data = {"input": np.concatenate([x.numpy() for x, _ in batches]), "label": np.concatenate([y.numpy() for _, y in batches])}
-    onnxtrain.train(model, data, batch_size=8, epochs=2, seed=5, progress=False, output=tmp_path / "trained.onnx")
+    result = onnxtrain.train(model, data, batch_size=8, epochs=2, seed=5, progress=False, output=tmp_path / "trained.onnx")
     meta = onnxtrain.training_metadata(tmp_path / "trained.onnx")
     assert meta["progress"]["global_step"] == 2 * (K + M)
     assert meta["progress"]["epochs_done"] == 2 and meta["progress"]["seed"] == 5
     assert meta["history"][-1]["by"] == "train"
+    # TrainResult.model carries the metadata the output was written with, also without an output.
+    assert onnxtrain.training_metadata(result.model) == meta
+    unsaved = onnxtrain.train(model, data, batch_size=8, epochs=1, max_steps=3, seed=5, progress=False)
+    progress = onnxtrain.training_metadata(unsaved.model)["progress"]
+    assert (progress["global_step"], progress["epochs_done"], progress["batch_size"]) == (3, 0, 8)

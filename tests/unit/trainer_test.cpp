@@ -18,6 +18,7 @@
 #include "onnxtrain/io.h"
 #include "onnxtrain/make_trainable.h"
 #include "onnxtrain/trainer.h"
+#include "onnxtrain/training.h"
 #include "trainer_fixture.h"
 
 namespace onnxtrain {
@@ -109,6 +110,19 @@ TEST(Train, LearnsEvaluatesAndWritesMetrics) {
   ASSERT_TRUE(result.test_accuracy.has_value());
   EXPECT_GT(*result.test_accuracy, 0.5);
   EXPECT_EQ(io::load_model(o.export_inference).training_info_size(), 0);
+  // The result's metadata is the output's (the training metadata with its progress), and so is
+  // the in-memory model's.
+  const onnx::ModelProto saved = io::load_model(o.output);
+  const onnx::ModelProto in_memory = result.session->model(result.metadata);
+  ASSERT_EQ(result.metadata.count("onnxtrain.training"), 1U);
+  const auto progress = nlohmann::json::parse(result.metadata.at("onnxtrain.training"))["progress"];
+  EXPECT_EQ(progress["global_step"], 9);
+  EXPECT_EQ(progress["epochs_done"], 3);
+  for (const onnx::ModelProto* m : {&saved, &in_memory}) {
+    int found = 0;
+    for (const auto& e : m->metadata_props()) found += e.key() == "onnxtrain.training" && e.value() == result.metadata.at("onnxtrain.training");
+    EXPECT_EQ(found, 1);
+  }
   std::ifstream metrics(o.metrics);
   int steps = 0, evals = 0;
   for (std::string line; std::getline(metrics, line);) {
