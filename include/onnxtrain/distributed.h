@@ -27,6 +27,8 @@ class Communicator {
   virtual void weighted_mean(runtime::NamedTensors& values, double weight) = 0;
   // Every rank gets `value` of rank 0 (for the loss shown and the stop signal).
   virtual double broadcast(double value) = 0;
+  // Ends every rank of the run at once (MPI_Abort) with exit status `code`.
+  [[noreturn]] virtual void abort(int code) = 0;
   // Bytes this rank has sent to collectives so far (the reduced payload, float64).
   virtual uint64_t bytes_reduced() const = 0;
 };

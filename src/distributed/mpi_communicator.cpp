@@ -82,6 +82,11 @@ class MpiCommunicator : public Communicator {
     }
   }
 
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; in case an implementation does
+  }
+
   double broadcast(double value) override {
     check(MPI_Bcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD), "MPI_Bcast");
     return value;
