@@ -66,7 +66,8 @@ std::set<std::string> gradient_outputs(const onnx::GraphProto& graph) {
   return names;
 }
 
-SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<std::string>& gradients) {
+SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<std::string>& gradients,
+                                const std::set<std::string>& bound) {
   // A node is local when a Gradient output depends on one of its outputs: walk the nodes
   // backwards from the gradients.
   const int n = graph.node_size();
@@ -88,10 +89,14 @@ SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<st
   std::map<std::string, const onnx::ValueInfoProto*> infos;
   for (const auto& v : graph.value_info()) infos[v.name()] = &v;
   for (const auto& v : graph.input()) infos[v.name()] = &v;
-  std::set<std::string> outputs;
+  std::set<std::string> outputs, scalars;
   for (const auto& v : graph.output()) {
     infos[v.name()] = &v;
     outputs.insert(v.name());
+    const auto& type = v.type();
+    if (type.has_tensor_type() && type.tensor_type().has_shape() && type.tensor_type().shape().dim_size() == 0) {
+      scalars.insert(v.name());
+    }
   }
 
   SplitProgram split;
@@ -99,6 +104,9 @@ SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<st
     for (const auto& out : node->output()) {
       if (!out.empty() && (gradients.contains(out) || update_reads.contains(out) || outputs.contains(out))) {
         split.cut.push_back(out);
+        if (gradients.contains(out) || update_reads.contains(out) || bound.contains(out) || scalars.contains(out)) {
+          split.reduced.insert(out);
+        }
       }
     }
   }

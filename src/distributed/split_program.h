@@ -21,6 +21,11 @@ struct SplitProgram {
   onnx::GraphProto local;
   onnx::GraphProto update;
   std::vector<std::string> cut;  // in the order `local` writes them
+  // The cut values to average across ranks: the Gradient outputs, the values `update` reads,
+  // the `bound` values (update_binding: BatchNormalization's running statistics) and the graph
+  // outputs declared as scalars (the loss). The others (per-sample graph outputs such as the
+  // logits of a combined graph) stay each rank's own.
+  std::set<std::string> reduced;
 };
 
 // The non-empty output names of the Gradient nodes of `graph` (not of its subgraphs); call it
@@ -28,6 +33,7 @@ struct SplitProgram {
 std::set<std::string> gradient_outputs(const onnx::GraphProto& graph);
 
 // Cuts `graph` (nodes in topological order, Gradient nodes expanded) at `gradients`.
-SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<std::string>& gradients);
+SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<std::string>& gradients,
+                                const std::set<std::string>& bound);
 
 }  // namespace onnxtrain::distributed

@@ -45,6 +45,7 @@ struct BoundGraph {
   };
   struct Split {
     Part local, update;
+    std::set<std::string> reduced;  // distributed::SplitProgram::reduced
   };
   std::optional<Split> split;
 };
@@ -109,8 +110,10 @@ struct TrainingSession::Impl {
                            opsets, keys);
     for (int i = 0; i < model.training_info_size(); ++i) {
       const auto& info = model.training_info(i);
+      std::set<std::string> bound_values;
+      for (const auto& b : info.update_binding()) bound_values.insert(b.value());
       BoundGraph algorithm = make_bound(executable(combine_graphs(model.graph(), info.algorithm()), combined_label(source, i)),
-                                        combined_label(source, i), opsets, keys);
+                                        combined_label(source, i), opsets, keys, bound_values);
       for (const auto& b : info.update_binding()) algorithm.bindings.push_back({b.key(), b.value()});
       mark_checked_by_producer(algorithm);
       algorithms.push_back(std::move(algorithm));
@@ -180,7 +183,8 @@ struct TrainingSession::Impl {
   // Builds and plans `proto`. Its variables (initializer stubs, see hold_variables) become
   // typed graph inputs that every run supplies from the state, so no graph holds a copy.
   BoundGraph make_bound(const onnx::GraphProto& proto, const std::string& label,
-                        const runtime::OpsetMap& opsets, const std::set<std::string>& keys) {
+                        const runtime::OpsetMap& opsets, const std::set<std::string>& keys,
+                        const std::set<std::string>& bound_values = {}) {
     onnx::GraphProto graph = proto;
     const std::set<std::string> supplied = variables_as_inputs(graph, keys);
     run_checker(model, graph, label);
@@ -189,7 +193,7 @@ struct TrainingSession::Impl {
     if (training) {
       const std::set<std::string> gradients = distributed::gradient_outputs(graph);
       autodiff::expand_gradients(graph, opsets, label);
-      if (options.reduce) parts = distributed::split_at_gradients(graph, gradients);
+      if (options.reduce) parts = distributed::split_at_gradients(graph, gradients, bound_values);
     }
     BoundGraph bound;
     bound.label = label;
@@ -198,7 +202,8 @@ struct TrainingSession::Impl {
     bound.overrides = std::move(whole.overrides);
     if (parts) {
       bound.split = BoundGraph::Split{plan(std::move(parts->local), label + " (forward and backward)", opsets, supplied, false),
-                                      plan(std::move(parts->update), label + " (update)", opsets, supplied, true)};
+                                      plan(std::move(parts->update), label + " (update)", opsets, supplied, true),
+                                      std::move(parts->reduced)};
     }
     return bound;
   }
@@ -278,7 +283,12 @@ struct TrainingSession::Impl {
   runtime::NamedTensors run_split(BoundGraph& g, const runtime::NamedTensors& feeds, const ops::RunContext& context) {
     BoundGraph::Split& s = *g.split;
     runtime::NamedTensors cut = s.local.runner->run(inputs_of(*s.local.runner, feeds), s.local.overrides, &context);
-    options.reduce(cut);
+    runtime::NamedTensors reduced;
+    for (auto& [name, value] : cut) {
+      if (s.reduced.contains(name)) reduced.emplace(name, std::move(value));
+    }
+    options.reduce(reduced);
+    for (auto& [name, value] : reduced) cut[name] = std::move(value);
     runtime::NamedTensors update_feeds = inputs_of(*s.update.runner, feeds);
     for (const auto& [name, value] : inputs_of(*s.update.runner, cut)) update_feeds.emplace(name, value);
     runtime::NamedTensors outputs = s.update.runner->run(update_feeds, s.update.overrides, &context);
