@@ -14,6 +14,8 @@ and 33/33/34, and the sample-count weighting matters).
   whose gradient is a near-cancelling sum (measured: max |diff| 2.8e-6 on weights of about
   0.04, norm-wise 2.8e-7). One process is bit-identical with 1 and 2 threads
   (--reference-threads 2 shows it), so the spread comes from the split batch alone.
+- N = 2 with --batch-size 1: rank 0 gets no rows (rows [0, 0)); it must end both ranks with an error that
+  names it, within 60 s (no hang).
 - The loss of every step (rank 0's metrics, the averaged loss) within rtol 1e-5 of the single
   process's, and both ran 20 steps.
 Skipped (exit 77, ctest SKIP_RETURN_CODE) without mpirun.
@@ -98,6 +100,19 @@ def main():
         if len(l1) != STEPS or len(l2) != STEPS or not np.allclose(l2, l1, rtol=1e-5):
             print("FAIL: the loss records differ")
             failures += 1
+        if args.ranks == 2:  # a rank that fails ends every rank promptly, naming itself
+            cmd = [mpirun, "-np", "2", "--oversubscribe", args.onnxtrain] + common[:8] + ["--batch-size", "1", "-o", os.path.join(d, "failed.onnx")]
+            try:
+                failed = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+                text = failed.stdout + failed.stderr
+                ok = failed.returncode != 0 and "error: rank 0 of 2" in text and "leave rank 0 none" in text
+            except subprocess.TimeoutExpired:
+                ok, text = False, "hung for 60 s"
+            print(f"failing rank: {'ok' if ok else 'FAIL: ' + text[-2000:]}")
+            if os.path.exists(os.path.join(d, "failed.onnx")):
+                print("FAIL: the failed run wrote its output")
+                failures += 1
+            failures += not ok
     print("PASS" if failures == 0 else f"FAIL: {failures}")
     return 1 if failures else 0
 
