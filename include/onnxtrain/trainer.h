@@ -53,6 +53,10 @@ namespace onnx {
 class ModelProto;
 }
 
+namespace onnxtrain::distributed {
+class Communicator;
+}
+
 namespace onnxtrain::training {
 
 class TrainingSession;
@@ -83,6 +87,12 @@ struct TrainOptions {
   bool initialize = false;                // run the initialization graphs first (not on resume)
   std::filesystem::path export_inference; // also write the inference-only model here (with or without OUTPUT)
   int threads = 0;
+  // Data-parallel training (docs/distributed.md): with a communicator of N ranks, each rank
+  // trains on its share of every batch (rows [n*r/N, n*(r+1)/N) of a batch of n), the values
+  // up to the Gradient outputs are averaged across ranks weighted by the shares' sizes, and
+  // rank 0 alone prints, evaluates and writes metrics, checkpoints and outputs. nullptr: one
+  // process. The CLI passes distributed::world().
+  std::shared_ptr<distributed::Communicator> communicator;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +51,13 @@ struct TrainingOptions {
   // Dropout in training mode). Random numbers depend only on the seed, the node and the
   // number of earlier steps (or initializations), so runs are reproducible.
   uint64_t seed = 0;
+  // Data-parallel training (docs/distributed.md): when set, each algorithm graph with Gradient
+  // nodes is cut at their outputs into a forward-and-backward part and an update part
+  // (src/distributed/split_program.h); step() runs the first, calls `reduce` on the values
+  // that cross the cut (every Gradient output, every value the update part reads, every graph
+  // output the first part computes, such as the loss), and runs the second on what `reduce`
+  // leaves. The trainer averages them across ranks (distributed::Communicator::weighted_mean).
+  std::function<void(runtime::NamedTensors&)> reduce;
 };
 
 class TrainingSession {

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/dispatch.h"
+#include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
@@ -338,10 +339,25 @@ std::atomic<int> g_stop{0};
 extern "C" void request_stop(int signal) { g_stop.store(signal); }
 }  // namespace
 
-int train(const training::TrainOptions& options) {
+int train(const training::TrainOptions& given) {
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
-  const training::TrainResult result = training::train(options, std::cout, &g_stop);
+  training::TrainOptions options = given;
+  options.communicator = distributed::world();  // under mpirun: data-parallel (docs/distributed.md)
+  training::TrainResult result;
+  if (!options.communicator) {
+    result = training::train(options, std::cout, &g_stop);
+  } else {
+    // A rank that fails would leave the others waiting in a collective: it names itself and
+    // ends them all.
+    try {
+      result = training::train(options, std::cout, &g_stop);
+    } catch (const std::exception& e) {
+      std::cerr << "error: rank " << options.communicator->rank() << " of " << options.communicator->size() << ": "
+                << e.what() << std::endl;
+      options.communicator->abort(1);
+    }
+  }
   if (result.signal == SIGINT) return 130;
   if (result.signal == SIGTERM) return 143;
   if (result.test_accuracy) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "core/memory.h"
+#include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/make_trainable.h"
@@ -28,6 +30,29 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Rows [begin, end) of every column of `batch` (dim 0 indexes the samples).
+Batch slice_rows(const Batch& batch, int64_t begin, int64_t end) {
+  Batch rows;
+  for (const auto& [name, column] : batch) {
+    std::vector<int64_t> dims(column.shape().data(), column.shape().data() + column.shape().size());
+    const int64_t n = dims.empty() ? 0 : dims[0];
+    if (n < end) throw Error("column '" + name + "' has " + std::to_string(n) + " rows, fewer than the batch's " + std::to_string(end));
+    dims[0] = end - begin;
+    Tensor part(column.dtype(), Shape(dims));
+    const int64_t row = n == 0 ? 0 : column.numel() / n;
+    if (column.dtype() == DataType::String) {
+      const auto* from = column.data<std::string>() + begin * row;
+      std::copy(from, from + part.numel(), part.data<std::string>());
+    } else {
+      const size_t row_bytes = static_cast<size_t>(row) * dtype_size(column.dtype());
+      std::memcpy(part.raw_data(), static_cast<const char*>(column.raw_data()) + begin * row_bytes,
+                  static_cast<size_t>(end - begin) * row_bytes);
+    }
+    rows.emplace(name, std::move(part));
+  }
+  return rows;
+}
 
 // Fails now, before any training, when `path` cannot be written.
 void check_writable(const fs::path& path, const char* what) {
@@ -79,6 +104,8 @@ class Loop {
   // Runs the epoch from batch `first`; returns how it ended, or nullopt when interrupted.
   std::optional<End> run_epoch(int epoch, int64_t first);
   void step(const Batch& batch, int epoch, int64_t b);
+  // Data-parallel: this rank's rows of `batch` (sets share_).
+  Batch share_of(const Batch& batch, const std::string& where);
   void report(const runtime::NamedTensors& out, int epoch, int64_t b);
   // Records an evaluation (unless interrupted); returns false when interrupted.
   bool evaluate(int epoch, bool epoch_end);
@@ -113,6 +140,7 @@ class Loop {
   bool tty_ = false, early_ = false, evaluated_ = false;
   int signal_ = 0;
   double loss_avg_ = std::nan("");
+  double share_ = 0;  // samples of this rank's share of the current batch (data-parallel)
   Clock::time_point started_, last_line_;
   TrainResult result_;
 };
@@ -124,6 +152,9 @@ void Loop::load_session() {
   TrainingOptions session_options;
   session_options.threads = o_.threads;
   session_options.seed = o_.seed;
+  if (o_.communicator) {
+    session_options.reduce = [this](runtime::NamedTensors& values) { o_.communicator->weighted_mean(values, share_); };
+  }
   session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
   training_metadata_ = metadata_value(model, kTrainingMetadataKey);
   try {
@@ -266,7 +297,8 @@ std::optional<Loop::End> Loop::run_epoch(int epoch, int64_t first) {
 
 void Loop::step(const Batch& batch, int epoch, int64_t b) {
   const std::string where = "epoch " + std::to_string(epoch + 1) + ", batch " + std::to_string(b + 1);
-  const runtime::NamedTensors in = feeding::inputs(batch, feeds_, where, true);
+  const runtime::NamedTensors in =
+      feeding::inputs(o_.communicator ? share_of(batch, where) : batch, feeds_, where, true);
   runtime::NamedTensors out;
   try {
     out = session_->step(in);
@@ -279,6 +311,19 @@ void Loop::step(const Batch& batch, int epoch, int64_t b) {
   result_.last_loss = loss_name_.empty() ? std::nan("") : scalar_of(out, loss_name_);
   loss_avg_ = std::isnan(loss_avg_) ? result_.last_loss : 0.95 * loss_avg_ + 0.05 * result_.last_loss;
   report(out, epoch, b);
+}
+
+Batch Loop::share_of(const Batch& batch, const std::string& where) {
+  const int64_t rank = o_.communicator->rank(), ranks = o_.communicator->size();
+  const Shape& first = batch.empty() ? Shape() : batch.begin()->second.shape();
+  const int64_t n = first.size() == 0 ? 0 : first[0];
+  const int64_t begin = n * rank / ranks, end = n * (rank + 1) / ranks;
+  if (end == begin) {
+    throw Error(where + ": " + std::to_string(n) + " samples for " + std::to_string(ranks) +
+                " ranks leave rank " + std::to_string(rank) + " none (use --drop-last or a larger --batch-size)");
+  }
+  share_ = static_cast<double>(end - begin);
+  return slice_rows(batch, begin, end);
 }
 
 // Progress on the console, a metrics record and the on_step hook.
@@ -441,7 +486,16 @@ void check_outputs(const TrainOptions& options) {
 
 TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSource* eval_data, const TrainHooks& hooks,
                   std::ostream& log) {
-  return Loop(options, train_data, eval_data, hooks, log).run();
+  if (!options.communicator || options.communicator->rank() == 0) return Loop(options, train_data, eval_data, hooks, log).run();
+  // Data-parallel, ranks other than 0: the same steps, without output, files or evaluation.
+  TrainOptions quiet = options;
+  quiet.quiet = true;
+  quiet.output.clear();
+  quiet.checkpoint.clear();
+  quiet.checkpoint_every = 0;
+  quiet.metrics.clear();
+  quiet.export_inference.clear();
+  return Loop(quiet, train_data, nullptr, hooks, log).run();
 }
 
 }  // namespace onnxtrain::training

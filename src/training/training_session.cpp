@@ -8,6 +8,7 @@
 #include "core/dispatch.h"
 #include "core/finite.h"
 #include "core/parallel.h"
+#include "distributed/split_program.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
@@ -36,6 +37,17 @@ struct BoundGraph {
   std::vector<runtime::Override> overrides;  // point into Impl::state
   std::vector<Binding> bindings;             // update_binding or initialization_binding
   std::string label;                          // names the graph in errors
+  // With TrainingOptions::reduce: the graph cut at its Gradient outputs; `runner` then only
+  // describes the step's inputs and outputs.
+  struct Part {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::vector<runtime::Override> overrides;
+  };
+  struct Split {
+    Part local, update;
+    std::set<std::string> reduced;  // distributed::SplitProgram::reduced
+  };
+  std::optional<Split> split;
 };
 
 bool all_finite(const Tensor& t) {
@@ -98,8 +110,10 @@ struct TrainingSession::Impl {
                            opsets, keys);
     for (int i = 0; i < model.training_info_size(); ++i) {
       const auto& info = model.training_info(i);
+      std::set<std::string> bound_values;
+      for (const auto& b : info.update_binding()) bound_values.insert(b.value());
       BoundGraph algorithm = make_bound(executable(combine_graphs(model.graph(), info.algorithm()), combined_label(source, i)),
-                                        combined_label(source, i), opsets, keys);
+                                        combined_label(source, i), opsets, keys, bound_values);
       for (const auto& b : info.update_binding()) algorithm.bindings.push_back({b.key(), b.value()});
       mark_checked_by_producer(algorithm);
       algorithms.push_back(std::move(algorithm));
@@ -115,6 +129,10 @@ struct TrainingSession::Impl {
     // Overrides point into `state`, whose entries exist now and are never erased.
     for (BoundGraph* g : all_graphs()) {
       for (auto& o : g->overrides) o.tensor = &state.at(g->runner->graph().value(o.id).name);
+      if (!g->split) continue;
+      for (BoundGraph::Part* part : {&g->split->local, &g->split->update}) {
+        for (auto& o : part->overrides) o.tensor = &state.at(part->runner->graph().value(o.id).name);
+      }
     }
   }
 
@@ -165,35 +183,56 @@ struct TrainingSession::Impl {
   // Builds and plans `proto`. Its variables (initializer stubs, see hold_variables) become
   // typed graph inputs that every run supplies from the state, so no graph holds a copy.
   BoundGraph make_bound(const onnx::GraphProto& proto, const std::string& label,
-                        const runtime::OpsetMap& opsets, const std::set<std::string>& keys) {
+                        const runtime::OpsetMap& opsets, const std::set<std::string>& keys,
+                        const std::set<std::string>& bound_values = {}) {
     onnx::GraphProto graph = proto;
     const std::set<std::string> supplied = variables_as_inputs(graph, keys);
     run_checker(model, graph, label);
-    if (autodiff::has_gradient_nodes(graph)) {
+    const bool training = autodiff::has_gradient_nodes(graph);
+    std::optional<distributed::SplitProgram> parts;
+    if (training) {
+      const std::set<std::string> gradients = distributed::gradient_outputs(graph);
       autodiff::expand_gradients(graph, opsets, label);
-      if (options.fuse) runtime::fuse_scaled_adam(graph);
+      if (options.reduce) parts = distributed::split_at_gradients(graph, gradients, bound_values);
     }
+    BoundGraph bound;
+    bound.label = label;
+    BoundGraph::Part whole = plan(std::move(graph), label, opsets, supplied, training);
+    bound.runner = std::move(whole.runner);
+    bound.overrides = std::move(whole.overrides);
+    if (parts) {
+      bound.split = BoundGraph::Split{plan(std::move(parts->local), label + " (forward and backward)", opsets, supplied, false),
+                                      plan(std::move(parts->update), label + " (update)", opsets, supplied, true),
+                                      std::move(parts->reduced)};
+    }
+    return bound;
+  }
+
+  // Applies the rewrites (scaled Adam where `adam`) and plans `graph`; the graph inputs named
+  // in `supplied` get overrides.
+  BoundGraph::Part plan(onnx::GraphProto graph, const std::string& label, const runtime::OpsetMap& opsets,
+                        const std::set<std::string>& supplied, bool adam) {
     if (options.fuse) {
+      if (adam) runtime::fuse_scaled_adam(graph);
       runtime::fold_constants(graph, opsets, base_dir);
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);
     }
-    BoundGraph bound;
-    bound.label = label;
-    bound.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,
-                                                          0, supplied);
-    const ir::Graph& g = bound.runner->graph();
+    BoundGraph::Part part;
+    part.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,
+                                                         0, supplied);
+    const ir::Graph& g = part.runner->graph();
     for (ir::ValueId id : g.inputs()) {
-      if (supplied.contains(g.value(id).name)) bound.overrides.push_back({id});
+      if (supplied.contains(g.value(id).name)) part.overrides.push_back({id});
     }
-    return bound;
+    return part;
   }
 
   // Sets Binding::checked_by_producer on the bindings of `g` whose value a node of its main
   // graph writes that checks its outputs for the NaN guard itself.
   static void mark_checked_by_producer(BoundGraph& g) {
-    const ir::Graph& graph = g.runner->graph();
+    const ir::Graph& graph = g.split ? g.split->update.runner->graph() : g.runner->graph();
     std::set<std::string> checked;
     for (const ir::Node& node : graph.nodes()) {
       if (!ops::checks_outputs_for_nan_guard(node.domain, node.op_type)) continue;
@@ -231,11 +270,44 @@ struct TrainingSession::Impl {
   runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
     BoundGraph& g = algorithms[i];
     const ops::RunContext context{options.seed, steps_done, options.nan_guard};
-    runtime::NamedTensors outputs = g.runner->run(feeds, g.overrides, &context);
+    runtime::NamedTensors outputs =
+        g.split ? run_split(g, feeds, context) : g.runner->run(feeds, g.overrides, &context);
     runtime::NamedTensors staged;
     stage(g, outputs, staged);
     commit(staged);
     return outputs;
+  }
+
+  // A step of a cut algorithm: the local part, options.reduce on the cut values, the update
+  // part; returns the graph outputs of both.
+  runtime::NamedTensors run_split(BoundGraph& g, const runtime::NamedTensors& feeds, const ops::RunContext& context) {
+    BoundGraph::Split& s = *g.split;
+    runtime::NamedTensors cut = s.local.runner->run(inputs_of(*s.local.runner, feeds), s.local.overrides, &context);
+    runtime::NamedTensors reduced;
+    for (auto& [name, value] : cut) {
+      if (s.reduced.contains(name)) reduced.emplace(name, std::move(value));
+    }
+    options.reduce(reduced);
+    for (auto& [name, value] : reduced) cut[name] = std::move(value);
+    runtime::NamedTensors update_feeds = inputs_of(*s.update.runner, feeds);
+    for (const auto& [name, value] : inputs_of(*s.update.runner, cut)) update_feeds.emplace(name, value);
+    runtime::NamedTensors outputs = s.update.runner->run(update_feeds, s.update.overrides, &context);
+    for (const auto& out : g.runner->outputs()) {
+      const auto it = cut.find(out.name);
+      if (it != cut.end()) outputs.emplace(out.name, it->second);
+    }
+    return outputs;
+  }
+
+  // The tensors of `from` that are graph inputs of `runner`.
+  static runtime::NamedTensors inputs_of(const runtime::GraphRunner& runner, const runtime::NamedTensors& from) {
+    runtime::NamedTensors selected;
+    const ir::Graph& graph = runner.graph();
+    for (const auto& [name, tensor] : from) {
+      const ir::ValueId id = graph.find(name);
+      if (id != ir::kNoValue && graph.value(id).is_graph_input) selected.emplace(name, tensor);
+    }
+    return selected;
   }
 
   // The kept model with every variable initializer at its current value and `metadata` set in

@@ -1,0 +1,45 @@
+// Data-parallel training across processes (docs/distributed.md).
+//
+// A Communicator joins the ranks of one run. Under `mpirun -np N`, world() gives the MPI
+// communicator of the N processes (MPI_COMM_WORLD); the training loop (trainer.h) then gives
+// each rank a disjoint contiguous share of every global batch and has TrainingSession average
+// the values its algorithms compute up to their Gradient outputs across ranks, weighted by the
+// ranks' sample counts (TrainingOptions::reduce).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "onnxtrain/session.h"
+
+namespace onnxtrain::distributed {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // 0-based
+  virtual int size() const = 0;  // number of ranks
+  // In place, on every rank: each tensor of `values` becomes sum_r(weight_r * value_r) /
+  // sum_r(weight_r), computed in float64 and rounded once to the tensor's dtype. Every rank
+  // must pass the same names with the same dtypes and shapes (checked: an Error names the
+  // tensor and the ranks' shapes). Floating dtypes only (float32, float64); others are an
+  // Error naming the tensor. A sum of weights of zero is an Error.
+  virtual void weighted_mean(runtime::NamedTensors& values, double weight) = 0;
+  // Every rank gets `value` of rank 0 (for the loss shown and the stop signal).
+  virtual double broadcast(double value) = 0;
+  // Ends every rank of the run at once (MPI_Abort) with exit status `code`.
+  [[noreturn]] virtual void abort(int code) = 0;
+  // Bytes this rank has sent to collectives so far (the reduced payload, float64).
+  virtual uint64_t bytes_reduced() const = 0;
+};
+
+// The communicator of the processes started together by mpirun (detected from Open MPI's or
+// PMI's environment), or nullptr when this process was not started by mpirun or onnxtrain was
+// built without MPI (the build option ONNXTRAIN_MPI). The first call initializes MPI; it is
+// finalized at exit.
+std::shared_ptr<Communicator> world();
+
+// True when onnxtrain was built with MPI.
+bool built_with_mpi();
+
+}  // namespace onnxtrain::distributed

@@ -1,0 +1,125 @@
+// world() on MPI: MPI_COMM_WORLD of the processes mpirun started (docs/distributed.md).
+#include <mpi.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "onnxtrain/distributed.h"
+#include "onnxtrain/error.h"
+
+namespace onnxtrain::distributed {
+
+namespace {
+
+// Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; MPICH's and PMIx launchers PMI_SIZE / PMIX_RANK.
+bool started_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw Error(std::string("MPI: ") + what + " failed: " + std::string(text, length));
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      MPI_Init(nullptr, nullptr);
+      owner_ = true;
+    }
+    // Errors come back as codes (turned into onnxtrain::Error) instead of aborting here.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owner_ && !finalized) MPI_Finalize();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  uint64_t bytes_reduced() const override { return bytes_; }
+
+  void weighted_mean(runtime::NamedTensors& values, double weight) override {
+    // One buffer in float64: weight * value for every element of every tensor (in name order,
+    // the same on every rank), then the weight; one MPI_Allreduce sums it.
+    std::vector<double> buffer;
+    for (auto& [name, t] : values) {
+      if (t.dtype() != DataType::Float32 && t.dtype() != DataType::Float64) {
+        throw Error("distributed: '" + name + "' is " + t.description() +
+                    "; only float32 and float64 values can be averaged across ranks");
+      }
+      auto pack = [&]<class T>(const T* data) {
+        for (int64_t i = 0; i < t.numel(); ++i) buffer.push_back(weight * static_cast<double>(data[i]));
+      };
+      if (t.dtype() == DataType::Float32) pack(t.data<float>());
+      else pack(t.data<double>());
+    }
+    check_same_count(static_cast<int64_t>(buffer.size()));
+    buffer.push_back(weight);
+    check(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(buffer.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+          "MPI_Allreduce of the gradients");
+    bytes_ += buffer.size() * sizeof(double);
+    const double total = buffer.back();
+    if (!(total > 0)) throw Error("distributed: the ranks' sample counts sum to " + std::to_string(total));
+    size_t k = 0;
+    for (auto& [name, t] : values) {
+      Tensor mean(t.dtype(), t.shape());
+      auto unpack = [&]<class T>(T* data) {
+        for (int64_t i = 0; i < mean.numel(); ++i) data[i] = static_cast<T>(buffer[k++] / total);
+      };
+      if (t.dtype() == DataType::Float32) unpack(mean.data<float>());
+      else unpack(mean.data<double>());
+      t = std::move(mean);
+    }
+  }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; in case an implementation does
+  }
+
+  double broadcast(double value) override {
+    check(MPI_Bcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    return value;
+  }
+
+ private:
+  // Every rank must reduce the same number of elements (a cheap stand-in for equal shapes).
+  void check_same_count(int64_t n) {
+    int64_t range[2] = {n, -n};
+    check(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    if (range[0] != -range[1]) {
+      throw Error("distributed: the ranks reduce different numbers of elements (rank " + std::to_string(rank_) +
+                  ": " + std::to_string(n) + ", largest " + std::to_string(range[0]) + ", smallest " +
+                  std::to_string(-range[1]) + ")");
+    }
+  }
+
+  int rank_ = 0, size_ = 1;
+  bool owner_ = false;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> world() {
+  static std::once_flag once;
+  static std::shared_ptr<Communicator> communicator;
+  std::call_once(once, [] {
+    if (started_by_mpirun()) communicator = std::make_shared<MpiCommunicator>();
+  });
+  return communicator;
+}
+
+bool built_with_mpi() { return true; }
+
+}  // namespace onnxtrain::distributed
