@@ -445,20 +445,8 @@ std::map<std::string, std::string> Loop::progress_metadata(std::map<std::string,
 void Loop::finish() {
   if (!o_.output.empty()) session_->save(o_.output, progress_metadata({}));
   if (!o_.export_inference.empty()) {
-    // Without an output, the trained model goes through a scratch file beside the export.
-    const fs::path scratch = o_.output.empty() ? fs::path(o_.export_inference.string() + ".training.onnx") : fs::path();
-    struct Remove {
-      fs::path path;
-      ~Remove() {
-        if (path.empty()) return;
-        std::error_code ignored;
-        fs::remove(path, ignored);
-        fs::remove(path.string() + ".data", ignored);
-      }
-    } remove{scratch};
-    const fs::path trained = scratch.empty() ? o_.output : scratch;
-    if (!scratch.empty()) session_->save(scratch, progress_metadata({}));
-    io::save_model(export_inference(io::load_model(trained)), o_.export_inference, {.source_dir = trained.parent_path()});
+    // The session's current model (external data read in), without its training_info.
+    io::save_model(export_inference(session_->model(progress_metadata({}))), o_.export_inference);
   }
   if (!o_.quiet) {
     log_ << "trained " << result_.steps << " steps in " << std::fixed << std::setprecision(1)
