@@ -121,7 +121,7 @@ void set_init(Options& o, nb::handle v, const std::string& name) {
 }
 
 
-// The entries of a dict (or a list of dicts) as (key, value) pairs; `what` names it in errors.
+// A dict, or each dict of a list, as a list of dicts; `name` (the keyword) names it in errors.
 std::vector<nb::dict> dicts(nb::handle v, const std::string& name) {
   std::vector<nb::dict> out;
   if (nb::isinstance<nb::dict>(v)) {
