@@ -7,7 +7,9 @@
 // ranks' sample counts (TrainingOptions::reduce).
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "onnxtrain/session.h"
@@ -27,6 +29,16 @@ class Communicator {
   virtual void weighted_mean(runtime::NamedTensors& values, double weight) = 0;
   // Every rank gets `value` of rank 0 (for the loss shown and the stop signal).
   virtual double broadcast(double value) = 0;
+  // In place, on every rank: data[i] becomes the sum over the ranks of their data[i]
+  // (MPI_Allreduce, MPI_SUM). Every rank passes the same count. `what` names the collective in
+  // errors and timeouts ("the allreduce of the gradients").
+  virtual void sum(std::span<double> data, const std::string& what) = 0;
+  // In place: every rank gets the `bytes` bytes of rank `root` (MPI_Bcast).
+  virtual void broadcast_bytes(void* data, size_t bytes, int root, const std::string& what) = 0;
+  // Seconds a collective waits for the other ranks before this rank reports that a rank is
+  // stuck or dead and ends the run (abort(1)); 0 waits forever. Default 600 s (PyTorch's
+  // default timeout of a NCCL process group is also 10 minutes).
+  virtual void set_timeout(double seconds) = 0;
   // Ends every rank of the run at once (MPI_Abort) with exit status `code`.
   [[noreturn]] virtual void abort(int code) = 0;
   // Bytes this rank has sent to collectives so far (the reduced payload, float64).
@@ -41,5 +53,9 @@ std::shared_ptr<Communicator> world();
 
 // True when onnxtrain was built with MPI.
 bool built_with_mpi();
+
+// Every rank gets the tensor `t` of rank `root`: its values, and its dtype and shape, which
+// must already be equal on every rank (an Error names the tensor otherwise). Not strings.
+void broadcast(Communicator& communicator, Tensor& t, int root, const std::string& name);
 
 }  // namespace onnxtrain::distributed

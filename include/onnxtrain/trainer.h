@@ -93,6 +93,9 @@ struct TrainOptions {
   // rank 0 alone prints, evaluates and writes metrics, checkpoints and outputs. nullptr: one
   // process. The CLI passes distributed::world().
   std::shared_ptr<distributed::Communicator> communicator;
+  // Seconds a collective waits for the other ranks before the run ends with an error naming
+  // the waiting rank (Communicator::set_timeout); 0: forever.
+  double collective_timeout = 600;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

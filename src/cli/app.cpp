@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
   train->add_flag("--initialize", tr.initialize, "run the initialization graphs first");
   train->add_option("--export-inference", tr.export_inference, "also write the inference-only model here");
   train->add_option("--threads", tr.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+  train->add_option("--collective-timeout", tr.collective_timeout,
+                    "under mpirun: seconds a rank waits for the others in a collective before ending the run (default 600, 0: forever)")
+      ->check(CLI::NonNegativeNumber);
 
   onnxtrain::cli::ExportArgs ex;
   auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept) and/or its weights as .safetensors");

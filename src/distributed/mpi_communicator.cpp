@@ -1,8 +1,13 @@
 // world() on MPI: MPI_COMM_WORLD of the processes mpirun started (docs/distributed.md).
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cstdlib>
+#include <iostream>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "onnxtrain/distributed.h"
@@ -65,9 +70,7 @@ class MpiCommunicator : public Communicator {
     }
     check_same_count(static_cast<int64_t>(buffer.size()));
     buffer.push_back(weight);
-    check(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(buffer.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
-          "MPI_Allreduce of the gradients");
-    bytes_ += buffer.size() * sizeof(double);
+    sum(buffer, "the allreduce of the gradients");
     const double total = buffer.back();
     if (!(total > 0)) throw Error("distributed: the ranks' sample counts sum to " + std::to_string(total));
     size_t k = 0;
@@ -88,15 +91,41 @@ class MpiCommunicator : public Communicator {
   }
 
   double broadcast(double value) override {
-    check(MPI_Bcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    broadcast_bytes(&value, sizeof value, 0, "the broadcast of rank 0's value");
     return value;
   }
+
+  void sum(std::span<double> data, const std::string& what) override {
+    // In chunks of at most INT_MAX elements (MPI counts are int).
+    for (size_t begin = 0; begin < data.size(); begin += INT_MAX) {
+      const int count = static_cast<int>(std::min<size_t>(INT_MAX, data.size() - begin));
+      MPI_Request request;
+      check(MPI_Iallreduce(MPI_IN_PLACE, data.data() + begin, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
+            what.c_str());
+      wait(request, what);
+    }
+    bytes_ += data.size() * sizeof(double);
+  }
+
+  void broadcast_bytes(void* data, size_t bytes, int root, const std::string& what) override {
+    for (size_t begin = 0; begin < bytes; begin += INT_MAX) {
+      const int count = static_cast<int>(std::min<size_t>(INT_MAX, bytes - begin));
+      MPI_Request request;
+      check(MPI_Ibcast(static_cast<char*>(data) + begin, count, MPI_BYTE, root, MPI_COMM_WORLD, &request), what.c_str());
+      wait(request, what);
+    }
+    if (rank_ == root) bytes_ += bytes;
+  }
+
+  void set_timeout(double seconds) override { timeout_ = seconds; }
 
  private:
   // Every rank must reduce the same number of elements (a cheap stand-in for equal shapes).
   void check_same_count(int64_t n) {
     int64_t range[2] = {n, -n};
-    check(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    MPI_Request request;
+    check(MPI_Iallreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &request), "MPI_Iallreduce");
+    wait(request, "the check of the gradients' sizes");
     if (range[0] != -range[1]) {
       throw Error("distributed: the ranks reduce different numbers of elements (rank " + std::to_string(rank_) +
                   ": " + std::to_string(n) + ", largest " + std::to_string(range[0]) + ", smallest " +
@@ -104,9 +133,35 @@ class MpiCommunicator : public Communicator {
     }
   }
 
+  // Completes `request`, giving up after timeout_ seconds: then no other rank has reached the
+  // collective (one is stuck in a kernel, stopped, or dead without mpirun noticing yet), and
+  // this rank ends the run rather than wait forever. Polls, sleeping up to 1 ms between tests
+  // once the first millisecond has passed, so a waiting rank leaves the cores to the others.
+  void wait(MPI_Request& request, const std::string& what) {
+    const auto start = std::chrono::steady_clock::now();
+    std::chrono::microseconds pause(0);
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what.c_str());
+      if (done) return;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_ > 0 && waited > timeout_) {
+        std::cerr << "error: rank " << rank_ << " of " << size_ << ": " << what << " waited " << static_cast<int64_t>(waited)
+                  << " s for the other ranks (--collective-timeout " << timeout_
+                  << "): a rank is stuck or has died; ending every rank" << std::endl;
+        abort(1);
+      }
+      if (waited > 1e-3) {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(50));
+      }
+    }
+  }
+
   int rank_ = 0, size_ = 1;
   bool owner_ = false;
   uint64_t bytes_ = 0;
+  double timeout_ = 600;
 };
 
 }  // namespace

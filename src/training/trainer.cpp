@@ -474,6 +474,7 @@ void check_outputs(const TrainOptions& options) {
 
 TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSource* eval_data, const TrainHooks& hooks,
                   std::ostream& log) {
+  if (options.communicator) options.communicator->set_timeout(options.collective_timeout);
   if (!options.communicator || options.communicator->rank() == 0) return Loop(options, train_data, eval_data, hooks, log).run();
   // Data-parallel, ranks other than 0: the same steps, without output, files or evaluation.
   TrainOptions quiet = options;
