@@ -25,7 +25,8 @@ class Communicator {
   // sum_r(weight_r), computed in float64 and rounded once to the tensor's dtype. Every rank
   // must pass the same names with the same dtypes and shapes (checked: an Error names the
   // tensor and the ranks' shapes). Floating dtypes only (float32, float64); others are an
-  // Error naming the tensor. A sum of weights of zero is an Error.
+  // Error naming the tensor. A rank of weight 0 adds nothing (its values are
+  // not read, so they may be anything finite or not). A sum of weights of zero is an Error.
   virtual void weighted_mean(runtime::NamedTensors& values, double weight) = 0;
   // Every rank gets `value` of rank 0 (for the loss shown and the stop signal).
   virtual double broadcast(double value) = 0;

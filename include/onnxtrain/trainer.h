@@ -96,6 +96,10 @@ struct TrainOptions {
   // Seconds a collective waits for the other ranks before the run ends with an error naming
   // the waiting rank (Communicator::set_timeout); 0: forever.
   double collective_timeout = 600;
+  // Data-parallel, a debug check: every K steps each rank hashes its state (every variable:
+  // weights, optimizer state, counters) and compares with rank 0's; a difference is an Error
+  // naming the rank and the variable. 0: never.
+  int64_t checksum_every = 0;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

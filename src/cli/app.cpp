@@ -75,6 +75,9 @@ int main(int argc, char** argv) {
   train->add_option("--collective-timeout", tr.collective_timeout,
                     "under mpirun: seconds a rank waits for the others in a collective before ending the run (default 600, 0: forever)")
       ->check(CLI::NonNegativeNumber);
+  train->add_option("--checksum-every", tr.checksum_every,
+                    "under mpirun, a debug check: every N steps compare every rank's state with rank 0's")
+      ->check(CLI::NonNegativeNumber);
 
   onnxtrain::cli::ExportArgs ex;
   auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept) and/or its weights as .safetensors");

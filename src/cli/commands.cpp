@@ -360,7 +360,8 @@ int train(const training::TrainOptions& given) {
   }
   if (result.signal == SIGINT) return 130;
   if (result.signal == SIGTERM) return 143;
-  if (result.test_accuracy) {
+  const bool rank_0 = !options.communicator || options.communicator->rank() == 0;
+  if (result.test_accuracy && rank_0) {
     std::cout << "test accuracy " << std::fixed << std::setprecision(4) << *result.test_accuracy << "\n";
   }
   return 0;

@@ -63,7 +63,8 @@ class MpiCommunicator : public Communicator {
                     "; only float32 and float64 values can be averaged across ranks");
       }
       auto pack = [&]<class T>(const T* data) {
-        for (int64_t i = 0; i < t.numel(); ++i) buffer.push_back(weight * static_cast<double>(data[i]));
+        // A weight of 0 (a rank without rows) adds nothing, even where its values are not finite.
+        for (int64_t i = 0; i < t.numel(); ++i) buffer.push_back(weight == 0 ? 0.0 : weight * static_cast<double>(data[i]));
       };
       if (t.dtype() == DataType::Float32) pack(t.data<float>());
       else pack(t.data<double>());

@@ -117,8 +117,14 @@ class Loop {
   std::map<std::string, std::string> progress_metadata(std::map<std::string, std::string> extra) const;
   int poll() {
     if (signal_ == 0 && hooks_.stop) signal_ = hooks_.stop();
+    if (o_.communicator) agree();
     return signal_;
   }
+  // Data-parallel: every rank stops where any rank got a signal (Ctrl-C reaches the ranks at
+  // different moments) or a step hook asked to stop, so no rank is left waiting in a collective.
+  void agree();
+  // Data-parallel, --checksum-every: fails when this rank's state differs from rank 0's.
+  void check_replicas();
 
   const TrainOptions& o_;
   BatchSource& train_;
@@ -281,6 +287,7 @@ std::optional<Loop::End> Loop::run_epoch(int epoch, int64_t first) {
       return std::nullopt;
     }
     if (early_) return End::Early;
+    if (o_.communicator && o_.checksum_every > 0 && result_.steps % o_.checksum_every == 0) check_replicas();
     if (o_.checkpoint_every > 0 && result_.steps % o_.checkpoint_every == 0 && !epoch_done) save_checkpoint(epoch, b);
     if (o_.eval_every > 0 && result_.steps % o_.eval_every == 0 && !epoch_done) {
       if (!evaluate(epoch, false)) {
@@ -313,17 +320,80 @@ void Loop::step(const Batch& batch, int epoch, int64_t b) {
   report(out, epoch, b);
 }
 
-Batch Loop::share_of(const Batch& batch, const std::string& where) {
-  const int64_t rank = o_.communicator->rank(), ranks = o_.communicator->size();
+// Rows [n*r/N, n*(r+1)/N) of a batch of n rows for rank r of N.
+std::pair<int64_t, int64_t> rows_of_rank(const Batch& batch, const distributed::Communicator& communicator) {
+  const int64_t rank = communicator.rank(), ranks = communicator.size();
   const Shape& first = batch.empty() ? Shape() : batch.begin()->second.shape();
   const int64_t n = first.size() == 0 ? 0 : first[0];
-  const int64_t begin = n * rank / ranks, end = n * (rank + 1) / ranks;
-  if (end == begin) {
-    throw Error(where + ": " + std::to_string(n) + " samples for " + std::to_string(ranks) +
-                " ranks leave rank " + std::to_string(rank) + " none (use --drop-last or a larger --batch-size)");
-  }
+  return {n * rank / ranks, n * (rank + 1) / ranks};
+}
+
+Batch Loop::share_of(const Batch& batch, const std::string& where) {
+  const auto [begin, end] = rows_of_rank(batch, *o_.communicator);
   share_ = static_cast<double>(end - begin);
-  return slice_rows(batch, begin, end);
+  if (end > begin) return slice_rows(batch, begin, end);
+  // A batch of fewer rows than ranks leaves this rank none. It still takes part in the step's
+  // collectives: it runs the batch's first row and weighs what it computes 0
+  // (Communicator::weighted_mean), so the average is that of the other ranks' rows.
+  if (batch.empty() || batch.begin()->second.shape().size() == 0 || batch.begin()->second.shape()[0] == 0) {
+    throw Error(where + ": the batch has no rows");
+  }
+  return slice_rows(batch, 0, 1);
+}
+
+void Loop::agree() {
+  double votes[3] = {signal_ != 0 ? 1.0 : 0.0, static_cast<double>(signal_), early_ ? 1.0 : 0.0};
+  o_.communicator->sum(votes, "the agreement on stopping");
+  if (signal_ == 0 && votes[0] > 0) signal_ = static_cast<int>(std::lround(votes[1] / votes[0]));
+  if (votes[2] > 0 && !early_) {
+    early_ = true;
+    result_.stopped_early = true;
+  }
+}
+
+namespace {
+// A 64-bit hash of the tensor's bytes (words mixed by a multiply and a shift): equal tensors
+// hash equal; a difference anywhere changes the hash but for a 2^-64 chance.
+uint64_t hash_bytes(const Tensor& t) {
+  const auto* bytes = static_cast<const unsigned char*>(t.raw_data());
+  const size_t n = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  uint64_t h = 0x243F6A8885A308D3ull ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, 8);
+    h = (h ^ word) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = ((h ^ bytes[i]) * 0x9E3779B97F4A7C15ull) ^ (h >> 29);
+  return h;
+}
+}  // namespace
+
+void Loop::check_replicas() {
+  std::vector<std::string> names;
+  std::vector<uint64_t> mine;
+  for (const auto& [name, t] : session_->state()) {
+    if (t.dtype() == DataType::String) continue;
+    names.push_back(name);
+    mine.push_back(hash_bytes(t));
+  }
+  std::vector<uint64_t> first = mine;
+  uint64_t count = first.size();
+  o_.communicator->broadcast_bytes(&count, sizeof count, 0, "the checksum of the state (--checksum-every)");
+  if (count != mine.size()) {
+    throw Error("--checksum-every: after step " + std::to_string(result_.steps) + " rank " +
+                std::to_string(o_.communicator->rank()) + " holds " + std::to_string(mine.size()) +
+                " state tensors, rank 0 holds " + std::to_string(count));
+  }
+  o_.communicator->broadcast_bytes(first.data(), first.size() * sizeof(uint64_t), 0,
+                                   "the checksum of the state (--checksum-every)");
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (first[i] != mine[i]) {
+      throw Error("--checksum-every: after step " + std::to_string(result_.steps) + " '" + names[i] + "' on rank " +
+                  std::to_string(o_.communicator->rank()) + " differs from rank 0's (the ranks' models have diverged)");
+    }
+  }
 }
 
 // Progress on the console, a metrics record and the on_step hook.
@@ -364,8 +434,13 @@ bool Loop::evaluate(int epoch, bool epoch_end) {
   feeding::EvalSums sums;
   eval_->start_epoch(0, 0);
   for (int64_t b = 0;; ++b) {
-    const std::optional<Batch> batch = eval_->next();
+    std::optional<Batch> batch = eval_->next();
     if (!batch) break;
+    if (o_.communicator) {  // sharded: this rank's rows of every evaluation batch
+      const auto [begin, end] = rows_of_rank(*batch, *o_.communicator);
+      if (begin == end) continue;
+      batch = slice_rows(*batch, begin, end);
+    }
     const std::string where = eval_name_ + ", batch " + std::to_string(b + 1);
     const runtime::NamedTensors in = feeding::inputs(*batch, feeds_, where, false, true);
     const auto labels = batch->find(label_column_);
@@ -375,6 +450,13 @@ bool Loop::evaluate(int epoch, bool epoch_end) {
     } catch (const Error& e) {
       throw Error(where + ": " + e.what());
     }
+  }
+  if (o_.communicator) {  // the ranks' sums added up: every rank gets the whole split's figures
+    double totals[3] = {sums.loss, static_cast<double>(sums.correct), static_cast<double>(sums.count)};
+    o_.communicator->sum(totals, "the sum of the evaluation's results");
+    sums.loss = totals[0];
+    sums.correct = static_cast<int64_t>(totals[1]);
+    sums.count = static_cast<int64_t>(totals[2]);
   }
   if (poll() != 0) return false;
   if (sums.count == 0) throw Error(eval_name_ + ": no evaluation batches");
@@ -476,7 +558,8 @@ TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSou
                   std::ostream& log) {
   if (options.communicator) options.communicator->set_timeout(options.collective_timeout);
   if (!options.communicator || options.communicator->rank() == 0) return Loop(options, train_data, eval_data, hooks, log).run();
-  // Data-parallel, ranks other than 0: the same steps, without output, files or evaluation.
+  // Data-parallel, ranks other than 0: the same steps and their share of each evaluation,
+  // without output or files.
   TrainOptions quiet = options;
   quiet.quiet = true;
   quiet.output.clear();
@@ -484,7 +567,7 @@ TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSou
   quiet.checkpoint_every = 0;
   quiet.metrics.clear();
   quiet.export_inference.clear();
-  return Loop(quiet, train_data, nullptr, hooks, log).run();
+  return Loop(quiet, train_data, eval_data, hooks, log).run();
 }
 
 }  // namespace onnxtrain::training
