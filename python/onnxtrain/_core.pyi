@@ -3,7 +3,7 @@
 # file names exactly what the module defines, and runs mypy over a usage file.
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any, Optional, overload
 
 import numpy
 import numpy.typing
@@ -82,6 +82,8 @@ def _copies_in() -> int: ...
 # The training loop (src/python/train.cpp); onnxtrain.train (_train.py) calls it.
 class _Trained:
     def model(self) -> onnx.ModelProto: ...
+
+def _world() -> Optional[tuple[int, int]]: ...
 
 def _train(model: Model, train_data: Any, eval_data: Any, options: Mapping[str, Any], on_step: Any, on_eval: Any,
            on_epoch_end: Any, log: Any) -> dict[str, Any]: ...

@@ -110,6 +110,8 @@ def train(
     initialize: bool = False,
     export_inference: Optional[PathLike] = None,
     threads: Optional[int] = None,
+    collective_timeout: float = 600.0,
+    checksum_every: int = 0,
     progress: Union[bool, str, None] = None,
     callbacks: Union[Callable[[TrainEvent], object], Any, Iterable[Any], None] = None,
 ) -> TrainResult:
@@ -163,6 +165,9 @@ def train(
         yields the same batches again (e.g. a DataLoader whose sampler is seeded per epoch).
     export_inference : path, optional
         Also write the inference-only model here.
+    collective_timeout, checksum_every
+        Under ``mpirun`` (data-parallel, docs/distributed.md), as the CLI's
+        ``--collective-timeout`` (seconds, 0: forever) and ``--checksum-every``.
     progress : bool or "lines", optional
         None: a tqdm progress bar when stderr is a terminal or in Jupyter, else the CLI's
         progress lines on stderr. True: the bar (the lines without tqdm); "lines": the lines;
@@ -215,7 +220,12 @@ def train(
         "initialize": bool(initialize),
         "export_inference": _path(export_inference),
         "threads": 0 if threads is None else threads,
+        "collective_timeout": float(collective_timeout),
+        "checksum_every": checksum_every,
     }
+    world = _core._world()
+    if world is not None and world[0] != 0:
+        progress = False  # rank 0 alone shows progress (and writes files), as the CLI
     bar = _progress_bar(progress, epochs)
     options["quiet"] = bar is not None or progress is False
     handlers = {kind: _handler(kind, callbacks, bar) for kind in ("step", "eval", "epoch_end")}

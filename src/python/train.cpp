@@ -16,11 +16,13 @@
 #include <onnx/onnx_pb.h>
 
 #include <csignal>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <streambuf>
 
+#include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/trainer.h"
 #include "onnxtrain/training.h"
@@ -228,6 +230,11 @@ training::TrainOptions options_from(const nb::dict& d) {
   o.initialize = nb::cast<bool>(d["initialize"]);
   o.export_inference = text("export_inference");
   o.threads = nb::cast<int>(d["threads"]);
+  o.collective_timeout = nb::cast<double>(d["collective_timeout"]);
+  o.checksum_every = nb::cast<int64_t>(d["checksum_every"]);
+  if (o.collective_timeout < 0) throw Error("collective_timeout must be >= 0 (0: forever), got " + std::to_string(o.collective_timeout));
+  if (o.checksum_every < 0) throw Error("checksum_every must be >= 0, got " + std::to_string(o.checksum_every));
+  o.communicator = distributed::world();  // under mpirun: data-parallel (docs/distributed.md)
   if (o.epochs <= 0) throw Error("epochs must be positive, got " + std::to_string(o.epochs));
   if (o.batch_size <= 0) throw Error("batch_size must be positive, got " + std::to_string(o.batch_size));
   if (o.threads < 0) throw Error("threads must be >= 0 (0: the OpenMP default), got " + std::to_string(o.threads));
@@ -372,7 +379,19 @@ nb::dict train(nb::handle model, nb::handle train_data, nb::handle eval_data, co
   {  // the sources and hooks hold Python objects: they end after this scope, with the GIL held
     nb::gil_scoped_release release;
     if (!arg.path) o.model_proto = std::make_shared<const onnx::ModelProto>(arg.load());
-    r = training::train(o, source, eval, hooks, log_stream);
+    if (!o.communicator) {
+      r = training::train(o, source, eval, hooks, log_stream);
+    } else {
+      // As the CLI: a rank that fails would leave the others waiting in a collective, so it
+      // names itself and ends every rank (the exception cannot reach Python).
+      try {
+        r = training::train(o, source, eval, hooks, log_stream);
+      } catch (const std::exception& e) {
+        std::cerr << "error: rank " << o.communicator->rank() << " of " << o.communicator->size() << ": " << e.what()
+                  << std::endl;
+        o.communicator->abort(1);
+      }
+    }
     log_stream.flush();
   }
   nb::dict d;
@@ -390,6 +409,10 @@ nb::dict train(nb::handle model, nb::handle train_data, nb::handle eval_data, co
 }  // namespace
 
 void bind_train(nb::module_& m) {
+  m.def("_world", [] {
+    const auto world = distributed::world();
+    return world ? nb::object(nb::make_tuple(world->rank(), world->size())) : nb::none();
+  }, "(rank, number of ranks) under mpirun, None otherwise (docs/distributed.md).");
   nb::class_<Trained>(m, "_Trained", "The session a training run ended with (onnxtrain.TrainResult keeps it).")
       .def("model", [](const Trained& t) {
         const onnx::ModelProto model = [&] {
