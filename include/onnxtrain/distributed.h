@@ -44,6 +44,8 @@ class Communicator {
   [[noreturn]] virtual void abort(int code) = 0;
   // Bytes this rank has sent to collectives so far (the reduced payload, float64).
   virtual uint64_t bytes_reduced() const = 0;
+  // Seconds this rank has spent in collectives so far (waiting for the others included).
+  virtual double seconds_in_collectives() const = 0;
 };
 
 // The communicator of the processes started together by mpirun (detected from Open MPI's or

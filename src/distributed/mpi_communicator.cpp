@@ -52,6 +52,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   uint64_t bytes_reduced() const override { return bytes_; }
+  double seconds_in_collectives() const override { return seconds_; }
 
   void weighted_mean(runtime::NamedTensors& values, double weight) override {
     // One buffer in float64: weight * value for every element of every tensor (in name order,
@@ -144,8 +145,11 @@ class MpiCommunicator : public Communicator {
     for (;;) {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what.c_str());
-      if (done) return;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (done) {
+        seconds_ += waited;
+        return;
+      }
       if (timeout_ > 0 && waited > timeout_) {
         std::cerr << "error: rank " << rank_ << " of " << size_ << ": " << what << " waited " << static_cast<int64_t>(waited)
                   << " s for the other ranks (--collective-timeout " << timeout_
@@ -162,6 +166,7 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   bool owner_ = false;
   uint64_t bytes_ = 0;
+  double seconds_ = 0;
   double timeout_ = 600;
 };
 

@@ -417,6 +417,10 @@ void Loop::report(const runtime::NamedTensors& out, int epoch, int64_t b) {
     nlohmann::json record{{"type", "step"}, {"step", result_.steps}, {"epoch", epoch + 1}, {"loss", result_.last_loss},
                           {"steps_per_s", rate}};
     if (lr) record["lr"] = *lr;
+    if (o_.communicator) {  // this rank's, so far
+      record["bytes_reduced"] = o_.communicator->bytes_reduced();
+      record["collective_s"] = o_.communicator->seconds_in_collectives();
+    }
     metrics_ << record.dump() << "\n" << std::flush;
   }
   if (hooks_.on_step) {
