@@ -10,7 +10,13 @@ from the run's metrics (`bytes_reduced`, rank 0's, float64 payload), and so does
 spent in collectives per step (`collective_s`: the allreduce and any wait for the other rank),
 from a separate 2-rank run of WARMUP steps.
 
-Usage: .venv/bin/python bench/distributed.py [--reps 3] [--steps 200]   (after scripts/build release)
+It then prints the model of N machines of docs/distributed.md from these figures: a step on N
+ranks takes t_1 / N (this machine's 1 x 1 step time, the batch split N ways: assumes compute
+linear in the rows, optimistic for small shares) plus a ring allreduce of S bytes (the
+measured bytes per step): 2 (N - 1) alpha + 2 (N - 1) / N * S / beta, for two networks:
+10 Gb Ethernet (alpha 20 us, beta 1.25 GB/s) and 100 Gb InfiniBand (alpha 2 us, beta 12.5 GB/s).
+
+Usage: .venv/bin/python bench/distributed.py [--reps 3] [--steps mlp=1000,cnn=200]   (after scripts/build release)
 """
 import argparse
 import json
@@ -27,12 +33,13 @@ WORK = os.path.join(ROOT, "build", "bench-distributed")
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
 WARMUP = 20
+NETWORKS = {"10GbE": (20e-6, 1.25e9), "IB100": (2e-6, 12.5e9)}  # latency (s), bandwidth (bytes/s)
 
 
 def timed_run(model, ranks, threads, steps, metrics=None):
     """Wall seconds of `onnxtrain train` for `steps` steps under mpirun -np ranks."""
     cmd = [ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA, "--scale", "image=1/255",
-           "--batch-size", str(BATCH), "--max-steps", str(steps), "--threads", str(threads), "--no-shuffle", "-q",
+           "--batch-size", str(BATCH), "--epochs", "100", "--max-steps", str(steps), "--threads", str(threads), "--no-shuffle", "-q",
            "-o", os.path.join(WORK, f"{model}_out.onnx")]
     if metrics:
         cmd += ["--metrics", metrics]
@@ -50,7 +57,8 @@ def timed_run(model, ranks, threads, steps, metrics=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", default="mlp=1000,cnn=200",
+                        help="steps timed per model (MODEL=STEPS,...), about 3 s of each at 1 x 1")
     parser.add_argument("--models", default="mlp,cnn")
     args = parser.parse_args()
     if not shutil.which("mpirun"):
@@ -59,10 +67,13 @@ def main():
     subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK], check=True,
                    capture_output=True)
     configs = [(1, 1), (1, 2), (2, 1)]
+    model_rows = []
     print(f"| model | ranks x threads | steps/s (median of {args.reps}) | vs 1 x 1 | bytes reduced per step "
           "| in collectives per step |")
     print("|---|---|---|---|---|---|")
+    steps_of = dict(item.split("=") for item in args.steps.split(","))
     for model in args.models.split(","):
+        steps = int(steps_of[model])
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{model}.onnx"), "-o",
                         os.path.join(WORK, f"{model}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
                         "--lr", "1e-3"], check=True, capture_output=True)
@@ -70,8 +81,8 @@ def main():
         for _ in range(args.reps):
             for ranks, threads in configs:
                 short = timed_run(model, ranks, threads, WARMUP)
-                long = timed_run(model, ranks, threads, WARMUP + args.steps)
-                rates[(ranks, threads)].append(args.steps / max(long - short, 1e-9))
+                long = timed_run(model, ranks, threads, WARMUP + steps)
+                rates[(ranks, threads)].append(steps / max(long - short, 1e-9))
         metrics = os.path.join(WORK, f"{model}_metrics.jsonl")
         if os.path.exists(metrics):
             os.remove(metrics)
@@ -86,6 +97,17 @@ def main():
             waited = f"{in_collectives * 1e3:.2f} ms" if ranks > 1 else "-"
             print(f"| {model} | {ranks} x {threads} | {rate:.1f} | {rate / base:.2f}x | {reduced} | {waited} |",
                   flush=True)
+        model_rows.append((model, 1 / base, per_step))
+    print("\nModel of N machines (one rank each): step time in ms and speed-up over one machine")
+    print("| model | network | " + " | ".join(f"N = {n}" for n in (2, 4, 8, 16, 32)) + " |")
+    print("|---|---|" + "---|" * 5)
+    for model, t1, size in model_rows:
+        for network, (alpha, beta) in NETWORKS.items():
+            cells = []
+            for n in (2, 4, 8, 16, 32):
+                t = t1 / n + 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta
+                cells.append(f"{t * 1e3:.2f} ({t1 / t:.1f}x)")
+            print(f"| {model} | {network} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
