@@ -16,7 +16,7 @@ linear in the rows, optimistic for small shares) plus a ring allreduce of S byte
 measured bytes per step): 2 (N - 1) alpha + 2 (N - 1) / N * S / beta, for two networks:
 10 Gb Ethernet (alpha 20 us, beta 1.25 GB/s) and 100 Gb InfiniBand (alpha 2 us, beta 12.5 GB/s).
 
-Usage: .venv/bin/python bench/distributed.py [--reps 3] [--steps mlp=1000,cnn=200]   (after scripts/build release)
+Usage: .venv/bin/python bench/distributed.py [--reps 3] [--steps mlp=440,cnn=200]   (after scripts/build release)
 """
 import argparse
 import json
@@ -57,8 +57,8 @@ def timed_run(model, ranks, threads, steps, metrics=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", default="mlp=1000,cnn=200",
-                        help="steps timed per model (MODEL=STEPS,...), about 3 s of each at 1 x 1")
+    parser.add_argument("--steps", default="mlp=440,cnn=200",
+                        help="steps timed per model (MODEL=STEPS,...), at most 449 so that no epoch ends (469 batches of 128) inside the timed steps")
     parser.add_argument("--models", default="mlp,cnn")
     args = parser.parse_args()
     if not shutil.which("mpirun"):
