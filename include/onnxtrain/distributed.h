@@ -51,7 +51,8 @@ class Communicator {
 // The communicator of the processes started together by mpirun (detected from Open MPI's or
 // PMI's environment), or nullptr when this process was not started by mpirun or onnxtrain was
 // built without MPI (the build option ONNXTRAIN_MPI). The first call initializes MPI; it is
-// finalized at exit.
+// finalized at exit. Throws Error when started by mpirun with several ranks in a build
+// without MPI (each process would otherwise train alone and write the same files).
 std::shared_ptr<Communicator> world();
 
 // True when onnxtrain was built with MPI.
