@@ -11,23 +11,43 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "onnxtrain/session.h"
 
 namespace onnxtrain::distributed {
+
+// One step's averaging of values across ranks, in buckets (Communicator::begin_weighted_mean):
+// each tensor becomes sum_r(weight_r * value_r) / sum_r(weight_r), computed in float64 and
+// rounded once to the tensor's dtype. The buckets are started while the backward pass still
+// runs, so their transfer overlaps it; every rank must start the same buckets (names, dtypes,
+// shapes) in the same order (checked per bucket by element count: an Error names the ranks'
+// counts). Floating dtypes only (float32, float64); others are an Error naming the tensor. A
+// rank of weight 0 adds nothing (its values are not read, so they may be anything finite or
+// not). A sum of weights of zero is an Error.
+class WeightedMean {
+ public:
+  virtual ~WeightedMean() = default;
+  // Starts the allreduce of `bucket` (its values are copied now; the tensors may change after).
+  virtual void start(const std::vector<std::pair<std::string, const Tensor*>>& bucket) = 0;
+  // Lets started buckets progress (MPI progresses nonblocking collectives inside MPI calls).
+  virtual void progress() = 0;
+  // Waits for every started bucket (with the communicator's timeout); the averages by name.
+  virtual runtime::NamedTensors finish() = 0;
+};
 
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;  // 0-based
   virtual int size() const = 0;  // number of ranks
-  // In place, on every rank: each tensor of `values` becomes sum_r(weight_r * value_r) /
-  // sum_r(weight_r), computed in float64 and rounded once to the tensor's dtype. Every rank
-  // must pass the same names with the same dtypes and shapes (checked: an Error names the
-  // tensor and the ranks' shapes). Floating dtypes only (float32, float64); others are an
-  // Error naming the tensor. A rank of weight 0 adds nothing (its values are
-  // not read, so they may be anything finite or not). A sum of weights of zero is an Error.
-  virtual void weighted_mean(runtime::NamedTensors& values, double weight) = 0;
+  // Starts one step's averaging, this rank's values weighted by `weight` (its sample count).
+  virtual std::unique_ptr<WeightedMean> begin_weighted_mean(double weight) = 0;
+  // In place, on every rank: each tensor of `values` becomes its weighted mean across ranks (as
+  // WeightedMean, in one bucket). Every rank must pass the same names with the same dtypes and
+  // shapes.
+  void weighted_mean(runtime::NamedTensors& values, double weight);
   // Every rank gets `value` of rank 0 (for the loss shown and the stop signal).
   virtual double broadcast(double value) = 0;
   // In place, on every rank: data[i] becomes the sum over the ranks of their data[i]

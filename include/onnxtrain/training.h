@@ -34,6 +34,10 @@ namespace onnx {
 class ModelProto;
 }
 
+namespace onnxtrain::distributed {
+class WeightedMean;  // onnxtrain/distributed.h
+}
+
 namespace onnxtrain::training {
 
 struct TrainingOptions {
@@ -56,8 +60,12 @@ struct TrainingOptions {
   // (src/distributed/split_program.h); step() runs the first, calls `reduce` on the values
   // that cross the cut (every Gradient output, every value the update part reads, every graph
   // output the first part computes, such as the loss), and runs the second on what `reduce`
-  // leaves. The trainer averages them across ranks (distributed::Communicator::weighted_mean).
-  std::function<void(runtime::NamedTensors&)> reduce;
+  // leaves. The trainer averages them across ranks (distributed::Communicator::
+  // begin_weighted_mean). The session hands the values to the returned WeightedMean in buckets
+  // as the backward pass writes them (in the order it writes them: a first bucket of 1 MiB,
+  // then 25 MiB, PyTorch DDP's defaults), so their allreduce overlaps the rest of the backward
+  // pass, and runs the update part on finish()'s averages.
+  std::function<std::unique_ptr<distributed::WeightedMean>()> reduce;
 };
 
 class TrainingSession {

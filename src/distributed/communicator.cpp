@@ -4,6 +4,14 @@
 
 namespace onnxtrain::distributed {
 
+void Communicator::weighted_mean(runtime::NamedTensors& values, double weight) {
+  std::unique_ptr<WeightedMean> mean = begin_weighted_mean(weight);
+  std::vector<std::pair<std::string, const Tensor*>> bucket;
+  for (const auto& [name, t] : values) bucket.emplace_back(name, &t);
+  mean->start(bucket);
+  values = mean->finish();
+}
+
 void broadcast(Communicator& communicator, Tensor& t, int root, const std::string& name) {
   if (t.dtype() == DataType::String) throw Error("distributed: cannot broadcast '" + name + "': strings are not supported");
   // The root's element count first: a rank whose tensor differs must not receive into it.

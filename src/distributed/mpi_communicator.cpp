@@ -8,6 +8,7 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "onnxtrain/distributed.h"
@@ -54,37 +55,24 @@ class MpiCommunicator : public Communicator {
   uint64_t bytes_reduced() const override { return bytes_; }
   double seconds_in_collectives() const override { return seconds_; }
 
-  void weighted_mean(runtime::NamedTensors& values, double weight) override {
-    // One buffer in float64: weight * value for every element of every tensor (in name order,
-    // the same on every rank), then the weight; one MPI_Allreduce sums it.
-    std::vector<double> buffer;
-    for (auto& [name, t] : values) {
-      if (t.dtype() != DataType::Float32 && t.dtype() != DataType::Float64) {
-        throw Error("distributed: '" + name + "' is " + t.description() +
-                    "; only float32 and float64 values can be averaged across ranks");
-      }
-      auto pack = [&]<class T>(const T* data) {
-        // A weight of 0 (a rank without rows) adds nothing, even where its values are not finite.
-        for (int64_t i = 0; i < t.numel(); ++i) buffer.push_back(weight == 0 ? 0.0 : weight * static_cast<double>(data[i]));
-      };
-      if (t.dtype() == DataType::Float32) pack(t.data<float>());
-      else pack(t.data<double>());
+  std::unique_ptr<WeightedMean> begin_weighted_mean(double weight) override;
+  // Starts the MPI_Iallreduce (sum) of `data` in chunks of at most INT_MAX elements, adding
+  // their requests to `requests`.
+  void start_sum(std::span<double> data, std::vector<MPI_Request>& requests, const std::string& what) {
+    for (size_t begin = 0; begin < data.size(); begin += INT_MAX) {
+      const int count = static_cast<int>(std::min<size_t>(INT_MAX, data.size() - begin));
+      MPI_Request request;
+      check(MPI_Iallreduce(MPI_IN_PLACE, data.data() + begin, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
+            what.c_str());
+      requests.push_back(request);
     }
-    check_same_count(static_cast<int64_t>(buffer.size()));
-    buffer.push_back(weight);
-    sum(buffer, "the allreduce of the gradients");
-    const double total = buffer.back();
-    if (!(total > 0)) throw Error("distributed: the ranks' sample counts sum to " + std::to_string(total));
-    size_t k = 0;
-    for (auto& [name, t] : values) {
-      Tensor mean(t.dtype(), t.shape());
-      auto unpack = [&]<class T>(T* data) {
-        for (int64_t i = 0; i < mean.numel(); ++i) data[i] = static_cast<T>(buffer[k++] / total);
-      };
-      if (t.dtype() == DataType::Float32) unpack(mean.data<float>());
-      else unpack(mean.data<double>());
-      t = std::move(mean);
-    }
+    bytes_ += data.size() * sizeof(double);
+  }
+  // Tests `request` once, without waiting.
+  bool test(MPI_Request& request, const std::string& what) {
+    int done = 0;
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what.c_str());
+    return done != 0;
   }
 
   [[noreturn]] void abort(int code) override {
@@ -98,15 +86,9 @@ class MpiCommunicator : public Communicator {
   }
 
   void sum(std::span<double> data, const std::string& what) override {
-    // In chunks of at most INT_MAX elements (MPI counts are int).
-    for (size_t begin = 0; begin < data.size(); begin += INT_MAX) {
-      const int count = static_cast<int>(std::min<size_t>(INT_MAX, data.size() - begin));
-      MPI_Request request;
-      check(MPI_Iallreduce(MPI_IN_PLACE, data.data() + begin, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
-            what.c_str());
-      wait(request, what);
-    }
-    bytes_ += data.size() * sizeof(double);
+    std::vector<MPI_Request> requests;
+    start_sum(data, requests, what);
+    for (MPI_Request& request : requests) wait(request, what);
   }
 
   void broadcast_bytes(void* data, size_t bytes, int root, const std::string& what) override {
@@ -121,7 +103,6 @@ class MpiCommunicator : public Communicator {
 
   void set_timeout(double seconds) override { timeout_ = seconds; }
 
- private:
   // Every rank must reduce the same number of elements (a cheap stand-in for equal shapes).
   void check_same_count(int64_t n) {
     int64_t range[2] = {n, -n};
@@ -135,6 +116,7 @@ class MpiCommunicator : public Communicator {
     }
   }
 
+ public:  // for MpiWeightedMean
   // Completes `request`, giving up after timeout_ seconds: then no other rank has reached the
   // collective (one is stuck in a kernel, stopped, or dead without mpirun noticing yet), and
   // this rank ends the run rather than wait forever. Polls, sleeping up to 1 ms between tests
@@ -169,6 +151,96 @@ class MpiCommunicator : public Communicator {
   double seconds_ = 0;
   double timeout_ = 600;
 };
+
+// The buckets of one step: each packed into a float64 buffer (weight * value, then the weight)
+// and summed by MPI_Iallreduce while the backward pass goes on.
+class MpiWeightedMean : public WeightedMean {
+ public:
+  MpiWeightedMean(MpiCommunicator& communicator, double weight) : c_(communicator), weight_(weight) {}
+  // A step that ends before finish() (an error in the backward pass; the run is then ended)
+  // leaves collectives in flight that may still write into their buffers: those are leaked.
+  ~MpiWeightedMean() override {
+    for (auto& bucket : buckets_) {
+      for (MPI_Request& request : bucket->requests) {
+        if (request != MPI_REQUEST_NULL) {
+          (void)bucket.release();
+          break;
+        }
+      }
+    }
+  }
+
+  void start(const std::vector<std::pair<std::string, const Tensor*>>& values) override {
+    Bucket& bucket = *buckets_.emplace_back(std::make_unique<Bucket>());
+    int64_t count = 1;
+    for (const auto& [name, t] : values) {
+      if (t->dtype() != DataType::Float32 && t->dtype() != DataType::Float64) {
+        throw Error("distributed: '" + name + "' is " + t->description() +
+                    "; only float32 and float64 values can be averaged across ranks");
+      }
+      count += t->numel();
+    }
+    bucket.buffer.reserve(static_cast<size_t>(count));
+    for (const auto& [name, t] : values) {
+      auto pack = [&]<class T>(const T* data) {
+        // A weight of 0 (a rank without rows) adds nothing, even where its values are not finite.
+        for (int64_t i = 0; i < t->numel(); ++i) {
+          bucket.buffer.push_back(weight_ == 0 ? 0.0 : weight_ * static_cast<double>(data[i]));
+        }
+      };
+      if (t->dtype() == DataType::Float32) pack(t->data<float>());
+      else pack(t->data<double>());
+      bucket.layout.push_back({name, t->dtype(), t->shape()});
+    }
+    bucket.buffer.push_back(weight_);
+    c_.check_same_count(count);
+    c_.start_sum(bucket.buffer, bucket.requests, kWhat);
+  }
+
+  void progress() override {
+    for (auto& bucket : buckets_) {
+      for (MPI_Request& request : bucket->requests) {
+        if (request != MPI_REQUEST_NULL) c_.test(request, kWhat);
+      }
+    }
+  }
+
+  runtime::NamedTensors finish() override {
+    runtime::NamedTensors averaged;
+    for (auto& bucket : buckets_) {
+      for (MPI_Request& request : bucket->requests) c_.wait(request, kWhat);
+      const double total = bucket->buffer.back();
+      if (!(total > 0)) throw Error("distributed: the ranks' sample counts sum to " + std::to_string(total));
+      size_t k = 0;
+      for (const auto& [name, dtype, shape] : bucket->layout) {
+        Tensor mean(dtype, shape);
+        auto unpack = [&]<class T>(T* data) {
+          for (int64_t i = 0; i < mean.numel(); ++i) data[i] = static_cast<T>(bucket->buffer[k++] / total);
+        };
+        if (dtype == DataType::Float32) unpack(mean.data<float>());
+        else unpack(mean.data<double>());
+        averaged.emplace(name, std::move(mean));
+      }
+    }
+    buckets_.clear();
+    return averaged;
+  }
+
+ private:
+  static constexpr const char* kWhat = "the allreduce of the gradients";
+  struct Bucket {
+    std::vector<double> buffer;  // never resized after start: MPI writes into it
+    std::vector<MPI_Request> requests;
+    std::vector<std::tuple<std::string, DataType, Shape>> layout;
+  };
+  MpiCommunicator& c_;
+  double weight_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+};
+
+std::unique_ptr<WeightedMean> MpiCommunicator::begin_weighted_mean(double weight) {
+  return std::make_unique<MpiWeightedMean>(*this, weight);
+}
 
 }  // namespace
 

@@ -100,7 +100,8 @@ Plan& GraphRunner::plan_for_signature() {
 }
 
 void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
-                               std::span<const Override> overrides, const ops::RunContext* run_context) {
+                               std::span<const Override> overrides, const ops::RunContext* run_context,
+                               const AfterStep* after_step) {
   for (const auto& [name, value] : feeds) {
     const ir::ValueId id = graph_.find(name);
     if (id == ir::kNoValue || !graph_.value(id).is_graph_input || supplied_.contains(id)) {
@@ -143,7 +144,7 @@ void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
     append_shape(signature_, *it->second);
   }
   try {
-    plan_for_signature().run(values_, run_context ? *run_context : own_context_);
+    plan_for_signature().run(values_, run_context ? *run_context : own_context_, after_step);
     if (!run_context) ++own_context_.run_index;
   } catch (...) {
     values_.assign(values_.size(), Value());
@@ -163,13 +164,13 @@ NamedValues GraphRunner::run_values(const NamedValues& feeds, std::span<const Ov
 }
 
 NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Override> overrides,
-                              const ops::RunContext* run_context) {
+                              const ops::RunContext* run_context, const AfterStep* after_step) {
   // Tensors fed by reference through Values made once per run (cheap: no allocation).
   std::vector<Value> held;
   held.reserve(feeds.size());
   std::map<std::string, const Value*> by_name;
   for (const auto& [name, tensor] : feeds) by_name.emplace(name, &held.emplace_back(tensor));
-  bind_and_run(by_name, overrides, run_context);
+  bind_and_run(by_name, overrides, run_context, after_step);
   NamedTensors result;
   for (ir::ValueId id : graph_.outputs()) {
     Value& v = values_[static_cast<size_t>(id)];

@@ -47,8 +47,9 @@ class GraphRunner {
   // values for this run. Random ops use `run_context` when given, else the runner's seed and
   // its count of earlier runs. Returns every graph output by name. run() requires every input
   // and output to be a tensor (an Error names the one that is not); run_values takes any.
+  // `after_step`: see Plan::run (nodes of this graph only, not of subgraphs).
   NamedTensors run(const NamedTensors& feeds, std::span<const Override> overrides = {},
-                   const ops::RunContext* run_context = nullptr);
+                   const ops::RunContext* run_context = nullptr, const AfterStep* after_step = nullptr);
   NamedValues run_values(const NamedValues& feeds, std::span<const Override> overrides = {},
                          const ops::RunContext* run_context = nullptr);
 
@@ -56,7 +57,7 @@ class GraphRunner {
   Plan& plan_for_signature();
   // Sets the feeds and overrides into values_ and the shape signature; then runs.
   void bind_and_run(const std::map<std::string, const Value*>& feeds, std::span<const Override> overrides,
-                    const ops::RunContext* run_context);
+                    const ops::RunContext* run_context, const AfterStep* after_step = nullptr);
 
   std::string source_;
   ir::Graph graph_;

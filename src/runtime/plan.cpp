@@ -92,7 +92,7 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
   }
 }
 
-void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context) {
+void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, const AfterStep* after_step) {
   const bool profile = Profiler::instance().enabled();
   memory_.begin_run();
   for (size_t s = 0; s < steps_.size(); ++s) {
@@ -132,6 +132,7 @@ void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context) {
       throw std::runtime_error(graph_.description() + ", " + node.description() +
                                ": internal error: " + e.what());
     }
+    if (after_step) (*after_step)(node, values);
     for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Value();
   }
   memory_.end_run();

@@ -2,6 +2,7 @@
 // and, for every value, the step after which its buffer is released.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -21,6 +22,9 @@ using OpsetMap = std::unordered_map<std::string, int>;
 // the nodes need. Throws Error naming `source` for an unsupported version.
 void check_opsets(const OpsetMap& opsets, const std::string& source);
 
+// Called after each step of Plan::run with the node that ran and the values (its outputs set).
+using AfterStep = std::function<void(const ir::Node&, const std::vector<Value>&)>;
+
 class Plan {
  public:
   // Creates the kernels (throws Error naming the node for an unknown op, a domain missing from
@@ -30,8 +34,10 @@ class Plan {
 
   // Runs every step. `values` has a slot per graph value (graph.values().size()); graph
   // inputs and initializers must be set. On return graph outputs are set; other values whose
-  // last reader has run are released. Errors name the model, graph and node.
-  void run(std::vector<Value>& values, const ops::RunContext& run_context);
+  // last reader has run are released. Errors name the model, graph and node. `after_step`, when
+  // given, is called after each node has run, before values it was the last reader of are
+  // released (data-parallel training starts a bucket's allreduce from it).
+  void run(std::vector<Value>& values, const ops::RunContext& run_context, const AfterStep* after_step = nullptr);
 
   size_t num_steps() const { return steps_.size(); }
 

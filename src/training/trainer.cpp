@@ -159,7 +159,7 @@ void Loop::load_session() {
   session_options.threads = o_.threads;
   session_options.seed = o_.seed;
   if (o_.communicator) {
-    session_options.reduce = [this](runtime::NamedTensors& values) { o_.communicator->weighted_mean(values, share_); };
+    session_options.reduce = [this] { return o_.communicator->begin_weighted_mean(share_); };
   }
   session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
   training_metadata_ = metadata_value(model, kTrainingMetadataKey);

@@ -9,6 +9,7 @@
 #include "core/finite.h"
 #include "core/parallel.h"
 #include "distributed/split_program.h"
+#include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
@@ -46,6 +47,7 @@ struct BoundGraph {
   struct Split {
     Part local, update;
     std::set<std::string> reduced;  // distributed::SplitProgram::reduced
+    std::vector<char> reduced_ids;  // by ValueId of local's graph: 1 where reduced (made at the first step)
   };
   std::optional<Split> split;
 };
@@ -282,13 +284,48 @@ struct TrainingSession::Impl {
   // part; returns the graph outputs of both.
   runtime::NamedTensors run_split(BoundGraph& g, const runtime::NamedTensors& feeds, const ops::RunContext& context) {
     BoundGraph::Split& s = *g.split;
-    runtime::NamedTensors cut = s.local.runner->run(inputs_of(*s.local.runner, feeds), s.local.overrides, &context);
-    runtime::NamedTensors reduced;
-    for (auto& [name, value] : cut) {
-      if (s.reduced.contains(name)) reduced.emplace(name, std::move(value));
+    const ir::Graph& local = s.local.runner->graph();
+    if (s.reduced_ids.empty()) {
+      s.reduced_ids.assign(local.values().size(), 0);
+      for (const std::string& name : s.reduced) {
+        const ir::ValueId id = local.find(name);
+        if (id != ir::kNoValue) s.reduced_ids[static_cast<size_t>(id)] = 1;
+      }
     }
-    options.reduce(reduced);
-    for (auto& [name, value] : reduced) cut[name] = std::move(value);
+    // Buckets of the values to average, in the order the backward pass writes them; each is
+    // started when full, so its allreduce overlaps the nodes still to run.
+    constexpr size_t kFirstBucketBytes = size_t{1} << 20, kBucketBytes = size_t{25} << 20;
+    const std::unique_ptr<distributed::WeightedMean> mean = options.reduce();
+    std::vector<std::pair<std::string, const Tensor*>> bucket;
+    std::set<std::string> started;
+    size_t bytes = 0, cap = kFirstBucketBytes;
+    auto start_bucket = [&] {
+      mean->start(bucket);
+      for (const auto& [name, t] : bucket) started.insert(name);
+      bucket.clear();
+      bytes = 0;
+      cap = kBucketBytes;
+    };
+    const runtime::AfterStep after_step = [&](const ir::Node& node, const std::vector<Value>& values) {
+      for (ir::ValueId id : node.outputs) {
+        if (id == ir::kNoValue || !s.reduced_ids[static_cast<size_t>(id)]) continue;
+        const Value& value = values[static_cast<size_t>(id)];
+        if (!value.is_tensor()) continue;  // run() names it below
+        bucket.emplace_back(local.value(id).name, &value.tensor());
+        bytes += static_cast<size_t>(value.tensor().numel()) * dtype_size(value.tensor().dtype());
+      }
+      if (bytes >= cap) start_bucket();
+      mean->progress();
+    };
+    runtime::NamedTensors cut = s.local.runner->run(inputs_of(*s.local.runner, feeds), s.local.overrides, &context,
+                                                    &after_step);
+    // The last bucket, with any value no node wrote (folded into a constant).
+    bucket.clear();
+    for (const auto& [name, value] : cut) {
+      if (s.reduced.contains(name) && !started.contains(name)) bucket.emplace_back(name, &value);
+    }
+    if (!bucket.empty()) mean->start(bucket);
+    for (auto& [name, value] : mean->finish()) cut[name] = std::move(value);
     runtime::NamedTensors update_feeds = inputs_of(*s.update.runner, feeds);
     for (const auto& [name, value] : inputs_of(*s.update.runner, cut)) update_feeds.emplace(name, value);
     runtime::NamedTensors outputs = s.update.runner->run(update_feeds, s.update.overrides, &context);
