@@ -96,6 +96,11 @@ struct TrainOptions {
   // Seconds a collective waits for the other ranks before the run ends with an error naming
   // the waiting rank (Communicator::set_timeout); 0: forever.
   double collective_timeout = 600;
+  // ZeRO stage 1 (docs/distributed.md, "ZeRO-1"): each rank holds and updates the optimizer
+  // state of its share of the parameters only (TrainingOptions::shard_optimizer_state); rank
+  // 0 gathers the whole state to write checkpoints and the output. Needs a communicator (an
+  // Error otherwise); with 1 rank nothing is sharded.
+  bool shard_optimizer_state = false;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/memory.h"
+#include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -87,8 +88,9 @@ std::string metadata(const onnx::ModelProto& model, const std::string& key) {
 // One run of the loop: the session, the feeds, the position and what is reported.
 class Loop {
  public:
-  Loop(const TrainOptions& o, BatchSource& train, BatchSource* eval, const TrainHooks& hooks, std::ostream& log)
-      : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)) {}
+  Loop(const TrainOptions& o, BatchSource& train, BatchSource* eval, const TrainHooks& hooks, std::ostream& log,
+       bool memory_line)
+      : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)), memory_line_(memory_line) {}
   // The loop, then the result's metadata (what the output is written with).
   TrainResult run() {
     TrainResult result = run_loop();
@@ -143,6 +145,7 @@ class Loop {
   double share_ = 0;  // samples of this rank's share of the current batch (data-parallel)
   Clock::time_point started_, last_line_;
   TrainResult result_;
+  const bool memory_line_;  // data-parallel: each rank prints distributed::rank_memory_line at the end
 };
 
 void Loop::load_session() {
@@ -154,6 +157,10 @@ void Loop::load_session() {
   session_options.seed = o_.seed;
   if (o_.communicator) {
     session_options.reduce = [this](runtime::NamedTensors& values) { o_.communicator->weighted_mean(values, share_); };
+  }
+  if (o_.shard_optimizer_state) {
+    if (!o_.communicator) throw Error("--shard-optimizer-state: needs data-parallel training (run under mpirun)");
+    session_options.shard_optimizer_state = o_.communicator;
   }
   session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
   training_metadata_ = metadata_value(model, kTrainingMetadataKey);
@@ -217,7 +224,7 @@ void Loop::resolve_feeds() {
 TrainResult Loop::run_loop() {
   if (o_.epochs <= 0) throw Error("--epochs must be positive");
   if (o_.checkpoint_every > 0 && checkpoint_.empty()) throw Error("--checkpoint-every needs a checkpoint or output path");
-  check_outputs(o_);
+  if (!o_.communicator || o_.communicator->rank() == 0) check_outputs(o_);
   load_session();
   resolve_feeds();
   if (batches_) total_ = o_.max_steps > 0 ? std::min<int64_t>(o_.max_steps, *batches_ * o_.epochs) : *batches_ * o_.epochs;
@@ -403,12 +410,15 @@ bool Loop::evaluate(int epoch, bool epoch_end) {
 void Loop::save_checkpoint(int epoch, int64_t next_batch) {
   const std::string position = std::to_string(epoch) + "/" + std::to_string(next_batch) + "/" + std::to_string(result_.steps);
   if (checkpoint_.empty() || position == last_checkpoint_) return;
+  last_checkpoint_ = position;
+  if (o_.shard_optimizer_state) session_->consolidate_state(0);  // every rank: a collective
+  if (o_.communicator && o_.communicator->rank() != 0) return;   // ZeRO-1 ranks > 0 reach here
   session_->save(checkpoint_, progress_metadata({{"onnxtrain.epoch", std::to_string(epoch)},
                                                  {"onnxtrain.batch", std::to_string(next_batch)},
                                                  {"onnxtrain.steps_done", std::to_string(session_->steps_done())},
                                                  {"onnxtrain.seed", std::to_string(o_.seed)}}));
+  session_->drop_consolidated_state();
   result_.checkpoint = checkpoint_;
-  last_checkpoint_ = position;
 }
 
 // Writes a checkpoint at (epoch, next_batch) and marks the result interrupted.
@@ -443,6 +453,12 @@ std::map<std::string, std::string> Loop::progress_metadata(std::map<std::string,
 }
 
 void Loop::finish() {
+  if (o_.communicator && memory_line_) {  // before consolidate_state gathers the optimizer state on rank 0
+    const int rank = o_.communicator->rank(), ranks = o_.communicator->size();
+    log_ << distributed::rank_memory_line(rank, ranks, session_->state(), o_.shard_optimizer_state && ranks > 1) << std::endl;
+  }
+  if (!o_.output.empty() && o_.shard_optimizer_state) session_->consolidate_state(0);  // every rank
+  if (o_.communicator && o_.communicator->rank() != 0) return;  // ZeRO-1 ranks > 0 reach here
   if (!o_.output.empty()) session_->save(o_.output, progress_metadata({}));
   if (!o_.export_inference.empty()) {
     // The session's current model (external data read in), without its training_info.
@@ -475,16 +491,21 @@ void check_outputs(const TrainOptions& options) {
 TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSource* eval_data, const TrainHooks& hooks,
                   std::ostream& log) {
   if (options.communicator) options.communicator->set_timeout(options.collective_timeout);
-  if (!options.communicator || options.communicator->rank() == 0) return Loop(options, train_data, eval_data, hooks, log).run();
+  const bool memory_line = !options.quiet;
+  if (!options.communicator || options.communicator->rank() == 0) {
+    return Loop(options, train_data, eval_data, hooks, log, memory_line).run();
+  }
   // Data-parallel, ranks other than 0: the same steps, without output, files or evaluation.
   TrainOptions quiet = options;
   quiet.quiet = true;
-  quiet.output.clear();
-  quiet.checkpoint.clear();
-  quiet.checkpoint_every = 0;
+  if (!options.shard_optimizer_state) {  // ZeRO-1: the same saves, to gather the state on rank 0
+    quiet.output.clear();
+    quiet.checkpoint.clear();
+    quiet.checkpoint_every = 0;
+  }
   quiet.metrics.clear();
   quiet.export_inference.clear();
-  return Loop(quiet, train_data, nullptr, hooks, log).run();
+  return Loop(quiet, train_data, nullptr, hooks, log, memory_line).run();
 }
 
 }  // namespace onnxtrain::training
