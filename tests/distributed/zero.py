@@ -20,7 +20,10 @@ AdamW (decoupled weight decay):
   can be off by at most the largest tensor).
 - resume: a sharded run stopped by --max-steps 10 (checkpoint every 5 steps) and resumed from
   its checkpoint equals the uninterrupted sharded run bit-identically (every initializer).
-- --shard-optimizer-state without mpirun is an error naming the option.
+- --shard-optimizer-state without mpirun is an error naming the option; a hand-written update
+  that reads another parameter's optimizer state (the new Adam m of fc3.weight plus 0 times the
+  sum of fc1.weight's m) is an error naming the node, on the rank that cannot run it, and no
+  output is written.
 - with --memory (not in ctest: slow), peak RSS per rank (VmHWM) of plain vs sharded on a wider
   MLP 784-2048-2048-2048-10 with Adam (optimizer state twice the parameters).
 Skipped (exit 77, ctest SKIP_RETURN_CODE) without mpirun.
@@ -177,6 +180,28 @@ def main():
         ok = ok and not os.path.exists(p("never.onnx"))
         print(f"without mpirun: {'ok' if ok else 'FAIL: ' + failed.stdout + failed.stderr}")
         failures += not ok
+
+        mixed = onnx.load(p("adam.onnx"))
+        info = mixed.training_info[0]
+        binding = next(b for b in info.update_binding if b.key == "onnxtrain.adam_m.fc3.weight")
+        info.algorithm.initializer.append(numpy_helper.from_array(np.array(0, np.float32), "mix.zero"))
+        info.algorithm.node.extend([
+            helper.make_node("ReduceSum", ["onnxtrain.adam_m.fc1.weight"], ["mix.sum"], keepdims=0, name="mix_sum"),
+            helper.make_node("Mul", ["mix.sum", "mix.zero"], ["mix.nothing"], name="mix_scale"),
+            helper.make_node("Add", [binding.value, "mix.nothing"], ["mix.m"], name="mix_add")])
+        info.algorithm.output.append(helper.make_tensor_value_info("mix.m", TensorProto.FLOAT, [10, 512]))
+        binding.value = "mix.m"
+        onnx.save(mixed, p("mixed.onnx"))
+        failed = subprocess.run(mpi(2) + ["train", p("mixed.onnx"), "--data", p("data.npz"), "--map", "x=image",
+                                          "--shard-optimizer-state", "-q", "-o", p("never.onnx")],
+                                capture_output=True, text=True, env=env, timeout=120)
+        ok = failed.returncode != 0 and "mix_sum" in failed.stderr and "onnxtrain.adam_m.fc1.weight" in failed.stderr
+        ok = ok and not os.path.exists(p("never.onnx"))
+        said = next((l for l in failed.stderr.splitlines() if l.startswith("error:")), "")
+        print(f"an update mixing two parameters' state: {said}: {'ok' if ok else 'FAIL: ' + failed.stdout + failed.stderr}")
+        failures += not ok
+        run(mpi(2) + ["train", p("mixed.onnx"), "--data", p("data.npz"), "--map", "x=image", "-q", "--max-steps", "2",
+                      "-o", p("mixed_plain.onnx")], env)  # the same model trains unsharded
 
         if args.memory:
             wide_mlp(p("wide.onnx"))
