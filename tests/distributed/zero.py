@@ -189,6 +189,9 @@ def main():
             helper.make_node("ReduceSum", ["onnxtrain.adam_m.fc1.weight"], ["mix.sum"], keepdims=0, name="mix_sum"),
             helper.make_node("Mul", ["mix.sum", "mix.zero"], ["mix.nothing"], name="mix_scale"),
             helper.make_node("Add", [binding.value, "mix.nothing"], ["mix.m"], name="mix_add")])
+        old = [o for o in info.algorithm.output if o.name == binding.value]
+        for o in old:  # no longer an output: only the rank owning fc3.weight computes it
+            info.algorithm.output.remove(o)
         info.algorithm.output.append(helper.make_tensor_value_info("mix.m", TensorProto.FLOAT, [10, 512]))
         binding.value = "mix.m"
         onnx.save(mixed, p("mixed.onnx"))
