@@ -226,4 +226,32 @@ OptimizerShards shard_update(onnx::GraphProto& update, const std::map<std::strin
   return shards;
 }
 
+void drop_outputs(onnx::GraphProto& graph, const std::set<std::string>& outputs) {
+  std::set<std::string> needed;
+  google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> kept_outputs;
+  for (auto& out : *graph.mutable_output()) {
+    if (outputs.contains(out.name())) continue;
+    needed.insert(out.name());
+    kept_outputs.Add()->Swap(&out);
+  }
+  graph.mutable_output()->Swap(&kept_outputs);
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept_nodes;
+  for (int i = graph.node_size(); i-- > 0;) {
+    bool keep = false;
+    for (const auto& out : graph.node(i).output()) keep = keep || (!out.empty() && needed.contains(out));
+    if (keep) add_reads(graph.node(i), needed);
+  }
+  for (auto& node : *graph.mutable_node()) {
+    bool keep = false;
+    for (const auto& out : node.output()) keep = keep || (!out.empty() && needed.contains(out));
+    if (keep) kept_nodes.Add()->Swap(&node);
+  }
+  graph.mutable_node()->Swap(&kept_nodes);
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> kept_initializers;
+  for (auto& t : *graph.mutable_initializer()) {
+    if (needed.contains(t.name())) kept_initializers.Add()->Swap(&t);
+  }
+  graph.mutable_initializer()->Swap(&kept_initializers);
+}
+
 }  // namespace onnxtrain::distributed

@@ -57,4 +57,9 @@ OptimizerShards shard_update(onnx::GraphProto& update, const std::map<std::strin
                              const std::map<std::string, std::string>& gradients,
                              const std::map<std::string, size_t>& bytes, int rank, int ranks, const std::string& label);
 
+// Removes the graph outputs named in `outputs` from `graph` (an initialization graph, whose
+// values for other ranks' optimizer state this rank does not need), with every node and
+// initializer that only they needed.
+void drop_outputs(onnx::GraphProto& graph, const std::set<std::string>& outputs);
+
 }  // namespace onnxtrain::distributed

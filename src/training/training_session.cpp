@@ -129,8 +129,13 @@ struct TrainingSession::Impl {
       mark_checked_by_producer(algorithm);
       algorithms.push_back(std::move(algorithm));
       if (info.has_initialization()) {
-        BoundGraph init = make_bound(executable(info.initialization(), initialization_label(source, i)),
-                                     initialization_label(source, i), opsets, {});
+        onnx::GraphProto initialization = executable(info.initialization(), initialization_label(source, i));
+        std::set<std::string> others;  // ZeRO-1: the values of other ranks' optimizer state
+        for (const auto& b : info.initialization_binding()) {
+          if (dropped_by(algorithms.back(), b.key())) others.insert(b.value());
+        }
+        if (!others.empty()) distributed::drop_outputs(initialization, others);
+        BoundGraph init = make_bound(initialization, initialization_label(source, i), opsets, {});
         for (const auto& b : info.initialization_binding()) {
           if (!dropped_by(algorithms.back(), b.key())) init.bindings.push_back({b.key(), b.value()});
         }
