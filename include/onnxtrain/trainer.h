@@ -97,9 +97,15 @@ struct TrainOptions {
   // the waiting rank (Communicator::set_timeout); 0: forever.
   double collective_timeout = 600;
   // Data-parallel, a debug check: every K steps each rank hashes its state (every variable:
-  // weights, optimizer state, counters) and compares with rank 0's; a difference is an Error
+  // weights, optimizer state, counters; with shard_optimizer_state, the optimizer state only
+  // its owner holds is not compared) and compares with rank 0's; a difference is an Error
   // naming the rank and the variable. 0: never.
   int64_t checksum_every = 0;
+  // ZeRO stage 1 (docs/distributed.md, "ZeRO-1"): each rank holds and updates the optimizer
+  // state of its share of the parameters only (TrainingOptions::shard_optimizer_state); rank
+  // 0 gathers the whole state to write checkpoints and the output. Needs a communicator (an
+  // Error otherwise); with 1 rank nothing is sharded.
+  bool shard_optimizer_state = false;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

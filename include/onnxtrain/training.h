@@ -36,6 +36,7 @@ class ModelProto;
 
 namespace onnxtrain::distributed {
 class WeightedMean;  // onnxtrain/distributed.h
+class Communicator;
 }
 
 namespace onnxtrain::training {
@@ -66,6 +67,17 @@ struct TrainingOptions {
   // then 25 MiB, PyTorch DDP's defaults), so their allreduce overlaps the rest of the backward
   // pass, and runs the update part on finish()'s averages.
   std::function<std::unique_ptr<distributed::WeightedMean>()> reduce;
+  // ZeRO stage 1 (docs/distributed.md, "ZeRO-1"; PyTorch's ZeroRedundancyOptimizer): with
+  // `reduce` set and a communicator of N > 1 ranks, the parameters each algorithm's update
+  // part writes are divided among the ranks by whole tensor (greedily by size, the same on
+  // every rank); each rank runs the update of its own parameters only and holds only their
+  // optimizer state (the variables whose update depends on one parameter or its gradient):
+  // the other ranks' state is dropped from state(). After each update every parameter is
+  // broadcast from its owner, so all ranks hold the same parameters. Every rank must call
+  // step() and consolidate_state() at the same points. Needs `reduce` and one training_info
+  // entry (an Error otherwise); an update node that reads the state of parameters other ranks
+  // own is an Error naming it. nullptr or 1 rank: not sharded.
+  std::shared_ptr<distributed::Communicator> shard_optimizer_state;
 };
 
 class TrainingSession {
@@ -116,6 +128,14 @@ class TrainingSession {
   // the model's folder) so that the result stands alone. Throws Error when external data is
   // unreadable.
   onnx::ModelProto model(const std::map<std::string, std::string>& metadata = {}) const;
+
+  // With TrainingOptions::shard_optimizer_state: a collective every rank calls at the same
+  // point, after which rank `to` holds every variable (the optimizer state other ranks own is
+  // sent to it), so its save() and model() write the whole state (PyTorch:
+  // ZeroRedundancyOptimizer.consolidate_state_dict), until drop_consolidated_state() or the
+  // next step() drops it again. Without sharding both do nothing.
+  void consolidate_state(int to = 0);
+  void drop_consolidated_state();
 
   // Successful steps so far: the run index random ops (Dropout) draw with. A resumed training
   // loop restores it so that it continues exactly as if it had never stopped.

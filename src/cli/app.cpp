@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
   train->add_option("--checksum-every", tr.checksum_every,
                     "under mpirun, a debug check: every N steps compare every rank's state with rank 0's")
       ->check(CLI::NonNegativeNumber);
+  train->add_flag("--shard-optimizer-state", tr.shard_optimizer_state,
+                  "under mpirun: ZeRO stage 1, each rank holds and updates the optimizer state of 1/N of the parameters "
+                  "(docs/distributed.md)");
 
   onnxtrain::cli::ExportArgs ex;
   auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept) and/or its weights as .safetensors");

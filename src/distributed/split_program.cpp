@@ -6,10 +6,6 @@
 
 namespace onnxtrain::distributed {
 
-namespace {
-
-// The names a node reads: its inputs and, for a node with subgraphs, every name read inside
-// them (a superset of the enclosing-graph values they capture, which is all the cut needs).
 void add_reads(const onnx::NodeProto& node, std::set<std::string>& reads) {
   for (const auto& in : node.input()) {
     if (!in.empty()) reads.insert(in);
@@ -23,6 +19,8 @@ void add_reads(const onnx::NodeProto& node, std::set<std::string>& reads) {
     for (const auto& g : attr.graphs()) add_graph(g);
   }
 }
+
+namespace {
 
 // What a graph knows of a value's type: its graph input, output or value_info entry, else
 // the bare name.

@@ -28,6 +28,10 @@ struct SplitProgram {
   std::set<std::string> reduced;
 };
 
+// Adds the names `node` reads to `reads`: its inputs and, for a node with subgraphs, every name
+// read inside them (a superset of the enclosing-graph values they capture).
+void add_reads(const onnx::NodeProto& node, std::set<std::string>& reads);
+
 // The non-empty output names of the Gradient nodes of `graph` (not of its subgraphs); call it
 // before the Gradient expansion, which keeps these names.
 std::set<std::string> gradient_outputs(const onnx::GraphProto& graph);

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/memory.h"
+#include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -87,8 +88,9 @@ std::string metadata(const onnx::ModelProto& model, const std::string& key) {
 // One run of the loop: the session, the feeds, the position and what is reported.
 class Loop {
  public:
-  Loop(const TrainOptions& o, BatchSource& train, BatchSource* eval, const TrainHooks& hooks, std::ostream& log)
-      : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)) {}
+  Loop(const TrainOptions& o, BatchSource& train, BatchSource* eval, const TrainHooks& hooks, std::ostream& log,
+       bool memory_line)
+      : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)), memory_line_(memory_line) {}
   // The loop, then the result's metadata (what the output is written with).
   TrainResult run() {
     TrainResult result = run_loop();
@@ -149,6 +151,7 @@ class Loop {
   double share_ = 0;  // samples of this rank's share of the current batch (data-parallel)
   Clock::time_point started_, last_line_;
   TrainResult result_;
+  const bool memory_line_;  // data-parallel: each rank prints distributed::rank_memory_line at the end
 };
 
 void Loop::load_session() {
@@ -160,6 +163,10 @@ void Loop::load_session() {
   session_options.seed = o_.seed;
   if (o_.communicator) {
     session_options.reduce = [this] { return o_.communicator->begin_weighted_mean(share_); };
+  }
+  if (o_.shard_optimizer_state) {
+    if (!o_.communicator) throw Error("--shard-optimizer-state: needs data-parallel training (run under mpirun)");
+    session_options.shard_optimizer_state = o_.communicator;
   }
   session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
   training_metadata_ = metadata_value(model, kTrainingMetadataKey);
@@ -223,7 +230,7 @@ void Loop::resolve_feeds() {
 TrainResult Loop::run_loop() {
   if (o_.epochs <= 0) throw Error("--epochs must be positive");
   if (o_.checkpoint_every > 0 && checkpoint_.empty()) throw Error("--checkpoint-every needs a checkpoint or output path");
-  check_outputs(o_);
+  if (!o_.communicator || o_.communicator->rank() == 0) check_outputs(o_);
   load_session();
   resolve_feeds();
   if (batches_) total_ = o_.max_steps > 0 ? std::min<int64_t>(o_.max_steps, *batches_ * o_.epochs) : *batches_ * o_.epochs;
@@ -371,26 +378,33 @@ uint64_t hash_bytes(const Tensor& t) {
 }  // namespace
 
 void Loop::check_replicas() {
-  std::vector<std::string> names;
-  std::vector<uint64_t> mine;
+  // Rank 0's hashes by name, as "NAME\0" + 8 bytes per variable; each rank compares those of
+  // the variables it holds too. With --shard-optimizer-state the optimizer state of a
+  // parameter is held by its owner alone, so it is not compared; everything else is.
+  std::string blob;
   for (const auto& [name, t] : session_->state()) {
     if (t.dtype() == DataType::String) continue;
-    names.push_back(name);
-    mine.push_back(hash_bytes(t));
+    const uint64_t h = hash_bytes(t);
+    blob += name;
+    blob.push_back('\0');
+    blob.append(reinterpret_cast<const char*>(&h), sizeof h);
   }
-  std::vector<uint64_t> first = mine;
-  uint64_t count = first.size();
-  o_.communicator->broadcast_bytes(&count, sizeof count, 0, "the checksum of the state (--checksum-every)");
-  if (count != mine.size()) {
-    throw Error("--checksum-every: after step " + std::to_string(result_.steps) + " rank " +
-                std::to_string(o_.communicator->rank()) + " holds " + std::to_string(mine.size()) +
-                " state tensors, rank 0 holds " + std::to_string(count));
-  }
-  o_.communicator->broadcast_bytes(first.data(), first.size() * sizeof(uint64_t), 0,
-                                   "the checksum of the state (--checksum-every)");
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (first[i] != mine[i]) {
-      throw Error("--checksum-every: after step " + std::to_string(result_.steps) + " '" + names[i] + "' on rank " +
+  const std::string what = "the checksum of the state (--checksum-every)";
+  uint64_t size = blob.size();
+  o_.communicator->broadcast_bytes(&size, sizeof size, 0, what);
+  std::string first = o_.communicator->rank() == 0 ? blob : std::string(size, '\0');
+  o_.communicator->broadcast_bytes(first.data(), first.size(), 0, what);
+  const auto& state = session_->state();
+  for (size_t at = 0; at < first.size();) {
+    const size_t end = first.find('\0', at);
+    if (end == std::string::npos || end + 1 + sizeof(uint64_t) > first.size()) break;
+    const std::string name = first.substr(at, end - at);
+    uint64_t h;
+    std::memcpy(&h, first.data() + end + 1, sizeof h);
+    at = end + 1 + sizeof h;
+    const auto it = state.find(name);
+    if (it != state.end() && hash_bytes(it->second) != h) {
+      throw Error("--checksum-every: after step " + std::to_string(result_.steps) + " '" + name + "' on rank " +
                   std::to_string(o_.communicator->rank()) + " differs from rank 0's (the ranks' models have diverged)");
     }
   }
@@ -489,12 +503,15 @@ bool Loop::evaluate(int epoch, bool epoch_end) {
 void Loop::save_checkpoint(int epoch, int64_t next_batch) {
   const std::string position = std::to_string(epoch) + "/" + std::to_string(next_batch) + "/" + std::to_string(result_.steps);
   if (checkpoint_.empty() || position == last_checkpoint_) return;
+  last_checkpoint_ = position;
+  if (o_.shard_optimizer_state) session_->consolidate_state(0);  // every rank: a collective
+  if (o_.communicator && o_.communicator->rank() != 0) return;   // ZeRO-1 ranks > 0 reach here
   session_->save(checkpoint_, progress_metadata({{"onnxtrain.epoch", std::to_string(epoch)},
                                                  {"onnxtrain.batch", std::to_string(next_batch)},
                                                  {"onnxtrain.steps_done", std::to_string(session_->steps_done())},
                                                  {"onnxtrain.seed", std::to_string(o_.seed)}}));
+  session_->drop_consolidated_state();
   result_.checkpoint = checkpoint_;
-  last_checkpoint_ = position;
 }
 
 // Writes a checkpoint at (epoch, next_batch) and marks the result interrupted.
@@ -529,6 +546,12 @@ std::map<std::string, std::string> Loop::progress_metadata(std::map<std::string,
 }
 
 void Loop::finish() {
+  if (o_.communicator && memory_line_) {  // before consolidate_state gathers the optimizer state on rank 0
+    const int rank = o_.communicator->rank(), ranks = o_.communicator->size();
+    log_ << distributed::rank_memory_line(rank, ranks, session_->state(), o_.shard_optimizer_state && ranks > 1) << std::endl;
+  }
+  if (!o_.output.empty() && o_.shard_optimizer_state) session_->consolidate_state(0);  // every rank
+  if (o_.communicator && o_.communicator->rank() != 0) return;  // ZeRO-1 ranks > 0 reach here
   if (!o_.output.empty()) session_->save(o_.output, progress_metadata({}));
   if (!o_.export_inference.empty()) {
     // The session's current model (external data read in), without its training_info.
@@ -561,17 +584,22 @@ void check_outputs(const TrainOptions& options) {
 TrainResult train(const TrainOptions& options, BatchSource& train_data, BatchSource* eval_data, const TrainHooks& hooks,
                   std::ostream& log) {
   if (options.communicator) options.communicator->set_timeout(options.collective_timeout);
-  if (!options.communicator || options.communicator->rank() == 0) return Loop(options, train_data, eval_data, hooks, log).run();
+  const bool memory_line = !options.quiet;
+  if (!options.communicator || options.communicator->rank() == 0) {
+    return Loop(options, train_data, eval_data, hooks, log, memory_line).run();
+  }
   // Data-parallel, ranks other than 0: the same steps and their share of each evaluation,
   // without output or files.
   TrainOptions quiet = options;
   quiet.quiet = true;
-  quiet.output.clear();
-  quiet.checkpoint.clear();
-  quiet.checkpoint_every = 0;
+  if (!options.shard_optimizer_state) {  // ZeRO-1: the same saves, to gather the state on rank 0
+    quiet.output.clear();
+    quiet.checkpoint.clear();
+    quiet.checkpoint_every = 0;
+  }
   quiet.metrics.clear();
   quiet.export_inference.clear();
-  return Loop(quiet, train_data, eval_data, hooks, log).run();
+  return Loop(quiet, train_data, eval_data, hooks, log, memory_line).run();
 }
 
 }  // namespace onnxtrain::training

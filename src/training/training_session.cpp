@@ -7,7 +7,9 @@
 #include "autodiff/gradient.h"
 #include "core/dispatch.h"
 #include "core/finite.h"
+#include "core/memory.h"
 #include "core/parallel.h"
+#include "distributed/shard_optimizer.h"
 #include "distributed/split_program.h"
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
@@ -47,6 +49,8 @@ struct BoundGraph {
   struct Split {
     Part local, update;
     std::set<std::string> reduced;  // distributed::SplitProgram::reduced
+    // With TrainingOptions::shard_optimizer_state: how the update part was sharded.
+    std::optional<distributed::OptimizerShards> shards;
     std::vector<char> reduced_ids;  // by ValueId of local's graph: 1 where reduced (made at the first step)
   };
   std::optional<Split> split;
@@ -86,6 +90,10 @@ struct TrainingSession::Impl {
   std::vector<std::optional<BoundGraph>> initializations;
   uint64_t steps_done = 0;            // successful steps: the run index of random ops
   uint64_t initializations_done = 0;  // successful initialize() calls
+  // ZeRO-1: the element type and shape of each variable other ranks own (consolidate_state
+  // receives them); `consolidated` while state() holds them (after consolidate_state).
+  std::map<std::string, std::pair<DataType, Shape>> dropped;
+  bool consolidated = false;
 
   Impl(onnx::ModelProto m, TrainingOptions opts, std::filesystem::path dir, std::string src)
       : model(std::move(m)), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
@@ -112,17 +120,26 @@ struct TrainingSession::Impl {
                            opsets, keys);
     for (int i = 0; i < model.training_info_size(); ++i) {
       const auto& info = model.training_info(i);
-      std::set<std::string> bound_values;
-      for (const auto& b : info.update_binding()) bound_values.insert(b.value());
+      std::map<std::string, std::string> update_bindings;
+      for (const auto& b : info.update_binding()) update_bindings[b.key()] = b.value();
       BoundGraph algorithm = make_bound(executable(combine_graphs(model.graph(), info.algorithm()), combined_label(source, i)),
-                                        combined_label(source, i), opsets, keys, bound_values);
-      for (const auto& b : info.update_binding()) algorithm.bindings.push_back({b.key(), b.value()});
+                                        combined_label(source, i), opsets, keys, update_bindings);
+      for (const auto& b : info.update_binding()) {
+        if (owns(algorithm, b.key())) algorithm.bindings.push_back({b.key(), b.value()});
+      }
       mark_checked_by_producer(algorithm);
       algorithms.push_back(std::move(algorithm));
       if (info.has_initialization()) {
-        BoundGraph init = make_bound(executable(info.initialization(), initialization_label(source, i)),
-                                     initialization_label(source, i), opsets, {});
-        for (const auto& b : info.initialization_binding()) init.bindings.push_back({b.key(), b.value()});
+        onnx::GraphProto initialization = executable(info.initialization(), initialization_label(source, i));
+        std::set<std::string> others;  // ZeRO-1: the values of other ranks' optimizer state
+        for (const auto& b : info.initialization_binding()) {
+          if (dropped_by(algorithms.back(), b.key())) others.insert(b.value());
+        }
+        if (!others.empty()) distributed::drop_outputs(initialization, others);
+        BoundGraph init = make_bound(initialization, initialization_label(source, i), opsets, {});
+        for (const auto& b : info.initialization_binding()) {
+          if (!dropped_by(algorithms.back(), b.key())) init.bindings.push_back({b.key(), b.value()});
+        }
         initializations.emplace_back(std::move(init));
       } else {
         initializations.emplace_back();
@@ -136,6 +153,18 @@ struct TrainingSession::Impl {
         for (auto& o : part->overrides) o.tensor = &state.at(part->runner->graph().value(o.id).name);
       }
     }
+    drop_others_state();
+  }
+
+  static bool dropped_by(const BoundGraph& g, const std::string& key) {
+    return g.split && g.split->shards && g.split->shards->dropped.contains(key);
+  }
+
+  // ZeRO-1: false for a variable of `g` another rank owns (its update is not computed here).
+  static bool owns(const BoundGraph& g, const std::string& key) {
+    if (!g.split || !g.split->shards) return true;
+    const auto it = g.split->shards->owner.find(key);
+    return it == g.split->shards->owner.end() || it->second == g.split->shards->rank;
   }
 
   std::vector<BoundGraph*> all_graphs() {
@@ -186,16 +215,21 @@ struct TrainingSession::Impl {
   // typed graph inputs that every run supplies from the state, so no graph holds a copy.
   BoundGraph make_bound(const onnx::GraphProto& proto, const std::string& label,
                         const runtime::OpsetMap& opsets, const std::set<std::string>& keys,
-                        const std::set<std::string>& bound_values = {}) {
+                        const std::map<std::string, std::string>& update_bindings = {}) {
     onnx::GraphProto graph = proto;
     const std::set<std::string> supplied = variables_as_inputs(graph, keys);
     run_checker(model, graph, label);
     const bool training = autodiff::has_gradient_nodes(graph);
     std::optional<distributed::SplitProgram> parts;
+    std::optional<distributed::OptimizerShards> shards;
     if (training) {
       const std::set<std::string> gradients = distributed::gradient_outputs(graph);
+      const std::map<std::string, std::string> parameters = distributed::gradient_parameters(graph);
       autodiff::expand_gradients(graph, opsets, label);
+      std::set<std::string> bound_values;
+      for (const auto& [key, value] : update_bindings) bound_values.insert(value);
       if (options.reduce) parts = distributed::split_at_gradients(graph, gradients, bound_values);
+      if (parts && sharded()) shards = shard(parts->update, update_bindings, parameters, label);
     }
     BoundGraph bound;
     bound.label = label;
@@ -205,9 +239,86 @@ struct TrainingSession::Impl {
     if (parts) {
       bound.split = BoundGraph::Split{plan(std::move(parts->local), label + " (forward and backward)", opsets, supplied, false),
                                       plan(std::move(parts->update), label + " (update)", opsets, supplied, true),
-                                      std::move(parts->reduced)};
+                                      std::move(parts->reduced), std::move(shards)};
     }
     return bound;
+  }
+
+  bool sharded() const { return options.shard_optimizer_state && options.shard_optimizer_state->size() > 1; }
+
+  // ZeRO-1: rewrites the update part for this rank (distributed/shard_optimizer.h).
+  distributed::OptimizerShards shard(onnx::GraphProto& update, const std::map<std::string, std::string>& update_bindings,
+                                     const std::map<std::string, std::string>& parameters, const std::string& label) {
+    if (model.training_info_size() != 1) {
+      throw Error(source + ": --shard-optimizer-state supports one training_info entry; the model has " +
+                  std::to_string(model.training_info_size()));
+    }
+    std::map<std::string, size_t> bytes;
+    for (const auto& [name, value] : state) bytes[name] = value.nbytes();
+    const distributed::Communicator& c = *options.shard_optimizer_state;
+    return distributed::shard_update(update, update_bindings, parameters, bytes, c.rank(), c.size(), label);
+  }
+
+  // ZeRO-1: drops the variables other ranks own from the state (and from the overrides of the
+  // uncut plan, which only describes the step), remembering their types for consolidate().
+  void drop_others_state() {
+    consolidated = false;
+    bool freed = false;
+    for (BoundGraph& g : algorithms) {
+      if (!g.split || !g.split->shards) continue;
+      for (const auto& name : g.split->shards->dropped) {
+        const auto it = state.find(name);
+        if (it == state.end()) continue;
+        dropped.insert_or_assign(name, std::make_pair(it->second.dtype(), it->second.shape()));
+        state.erase(it);
+        freed = true;
+      }
+      std::erase_if(g.overrides, [&](const runtime::Override& o) { return !state.contains(g.runner->graph().value(o.id).name); });
+    }
+    if (freed) trim_block_cache();  // give the dropped state's memory back, not to the block cache
+    for (const auto& o : inference.overrides) {
+      const std::string& name = inference.runner->graph().value(o.id).name;
+      if (dropped.contains(name)) {
+        throw Error(source + ": --shard-optimizer-state: the inference graph reads '" + name + "', optimizer state another rank owns");
+      }
+    }
+  }
+
+  // ZeRO-1: every rank gets each sharded parameter from its owner (after the update).
+  void broadcast_parameters(const distributed::OptimizerShards& shards) {
+    distributed::Communicator& c = *options.shard_optimizer_state;
+    for (const auto& name : shards.parameters) {
+      Tensor& t = state.at(name);
+      const int owner = shards.owner.at(name);
+      if (owner != c.rank() && !t.storage_unique()) t = Tensor(t.dtype(), t.shape());  // others may share the old storage
+      c.broadcast_bytes(t.raw_data(), t.nbytes(), owner, "the broadcast of parameter '" + name + "'");
+    }
+  }
+
+  // ZeRO-1: rank `to` receives every variable other ranks own (consolidate_state).
+  void consolidate(int to) {
+    if (!sharded()) return;
+    distributed::Communicator& c = *options.shard_optimizer_state;
+    for (const BoundGraph& g : algorithms) {
+      if (!g.split || !g.split->shards) continue;
+      for (const auto& [name, owner] : g.split->shards->owner) {
+        if (std::find(g.split->shards->parameters.begin(), g.split->shards->parameters.end(), name) !=
+            g.split->shards->parameters.end()) {
+          continue;  // every rank holds the parameters
+        }
+        const std::string what = "the consolidation of '" + name + "' on rank " + std::to_string(to);
+        if (owner == c.rank()) {
+          Tensor& t = state.at(name);
+          c.broadcast_bytes(t.raw_data(), t.nbytes(), owner, what);
+          continue;
+        }
+        const auto& [dtype, shape] = dropped.at(name);
+        Tensor received(dtype, shape);
+        c.broadcast_bytes(received.raw_data(), received.nbytes(), owner, what);
+        if (c.rank() == to) state.insert_or_assign(name, std::move(received));
+      }
+    }
+    consolidated = true;
   }
 
   // Applies the rewrites (scaled Adam where `adam`) and plans `graph`; the graph inputs named
@@ -271,12 +382,14 @@ struct TrainingSession::Impl {
 
   runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
     BoundGraph& g = algorithms[i];
+    if (consolidated) drop_others_state();
     const ops::RunContext context{options.seed, steps_done, options.nan_guard};
     runtime::NamedTensors outputs =
         g.split ? run_split(g, feeds, context) : g.runner->run(feeds, g.overrides, &context);
     runtime::NamedTensors staged;
     stage(g, outputs, staged);
     commit(staged);
+    if (g.split && g.split->shards) broadcast_parameters(*g.split->shards);
     return outputs;
   }
 
@@ -482,6 +595,11 @@ void TrainingSession::set_state(const std::string& name, const Tensor& value) {
                 ", cannot set it to " + value.description());
   }
   it->second = value;
+}
+
+void TrainingSession::consolidate_state(int to) { impl_->consolidate(to); }
+void TrainingSession::drop_consolidated_state() {
+  if (impl_->consolidated) impl_->drop_others_state();
 }
 
 uint64_t TrainingSession::steps_done() const { return impl_->steps_done; }

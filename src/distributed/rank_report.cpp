@@ -1,0 +1,40 @@
+#include "distributed/rank_report.h"
+
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+namespace onnxtrain::distributed {
+
+namespace {
+
+// The value of `field` ("VmHWM") of /proc/self/status in MiB, or -1.
+double status_mib(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    std::istringstream in(line.substr(field.size() + 1));
+    double kib = -1;
+    in >> kib;  // "VmHWM:	  123456 kB"
+    return kib < 0 ? -1 : kib / 1024;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::string rank_memory_line(int rank, int ranks, const runtime::NamedTensors& state, bool sharded) {
+  size_t bytes = 0;
+  for (const auto& [name, value] : state) bytes += value.nbytes();
+  std::ostringstream line;
+  line << "rank " << rank << " of " << ranks << ": holds " << bytes << " bytes of variables"
+       << (sharded ? " (optimizer state sharded)" : "");
+  const double rss = status_mib("VmRSS"), peak = status_mib("VmHWM");
+  line << std::fixed << std::setprecision(1);
+  if (rss >= 0) line << "; current RSS " << rss << " MiB";
+  if (peak >= 0) line << ", peak RSS " << peak << " MiB";
+  return line.str();
+}
+
+}  // namespace onnxtrain::distributed

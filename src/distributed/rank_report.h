@@ -1,0 +1,17 @@
+// The line each rank of a data-parallel run prints at its end (docs/distributed.md, "ZeRO-1"):
+// the bytes of the variables it holds and its peak resident memory.
+#pragma once
+
+#include <string>
+
+#include "onnxtrain/session.h"
+
+namespace onnxtrain::distributed {
+
+// "rank R of N: holds B bytes of variables (optimizer state sharded); current RSS X MiB, peak
+// RSS Y MiB" — B sums the nbytes of `state` (a TrainingSession's variables: the parameters,
+// the optimizer state this rank holds, counters); RSS and peak RSS are VmRSS and VmHWM of
+// /proc/self/status (omitted where it cannot be read).
+std::string rank_memory_line(int rank, int ranks, const runtime::NamedTensors& state, bool sharded);
+
+}  // namespace onnxtrain::distributed
