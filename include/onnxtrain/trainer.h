@@ -96,6 +96,12 @@ struct TrainOptions {
   // Seconds a collective waits for the other ranks before the run ends with an error naming
   // the waiting rank (Communicator::set_timeout); 0: forever.
   double collective_timeout = 600;
+  // With a communicator: BatchNormalization in training mode normalizes with the statistics of
+  // the global batch, summed across ranks in the forward and backward passes (PyTorch's
+  // SyncBatchNorm), so N ranks equal one process (TrainingOptions::sync_batch_norm). Without
+  // it, each rank normalizes with its share's and the running statistics are averaged. No
+  // effect in one process, whose batch is the global batch.
+  bool sync_batch_norm = false;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,12 @@ struct TrainingOptions {
   // output the first part computes, such as the loss), and runs the second on what `reduce`
   // leaves. The trainer averages them across ranks (distributed::Communicator::weighted_mean).
   std::function<void(runtime::NamedTensors&)> reduce;
+  // train --sync-batch-norm (docs/distributed.md, "BatchNormalization"): when set, every
+  // BatchNormalization in training mode of an algorithm with Gradient nodes normalizes with the
+  // statistics of the global batch (ai.onnxtrain.SyncBatchNormalization), and this sums its
+  // per-channel partial sums across ranks, in place (the trainer's Communicator::sum). Unset:
+  // each rank's share's statistics, as PyTorch DDP without SyncBatchNorm.
+  std::function<void(std::span<double>)> sync_batch_norm;
 };
 
 class TrainingSession {

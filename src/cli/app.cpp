@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
   train->add_option("--collective-timeout", tr.collective_timeout,
                     "under mpirun: seconds a rank waits for the others in a collective before ending the run (default 600, 0: forever)")
       ->check(CLI::NonNegativeNumber);
+  train->add_flag("--sync-batch-norm", tr.sync_batch_norm,
+                  "under mpirun: BatchNormalization in training mode uses the whole global batch's statistics (PyTorch's SyncBatchNorm); default: each rank's share's, running statistics averaged");
 
   onnxtrain::cli::ExportArgs ex;
   auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept) and/or its weights as .safetensors");

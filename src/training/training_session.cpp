@@ -9,6 +9,7 @@
 #include "core/finite.h"
 #include "core/parallel.h"
 #include "distributed/split_program.h"
+#include "distributed/sync_batch_norm.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
@@ -191,6 +192,7 @@ struct TrainingSession::Impl {
     const bool training = autodiff::has_gradient_nodes(graph);
     std::optional<distributed::SplitProgram> parts;
     if (training) {
+      if (options.sync_batch_norm) distributed::use_sync_batch_norm(graph, opsets, label);
       const std::set<std::string> gradients = distributed::gradient_outputs(graph);
       autodiff::expand_gradients(graph, opsets, label);
       if (options.reduce) parts = distributed::split_at_gradients(graph, gradients, bound_values);
@@ -269,7 +271,7 @@ struct TrainingSession::Impl {
 
   runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
     BoundGraph& g = algorithms[i];
-    const ops::RunContext context{options.seed, steps_done, options.nan_guard};
+    const ops::RunContext context{options.seed, steps_done, options.nan_guard, options.sync_batch_norm};
     runtime::NamedTensors outputs =
         g.split ? run_split(g, feeds, context) : g.runner->run(feeds, g.overrides, &context);
     runtime::NamedTensors staged;
