@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -45,20 +44,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from equivalence import run, weights  # this script's folder comes first on sys.path
+
 BATCH = 128
 SAMPLES = BATCH * 19 + 101
 BN0_MOMENTUM = 0.8
-
-
-def run(cmd, env=None):
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout}\n{result.stderr}")
-    return result.stdout
-
-
-def weights(path):
-    return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
 
 
 def cnn(batch_norm, path):
