@@ -154,7 +154,9 @@ void Loop::load_session() {
   session_options.seed = o_.seed;
   if (o_.communicator) {
     session_options.reduce = [this](runtime::NamedTensors& values) { o_.communicator->weighted_mean(values, share_); };
-    if (o_.sync_batch_norm) session_options.sync_batch_norm = [this](std::span<double> d) { o_.communicator->sum(d, "the batch statistics of --sync-batch-norm"); };
+    if (o_.sync_batch_norm) {
+      session_options.sync_batch_norm = [this](std::span<double> d) { o_.communicator->sum(d, "the sums of --sync-batch-norm"); };
+    }
   }
   session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
   training_metadata_ = metadata_value(model, kTrainingMetadataKey);

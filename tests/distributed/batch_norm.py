@@ -9,8 +9,8 @@ on synthetic data, in order (--no-shuffle): 19 batches of 128 and a last one of 
 ranks share unevenly (50/51). The rows in the first half of every batch are shifted by +1, so
 the two ranks' shares have clearly different statistics.
 
-(a) --sync-batch-norm on 2 ranks equals 1 process: every float initializer (parameters and
-    running statistics) within |w_2 - w_1| / |w_1| <= 1e-5 (Frobenius norms, as
+(a) --sync-batch-norm on 2 ranks equals 1 process (opset 15, and opset 12 where BatchNormalization-9
+    is in training mode by its five outputs): every float initializer (parameters and running statistics) within |w_2 - w_1| / |w_1| <= 1e-5 (Frobenius norms, as
     equivalence.py measures: the gradient sums differ by float32 rounding between 64-row and
     128-row sums, which momentum carries on; a few elements near a cancelling sum have larger
     relative differences), and the loss of every step within rtol 1e-5.
@@ -51,7 +51,7 @@ SAMPLES = BATCH * 19 + 101
 BN0_MOMENTUM = 0.8
 
 
-def cnn(batch_norm, path):
+def cnn(batch_norm, path, opset=15):
     rng = np.random.default_rng(5)
     inits, nodes = [], []
 
@@ -63,8 +63,13 @@ def cnn(batch_norm, path):
         init(name + ".bias", rng.uniform(-0.2, 0.2, channels))
         init(name + ".mean", np.zeros(channels))
         init(name + ".var", np.ones(channels))
+        outputs = [y, name + ".running_mean", name + ".running_var"]
+        if opset < 14:  # training mode: the statistics outputs asked for (BatchNormalization-9: all five)
+            outputs += [name + ".saved_mean", name + ".saved_var"]
+        else:
+            attrs["training_mode"] = 1
         nodes.append(helper.make_node("BatchNormalization", [x] + [name + s for s in (".scale", ".bias", ".mean", ".var")],
-                                      [y, name + ".running_mean", name + ".running_var"], training_mode=1, **attrs))
+                                      outputs, **attrs))
 
     x = "x"
     if batch_norm:
@@ -85,7 +90,7 @@ def cnn(batch_norm, path):
               helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], transB=1)]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, path)
 
@@ -152,8 +157,8 @@ def main():
         # The same rows with the halves of every full batch swapped (for the ranks' roles).
         order = np.concatenate([np.r_[b + BATCH // 2:b + BATCH, b:b + BATCH // 2] for b, e in batches(SAMPLES) if e - b == BATCH])
         np.savez(p("swapped.npz"), image=images[order], label=labels[order])
-        for bn, name in ((True, "bn"), (False, "nobn")):
-            cnn(bn, p(name + ".onnx"))
+        for bn, name, opset in ((True, "bn", 15), (False, "nobn", 15), (True, "bn12", 12)):
+            cnn(bn, p(name + ".onnx"), opset)
             run([args.onnxtrain, "make-trainable", p(name + ".onnx"), "-o", p(name + "_train.onnx"),
                  "--optimizer", "momentum", "--lr", "0.05", "--momentum", "0.9"])
 
@@ -175,6 +180,10 @@ def main():
         ok = len(l1) == len(l2) == 20 and np.allclose(l2, l1, rtol=1e-5)
         print(f"(a) losses: {len(l1)} and {len(l2)} steps, last {l1[-1]:.6f} vs {l2[-1]:.6f} {'ok' if ok else 'FAIL'}")
         failures += not ok
+
+        # (a) with BatchNormalization-9 (opset 12: training mode by its outputs, five of them)
+        failures += compare("(a) opset 12, synced vs 1 process", train("bn12_train.onnx", "one12", 1),
+                            train("bn12_train.onnx", "synced12", 2, "--sync-batch-norm"), floats, 1e-5, initial)
 
         # (b) default: running statistics averaged, the model differs from one process, ranks identical.
         for ranks, label, result in ((2, "default", default), (1, "synced", synced), (1, "1 process", one)):
