@@ -106,6 +106,12 @@ struct TrainOptions {
   // 0 gathers the whole state to write checkpoints and the output. Needs a communicator (an
   // Error otherwise); with 1 rank nothing is sharded.
   bool shard_optimizer_state = false;
+  // With a communicator: BatchNormalization in training mode normalizes with the statistics of
+  // the global batch, summed across ranks in the forward and backward passes (PyTorch's
+  // SyncBatchNorm), so N ranks equal one process (TrainingOptions::sync_batch_norm). Without
+  // it, each rank normalizes with its share's and the running statistics are averaged. No
+  // effect in one process, whose batch is the global batch.
+  bool sync_batch_norm = false;
 };
 
 // One batch: columns by name, dim 0 of each indexing the batch's samples.

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,12 @@ struct TrainingOptions {
   // entry (an Error otherwise); an update node that reads the state of parameters other ranks
   // own is an Error naming it. nullptr or 1 rank: not sharded.
   std::shared_ptr<distributed::Communicator> shard_optimizer_state;
+  // train --sync-batch-norm (docs/distributed.md, "BatchNormalization"): when set, every
+  // BatchNormalization in training mode of an algorithm with Gradient nodes normalizes with the
+  // statistics of the global batch (ai.onnxtrain.SyncBatchNormalization), and this sums its
+  // per-channel partial sums across ranks, in place (the trainer's Communicator::sum). Unset:
+  // each rank's share's statistics, as PyTorch DDP without SyncBatchNorm.
+  std::function<void(std::span<double>)> sync_batch_norm;
 };
 
 class TrainingSession {

@@ -112,6 +112,8 @@ def train(
     threads: Optional[int] = None,
     collective_timeout: float = 600.0,
     checksum_every: int = 0,
+    sync_batch_norm: bool = False,
+    shard_optimizer_state: bool = False,
     progress: Union[bool, str, None] = None,
     callbacks: Union[Callable[[TrainEvent], object], Any, Iterable[Any], None] = None,
 ) -> TrainResult:
@@ -165,9 +167,11 @@ def train(
         yields the same batches again (e.g. a DataLoader whose sampler is seeded per epoch).
     export_inference : path, optional
         Also write the inference-only model here.
-    collective_timeout, checksum_every
+    collective_timeout, checksum_every, sync_batch_norm, shard_optimizer_state
         Under ``mpirun`` (data-parallel, docs/distributed.md), as the CLI's
-        ``--collective-timeout`` (seconds, 0: forever) and ``--checksum-every``.
+        ``--collective-timeout`` (seconds, 0: forever), ``--checksum-every``,
+        ``--sync-batch-norm`` (PyTorch's SyncBatchNorm) and ``--shard-optimizer-state``
+        (ZeRO stage 1; an Error outside mpirun).
     progress : bool or "lines", optional
         None: a tqdm progress bar when stderr is a terminal or in Jupyter, else the CLI's
         progress lines on stderr. True: the bar (the lines without tqdm); "lines": the lines;
@@ -222,6 +226,8 @@ def train(
         "threads": 0 if threads is None else threads,
         "collective_timeout": float(collective_timeout),
         "checksum_every": checksum_every,
+        "sync_batch_norm": bool(sync_batch_norm),
+        "shard_optimizer_state": bool(shard_optimizer_state),
     }
     world = _core._world()
     if world is not None and world[0] != 0:

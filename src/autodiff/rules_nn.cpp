@@ -111,6 +111,22 @@ void batch_norm_rule(Builder& b) {
   if (b.needs(1)) b.set_GI(1, b.reduce_sum(mul(b, g, n.xhat), axes, false));
   if (b.needs(2)) b.set_GI(2, b.reduce_sum(g, axes, false));
 }
+// ai.onnxtrain.SyncBatchNormalization (train --sync-batch-norm, ops/sync_batch_norm.cpp): its
+// Grad op sums the per-channel sums of dy and dy xhat across ranks; it reads the forward's
+// current_mean and current_var where the node names them, else computes them again.
+void sync_batch_norm_rule(Builder& b) {
+  std::vector<std::string> in{b.GO(0), b.I(0), b.I(1)};
+  if (b.num_outputs() >= 5 && !b.O(3).empty() && !b.O(4).empty()) {
+    in.push_back(b.O(3));
+    in.push_back(b.O(4));
+  }
+  const std::vector<bool> wanted{b.needs(0), b.needs(1), b.needs(2)};
+  const auto grads = b.op_n("SyncBatchNormalizationGrad", in, 3, {attr_float("epsilon", b.get_float("epsilon", 1e-5f))},
+                            kInternalDomain, wanted);
+  for (int i = 0; i < 3; ++i) {
+    if (wanted[static_cast<size_t>(i)]) b.set_GI(i, grads[static_cast<size_t>(i)]);
+  }
+}
 void instance_norm_rule(Builder& b) {
   const std::string x = b.I(0), g = b.GO(0);
   const int r = b.require_rank(x);
@@ -254,6 +270,9 @@ std::vector<Rule> nn_rules() {
     {kInternalDomain, "GatherGrad",         kIn0, false, gather_grad_rule,  "dg = Gather(dy)"},
     {kInternalDomain, "GatherElementsGrad", kIn0, false, gather_grad_rule,  "dg = GatherElements(dy)"},
     {kInternalDomain, "GatherNDGrad",       kIn0, false, gather_grad_rule,  "dg = GatherND(dy)"},
+    {kInternalDomain, "SyncBatchNormalization", inputs_mask({0, 1, 2}), false, sync_batch_norm_rule,
+                                 "as BatchNormalization in training, the sums of dy and dy xhat over all ranks (ai.onnxtrain.SyncBatchNormalizationGrad)"},
+    {kInternalDomain, "SyncBatchNormalizationGrad", kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ConvGrad",           kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ResizeGrad",         kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ConvTransposeGrad",  kAllInputs, false, not_twice_differentiable, "not twice differentiable"},

@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
   train->add_flag("--shard-optimizer-state", tr.shard_optimizer_state,
                   "under mpirun: ZeRO stage 1, each rank holds and updates the optimizer state of 1/N of the parameters "
                   "(docs/distributed.md)");
+  train->add_flag("--sync-batch-norm", tr.sync_batch_norm,
+                  "under mpirun: BatchNormalization in training mode uses the whole global batch's statistics (PyTorch's SyncBatchNorm); default: each rank's share's, running statistics averaged");
 
   onnxtrain::cli::ExportArgs ex;
   auto* exp = app.add_subcommand("export", "Write the inference model (training_info dropped, current weights kept) and/or its weights as .safetensors");

@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -78,6 +80,11 @@ struct RunContext {
   // Inf while writing it (checks_outputs_for_nan_guard) do, and fail on any, so the session need
   // not read those outputs again (training/training_session.cpp).
   bool nan_guard = false;
+  // Data-parallel training with train --sync-batch-norm (TrainingOptions::sync_batch_norm): in
+  // place, each element becomes its sum over the ranks. ai.onnxtrain.SyncBatchNormalization and
+  // its Grad call it (ops/sync_batch_norm.cpp); every rank runs the same nodes in the same order,
+  // so the ranks' calls match. Empty: one process.
+  std::function<void(std::span<double>)> sum_across_ranks;
 };
 
 // Whether the kernel of op `op_type` in `domain` ("ai.onnx.preview.training", "ai.onnxtrain")

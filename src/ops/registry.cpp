@@ -381,6 +381,9 @@ const KernelDef kKernels[] = {
   {kInternal, "LSTMGrad",           1, 1,    kFloat32And64,     make_rnn_grad},
   {kInternal, "DFTGrad",            1, 1,    kFloat,            make_dft_grad},  // signal.cpp
   {kInternal, "DetGrad",            1, 1,    kFloat,            make_det_grad},  // linalg.cpp
+  // --- ai.onnxtrain: BatchNormalization over the global batch, train --sync-batch-norm (sync_batch_norm.cpp) ---
+  {kInternal, "SyncBatchNormalization",     1, 1, kFloat,   make_sync_batch_norm},
+  {kInternal, "SyncBatchNormalizationGrad", 1, 1, kFloat,   make_sync_batch_norm_grad},
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)

@@ -232,6 +232,8 @@ training::TrainOptions options_from(const nb::dict& d) {
   o.threads = nb::cast<int>(d["threads"]);
   o.collective_timeout = nb::cast<double>(d["collective_timeout"]);
   o.checksum_every = nb::cast<int64_t>(d["checksum_every"]);
+  o.sync_batch_norm = nb::cast<bool>(d["sync_batch_norm"]);
+  o.shard_optimizer_state = nb::cast<bool>(d["shard_optimizer_state"]);
   if (o.collective_timeout < 0) throw Error("collective_timeout must be >= 0 (0: forever), got " + std::to_string(o.collective_timeout));
   if (o.checksum_every < 0) throw Error("checksum_every must be >= 0, got " + std::to_string(o.checksum_every));
   o.communicator = distributed::world();  // under mpirun: data-parallel (docs/distributed.md)

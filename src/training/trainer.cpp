@@ -163,6 +163,9 @@ void Loop::load_session() {
   session_options.seed = o_.seed;
   if (o_.communicator) {
     session_options.reduce = [this] { return o_.communicator->begin_weighted_mean(share_); };
+    if (o_.sync_batch_norm) {
+      session_options.sync_batch_norm = [this](std::span<double> d) { o_.communicator->sum(d, "the sums of --sync-batch-norm"); };
+    }
   }
   if (o_.shard_optimizer_state) {
     if (!o_.communicator) throw Error("--shard-optimizer-state: needs data-parallel training (run under mpirun)");
@@ -344,6 +347,10 @@ Batch Loop::share_of(const Batch& batch, const std::string& where) {
   // (Communicator::weighted_mean), so the average is that of the other ranks' rows.
   if (batch.empty() || batch.begin()->second.shape().size() == 0 || batch.begin()->second.shape()[0] == 0) {
     throw Error(where + ": the batch has no rows");
+  }
+  if (o_.sync_batch_norm) {  // its row would count in the global batch statistics
+    throw Error(where + ": the batch's rows leave rank " + std::to_string(o_.communicator->rank()) +
+                " none, which --sync-batch-norm does not support (use --drop-last or a larger --batch-size)");
   }
   return slice_rows(batch, 0, 1);
 }

@@ -12,6 +12,7 @@
 #include "distributed/shard_optimizer.h"
 #include "distributed/split_program.h"
 #include "onnxtrain/distributed.h"
+#include "distributed/sync_batch_norm.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
@@ -223,6 +224,7 @@ struct TrainingSession::Impl {
     std::optional<distributed::SplitProgram> parts;
     std::optional<distributed::OptimizerShards> shards;
     if (training) {
+      if (options.sync_batch_norm) distributed::use_sync_batch_norm(graph, opsets, label);
       const std::set<std::string> gradients = distributed::gradient_outputs(graph);
       const std::map<std::string, std::string> parameters = distributed::gradient_parameters(graph);
       autodiff::expand_gradients(graph, opsets, label);
@@ -383,7 +385,7 @@ struct TrainingSession::Impl {
   runtime::NamedTensors run_algorithm(size_t i, const runtime::NamedTensors& feeds) {
     BoundGraph& g = algorithms[i];
     if (consolidated) drop_others_state();
-    const ops::RunContext context{options.seed, steps_done, options.nan_guard};
+    const ops::RunContext context{options.seed, steps_done, options.nan_guard, options.sync_batch_norm};
     runtime::NamedTensors outputs =
         g.split ? run_split(g, feeds, context) : g.runner->run(feeds, g.overrides, &context);
     runtime::NamedTensors staged;

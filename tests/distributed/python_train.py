@@ -7,7 +7,8 @@ seeded generator; the test compares with the same calls in one process:
 - the weights equal the single process's within per-tensor rtol 1e-5 (as equivalence.py
   measures; dict input) and the DataLoader run equals the dict run on 2 ranks bit-identically
   when both feed the same batches (no shuffle);
-- rank 0 alone writes the output file and shows progress.
+- rank 0 alone writes the output file and shows progress;
+- shard_optimizer_state=True (ZeRO-1) gives the plain 2-rank run's weights bit-identically.
 Skipped (exit 77) without mpirun.
 
 Usage: PYTHONPATH=BUILD/python python_train.py --onnxtrain PATH
@@ -42,6 +43,12 @@ def worker(d):
                         shuffle=False, threads=1, progress="lines", checksum_every=5)
     weights = {t.name: numpy_helper.to_array(t) for t in r.model.graph.initializer}
     np.savez(os.path.join(d, f"dict_{tag}_rank{rank}.npz"), steps=r.steps, loss=r.last_loss, **weights)
+
+    if world:  # ZeRO-1 from Python: bit-identical to the plain data-parallel run
+        r = onnxtrain.train(model, columns, batch_size=BATCH, seed=3, shuffle=False, threads=1, progress=False,
+                            shard_optimizer_state=True)
+        weights = {t.name: numpy_helper.to_array(t) for t in r.model.graph.initializer}
+        np.savez(os.path.join(d, f"zero_{tag}_rank{rank}.npz"), steps=r.steps, loss=r.last_loss, **weights)
 
     dataset = torch.utils.data.TensorDataset(torch.from_numpy(columns["x"]), torch.from_numpy(columns["label"]))
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=False)
@@ -112,6 +119,10 @@ def main():
         failures += not ok
         same = all(np.array_equal(loaders[0][k], ranks[0][k]) for k in names)
         print(f"DataLoader input equals dict input on 2 ranks: {'ok' if same else 'FAIL'}")
+        failures += not same
+        zero = [load(f"zero_2ranks_rank{r}.npz") for r in range(2)]
+        same = all(np.array_equal(zero[r][k], ranks[0][k]) for r in range(2) for k in names)
+        print(f"shard_optimizer_state=True equals the plain run on both ranks: {'ok' if same else 'FAIL'}")
         failures += not same
         lines = many.stdout + many.stderr
         ok = lines.count("trained 20 steps") == 1 and os.path.exists(os.path.join(d, "dict_2ranks.onnx"))

@@ -677,6 +677,11 @@ std::vector<Case> cases() {
   c.push_back({"GatherElementsGrad", {attr("axis", int64_t{1})},
                {x({2, 2}), fixed(i64({2, 2}, {0, 0, 2, 1})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"GatherNDGrad", {}, {x({2}), fixed(i64({2, 2}, {0, 1, 1, 2})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
+  // train --sync-batch-norm's BatchNormalization (one process: no sums across ranks); its Grad
+  // computes the statistics again when the forward's current_mean and current_var are not named.
+  c.push_back({"SyncBatchNormalization", {attr("epsilon", 0.01f)},
+               {x({3, 2, 2, 2}), x({2}), x({2}), fixed(uniform({2}, -1, 1)), fixed(uniform({2}, 0.5, 1.5))}, 1, 1,
+               "ai.onnxtrain", "one rank"});
   vision_cases(c);
   transformer_cases(c);
   return c;
