@@ -36,7 +36,6 @@ Usage: batch_norm.py --onnxtrain PATH
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -44,7 +43,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from equivalence import run, weights  # this script's folder comes first on sys.path
+from equivalence import run, weights, mpi_setup  # this script's folder comes first on sys.path
 
 BATCH = 128
 SAMPLES = BATCH * 19 + 101
@@ -139,11 +138,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--onnxtrain", required=True)
     args = parser.parse_args()
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+    setup = mpi_setup()
+    if setup is None:
         return 77
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    mpirun, env = setup
     rng = np.random.default_rng(17)
     images = rng.normal(0.5, 1.0, (SAMPLES, 3, 8, 8)) * np.array([0.5, 1.0, 2.0]).reshape(1, 3, 1, 1)
     first_half = np.array([(i % BATCH) < (min(BATCH, SAMPLES - i // BATCH * BATCH) // 2) for i in range(SAMPLES)])

@@ -54,6 +54,16 @@ def weights(path):
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
+def mpi_setup():
+    """(mpirun's path, the environment of its ranks: one OpenMP thread, root allowed), or None
+    (after printing why) when mpirun is missing: the test then exits 77 (skipped)."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+        return None
+    return mpirun, dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--onnxtrain", required=True)
@@ -61,10 +71,10 @@ def main():
     parser.add_argument("--reference-threads", type=int, default=1,
                         help="threads of the single process (to compare its own rounding spread)")
     args = parser.parse_args()
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+    setup = mpi_setup()
+    if setup is None:
         return 77
+    mpirun, env = setup
     rng = np.random.default_rng(17)
     samples = BATCH * (STEPS - 1) + 100  # 19 full batches and a last one of 100
     with tempfile.TemporaryDirectory() as d:
@@ -83,7 +93,6 @@ def main():
         if args.reference_threads != 1:  # the same single process with other threads, as "many"
             run([args.onnxtrain] + common[:-3] + ["--threads", str(args.reference_threads), "-q", "-o",
                  os.path.join(d, "many.onnx"), "--metrics", os.path.join(d, "many.jsonl")])
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
         if args.reference_threads == 1:
           run([mpirun, "-np", str(args.ranks), "--oversubscribe", args.onnxtrain] + common +
               ["-o", os.path.join(d, "many.onnx"), "--metrics", os.path.join(d, "many.jsonl"), "--checksum-every", "1"],

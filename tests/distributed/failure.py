@@ -21,7 +21,6 @@ Usage: failure.py --onnxtrain PATH
 """
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 import uuid
 
 import numpy as np
+
+from equivalence import mpi_setup  # this script's folder comes first on sys.path
 import onnx
 from onnx import numpy_helper
 
@@ -79,11 +80,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--onnxtrain", required=True)
     args = parser.parse_args()
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+    setup = mpi_setup()
+    if setup is None:
         return 77
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    mpirun, env = setup
     mpi = [mpirun, "--oversubscribe"]
     checks = Checks()
     rng = np.random.default_rng(19)

@@ -15,12 +15,13 @@ Usage: PYTHONPATH=BUILD/python python_train.py --onnxtrain PATH
 """
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from equivalence import mpi_setup  # this script's folder comes first on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, BATCH = 20, 128
@@ -79,11 +80,10 @@ def main():
     if args.worker:
         worker(args.worker)
         return 0
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+    setup = mpi_setup()
+    if setup is None:
         return 77
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    mpirun, env = setup
     rng = np.random.default_rng(23)
     failures = 0
     with tempfile.TemporaryDirectory() as d:

@@ -34,7 +34,6 @@ import argparse
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, TensorProto
 
-from equivalence import run  # this folder is on sys.path (the script's own)
+from equivalence import run, mpi_setup  # this folder is on sys.path (the script's own)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAKE_MODEL = os.path.join(HERE, "..", "..", "examples", "fashion_mnist", "make_model.py")
@@ -124,11 +123,10 @@ def main():
     parser.add_argument("--onnxtrain", required=True)
     parser.add_argument("--memory", action="store_true", help="also report peak RSS on MLP 784-2048-2048-2048-10")
     args = parser.parse_args()
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        print("SKIP: mpirun not found (apt-get install openmpi-bin)")
+    setup = mpi_setup()
+    if setup is None:
         return 77
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    mpirun, env = setup
     mpi = lambda n: [mpirun, "-np", str(n), "--oversubscribe", args.onnxtrain]
     failures = 0
     rng = np.random.default_rng(17)
