@@ -21,9 +21,9 @@ namespace onnxtrain::distributed {
 // One step's averaging of values across ranks, in buckets (Communicator::begin_weighted_mean):
 // each tensor becomes sum_r(weight_r * value_r) / sum_r(weight_r), computed in float64 and
 // rounded once to the tensor's dtype. The buckets are started while the backward pass still
-// runs, so their transfer overlaps it; every rank must start the same buckets (names, dtypes,
-// shapes) in the same order (checked per bucket by element count: an Error names the ranks'
-// counts). Floating dtypes only (float32, float64); others are an Error naming the tensor. A
+// runs, and a background thread sums them (MPI_Allreduce) meanwhile; every rank must start the
+// same buckets (names, dtypes, shapes) in the same order (checked per bucket by element count:
+// an Error names the ranks' counts). Floating dtypes only (float32, float64); others are an Error naming the tensor. A
 // rank of weight 0 adds nothing (its values are not read, so they may be anything finite or
 // not). A sum of weights of zero is an Error.
 class WeightedMean {
@@ -31,8 +31,6 @@ class WeightedMean {
   virtual ~WeightedMean() = default;
   // Starts the allreduce of `bucket` (its values are copied now; the tensors may change after).
   virtual void start(const std::vector<std::pair<std::string, const Tensor*>>& bucket) = 0;
-  // Lets started buckets progress (MPI progresses nonblocking collectives inside MPI calls).
-  virtual void progress() = 0;
   // Waits for every started bucket (with the communicator's timeout); the averages by name.
   virtual runtime::NamedTensors finish() = 0;
 };

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <climits>
 #include <cstdlib>
 #include <iostream>
@@ -31,21 +33,122 @@ void check(int rc, const char* what) {
   throw Error(std::string("MPI: ") + what + " failed: " + std::string(text, length));
 }
 
+// The thread that sums the gradient buckets across ranks, as Horovod's background thread does:
+// the main thread packs a bucket and hands it over, then goes on with the backward pass while
+// this thread runs the bucket's blocking MPI_Allreduce (Open MPI's tuned algorithms, which
+// progress without being polled) on its own duplicate of MPI_COMM_WORLD, so it never mixes
+// with the main thread's collectives. Needs MPI_THREAD_MULTIPLE.
+class BucketThread {
+ public:
+  struct Job {
+    std::vector<double>* buffer = nullptr;  // summed in place
+    bool done = false;
+    std::string error;  // set when it failed
+  };
+  BucketThread(MPI_Comm world, int rank) : rank_(rank) {
+    MPI_Comm_dup(world, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~BucketThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+    MPI_Comm_free(&comm_);
+  }
+  void submit(Job& job) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(&job);
+    }
+    changed_.notify_all();
+  }
+  // Waits for `job` at most `seconds` (0: forever); false when the time ran out.
+  bool wait(Job& job, double seconds) {
+    std::unique_lock lock(mutex_);
+    if (seconds <= 0) {
+      changed_.wait(lock, [&] { return job.done; });
+      return true;
+    }
+    return changed_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return job.done; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and nothing left
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      std::string error;
+      try {
+        run(*job->buffer);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        job->error = std::move(error);
+        job->done = true;
+      }
+      changed_.notify_all();
+    }
+  }
+  // Checks that every rank sums as many elements (a cheap stand-in for equal shapes), then sums.
+  void run(std::vector<double>& buffer) {
+    const auto n = static_cast<int64_t>(buffer.size());
+    int64_t range[2] = {n, -n};
+    check(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, comm_), "the check of the gradients' sizes");
+    if (range[0] != -range[1]) {
+      throw Error("distributed: the ranks reduce different numbers of elements (rank " + std::to_string(rank_) +
+                  ": " + std::to_string(n) + ", largest " + std::to_string(range[0]) + ", smallest " +
+                  std::to_string(-range[1]) + ")");
+    }
+    for (size_t begin = 0; begin < buffer.size(); begin += INT_MAX) {
+      const int count = static_cast<int>(std::min<size_t>(INT_MAX, buffer.size() - begin));
+      check(MPI_Allreduce(MPI_IN_PLACE, buffer.data() + begin, count, MPI_DOUBLE, MPI_SUM, comm_),
+            "the allreduce of the gradients");
+    }
+  }
+
+  int rank_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Job*> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator() {
     int initialized = 0;
     MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
     if (!initialized) {
-      MPI_Init(nullptr, nullptr);
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
       owner_ = true;
+    } else {
+      MPI_Query_thread(&provided);  // initialized by the host program (mpi4py asks for MULTIPLE)
     }
     // Errors come back as codes (turned into onnxtrain::Error) instead of aborting here.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Without MPI_THREAD_MULTIPLE the buckets are summed by the main thread, after the backward
+    // pass (no overlap).
+    if (provided == MPI_THREAD_MULTIPLE && size_ > 1) buckets_ = std::make_unique<BucketThread>(MPI_COMM_WORLD, rank_);
   }
   ~MpiCommunicator() override {
+    buckets_.reset();  // its duplicate communicator is freed before MPI_Finalize
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (owner_ && !finalized) MPI_Finalize();
@@ -66,13 +169,6 @@ class MpiCommunicator : public Communicator {
             what.c_str());
       requests.push_back(request);
     }
-    bytes_ += data.size() * sizeof(double);
-  }
-  // Tests `request` once, without waiting.
-  bool test(MPI_Request& request, const std::string& what) {
-    int done = 0;
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what.c_str());
-    return done != 0;
   }
 
   [[noreturn]] void abort(int code) override {
@@ -89,6 +185,7 @@ class MpiCommunicator : public Communicator {
     std::vector<MPI_Request> requests;
     start_sum(data, requests, what);
     for (MPI_Request& request : requests) wait(request, what);
+    bytes_ += data.size() * sizeof(double);
   }
 
   void broadcast_bytes(void* data, size_t bytes, int root, const std::string& what) override {
@@ -119,8 +216,10 @@ class MpiCommunicator : public Communicator {
  public:  // for MpiWeightedMean
   // Completes `request`, giving up after timeout_ seconds: then no other rank has reached the
   // collective (one is stuck in a kernel, stopped, or dead without mpirun noticing yet), and
-  // this rank ends the run rather than wait forever. Polls, sleeping up to 1 ms between tests
-  // once the first millisecond has passed, so a waiting rank leaves the cores to the others.
+  // this rank ends the run rather than wait forever. Polls: every test also moves the
+  // collective on (Open MPI progresses nonblocking collectives inside MPI calls), so for the
+  // first 100 ms it only yields the core between tests (a large allreduce needs many); after
+  // that it sleeps up to 1 ms between tests, leaving the cores to the ranks still computing.
   void wait(MPI_Request& request, const std::string& what) {
     const auto start = std::chrono::steady_clock::now();
     std::chrono::microseconds pause(0);
@@ -132,17 +231,22 @@ class MpiCommunicator : public Communicator {
         seconds_ += waited;
         return;
       }
-      if (timeout_ > 0 && waited > timeout_) {
-        std::cerr << "error: rank " << rank_ << " of " << size_ << ": " << what << " waited " << static_cast<int64_t>(waited)
-                  << " s for the other ranks (--collective-timeout " << timeout_
-                  << "): a rank is stuck or has died; ending every rank" << std::endl;
-        abort(1);
-      }
-      if (waited > 1e-3) {
+      if (timeout_ > 0 && waited > timeout_) time_out(what, waited);
+      if (waited < 0.1) {
+        std::this_thread::yield();
+      } else {
         std::this_thread::sleep_for(pause);
         pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(50));
       }
     }
+  }
+
+  // Reports that `what` waited `waited` seconds for the other ranks, and ends every rank.
+  [[noreturn]] void time_out(const std::string& what, double waited) {
+    std::cerr << "error: rank " << rank_ << " of " << size_ << ": " << what << " waited " << static_cast<int64_t>(waited)
+              << " s for the other ranks (--collective-timeout " << timeout_
+              << "): a rank is stuck or has died; ending every rank" << std::endl;
+    abort(1);
   }
 
   int rank_ = 0, size_ = 1;
@@ -150,23 +254,20 @@ class MpiCommunicator : public Communicator {
   uint64_t bytes_ = 0;
   double seconds_ = 0;
   double timeout_ = 600;
+  std::unique_ptr<BucketThread> buckets_;  // null without MPI_THREAD_MULTIPLE or with 1 rank
 };
 
 // The buckets of one step: each packed into a float64 buffer (weight * value, then the weight)
-// and summed by MPI_Iallreduce while the backward pass goes on.
+// and summed across ranks by the communicator's BucketThread while the backward pass goes on
+// (or, without one, by the main thread in finish()).
 class MpiWeightedMean : public WeightedMean {
  public:
   MpiWeightedMean(MpiCommunicator& communicator, double weight) : c_(communicator), weight_(weight) {}
   // A step that ends before finish() (an error in the backward pass; the run is then ended)
-  // leaves collectives in flight that may still write into their buffers: those are leaked.
+  // may leave buckets the thread still sums into: those are leaked, not freed under it.
   ~MpiWeightedMean() override {
     for (auto& bucket : buckets_) {
-      for (MPI_Request& request : bucket->requests) {
-        if (request != MPI_REQUEST_NULL) {
-          (void)bucket.release();
-          break;
-        }
-      }
+      if (c_.buckets_ && !c_.buckets_->wait(bucket->job, 1e-9)) (void)bucket.release();
     }
   }
 
@@ -183,39 +284,47 @@ class MpiWeightedMean : public WeightedMean {
     bucket.buffer.reserve(static_cast<size_t>(count));
     for (const auto& [name, t] : values) {
       auto pack = [&]<class T>(const T* data) {
+        const size_t n = static_cast<size_t>(t->numel()), at = bucket.buffer.size();
+        bucket.buffer.resize(at + n);  // within the reserved size: no reallocation
+        double* out = bucket.buffer.data() + at;
         // A weight of 0 (a rank without rows) adds nothing, even where its values are not finite.
-        for (int64_t i = 0; i < t->numel(); ++i) {
-          bucket.buffer.push_back(weight_ == 0 ? 0.0 : weight_ * static_cast<double>(data[i]));
-        }
+        if (weight_ == 0) std::fill(out, out + n, 0.0);
+        else for (size_t i = 0; i < n; ++i) out[i] = weight_ * static_cast<double>(data[i]);
       };
       if (t->dtype() == DataType::Float32) pack(t->data<float>());
       else pack(t->data<double>());
       bucket.layout.push_back({name, t->dtype(), t->shape()});
     }
     bucket.buffer.push_back(weight_);
-    c_.check_same_count(count);
-    c_.start_sum(bucket.buffer, bucket.requests, kWhat);
-  }
-
-  void progress() override {
-    for (auto& bucket : buckets_) {
-      for (MPI_Request& request : bucket->requests) {
-        if (request != MPI_REQUEST_NULL) c_.test(request, kWhat);
-      }
-    }
+    c_.bytes_ += bucket.buffer.size() * sizeof(double);
+    bucket.job.buffer = &bucket.buffer;
+    if (c_.buckets_) c_.buckets_->submit(bucket.job);
   }
 
   runtime::NamedTensors finish() override {
     runtime::NamedTensors averaged;
     for (auto& bucket : buckets_) {
-      for (MPI_Request& request : bucket->requests) c_.wait(request, kWhat);
+      if (c_.buckets_) {
+        const auto start = std::chrono::steady_clock::now();
+        if (!c_.buckets_->wait(bucket->job, c_.timeout_)) c_.time_out(kWhat, c_.timeout_);
+        c_.seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (!bucket->job.error.empty()) throw Error(bucket->job.error);
+      } else {  // wait() counts its seconds
+        c_.check_same_count(static_cast<int64_t>(bucket->buffer.size()));
+        std::vector<MPI_Request> requests;
+        c_.start_sum(bucket->buffer, requests, kWhat);
+        for (MPI_Request& request : requests) c_.wait(request, kWhat);
+      }
       const double total = bucket->buffer.back();
       if (!(total > 0)) throw Error("distributed: the ranks' sample counts sum to " + std::to_string(total));
       size_t k = 0;
       for (const auto& [name, dtype, shape] : bucket->layout) {
         Tensor mean(dtype, shape);
         auto unpack = [&]<class T>(T* data) {
-          for (int64_t i = 0; i < mean.numel(); ++i) data[i] = static_cast<T>(bucket->buffer[k++] / total);
+          const size_t n = static_cast<size_t>(mean.numel());
+          const double* in = bucket->buffer.data() + k;
+          for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(in[i] / total);
+          k += n;
         };
         if (dtype == DataType::Float32) unpack(mean.data<float>());
         else unpack(mean.data<double>());
@@ -229,8 +338,8 @@ class MpiWeightedMean : public WeightedMean {
  private:
   static constexpr const char* kWhat = "the allreduce of the gradients";
   struct Bucket {
-    std::vector<double> buffer;  // never resized after start: MPI writes into it
-    std::vector<MPI_Request> requests;
+    std::vector<double> buffer;  // never resized once submitted: the thread sums into it
+    BucketThread::Job job;
     std::vector<std::tuple<std::string, DataType, Shape>> layout;
   };
   MpiCommunicator& c_;

@@ -430,7 +430,6 @@ struct TrainingSession::Impl {
         bytes += static_cast<size_t>(value.tensor().numel()) * dtype_size(value.tensor().dtype());
       }
       if (bytes >= cap) start_bucket();
-      mean->progress();
     };
     runtime::NamedTensors cut = s.local.runner->run(inputs_of(*s.local.runner, feeds), s.local.overrides, &context,
                                                     &after_step);
