@@ -61,10 +61,14 @@ def test_python_runs_while_a_session_runs(kind):
         ticks.append(time.perf_counter())
     t.join()
     gaps = np.diff(ticks)
-    # With the GIL held by the call, this loop would stall for a whole call (a third of the
-    # thread's time); released, it keeps ticking (Python's switch interval is 5 ms).
+    # With the GIL held by the calls, this loop would stall through each of them: stalls of
+    # 20 ms or more would cover nearly all of the thread's time. Released, it keeps ticking
+    # (Python's switch interval is 5 ms). Counted as the time in long stalls rather than the
+    # longest one: on a loaded machine (ctest -j2) the OS alone may deschedule this thread
+    # for a few tens of ms now and then (measured once: a single 34 ms gap in 135 ms).
     assert times[0] > 0.05, "the model ran too fast to tell"
-    assert gaps.max() < times[0] / 6, (gaps.max(), times[0])
+    stalled = gaps[gaps >= 0.02].sum()
+    assert stalled < times[0] / 2, (stalled, gaps.max(), times[0])
 
 
 def test_two_sessions_make_progress_at_the_same_time(mlp_model):
