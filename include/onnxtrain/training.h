@@ -92,8 +92,9 @@ class TrainingSession {
   // Loads and validates the model (validate_training_info) and plans every graph. Throws
   // Error for an unreadable model, an invalid training_info, or an unsupported operator.
   explicit TrainingSession(const std::filesystem::path& path, TrainingOptions options = {});
-  // From a model in memory; `base_dir` resolves external data, `source` names it in errors.
-  TrainingSession(const onnx::ModelProto& model, TrainingOptions options = {},
+  // From a model in memory (copied, or moved in: std::move(model) spares a copy of its
+  // tensors); `base_dir` resolves external data, `source` names it in errors.
+  TrainingSession(onnx::ModelProto model, TrainingOptions options = {},
                   const std::filesystem::path& base_dir = {}, const std::string& source = "model");
   ~TrainingSession();
   TrainingSession(TrainingSession&&) noexcept;

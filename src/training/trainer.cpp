@@ -157,7 +157,10 @@ class Loop {
 void Loop::load_session() {
   const fs::path model_path = o_.resume.empty() ? o_.model : o_.resume;
   const std::string source = model_path.empty() ? "model" : model_path.string();
-  const onnx::ModelProto model = o_.resume.empty() && o_.model_proto ? *o_.model_proto : io::load_model(model_path);
+  onnx::ModelProto model = o_.resume.empty() && o_.model_proto ? *o_.model_proto : io::load_model(model_path);
+  // The model moves into the session (no second copy of its tensors); its metadata stays here.
+  onnx::ModelProto metadata_only;
+  *metadata_only.mutable_metadata_props() = model.metadata_props();
   TrainingOptions session_options;
   session_options.threads = o_.threads;
   session_options.seed = o_.seed;
@@ -171,8 +174,9 @@ void Loop::load_session() {
     if (!o_.communicator) throw Error("--shard-optimizer-state: needs data-parallel training (run under mpirun)");
     session_options.shard_optimizer_state = o_.communicator;
   }
-  session_ = std::make_shared<TrainingSession>(model, session_options, model_path.parent_path(), source);
-  training_metadata_ = metadata_value(model, kTrainingMetadataKey);
+  session_ = std::make_shared<TrainingSession>(std::move(model), session_options, model_path.parent_path(), source);
+  const onnx::ModelProto& meta = metadata_only;
+  training_metadata_ = metadata_value(meta, kTrainingMetadataKey);
   try {
     if (!training_metadata_.empty()) step_counter_of(training_metadata_);
   } catch (const Error& e) {
@@ -182,14 +186,14 @@ void Loop::load_session() {
   if (session_->num_algorithms() == 0) throw Error(source + ": the model has no training_info (see onnxtrain make-trainable)");
   if (!o_.resume.empty()) {
     try {
-      start_epoch_ = std::stoi(metadata(model, "onnxtrain.epoch"));
-      start_batch_ = std::stoll(metadata(model, "onnxtrain.batch"));
-      session_->set_steps_done(std::stoull(metadata(model, "onnxtrain.steps_done")));
+      start_epoch_ = std::stoi(metadata(meta, "onnxtrain.epoch"));
+      start_batch_ = std::stoll(metadata(meta, "onnxtrain.batch"));
+      session_->set_steps_done(std::stoull(metadata(meta, "onnxtrain.steps_done")));
     } catch (const std::exception&) {
       throw Error(o_.resume.string() + ": not an onnxtrain checkpoint (metadata_props onnxtrain.epoch/batch/steps_done missing)");
     }
-    if (metadata(model, "onnxtrain.seed") != std::to_string(o_.seed)) {
-      log_ << "warning: the checkpoint was written with --seed " << metadata(model, "onnxtrain.seed")
+    if (metadata(meta, "onnxtrain.seed") != std::to_string(o_.seed)) {
+      log_ << "warning: the checkpoint was written with --seed " << metadata(meta, "onnxtrain.seed")
            << "; resuming with " << o_.seed << " changes the batch order\n";
     }
   } else if (o_.initialize) {

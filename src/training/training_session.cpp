@@ -506,9 +506,9 @@ TrainingSession::TrainingSession(const std::filesystem::path& path, TrainingOpti
                                  path.string());
 }
 
-TrainingSession::TrainingSession(const onnx::ModelProto& model, TrainingOptions options,
+TrainingSession::TrainingSession(onnx::ModelProto model, TrainingOptions options,
                                  const std::filesystem::path& base_dir, const std::string& source)
-    : impl_(std::make_unique<Impl>(model, options, base_dir, source)) {}
+    : impl_(std::make_unique<Impl>(std::move(model), options, base_dir, source)) {}
 
 TrainingSession::~TrainingSession() = default;
 TrainingSession::TrainingSession(TrainingSession&&) noexcept = default;
