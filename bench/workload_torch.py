@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch side of bench/workloads.py: trains one workload of bench/workload_models.py (its
 module, optimizer and synthetic batches, held in memory as torch tensors, cycled in order) and
-prints {"steps_per_s": ...}: STEPS timed steps after WARMUP untimed ones, in one process, so
+prints {"steps_per_s": ..., "first_loss": the loss of step 1, ...}: STEPS timed steps after WARMUP untimed ones, in one process, so
 start-up and the first steps' allocations are left out. --compile wraps the module in
 torch.compile (default backend, inductor) first; its compilation happens in the warm-up steps.
 
@@ -20,7 +20,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("workload", choices=sorted(workload_models.BATCH))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="at least 1")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batches", type=int, default=4, help="distinct batches in memory, cycled")
     parser.add_argument("--compile", action="store_true")
@@ -44,13 +44,14 @@ def main():
         optimizer.step()
         return loss
 
-    for i in range(args.warmup):
+    first_loss = step(0).item()
+    for i in range(1, args.warmup):
         step(i)
     start = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
         loss = step(i)
     rate = args.steps / (time.perf_counter() - start)
-    print(json.dumps({"steps_per_s": rate, "loss": loss.item()}))
+    print(json.dumps({"steps_per_s": rate, "first_loss": first_loss, "loss": loss.item()}))
 
 
 if __name__ == "__main__":

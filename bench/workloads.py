@@ -16,6 +16,8 @@ For each workload, in one run:
   bench/distributed.py does); PyTorch times STEPS steps after WARMUP in one process. Peak RSS is
   the largest VmHWM of /proc/PID/status polled every 20 ms.
 - torch.compile (inductor) at PyTorch eager's best thread count, under --compile-timeout.
+- the loss of step 1 on each side (the same initial weights and batch): a check that both compute
+  the same function.
 - inference: the eval-mode model at batch 1 and a large batch, onnxtrain (onnxtrain-bench-infer,
   or onnxtrain's Python binding where the inputs are not float: BERT's int64 token ids) against
   ONNX Runtime (bench/workload_infer.py); best thread count of each.
@@ -42,6 +44,7 @@ BENCH = os.path.join(ROOT, "bench")
 WORK = os.path.join(ROOT, "build", "bench-workloads")
 DOCS = os.path.join(ROOT, "docs", "performance.md")
 BEGIN, END = "<!-- workloads:begin -->", "<!-- workloads:end -->"
+SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
 sys.path.insert(0, BENCH)
 import workload_models  # noqa: E402
 
@@ -112,22 +115,28 @@ def prepare(name, tools, errors):
 
 
 def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
-    """(steps/s without start-up, peak MiB of the longer run)."""
-    def run(n):
+    """(steps/s without start-up, peak MiB of the longer run, loss of step 1)."""
+    metrics = os.path.join(WORK, f"{name}_metrics.jsonl")
+
+    def run(n, extra=()):
         return measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
                          str(workload_models.BATCH[name]), "--epochs", "1000", "--max-steps", str(n), "--no-shuffle",
-                         "--threads", str(threads), "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx")],
+                         "--threads", str(threads), "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx"), *extra],
                         timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-    _, short, _ = run(WARMUP[name])
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    _, short, _ = run(WARMUP[name], ("--metrics", metrics))
     _, long, peak = run(WARMUP[name] + steps)
-    return steps / max(long - short, 1e-9), peak
+    first = next(r for r in map(json.loads, open(metrics)) if r["type"] == "step")
+    return steps / max(long - short, 1e-9), peak, first["loss"]
 
 
 def torch_rate(name, threads, steps, timeout, compile_=False):
     cmd = [sys.executable, os.path.join(BENCH, "workload_torch.py"), name, "--threads", str(threads),
            "--warmup", str(WARMUP[name]), "--steps", str(steps)] + (["--compile"] if compile_ else [])
     out, _, peak = measured(cmd, timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-    return last_json(out)["steps_per_s"], peak
+    result = last_json(out)
+    return result["steps_per_s"], peak, result["first_loss"]
 
 
 def best(samples):
@@ -141,18 +150,20 @@ def train_section(names, prepared, tools, args, errors):
     for name in names:
         paths = prepared.get(name)
         mine, theirs, peaks = {t: [] for t in args.threads}, {t: [] for t in args.threads}, {"o": 0.0, "p": 0.0}
+        first_loss = {}
         for _ in range(args.reps):
             for t in args.threads:
                 if paths and paths["trainable"] and (name, "train") not in errors:
                     try:
-                        rate, peak = onnxtrain_rate(name, paths, tools, t, args.steps[name], args.timeout)
+                        rate, peak, first_loss["o"] = onnxtrain_rate(name, paths, tools, t, args.steps[name],
+                                                                     args.timeout)
                         mine[t].append(rate)
                         peaks["o"] = max(peaks["o"], peak)
                     except Failed as e:
                         errors[(name, "train")] = f"--threads {t}: {e}"
                 if (name, "torch") not in errors:
                     try:
-                        rate, peak = torch_rate(name, t, args.steps[name], args.timeout)
+                        rate, peak, first_loss["p"] = torch_rate(name, t, args.steps[name], args.timeout)
                         theirs[t].append(rate)
                         peaks["p"] = max(peaks["p"], peak)
                     except Failed as e:
@@ -161,17 +172,19 @@ def train_section(names, prepared, tools, args, errors):
         compiled = "not tried (--no-compile)"
         if not args.no_compile and p:
             try:
-                rate, _ = torch_rate(name, p[1], args.steps[name], args.compile_timeout, compile_=True)
+                rate, _, _ = torch_rate(name, p[1], args.steps[name], args.compile_timeout, compile_=True)
                 compiled = f"{rate:.2f} ({p[1]})"
             except Failed as e:
                 compiled = f"did not run: {e}"
         fmt = lambda r, key: f"{r[0]:.2f} ({r[1]})" if r else "failed: " + errors.get((name, key), "see below")
         ratio = f"{o[0] / p[0]:.2f}" if o and p else "-"
         rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB" if o and p else "-"
-        rows.append(f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} |")
+        losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
+        rows.append(f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | {losses} |")
         print(rows[-1], file=sys.stderr, flush=True)
     return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
-            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager |", "|---|---|---|---|---|---|"] + rows
+            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
+            "|---|---|---|---|---|---|---|"] + rows
 
 
 def infer_ms(engine, name, path, batch, threads, tools, timeout):
@@ -246,7 +259,7 @@ def write_docs(text):
     tail = rest.split(END, 1)[1]
     tmp = DOCS + ".tmp"
     with open(tmp, "w") as f:
-        f.write(head + BEGIN + "\n" + text + "\n" + END + tail)
+        f.write(head + BEGIN + "\n" + SECTION_TITLE + "\n\n" + text + "\n" + END + tail)
     os.replace(tmp, DOCS)
 
 
