@@ -1,0 +1,110 @@
+"""The three workloads of issue 18 beyond the Fashion-MNIST MLP and CNN, for bench/workloads.py:
+their PyTorch modules, synthetic data, the optimizer each trains with, and their ONNX export.
+
+- resnet18: ResNet-18 (examples/resnet18/resnet.py, torchvision's BasicBlock [2, 2, 2, 2] layout)
+  on float32[N, 3, 32, 32] images, 10 classes, batch 32, SGD with momentum 0.9, lr 0.01.
+- bert: transformers' BertForSequenceClassification from a BertConfig (4 layers, hidden 256,
+  4 heads, intermediate 1024, dropout 0 so both sides compute the same function), int64
+  input_ids[N, 128], 2 labels, batch 32, AdamW (lr 1e-4, weight_decay 0.01: PyTorch's default).
+- lstm: a 2-layer torch.nn.LSTM (input 32, hidden 256, batch_first) on float32[N, 64, 32]; the
+  last step's output -> Linear(256, 10); batch 64, Adam lr 1e-3.
+
+Each export is torch.onnx.export's TorchScript exporter (dynamo=False), opset 17, no constant
+folding, the batch dimension symbolic; one input and one output, `logits`. The model to train is
+exported with TrainingMode.TRAINING (BatchNormalization in training mode), the inference model
+with TrainingMode.EVAL.
+"""
+import os
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "resnet18"))
+from resnet import ResNet18  # noqa: E402
+
+OPSET = 17
+NUM_CLASSES = {"resnet18": 10, "bert": 2, "lstm": 10}
+BATCH = {"resnet18": 32, "bert": 32, "lstm": 64}
+# onnxtrain make-trainable's --optimizer and its options, and the same optimizer in PyTorch.
+OPTIMIZER = {
+    "resnet18": (["--optimizer", "momentum", "--lr", "0.01", "--momentum", "0.9"],
+                 lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)),
+    "bert": (["--optimizer", "adamw", "--lr", "1e-4", "--weight-decay", "0.01"],
+             lambda params: torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)),
+    "lstm": (["--optimizer", "adam", "--lr", "1e-3"], lambda params: torch.optim.Adam(params, lr=1e-3)),
+}
+SEQUENCE = {"bert": 128, "lstm": 64}
+VOCAB = 30522  # BertConfig's default vocab_size
+LSTM_INPUT = 32
+
+
+class BertLogits(torch.nn.Module):
+    """BertForSequenceClassification returning the logits tensor alone (no attention mask: all ones)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import BertConfig, BertForSequenceClassification
+        config = BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2)
+        self.bert = BertForSequenceClassification(config)
+
+    def forward(self, input_ids):
+        return self.bert(input_ids=input_ids).logits
+
+
+class LstmClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(LSTM_INPUT, 256, num_layers=2, batch_first=True)
+        self.fc = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+def build(name):
+    """A freshly initialized module (seed 0)."""
+    torch.manual_seed(0)
+    if name == "resnet18":
+        return ResNet18(num_classes=10)
+    if name == "bert":
+        return BertLogits()
+    return LstmClassifier()
+
+
+def input_name(name):
+    return "input_ids" if name == "bert" else "x"
+
+
+def sample_input(name, batch, rng):
+    """Synthetic inputs of one batch as a NumPy array (deterministic given rng)."""
+    if name == "resnet18":
+        return rng.standard_normal((batch, 3, 32, 32), dtype=np.float32)
+    if name == "bert":
+        return rng.integers(0, VOCAB, (batch, SEQUENCE["bert"]), dtype=np.int64)
+    return rng.standard_normal((batch, SEQUENCE["lstm"], LSTM_INPUT), dtype=np.float32)
+
+
+def dataset(name, batches, seed=0):
+    """{input name: array, "label": int64 array} with `batches` batches of synthetic samples."""
+    rng = np.random.default_rng(seed)
+    n = batches * BATCH[name]
+    return {input_name(name): sample_input(name, n, rng),
+            "label": rng.integers(0, NUM_CLASSES[name], n, dtype=np.int64)}
+
+
+def export(name, path, training=True):
+    """Writes the module's ONNX export to path: TrainingMode.TRAINING for make-trainable, else
+    TrainingMode.EVAL (BatchNormalization reads its running statistics), the inference model."""
+    model = build(name)
+    model.train(training)
+    example = torch.from_numpy(sample_input(name, 2, np.random.default_rng(1)))
+    warnings.filterwarnings("ignore")
+    torch.onnx.export(model, (example,), path, dynamo=False, opset_version=OPSET,
+                      training=torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL,
+                      do_constant_folding=False,
+                      input_names=[input_name(name)], output_names=["logits"],
+                      dynamic_axes={input_name(name): {0: "N"}, "logits": {0: "N"}})

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""onnxtrain against PyTorch 2.13 and ONNX Runtime 1.30 on the workloads of issue 18 beyond the
+Fashion-MNIST MLP and CNN (those stay in bench/run_bench.py): ResNet-18 (32x32, batch 32,
+SGD-momentum), a BERT-style encoder from `transformers` (4 layers, hidden 256, sequence 128,
+batch 32, AdamW) and a 2-layer LSTM classifier (hidden 256, sequence 64, batch 64, Adam), as
+bench/workload_models.py defines them.
+
+For each workload, in one run:
+- export: torch.onnx.export (TorchScript exporter, opset 17) in training mode, then
+  `onnxtrain make-trainable --loss cross_entropy` with the workload's optimizer; and in eval mode,
+  the inference model. Synthetic data (a few batches) is written to a .npz.
+- training: `onnxtrain train` on the .npz (--no-shuffle, batches cycled) against PyTorch eager
+  (bench/workload_torch.py, the same module, optimizer and batches in memory), at each thread
+  count of --threads; each side's best. onnxtrain's steps/s leave out the start-up: it runs WARMUP
+  and WARMUP + STEPS steps, and the rate is STEPS over the difference of the wall times (as
+  bench/distributed.py does); PyTorch times STEPS steps after WARMUP in one process. Peak RSS is
+  the largest VmHWM of /proc/PID/status polled every 20 ms.
+- torch.compile (inductor) at PyTorch eager's best thread count, under --compile-timeout.
+- the loss of step 1 on each side (the same initial weights and batch): a check that both compute
+  the same function.
+- inference: the eval-mode model at batch 1 and a large batch, onnxtrain (onnxtrain-bench-infer,
+  or onnxtrain's Python binding where the inputs are not float: BERT's int64 token ids) against
+  ONNX Runtime (bench/workload_infer.py); best thread count of each.
+A step that fails is reported in the tables with its error message, and the run goes on.
+
+Usage: .venv/bin/python bench/workloads.py [--workloads resnet18,bert,lstm] [--threads 1,2]
+           [--reps 1] [--steps resnet18=10,bert=3,lstm=3] [--write-docs]
+       (after scripts/build release; --build names another build folder)
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+BENCH = os.path.join(ROOT, "bench")
+WORK = os.path.join(ROOT, "build", "bench-workloads")
+DOCS = os.path.join(ROOT, "docs", "performance.md")
+BEGIN, END = "<!-- workloads:begin -->", "<!-- workloads:end -->"
+SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
+sys.path.insert(0, BENCH)
+import workload_models  # noqa: E402
+
+WARMUP = {"resnet18": 2, "bert": 1, "lstm": 1}
+STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
+INFER_BATCHES = {"resnet18": (1, 128), "bert": (1, 32), "lstm": (1, 64)}
+INFER_ITERS = {"resnet18": 20, "bert": 5, "lstm": 10}  # Python-timed runs; bench-infer takes --iters too
+
+
+class Failed(Exception):
+    """A command that exited non-zero or ran out of time; str() is its error message."""
+
+
+def error_line(text):
+    """The line of a failed command's output that says why: the last one naming an error, else the last."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    named = [line for line in lines if "error" in line.lower() or "what()" in line]
+    return ((named or lines or ["(no output)"])[-1])[:400]
+
+
+def measured(cmd, timeout, env=None):
+    """Runs cmd; returns (stdout, wall seconds, peak resident MiB). Raises Failed with the error."""
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=BENCH)
+    peak_kib = 0
+    while p.poll() is None:
+        if time.perf_counter() - start > timeout:
+            p.kill()
+            p.communicate()
+            raise Failed(f"timed out after {timeout:.0f} s")
+        try:
+            with open(f"/proc/{p.pid}/status") as status:
+                hwm = [line for line in status if line.startswith("VmHWM:")]
+            if hwm:
+                peak_kib = max(peak_kib, int(hwm[0].split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.02)
+    wall = time.perf_counter() - start
+    out, err = p.communicate()
+    if p.returncode != 0:
+        raise Failed(error_line(err + "\n" + out) + f" (exit {p.returncode})")
+    return out, wall, peak_kib / 1024
+
+
+def last_json(out):
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def prepare(name, tools, errors):
+    """Exports, make-trainable and the .npz. Returns the paths, or None (errors[name] says why)."""
+    paths = {k: os.path.join(WORK, f"{name}{suffix}") for k, suffix in
+             (("train_export", ".onnx"), ("infer", "_infer.onnx"), ("trainable", "_train.onnx"), ("data", ".npz"))}
+    try:
+        workload_models.export(name, paths["train_export"], training=True)
+        workload_models.export(name, paths["infer"], training=False)
+    except Exception as e:  # the exporter's own message is the finding
+        errors[(name, "export")] = f"{type(e).__name__}: {e}"[:400]
+        return None
+    np.savez(paths["data"], **workload_models.dataset(name, 4))
+    try:
+        measured([tools["onnxtrain"], "make-trainable", paths["train_export"], "-o", paths["trainable"],
+                  "--loss", "cross_entropy"] + workload_models.OPTIMIZER[name][0], 300)
+    except Failed as e:
+        errors[(name, "make-trainable")] = str(e)
+        paths["trainable"] = None
+    return paths
+
+
+def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
+    """(steps/s without start-up, peak MiB of the longer run, loss of step 1)."""
+    metrics = os.path.join(WORK, f"{name}_metrics.jsonl")
+
+    def run(n, extra=()):
+        return measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
+                         str(workload_models.BATCH[name]), "--epochs", "1000", "--max-steps", str(n), "--no-shuffle",
+                         "--threads", str(threads), "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx"), *extra],
+                        timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    _, short, _ = run(WARMUP[name], ("--metrics", metrics))
+    _, long, peak = run(WARMUP[name] + steps)
+    first = next(r for r in map(json.loads, open(metrics)) if r["type"] == "step")
+    return steps / max(long - short, 1e-9), peak, first["loss"]
+
+
+def torch_rate(name, threads, steps, timeout, compile_=False):
+    cmd = [sys.executable, os.path.join(BENCH, "workload_torch.py"), name, "--threads", str(threads),
+           "--warmup", str(WARMUP[name]), "--steps", str(steps)] + (["--compile"] if compile_ else [])
+    out, _, peak = measured(cmd, timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    result = last_json(out)
+    return result["steps_per_s"], peak, result["first_loss"]
+
+
+def best(samples):
+    """{threads: [rates]} -> (median rate, threads) of the best thread count, or None."""
+    medians = [(statistics.median(r), t) for t, r in samples.items() if r]
+    return max(medians) if medians else None
+
+
+def train_section(names, prepared, tools, args, errors):
+    rows = []
+    for name in names:
+        paths = prepared.get(name)
+        mine, theirs, peaks = {t: [] for t in args.threads}, {t: [] for t in args.threads}, {"o": 0.0, "p": 0.0}
+        first_loss = {}
+        for _ in range(args.reps):
+            for t in args.threads:
+                if paths and paths["trainable"] and (name, "train") not in errors:
+                    try:
+                        rate, peak, first_loss["o"] = onnxtrain_rate(name, paths, tools, t, args.steps[name],
+                                                                     args.timeout)
+                        mine[t].append(rate)
+                        peaks["o"] = max(peaks["o"], peak)
+                    except Failed as e:
+                        errors[(name, "train")] = f"--threads {t}: {e}"
+                if (name, "torch") not in errors:
+                    try:
+                        rate, peak, first_loss["p"] = torch_rate(name, t, args.steps[name], args.timeout)
+                        theirs[t].append(rate)
+                        peaks["p"] = max(peaks["p"], peak)
+                    except Failed as e:
+                        errors[(name, "torch")] = f"--threads {t}: {e}"
+        o, p = best(mine), best(theirs)
+        compiled = "not tried (--no-compile)"
+        if not args.no_compile and p:
+            try:
+                rate, _, _ = torch_rate(name, p[1], args.steps[name], args.compile_timeout, compile_=True)
+                compiled = f"{rate:.2f} ({p[1]})"
+            except Failed as e:
+                compiled = f"did not run: {e}"
+        fmt = lambda r, key: f"{r[0]:.2f} ({r[1]})" if r else "failed: " + errors.get((name, key), "see below")
+        ratio = f"{o[0] / p[0]:.2f}" if o and p else "-"
+        rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB" if o and p else "-"
+        losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
+        rows.append(f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | {losses} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
+            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
+            "|---|---|---|---|---|---|---|"] + rows
+
+
+def infer_ms(engine, name, path, batch, threads, tools, timeout):
+    iters = INFER_ITERS[name] if batch > 1 else 50
+    if engine == "onnxtrain" and name != "bert":
+        out, _, _ = measured([tools["bench_infer"], path, "--batch", str(batch), "--threads", str(threads),
+                              "--iters", str(iters)], timeout)
+    else:
+        out, _, _ = measured([sys.executable, os.path.join(BENCH, "workload_infer.py"), engine, path, name,
+                              str(batch), str(threads), str(iters)], timeout,
+                             env=dict(os.environ, PYTHONPATH=tools["python"]))
+    return last_json(out)["ms"]
+
+
+def infer_section(names, prepared, tools, args, errors):
+    rows = []
+    for name in names:
+        if not prepared.get(name):
+            continue
+        for batch in INFER_BATCHES[name]:
+            cells = []
+            for engine in ("onnxtrain", "ort"):
+                timings, key = [], (name, f"infer-{engine}-{batch}")
+                for _ in range(args.reps):
+                    for t in args.threads:
+                        if key in errors:
+                            break
+                        try:
+                            timings.append((infer_ms(engine, name, prepared[name]["infer"], batch, t, tools,
+                                                     args.timeout), t))
+                        except Failed as e:
+                            errors[key] = f"--threads {t}: {e}"
+                cells.append(min(timings) if timings else None)
+            fmt = lambda c, e: f"{c[0]:.3f} ({c[1]})" if c else "failed: " + errors[(name, f"infer-{e}-{batch}")]
+            ratio = f"{cells[1][0] / cells[0][0]:.2f}" if all(cells) else "-"
+            via = " (Python binding)" if name == "bert" else ""
+            rows.append(f"| {name} | {batch} | {fmt(cells[0], 'onnxtrain')}{via} | {fmt(cells[1], 'ort')} | {ratio} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+    return ["| workload | batch | onnxtrain ms (threads) | ONNX Runtime ms (threads) | ratio (ORT / onnxtrain) |",
+            "|---|---|---|---|---|"] + rows
+
+
+def find_tools(build):
+    """The executables and Python package of a build folder (build/release, else build-main/release)."""
+    candidates = [build] if build else [os.path.join(ROOT, "build", "release"), os.path.join(ROOT, "build-main", "release")]
+    for folder in candidates:
+        if os.path.exists(os.path.join(folder, "src", "onnxtrain")):
+            return {"onnxtrain": os.path.join(folder, "src", "onnxtrain"),
+                    "bench_infer": os.path.join(folder, "bench", "onnxtrain-bench-infer"),
+                    "python": os.path.join(folder, "python")}
+    sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
+
+
+def header(args):
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    import onnxruntime
+    import torch
+    import transformers
+    return (f"{datetime.date.today()}, {cpu} ({os.cpu_count()} cores), load average before the run "
+            f"{os.getloadavg()[0]:.2f}, commit {commit}; PyTorch {torch.__version__}, transformers "
+            f"{transformers.__version__}, ONNX Runtime {onnxruntime.__version__}, Python {platform.python_version()}; "
+            f"`bench/workloads.py --reps {args.reps} --threads {','.join(map(str, args.threads))} --steps "
+            + ",".join(f"{k}={v}" for k, v in args.steps.items()) + "`")
+
+
+def write_docs(text):
+    doc = open(DOCS).read()
+    if BEGIN not in doc or END not in doc:
+        sys.exit(f"{DOCS}: no {BEGIN} ... {END} section to replace")
+    head, rest = doc.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    tmp = DOCS + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(head + BEGIN + "\n" + SECTION_TITLE + "\n\n" + text + "\n" + END + tail)
+    os.replace(tmp, DOCS)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="resnet18,bert,lstm")
+    parser.add_argument("--threads", default="1,2", help="thread counts tried on each side, comma-separated")
+    parser.add_argument("--reps", type=int, default=1, help="alternating repetitions; the median is reported")
+    parser.add_argument("--steps", default="", help="timed training steps per workload, e.g. resnet18=10,bert=3")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds any one command may take")
+    parser.add_argument("--compile-timeout", type=float, default=150, help="seconds a torch.compile run may take")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--build", help="build folder holding src/onnxtrain (default build/release)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"replace the {BEGIN} section of docs/performance.md with the tables")
+    args = parser.parse_args()
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.steps = dict(STEPS, **{k: int(v) for k, v in (item.split("=") for item in args.steps.split(",") if item)})
+    names = args.workloads.split(",")
+    unknown = [n for n in names if n not in STEPS]
+    if unknown:
+        sys.exit(f"--workloads: unknown {', '.join(unknown)} (known: {', '.join(STEPS)})")
+    tools = find_tools(args.build)
+    os.makedirs(WORK, exist_ok=True)
+    started = time.perf_counter()
+    errors = {}
+    lines = [header(args), ""]
+    prepared = {name: prepare(name, tools, errors) for name in names}
+    lines += ["Training (steps/s without start-up; best thread count of each side):", ""]
+    lines += train_section(names, prepared, tools, args, errors)
+    lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
+    lines += infer_section(names, prepared, tools, args, errors)
+    lines += ["", "Errors (exact messages):", ""]
+    lines += [f"- {name}, {stage}: `{message}`" for (name, stage), message in errors.items()] or ["- none"]
+    lines += ["", f"(the run took {time.perf_counter() - started:.0f} s)"]
+    text = "\n".join(lines)
+    print(text)
+    if args.write_docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
