@@ -25,7 +25,13 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from onnxtrain import _core
+# libgomp reads its wait policy when the extension module loads it: a short spin keeps the idle
+# speed and holds up when other processes share the cores (docs/performance.md, "Shared
+# cores"), unless the user chose a policy.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
+from onnxtrain import _core  # noqa: E402 (after the OpenMP setting above)
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
 from onnxtrain._checkpoint import import_checkpoint, training_metadata
 from onnxtrain._checkpoint_export import export_checkpoint

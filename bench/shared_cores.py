@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Training speed when the cores are shared (issue 18, docs/performance.md "Shared cores"): the
+Fashion-MNIST MLP and CNN (Adam, batch 128), `onnxtrain train` at 1 thread and at 2 threads
+under onnxtrain's default wait policy (GOMP_SPINCOUNT=1000, which the command sets for itself
+unless the user chose one), libgomp's own default (GOMP_SPINCOUNT=300000: threads spin that
+long at the end of a parallel region before sleeping) and OMP_WAIT_POLICY=passive (they sleep
+at once), on an idle machine and with 1 and 2 other busy processes (a spinning Python loop
+each).
+
+Steps/s without start-up: each configuration runs WARMUP and WARMUP + steps steps and divides
+steps by the difference of the wall times; the median of --reps, configurations alternating.
+
+Usage: .venv/bin/python bench/shared_cores.py [--reps 3] [--models mlp,cnn]   (after scripts/build release)
+"""
+import argparse
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ONNXTRAIN = os.path.join(ROOT, "build", "release", "src", "onnxtrain")
+WORK = os.path.join(ROOT, "build", "bench-shared-cores")
+DATA = "/usr/share/datasets/fashion-mnist"
+WARMUP = 10
+STEPS = {"mlp": 300, "cnn": 40}
+CONFIGS = [("1 thread", 1, {}), ("2 threads (onnxtrain's default: spin 1000)", 2, {}),
+           ("2 threads, libgomp's default (spin 300000)", 2, {"GOMP_SPINCOUNT": "300000"}),
+           ("2 threads, passive", 2, {"OMP_WAIT_POLICY": "passive"})]
+
+
+def spin():
+    while True:
+        pass
+
+
+def timed(model, threads, env_extra, steps):
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env.update(OMP_NUM_THREADS=str(threads), **env_extra)
+    cmd = [ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA, "--scale", "image=1/255",
+           "--batch-size", "128", "--epochs", "100", "--max-steps", str(steps), "--threads", str(threads),
+           "--no-shuffle", "-q", "-o", os.path.join(WORK, f"{model}_out.onnx")]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--models", default="mlp,cnn")
+    args = parser.parse_args()
+    os.makedirs(WORK, exist_ok=True)
+    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK], check=True,
+                   capture_output=True)
+    print("| model | other busy processes | " + " | ".join(name for name, _, _ in CONFIGS) + " |")
+    print("|---|---|" + "---|" * len(CONFIGS))
+    for model in args.models.split(","):
+        subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{model}.onnx"), "-o",
+                        os.path.join(WORK, f"{model}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
+                        "--lr", "1e-3"], check=True, capture_output=True)
+        for busy in (0, 1, 2):
+            spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
+            for s in spinners:
+                s.start()
+            try:
+                rates = {name: [] for name, _, _ in CONFIGS}
+                for _ in range(args.reps):
+                    for name, threads, extra in CONFIGS:
+                        steps = STEPS[model]
+                        took = timed(model, threads, extra, WARMUP + steps) - timed(model, threads, extra, WARMUP)
+                        rates[name].append(steps / max(took, 1e-9))
+            finally:
+                for s in spinners:
+                    s.terminate()
+            cells = [f"{statistics.median(rates[name]):.1f}" for name, _, _ in CONFIGS]
+            print(f"| {model} | {busy} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
