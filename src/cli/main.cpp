@@ -1,4 +1,30 @@
-// The onnxtrain executable; see src/cli/app.h.
+// The `onnxtrain` executable. (The Python console script calls cli::main directly;
+// python/onnxtrain/__init__.py sets the same OpenMP policy for it.)
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include "cli/app.h"
 
-int main(int argc, char** argv) { return onnxtrain::cli::main(argc, argv); }
+namespace {
+
+// libgomp reads its wait policy from the environment when it is loaded, before main. By
+// default its threads spin for a long while at the end of every parallel region; when another
+// process holds a core, a spinning thread waits for a descheduled one, and 2 threads ran up to
+// 10x slower than 1 (docs/performance.md, "Shared cores"). A short spin (GOMP_SPINCOUNT=1000)
+// costs 2-13 % of the idle speed and holds up under load, so the command re-executes itself
+// with it unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT set). The process
+// and its environment are otherwise unchanged (mpirun's variables included); without
+// /proc/self/exe it goes on with libgomp's default.
+void choose_openmp_wait_policy(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (::setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  choose_openmp_wait_policy(argv);
+  return onnxtrain::cli::main(argc, argv);
+}
