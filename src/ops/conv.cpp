@@ -266,6 +266,9 @@ struct ConvEntry {
   dnnl::memory user_weights, weights, bias;
   bool reorder_weights = false;  // the primitive wants another weights layout than ONNX's
   dnnl::reorder weights_reorder;
+  // Constant weights (an initializer no run replaces) already reordered into `weights`: their
+  // data, so later runs skip the reorder (at batch 1 it costs more than the convolution).
+  const float* weights_reordered_from = nullptr;
   std::unordered_map<int, dnnl::memory> args;  // the memories above by role
   // ConvTranspose with negative crops: oneDNN fills only the dst_dims block of y.
   DnnlConvDims dims;
@@ -395,8 +398,9 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
 
 // Runs the convolution into y; with `reorder_dst` false a blocked result stays in e.dst's own
 // buffer (e.dst.arg()) and y is not written.
+// `weights_constant`: w holds the same values at every run (see ConvKernel::weights_constant_).
 void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w, const float* b,
-             float* y, bool reorder_dst = true) {
+             float* y, bool weights_constant, bool reorder_dst = true) {
   const bool embed = e.dims.embed;
   if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
@@ -405,7 +409,10 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
     e.user_weights.set_data_handle(const_cast<float*>(w));
     e.dst.bind(embed ? e.dst_buffer.data() : y);
     if (b) e.bias.set_data_handle(const_cast<float*>(b));
-    if (e.reorder_weights) e.weights_reorder.execute(stream, e.user_weights, e.weights);
+    if (e.reorder_weights && !(weights_constant && e.weights_reordered_from == w)) {
+      e.weights_reorder.execute(stream, e.user_weights, e.weights);
+      e.weights_reordered_from = weights_constant ? w : nullptr;
+    }
     e.src.reorder(stream);
     e.primitive.execute(stream, e.args);
     if (reorder_dst) e.dst.reorder(stream);
@@ -423,10 +430,18 @@ struct ConvEpilogue {
   std::optional<PoolAttrs> pool;
 };
 
+// Whether input i of the node is an initializer that no run can replace.
+bool constant_input(const KernelInit& init, size_t i) {
+  const auto& inputs = init.node().inputs;
+  if (i >= inputs.size() || inputs[i] == ir::kNoValue) return false;
+  const ir::Value& v = init.graph().value(inputs[i]);
+  return v.is_initializer && !v.is_graph_input;
+}
+
 class ConvKernel final : public Kernel {
  public:
-  explicit ConvKernel(ConvAttrs attrs, ConvEpilogue epilogue = {})
-      : attrs_(std::move(attrs)), epilogue_(std::move(epilogue)) {}
+  ConvKernel(const KernelInit& init, ConvAttrs attrs, ConvEpilogue epilogue = {})
+      : attrs_(std::move(attrs)), epilogue_(std::move(epilogue)), weights_constant_(constant_input(init, 1)) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -495,7 +510,7 @@ class ConvKernel final : public Kernel {
         ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(b.defined()).add(1),
                                   [&] { return plan(g, attrs_.transpose, b.defined(), true); });
         if (!e.use_reference && !e.dims.embed) {
-          execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out.data<float>());
+          execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out.data<float>(), weights_constant_);
           max_pool_channels_last(*pool, g.M, epilogue_.relu, conv_out.data<float>(), y.data<float>());
           return;
         }
@@ -517,7 +532,7 @@ class ConvKernel final : public Kernel {
       if (g.rank() <= 3) {
         ConvEntry& e = plain_entry(g, x, w, bias != nullptr);
         if (!e.use_reference) {
-          execute(e, g, x.data<float>(), w.data<float>(), bias, y);
+          execute(e, g, x.data<float>(), w.data<float>(), bias, y, weights_constant_);
           return;
         }
       }
@@ -538,7 +553,7 @@ class ConvKernel final : public Kernel {
     ConvEntry& e = plain_entry(g, x, w, bias != nullptr);
     const int64_t block = e.dst_channel_block;
     if (e.use_reference || e.dims.embed || block == 0) return false;
-    execute(e, g, x.data<float>(), w.data<float>(), bias, y, false);
+    execute(e, g, x.data<float>(), w.data<float>(), bias, y, weights_constant_, false);
     const auto* in = static_cast<const float*>(e.dst.arg().get_data_handle());
     const int64_t size = g.out_size(), blocks = (g.M + block - 1) / block;
     // Task (n, channel block): `block` channel planes, read interleaved, written one by one.
@@ -577,6 +592,10 @@ class ConvKernel final : public Kernel {
 
   ConvAttrs attrs_;
   ConvEpilogue epilogue_;
+  // The weights are an initializer no run replaces (not also a graph input, which a feed may
+  // override), so their data is the same at every run: in an inference graph; not in a
+  // training step, where they are variables fed from the session's state.
+  const bool weights_constant_;
   du::PrimitiveCache<ConvEntry> cache_;
   Shape pool_shape_;  // the convolution output shape pool_plan_ was made for
   std::optional<PoolPlan> pool_plan_;
@@ -615,11 +634,11 @@ ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {
 }
 
 std::unique_ptr<Kernel> make_conv(const KernelInit& init) {
-  return std::make_unique<ConvKernel>(parse_conv_attrs(init, false));
+  return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, false));
 }
 
 std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init) {
-  return std::make_unique<ConvKernel>(parse_conv_attrs(init, true));
+  return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, true));
 }
 
 std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
@@ -641,7 +660,7 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
     }
     epilogue.pool = parse_pool_attrs(KernelInit(init.graph(), pool_node, init.opset()), true);
   }
-  return std::make_unique<ConvKernel>(parse_conv_attrs(init, false), std::move(epilogue));
+  return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, false), std::move(epilogue));
 }
 
 }  // namespace onnxtrain::ops
