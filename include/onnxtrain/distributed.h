@@ -23,9 +23,9 @@ namespace onnxtrain::distributed {
 // rounded once to the tensor's dtype. The buckets are started while the backward pass still
 // runs, and a background thread sums them (MPI_Allreduce) meanwhile; every rank must start the
 // same buckets (names, dtypes, shapes) in the same order (checked per bucket by element count:
-// an Error names the ranks' counts). Floating dtypes only (float32, float64); others are an Error naming the tensor. A
-// rank of weight 0 adds nothing (its values are not read, so they may be anything finite or
-// not). A sum of weights of zero is an Error.
+// an Error names the ranks' counts). Floating dtypes only (float32, float64); others are an
+// Error naming the tensor. A rank of weight 0 adds nothing (its values are not read, so they
+// may be anything finite or not). A sum of weights of zero is an Error.
 class WeightedMean {
  public:
   virtual ~WeightedMean() = default;
@@ -42,12 +42,6 @@ class Communicator {
   virtual int size() const = 0;  // number of ranks
   // Starts one step's averaging, this rank's values weighted by `weight` (its sample count).
   virtual std::unique_ptr<WeightedMean> begin_weighted_mean(double weight) = 0;
-  // In place, on every rank: each tensor of `values` becomes its weighted mean across ranks (as
-  // WeightedMean, in one bucket). Every rank must pass the same names with the same dtypes and
-  // shapes.
-  void weighted_mean(runtime::NamedTensors& values, double weight);
-  // Every rank gets `value` of rank 0 (for the loss shown and the stop signal).
-  virtual double broadcast(double value) = 0;
   // In place, on every rank: data[i] becomes the sum over the ranks of their data[i]
   // (MPI_Allreduce, MPI_SUM). Every rank passes the same count. `what` names the collective in
   // errors and timeouts ("the allreduce of the gradients").
@@ -72,12 +66,5 @@ class Communicator {
 // finalized at exit. Throws Error when started by mpirun with several ranks in a build
 // without MPI (each process would otherwise train alone and write the same files).
 std::shared_ptr<Communicator> world();
-
-// True when onnxtrain was built with MPI.
-bool built_with_mpi();
-
-// Every rank gets the tensor `t` of rank `root`: its values, and its dtype and shape, which
-// must already be equal on every rank (an Error names the tensor otherwise). Not strings.
-void broadcast(Communicator& communicator, Tensor& t, int root, const std::string& name);
 
 }  // namespace onnxtrain::distributed

@@ -2,6 +2,7 @@
 // losses, and of the ai.onnxtrain backward ops themselves (see rules.cpp for the conventions).
 #include "autodiff/gradient.h"
 #include "autodiff/rules_common.h"
+#include "ops/batch_norm_mode.h"
 #include "onnxtrain/error.h"
 
 namespace onnxtrain::autodiff {
@@ -73,14 +74,9 @@ std::string normalized_input_gradient(Builder& b, const std::string& g, const No
 }
 
 bool batch_norm_training(Builder& b) {
-  if (b.opset() < 7) return b.get_int("is_test", 0) == 0;
-  if (b.opset() < 14) {
-    for (int i = 1; i < b.num_outputs(); ++i) {
-      if (!b.O(i).empty()) return true;
-    }
-    return false;
-  }
-  return b.get_int("training_mode", 0) != 0;
+  bool extra_outputs = false;
+  for (int i = 1; i < b.num_outputs(); ++i) extra_outputs = extra_outputs || !b.O(i).empty();
+  return ops::batch_norm_training(b.opset(), b.get_int("is_test", 0), extra_outputs, b.get_int("training_mode", 0));
 }
 void batch_norm_rule(Builder& b) {
   const std::string x = b.I(0), g = b.GO(0);

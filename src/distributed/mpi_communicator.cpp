@@ -38,6 +38,14 @@ void check(int rc, const char* what) {
 // this thread runs the bucket's blocking MPI_Allreduce (Open MPI's tuned algorithms, which
 // progress without being polled) on its own duplicate of MPI_COMM_WORLD, so it never mixes
 // with the main thread's collectives. Needs MPI_THREAD_MULTIPLE.
+// After an MPI_MAX allreduce of {n, -n} over the ranks: an Error unless every rank had n.
+void require_same_count(const int64_t range[2], int64_t n, int rank) {
+  if (range[0] == -range[1]) return;
+  throw Error("distributed: the ranks reduce different numbers of elements (rank " + std::to_string(rank) + ": " +
+              std::to_string(n) + ", largest " + std::to_string(range[0]) + ", smallest " + std::to_string(-range[1]) +
+              ")");
+}
+
 class BucketThread {
  public:
   struct Job {
@@ -65,6 +73,10 @@ class BucketThread {
       queue_.push_back(&job);
     }
     changed_.notify_all();
+  }
+  bool done(const Job& job) {
+    std::lock_guard lock(mutex_);
+    return job.done;
   }
   // Waits for `job` at most `seconds` (0: forever); false when the time ran out.
   bool wait(Job& job, double seconds) {
@@ -106,11 +118,7 @@ class BucketThread {
     const auto n = static_cast<int64_t>(buffer.size());
     int64_t range[2] = {n, -n};
     check(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, comm_), "the check of the gradients' sizes");
-    if (range[0] != -range[1]) {
-      throw Error("distributed: the ranks reduce different numbers of elements (rank " + std::to_string(rank_) +
-                  ": " + std::to_string(n) + ", largest " + std::to_string(range[0]) + ", smallest " +
-                  std::to_string(-range[1]) + ")");
-    }
+    require_same_count(range, n, rank_);
     for (size_t begin = 0; begin < buffer.size(); begin += INT_MAX) {
       const int count = static_cast<int>(std::min<size_t>(INT_MAX, buffer.size() - begin));
       check(MPI_Allreduce(MPI_IN_PLACE, buffer.data() + begin, count, MPI_DOUBLE, MPI_SUM, comm_),
@@ -159,32 +167,20 @@ class MpiCommunicator : public Communicator {
   double seconds_in_collectives() const override { return seconds_; }
 
   std::unique_ptr<WeightedMean> begin_weighted_mean(double weight) override;
-  // Starts the MPI_Iallreduce (sum) of `data` in chunks of at most INT_MAX elements, adding
-  // their requests to `requests`.
-  void start_sum(std::span<double> data, std::vector<MPI_Request>& requests, const std::string& what) {
-    for (size_t begin = 0; begin < data.size(); begin += INT_MAX) {
-      const int count = static_cast<int>(std::min<size_t>(INT_MAX, data.size() - begin));
-      MPI_Request request;
-      check(MPI_Iallreduce(MPI_IN_PLACE, data.data() + begin, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
-            what.c_str());
-      requests.push_back(request);
-    }
-  }
-
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort does not return; in case an implementation does
   }
 
-  double broadcast(double value) override {
-    broadcast_bytes(&value, sizeof value, 0, "the broadcast of rank 0's value");
-    return value;
-  }
-
   void sum(std::span<double> data, const std::string& what) override {
-    std::vector<MPI_Request> requests;
-    start_sum(data, requests, what);
-    for (MPI_Request& request : requests) wait(request, what);
+    // In chunks of at most INT_MAX elements (MPI counts are int).
+    for (size_t begin = 0; begin < data.size(); begin += INT_MAX) {
+      const int count = static_cast<int>(std::min<size_t>(INT_MAX, data.size() - begin));
+      MPI_Request request;
+      check(MPI_Iallreduce(MPI_IN_PLACE, data.data() + begin, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
+            what.c_str());
+      wait(request, what);
+    }
     bytes_ += data.size() * sizeof(double);
   }
 
@@ -206,11 +202,7 @@ class MpiCommunicator : public Communicator {
     MPI_Request request;
     check(MPI_Iallreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &request), "MPI_Iallreduce");
     wait(request, "the check of the gradients' sizes");
-    if (range[0] != -range[1]) {
-      throw Error("distributed: the ranks reduce different numbers of elements (rank " + std::to_string(rank_) +
-                  ": " + std::to_string(n) + ", largest " + std::to_string(range[0]) + ", smallest " +
-                  std::to_string(-range[1]) + ")");
-    }
+    require_same_count(range, n, rank_);
   }
 
  public:  // for MpiWeightedMean
@@ -267,7 +259,7 @@ class MpiWeightedMean : public WeightedMean {
   // may leave buckets the thread still sums into: those are leaked, not freed under it.
   ~MpiWeightedMean() override {
     for (auto& bucket : buckets_) {
-      if (c_.buckets_ && !c_.buckets_->wait(bucket->job, 1e-9)) (void)bucket.release();
+      if (c_.buckets_ && !c_.buckets_->done(bucket->job)) (void)bucket.release();
     }
   }
 
@@ -296,9 +288,11 @@ class MpiWeightedMean : public WeightedMean {
       bucket.layout.push_back({name, t->dtype(), t->shape()});
     }
     bucket.buffer.push_back(weight_);
-    c_.bytes_ += bucket.buffer.size() * sizeof(double);
     bucket.job.buffer = &bucket.buffer;
-    if (c_.buckets_) c_.buckets_->submit(bucket.job);
+    if (c_.buckets_) {
+      c_.bytes_ += bucket.buffer.size() * sizeof(double);
+      c_.buckets_->submit(bucket.job);
+    }
   }
 
   runtime::NamedTensors finish() override {
@@ -309,11 +303,9 @@ class MpiWeightedMean : public WeightedMean {
         if (!c_.buckets_->wait(bucket->job, c_.timeout_)) c_.time_out(kWhat, c_.timeout_);
         c_.seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (!bucket->job.error.empty()) throw Error(bucket->job.error);
-      } else {  // wait() counts its seconds
+      } else {  // sum() counts its bytes and seconds
         c_.check_same_count(static_cast<int64_t>(bucket->buffer.size()));
-        std::vector<MPI_Request> requests;
-        c_.start_sum(bucket->buffer, requests, kWhat);
-        for (MPI_Request& request : requests) c_.wait(request, kWhat);
+        c_.sum(bucket->buffer, kWhat);
       }
       const double total = bucket->buffer.back();
       if (!(total > 0)) throw Error("distributed: the ranks' sample counts sum to " + std::to_string(total));
@@ -362,6 +354,5 @@ std::shared_ptr<Communicator> world() {
   return communicator;
 }
 
-bool built_with_mpi() { return true; }
 
 }  // namespace onnxtrain::distributed

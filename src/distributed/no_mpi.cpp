@@ -20,6 +20,5 @@ std::shared_ptr<Communicator> world() {
   }
   return nullptr;
 }
-bool built_with_mpi() { return false; }
 
 }  // namespace onnxtrain::distributed

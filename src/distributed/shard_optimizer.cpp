@@ -121,20 +121,6 @@ std::vector<bool> needed_items(const std::vector<Item>& items, std::set<std::str
 
 }  // namespace
 
-std::map<std::string, std::string> gradient_parameters(const onnx::GraphProto& graph) {
-  std::map<std::string, std::string> parameters;
-  for (const auto& node : graph.node()) {
-    if (node.op_type() != "Gradient" || node.domain() != autodiff::kTrainingDomain) continue;
-    for (const auto& attr : node.attribute()) {
-      if (attr.name() != "xs") continue;
-      for (int i = 0; i < node.output_size() && i < attr.strings_size(); ++i) {
-        if (!node.output(i).empty()) parameters[node.output(i)] = attr.strings(i);
-      }
-    }
-  }
-  return parameters;
-}
-
 std::map<std::string, int> partition_parameters(const std::map<std::string, size_t>& bytes, int ranks) {
   std::vector<std::pair<std::string, size_t>> order(bytes.begin(), bytes.end());
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.second > b.second; });

@@ -21,10 +21,6 @@
 
 namespace onnxtrain::distributed {
 
-// The parameter each Gradient output is the gradient of (the node's attribute `xs`, in output
-// order), for the Gradient nodes of `graph`; call it before the Gradient expansion.
-std::map<std::string, std::string> gradient_parameters(const onnx::GraphProto& graph);
-
 // The ranks among which the parameters of `bytes` (name -> size in bytes) are divided: the
 // largest first, each to the rank holding the fewest bytes so far (the lowest rank on a tie),
 // ties between equal sizes broken by name, so every rank computes the same partition.
@@ -46,7 +42,7 @@ struct OptimizerShards {
 
 // Rewrites `update` (the update part of a cut algorithm, nodes in topological order) for rank
 // `rank` of `ranks`. `bindings` maps each update_binding key to its value; `gradients` is
-// gradient_parameters() of the algorithm; `bytes` gives the size of every variable. The
+// gradient_parameters() of the algorithm (split_program.h); `bytes` gives the size of every variable. The
 // multi-tensor optimizer nodes of ai.onnx.preview.training (Adam, Momentum, Adagrad) keep the
 // tensors of this rank's parameters (a node left with none is removed); every node no output
 // this rank needs depends on is removed; graph inputs no node reads and the outputs of other

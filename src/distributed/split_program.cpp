@@ -53,15 +53,18 @@ onnx::GraphProto part_of(const onnx::GraphProto& graph, const std::vector<const 
 
 }  // namespace
 
-std::set<std::string> gradient_outputs(const onnx::GraphProto& graph) {
-  std::set<std::string> names;
+std::map<std::string, std::string> gradient_parameters(const onnx::GraphProto& graph) {
+  std::map<std::string, std::string> parameters;
   for (const auto& node : graph.node()) {
     if (node.op_type() != "Gradient" || node.domain() != autodiff::kTrainingDomain) continue;
-    for (const auto& out : node.output()) {
-      if (!out.empty()) names.insert(out);
+    for (const auto& attr : node.attribute()) {
+      if (attr.name() != "xs") continue;
+      for (int i = 0; i < node.output_size() && i < attr.strings_size(); ++i) {
+        if (!node.output(i).empty()) parameters[node.output(i)] = attr.strings(i);
+      }
     }
   }
-  return names;
+  return parameters;
 }
 
 SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<std::string>& gradients,

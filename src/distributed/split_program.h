@@ -9,6 +9,7 @@
 // graph inputs and initializers their nodes read; neither holds a node of the other.
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,9 +33,10 @@ struct SplitProgram {
 // read inside them (a superset of the enclosing-graph values they capture).
 void add_reads(const onnx::NodeProto& node, std::set<std::string>& reads);
 
-// The non-empty output names of the Gradient nodes of `graph` (not of its subgraphs); call it
-// before the Gradient expansion, which keeps these names.
-std::set<std::string> gradient_outputs(const onnx::GraphProto& graph);
+// The parameter each Gradient output is the gradient of: the non-empty output i of a Gradient
+// node of `graph` (not of its subgraphs) -> the node's attribute xs[i]. Call it before the
+// Gradient expansion, which keeps these output names.
+std::map<std::string, std::string> gradient_parameters(const onnx::GraphProto& graph);
 
 // Cuts `graph` (nodes in topological order, Gradient nodes expanded) at `gradients`.
 SplitProgram split_at_gradients(const onnx::GraphProto& graph, const std::set<std::string>& gradients,

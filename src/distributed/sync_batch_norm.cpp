@@ -7,6 +7,7 @@
 #include <set>
 
 #include "onnxtrain/error.h"
+#include "ops/batch_norm_mode.h"
 
 namespace onnxtrain::distributed {
 
@@ -25,14 +26,10 @@ int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int6
 }
 
 bool training_mode(const onnx::NodeProto& node, int opset) {
-  if (opset < 7) return int_attribute(node, "is_test", 0) == 0;
-  if (opset < 14) {
-    for (int i = 1; i < node.output_size(); ++i) {
-      if (!node.output(i).empty()) return true;
-    }
-    return false;
-  }
-  return int_attribute(node, "training_mode", 0) != 0;
+  bool extra_outputs = false;
+  for (int i = 1; i < node.output_size(); ++i) extra_outputs = extra_outputs || !node.output(i).empty();
+  return ops::batch_norm_training(opset, int_attribute(node, "is_test", 0), extra_outputs,
+                                  int_attribute(node, "training_mode", 0));
 }
 
 // The types ONNX shape inference gives the graph's values (best effort: what it cannot infer

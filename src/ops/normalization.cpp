@@ -37,6 +37,7 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/batch_norm_mode.h"
 #include "ops/factories.h"
 
 namespace onnxtrain::ops {
@@ -521,12 +522,8 @@ std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init) {
   }
   bool extra_outputs = false;
   for (int i = 1; i < init.num_outputs(); ++i) extra_outputs = extra_outputs || init.has_output(i);
-  if (opset < 7) {
-    spec.training = init.attr_int("is_test", 0) == 0;
-  } else if (opset < 14) {
-    spec.training = extra_outputs;
-  } else {
-    spec.training = init.attr_int("training_mode", 0) != 0;
+  spec.training = batch_norm_training(opset, init.attr_int("is_test", 0), extra_outputs, init.attr_int("training_mode", 0));
+  if (opset >= 14) {
     spec.running_only = true;
     if (!spec.training && extra_outputs) {
       fail("outputs running_mean and running_var are only defined with training_mode = 1");

@@ -159,8 +159,8 @@ void Loop::load_session() {
   const std::string source = model_path.empty() ? "model" : model_path.string();
   onnx::ModelProto model = o_.resume.empty() && o_.model_proto ? *o_.model_proto : io::load_model(model_path);
   // The model moves into the session (no second copy of its tensors); its metadata stays here.
-  onnx::ModelProto metadata_only;
-  *metadata_only.mutable_metadata_props() = model.metadata_props();
+  onnx::ModelProto meta;
+  *meta.mutable_metadata_props() = model.metadata_props();
   TrainingOptions session_options;
   session_options.threads = o_.threads;
   session_options.seed = o_.seed;
@@ -175,7 +175,6 @@ void Loop::load_session() {
     session_options.shard_optimizer_state = o_.communicator;
   }
   session_ = std::make_shared<TrainingSession>(std::move(model), session_options, model_path.parent_path(), source);
-  const onnx::ModelProto& meta = metadata_only;
   training_metadata_ = metadata_value(meta, kTrainingMetadataKey);
   try {
     if (!training_metadata_.empty()) step_counter_of(training_metadata_);
@@ -334,24 +333,25 @@ void Loop::step(const Batch& batch, int epoch, int64_t b) {
   report(out, epoch, b);
 }
 
-// Rows [n*r/N, n*(r+1)/N) of a batch of n rows for rank r of N.
-std::pair<int64_t, int64_t> rows_of_rank(const Batch& batch, const distributed::Communicator& communicator) {
+// Rank r of N's rows [n*r/N, n*(r+1)/N) of a batch of n rows.
+struct RankRows {
+  int64_t begin, end, n;
+};
+RankRows rows_of_rank(const Batch& batch, const distributed::Communicator& communicator) {
   const int64_t rank = communicator.rank(), ranks = communicator.size();
   const Shape& first = batch.empty() ? Shape() : batch.begin()->second.shape();
   const int64_t n = first.size() == 0 ? 0 : first[0];
-  return {n * rank / ranks, n * (rank + 1) / ranks};
+  return {n * rank / ranks, n * (rank + 1) / ranks, n};
 }
 
 Batch Loop::share_of(const Batch& batch, const std::string& where) {
-  const auto [begin, end] = rows_of_rank(batch, *o_.communicator);
-  share_ = static_cast<double>(end - begin);
-  if (end > begin) return slice_rows(batch, begin, end);
+  const RankRows rows = rows_of_rank(batch, *o_.communicator);
+  share_ = static_cast<double>(rows.end - rows.begin);
+  if (rows.end > rows.begin) return slice_rows(batch, rows.begin, rows.end);
   // A batch of fewer rows than ranks leaves this rank none. It still takes part in the step's
   // collectives: it runs the batch's first row and weighs what it computes 0
-  // (Communicator::weighted_mean), so the average is that of the other ranks' rows.
-  if (batch.empty() || batch.begin()->second.shape().size() == 0 || batch.begin()->second.shape()[0] == 0) {
-    throw Error(where + ": the batch has no rows");
-  }
+  // (Communicator::begin_weighted_mean), so the average is that of the other ranks' rows.
+  if (rows.n == 0) throw Error(where + ": the batch has no rows");
   if (o_.sync_batch_norm) {  // its row would count in the global batch statistics
     throw Error(where + ": the batch's rows leave rank " + std::to_string(o_.communicator->rank()) +
                 " none, which --sync-batch-norm does not support (use --drop-last or a larger --batch-size)");
@@ -466,9 +466,9 @@ bool Loop::evaluate(int epoch, bool epoch_end) {
     std::optional<Batch> batch = eval_->next();
     if (!batch) break;
     if (o_.communicator) {  // sharded: this rank's rows of every evaluation batch
-      const auto [begin, end] = rows_of_rank(*batch, *o_.communicator);
-      if (begin == end) continue;
-      batch = slice_rows(*batch, begin, end);
+      const RankRows rows = rows_of_rank(*batch, *o_.communicator);
+      if (rows.begin == rows.end) continue;
+      batch = slice_rows(*batch, rows.begin, rows.end);
     }
     const std::string where = eval_name_ + ", batch " + std::to_string(b + 1);
     const runtime::NamedTensors in = feeding::inputs(*batch, feeds_, where, false, true);

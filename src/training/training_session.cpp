@@ -52,7 +52,7 @@ struct BoundGraph {
     std::set<std::string> reduced;  // distributed::SplitProgram::reduced
     // With TrainingOptions::shard_optimizer_state: how the update part was sharded.
     std::optional<distributed::OptimizerShards> shards;
-    std::vector<char> reduced_ids;  // by ValueId of local's graph: 1 where reduced (made at the first step)
+    std::vector<char> reduced_ids;  // by ValueId of local's graph: 1 where reduced
   };
   std::optional<Split> split;
 };
@@ -225,8 +225,9 @@ struct TrainingSession::Impl {
     std::optional<distributed::OptimizerShards> shards;
     if (training) {
       if (options.sync_batch_norm) distributed::use_sync_batch_norm(graph, opsets, label);
-      const std::set<std::string> gradients = distributed::gradient_outputs(graph);
       const std::map<std::string, std::string> parameters = distributed::gradient_parameters(graph);
+      std::set<std::string> gradients;
+      for (const auto& [gradient, parameter] : parameters) gradients.insert(gradient);
       autodiff::expand_gradients(graph, opsets, label);
       std::set<std::string> bound_values;
       for (const auto& [key, value] : update_bindings) bound_values.insert(value);
@@ -239,9 +240,16 @@ struct TrainingSession::Impl {
     bound.runner = std::move(whole.runner);
     bound.overrides = std::move(whole.overrides);
     if (parts) {
-      bound.split = BoundGraph::Split{plan(std::move(parts->local), label + " (forward and backward)", opsets, supplied, false),
-                                      plan(std::move(parts->update), label + " (update)", opsets, supplied, true),
-                                      std::move(parts->reduced), std::move(shards)};
+      BoundGraph::Split& split = bound.split.emplace(
+          plan(std::move(parts->local), label + " (forward and backward)", opsets, supplied, false),
+          plan(std::move(parts->update), label + " (update)", opsets, supplied, true), std::move(parts->reduced),
+          std::move(shards));
+      const ir::Graph& local = split.local.runner->graph();
+      split.reduced_ids.assign(local.values().size(), 0);
+      for (const std::string& name : split.reduced) {
+        const ir::ValueId id = local.find(name);
+        if (id != ir::kNoValue) split.reduced_ids[static_cast<size_t>(id)] = 1;
+      }
     }
     return bound;
   }
@@ -400,13 +408,6 @@ struct TrainingSession::Impl {
   runtime::NamedTensors run_split(BoundGraph& g, const runtime::NamedTensors& feeds, const ops::RunContext& context) {
     BoundGraph::Split& s = *g.split;
     const ir::Graph& local = s.local.runner->graph();
-    if (s.reduced_ids.empty()) {
-      s.reduced_ids.assign(local.values().size(), 0);
-      for (const std::string& name : s.reduced) {
-        const ir::ValueId id = local.find(name);
-        if (id != ir::kNoValue) s.reduced_ids[static_cast<size_t>(id)] = 1;
-      }
-    }
     // Buckets of the values to average, in the order the backward pass writes them; each is
     // started when full, so its allreduce overlaps the nodes still to run.
     constexpr size_t kFirstBucketBytes = size_t{1} << 20, kBucketBytes = size_t{25} << 20;
@@ -427,7 +428,7 @@ struct TrainingSession::Impl {
         const Value& value = values[static_cast<size_t>(id)];
         if (!value.is_tensor()) continue;  // run() names it below
         bucket.emplace_back(local.value(id).name, &value.tensor());
-        bytes += static_cast<size_t>(value.tensor().numel()) * dtype_size(value.tensor().dtype());
+        bytes += value.tensor().nbytes();
       }
       if (bytes >= cap) start_bucket();
     };

@@ -54,6 +54,16 @@ def weights(path):
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
+def variables(path):
+    """Every initializer of the model: the inference graph's and the training_info algorithms'
+    (weights and optimizer state)."""
+    model = onnx.load(path)
+    tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for info in model.training_info:
+        tensors.update({t.name: numpy_helper.to_array(t) for t in info.algorithm.initializer})
+    return tensors
+
+
 def mpi_setup():
     """(mpirun's path, the environment of its ranks: one OpenMP thread, root allowed), or None
     (after printing why) when mpirun is missing: the test then exits 77 (skipped)."""

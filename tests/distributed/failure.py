@@ -30,9 +30,9 @@ import uuid
 
 import numpy as np
 
-from equivalence import mpi_setup  # this script's folder comes first on sys.path
 import onnx
-from onnx import numpy_helper
+
+from equivalence import mpi_setup, variables  # this script's folder comes first on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH = 128
@@ -43,15 +43,6 @@ def run(cmd, env):
     if result.returncode != 0:
         sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout}\n{result.stderr}")
     return result.stdout
-
-
-def state(path):
-    """Every initializer of the model and of its training_info (weights and optimizer state)."""
-    model = onnx.load(path)
-    tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for info in model.training_info:
-        tensors.update({t.name: numpy_helper.to_array(t) for t in info.algorithm.initializer})
-    return tensors
 
 
 def rank_pid(marker, rank):
@@ -65,6 +56,19 @@ def rank_pid(marker, rank):
         if f"ONNXTRAIN_TEST_RUN={marker}".encode() in env and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
             return int(pid)
     return None
+
+
+def signal_and_wait(proc, pid, sig):
+    """Sends `sig` to the rank process `pid` of the mpirun `proc` and waits up to 60 s for the
+    run to end: (its output, seconds it took), or None (proc killed) when it did not end."""
+    os.kill(pid, sig)
+    start = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+    return out, time.monotonic() - start
 
 
 class Checks:
@@ -106,12 +110,12 @@ def main():
             ["--epochs", "2", "--max-steps", "9", "--checkpoint-every", "3", "-o", p("part.onnx")], env)
         run(mpi + ["-np", "2", args.onnxtrain] + common + ["--epochs", "2", "--resume", p("part.ckpt.onnx"),
                                                            "-o", p("resumed.onnx")], env)
-        whole, resumed = state(p("whole.onnx")), state(p("resumed.onnx"))
+        whole, resumed = variables(p("whole.onnx")), variables(p("resumed.onnx"))
         same = whole.keys() == resumed.keys() and all(np.array_equal(whole[k], resumed[k]) for k in whole)
         checks.check(same, f"resume on 2 ranks after 9 of 40 steps: {len(whole)} tensors bit-identical")
         run(mpi + ["-np", "3", args.onnxtrain] + common + ["--epochs", "2", "--resume", p("part.ckpt.onnx"),
                                                            "-o", p("resumed3.onnx")], env)
-        resumed3 = state(p("resumed3.onnx"))
+        resumed3 = variables(p("resumed3.onnx"))
         worst = max(np.linalg.norm(resumed3[k] - whole[k]) / max(np.linalg.norm(whole[k]), 1e-30)
                     for k in whole if whole[k].dtype.kind == "f")
         checks.check(worst <= 1e-5, f"resume on 3 ranks of a 2-rank checkpoint: largest per-tensor |diff|/|w| {worst:.3g}")
@@ -151,19 +155,16 @@ def main():
         found = wait_for(lambda: os.path.exists(checkpoint) and rank_pid(marker, 1), 60)
         pid = rank_pid(marker, 1)
         if found and pid:
-            os.kill(pid, signal.SIGKILL)
-            start = time.monotonic()
-            try:
-                out, _ = proc.communicate(timeout=60)
-                took = time.monotonic() - start
-                checks.check(proc.returncode != 0, f"killing rank 1 ends the run in {took:.1f} s (exit {proc.returncode})")
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            ended = signal_and_wait(proc, pid, signal.SIGKILL)
+            if ended is None:
                 checks.check(False, "killing rank 1 ends the run", "still running after 60 s")
+            else:
+                out, took = ended
+                checks.check(proc.returncode != 0, f"killing rank 1 ends the run in {took:.1f} s (exit {proc.returncode})")
             try:
                 onnx.checker.check_model(onnx.load(checkpoint))
-                resumed = run(mpi + ["-np", "2", args.onnxtrain] + common + ["--epochs", "1", "--resume", checkpoint,
-                                                                             "-o", p("after_kill.onnx")], env)
+                run(mpi + ["-np", "2", args.onnxtrain] + common + ["--epochs", "1", "--resume", checkpoint,
+                                                                   "-o", p("after_kill.onnx")], env)
                 checks.check(os.path.exists(p("after_kill.onnx")), "the last checkpoint loads and resumes")
             except Exception as e:  # noqa: BLE001 - any failure to load is the failure tested for
                 checks.check(False, "the last checkpoint loads and resumes", str(e))
@@ -178,16 +179,14 @@ def main():
         time.sleep(0.5)  # into the training steps
         pid = rank_pid(marker, 1)
         if found and pid:
-            os.kill(pid, signal.SIGSTOP)
-            start = time.monotonic()
             try:
-                out, _ = proc.communicate(timeout=60)
-                took = time.monotonic() - start
-                checks.check(proc.returncode != 0 and "error: rank 0 of 2" in out and "--collective-timeout 3" in out,
-                             f"a stopped rank: rank 0 times out and the run ends in {took:.1f} s", out[-1500:])
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                checks.check(False, "a stopped rank ends the run", "still running after 60 s")
+                ended = signal_and_wait(proc, pid, signal.SIGSTOP)
+                if ended is None:
+                    checks.check(False, "a stopped rank ends the run", "still running after 60 s")
+                else:
+                    out, took = ended
+                    checks.check(proc.returncode != 0 and "error: rank 0 of 2" in out and "--collective-timeout 3" in out,
+                                 f"a stopped rank: rank 0 times out and the run ends in {took:.1f} s", out[-1500:])
             finally:
                 try:
                     os.kill(pid, signal.SIGKILL)

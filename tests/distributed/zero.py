@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, TensorProto
 
-from equivalence import run, mpi_setup  # this folder is on sys.path (the script's own)
+from equivalence import mpi_setup, run, variables  # this folder is on sys.path (the script's own)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAKE_MODEL = os.path.join(HERE, "..", "..", "examples", "fashion_mnist", "make_model.py")
@@ -53,15 +53,6 @@ OPTIMIZERS = {
     "momentum": ["--optimizer", "momentum", "--lr", "0.05", "--momentum", "0.9"],
     "adamw": ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "0.01"],
 }
-
-
-def variables(path):
-    """Every initializer of the model: the inference graph's and the training_info algorithms'."""
-    model = onnx.load(path)
-    tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for info in model.training_info:
-        tensors.update({t.name: numpy_helper.to_array(t) for t in info.algorithm.initializer})
-    return tensors
 
 
 def state_sizes(path):
