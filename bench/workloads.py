@@ -8,9 +8,10 @@ bench/workload_models.py defines them.
 For each workload, in one run:
 - export: torch.onnx.export (TorchScript exporter, opset 17) in training mode, then
   `onnxtrain make-trainable --loss cross_entropy` with the workload's optimizer; and in eval mode,
-  the inference model. Synthetic data (a few batches) is written to a .npz.
-- training: `onnxtrain train` on the .npz (--no-shuffle, batches cycled) against PyTorch eager
-  (bench/workload_torch.py, the same module, optimizer and batches in memory), at each thread
+  the inference model. Synthetic data (one batch more than the timed run takes) is written to a .npz.
+- training: `onnxtrain train` on the .npz (--no-shuffle; one epoch holds every timed step, so no
+  epoch-end checkpoint lands inside the timing) against PyTorch eager (bench/workload_torch.py,
+  the same module, optimizer and batches in memory), at each thread
   count of --threads; each side's best. onnxtrain's steps/s leave out the start-up: it runs WARMUP
   and WARMUP + STEPS steps, and the rate is STEPS over the difference of the wall times (as
   bench/distributed.py does); PyTorch times STEPS steps after WARMUP in one process. Peak RSS is
@@ -94,7 +95,7 @@ def last_json(out):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def prepare(name, tools, errors):
+def prepare(name, tools, errors, batches):
     """Exports, make-trainable and the .npz. Returns the paths, or None (errors[name] says why)."""
     paths = {k: os.path.join(WORK, f"{name}{suffix}") for k, suffix in
              (("train_export", ".onnx"), ("infer", "_infer.onnx"), ("trainable", "_train.onnx"), ("data", ".npz"))}
@@ -104,7 +105,7 @@ def prepare(name, tools, errors):
     except Exception as e:  # the exporter's own message is the finding
         errors[(name, "export")] = f"{type(e).__name__}: {e}"[:400]
         return None
-    np.savez(paths["data"], **workload_models.dataset(name, 4))
+    np.savez(paths["data"], **workload_models.dataset(name, batches))
     try:
         measured([tools["onnxtrain"], "make-trainable", paths["train_export"], "-o", paths["trainable"],
                   "--loss", "cross_entropy"] + workload_models.OPTIMIZER[name][0], 300)
@@ -120,7 +121,7 @@ def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
 
     def run(n, extra=()):
         return measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
-                         str(workload_models.BATCH[name]), "--epochs", "1000", "--max-steps", str(n), "--no-shuffle",
+                         str(workload_models.BATCH[name]), "--epochs", "1", "--max-steps", str(n), "--no-shuffle",
                          "--threads", str(threads), "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx"), *extra],
                         timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     if os.path.exists(metrics):
@@ -133,7 +134,8 @@ def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
 
 def torch_rate(name, threads, steps, timeout, compile_=False):
     cmd = [sys.executable, os.path.join(BENCH, "workload_torch.py"), name, "--threads", str(threads),
-           "--warmup", str(WARMUP[name]), "--steps", str(steps)] + (["--compile"] if compile_ else [])
+           "--warmup", str(WARMUP[name]), "--steps", str(steps),
+           "--batches", str(WARMUP[name] + steps)] + (["--compile"] if compile_ else [])
     out, _, peak = measured(cmd, timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     result = last_json(out)
     return result["steps_per_s"], peak, result["first_loss"]
@@ -287,7 +289,7 @@ def main():
     started = time.perf_counter()
     errors = {}
     lines = [header(args), ""]
-    prepared = {name: prepare(name, tools, errors) for name in names}
+    prepared = {name: prepare(name, tools, errors, WARMUP[name] + args.steps[name] + 1) for name in names}
     lines += ["Training (steps/s without start-up; best thread count of each side):", ""]
     lines += train_section(names, prepared, tools, args, errors)
     lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
