@@ -63,7 +63,7 @@ std::unique_ptr<Kernel> make_cumsum(const KernelInit& init);
 std::unique_ptr<Kernel> make_topk(const KernelInit& init);
 
 // rnn.cpp: the recurrent layers.
-std::unique_ptr<Kernel> make_rnn(const KernelInit& init);  // RNN, GRU, LSTM
+std::unique_ptr<Kernel> make_rnn(const KernelInit& init);  // RNN, GRU, LSTM; ai.onnxtrain.*Training
 
 // loss.cpp
 std::unique_ptr<Kernel> make_softmax_cross_entropy_loss(const KernelInit& init);

@@ -379,6 +379,9 @@ const KernelDef kKernels[] = {
   {kInternal, "RNNGrad",            1, 1,    kFloat32And64,     make_rnn_grad},  // rnn_grad.cpp
   {kInternal, "GRUGrad",            1, 1,    kFloat32And64,     make_rnn_grad},
   {kInternal, "LSTMGrad",           1, 1,    kFloat32And64,     make_rnn_grad},
+  {kInternal, "RNNTraining",        1, 1,    kFloat,            make_rnn},  // rnn.cpp: the forward op with its trace
+  {kInternal, "GRUTraining",        1, 1,    kFloat,            make_rnn},
+  {kInternal, "LSTMTraining",       1, 1,    kFloat,            make_rnn},
   {kInternal, "DFTGrad",            1, 1,    kFloat,            make_dft_grad},  // signal.cpp
   {kInternal, "DetGrad",            1, 1,    kFloat,            make_det_grad},  // linalg.cpp
   // --- ai.onnxtrain: BatchNormalization over the global batch, train --sync-batch-norm (sync_batch_norm.cpp) ---

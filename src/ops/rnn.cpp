@@ -40,8 +40,12 @@
 // X W^T for all time steps is one GEMM per direction; each step adds H R^T (one GEMM over the
 // batch) and runs the gate arithmetic per batch entry. float32 GEMMs are oneDNN's sgemm,
 // float64 plain loops; float16 / bfloat16 are computed in float32.
-// The gradients (rnn_grad.cpp) run the same recurrence, direction by direction, keeping each
-// step's pre-activations and states (rnn_common.h: run_direction, Trace).
+// The gradients (rnn_grad.cpp) need each step's gates and states (rnn_common.h: Trace): they
+// run the same recurrence again, direction by direction, unless the forward node ran as
+// ai.onnxtrain.RNNTraining / GRUTraining / LSTMTraining (the forward node's inputs, attributes
+// and outputs, then `trace`: [D, TraceLayout::elements] in the compute type, float32 or
+// float64), which runtime/fusion.h's share_rnn_trace makes of a forward node whose gradient node
+// reads the same inputs, and which hands the trace to the gradient node.
 #include "ops/rnn_common.h"
 
 #include <algorithm>
@@ -107,9 +111,14 @@ const ActInfo& find_activation(const std::string& name) {
 
 RnnAttrs parse_attrs(const KernelInit& init) {
   RnnAttrs a;
-  const bool gradient = init.node().domain == "ai.onnxtrain";  // RNNGrad, GRUGrad, LSTMGrad
+  // ai.onnxtrain's RNNGrad, GRUGrad, LSTMGrad and RNNTraining, GRUTraining, LSTMTraining carry
+  // the forward node's attributes verbatim and read `layout` at any opset.
+  const bool gradient = init.node().domain == "ai.onnxtrain";
   const std::string& type = init.op_type();
-  const std::string op = gradient ? type.substr(0, type.size() - 4) : type;
+  std::string op = type;
+  for (const std::string suffix : {"Grad", "Training"}) {
+    if (gradient && op.ends_with(suffix)) op.resize(op.size() - suffix.size());
+  }
   a.op = op;
   a.cell = op == "RNN" ? Cell::Rnn : op == "GRU" ? Cell::Gru : Cell::Lstm;
 
@@ -186,6 +195,58 @@ RnnAttrs parse_attrs(const KernelInit& init) {
     a.activations.insert(a.activations.end(), a.activations.begin(), a.activations.end());
   }
   return a;
+}
+
+bool slope_reads_input(ActKind kind) {
+  switch (kind) {
+    case ActKind::Relu:
+    case ActKind::LeakyRelu:
+    case ActKind::ThresholdedRelu:
+    case ActKind::HardSigmoid:
+    case ActKind::Elu:
+    case ActKind::Softsign:
+      return true;
+    case ActKind::Tanh:
+    case ActKind::Sigmoid:
+    case ActKind::Affine:
+    case ActKind::ScaledTanh:
+    case ActKind::Softplus:
+      return false;
+  }
+  return true;
+}
+
+bool keeps_pre_activations(const RnnAttrs& a) {
+  if (a.clip) return true;
+  for (int64_t d = 0; d < a.num_directions; ++d) {
+    // LSTM's third function (h) acts on the cell state, which the trace keeps anyway.
+    const int64_t gate_functions = a.cell == Cell::Lstm ? 2 : a.acts_per_direction;
+    for (int64_t k = 0; k < gate_functions; ++k) {
+      if (slope_reads_input(a.act(d, k).kind)) return true;
+    }
+  }
+  return false;
+}
+
+TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s) {
+  const int64_t NH = s.batch * s.hidden, gate_values = s.seq * NH * s.gates;
+  TraceLayout l;
+  int64_t next = 0;
+  auto take = [&](int64_t n) {
+    const int64_t offset = next;
+    next += n;
+    return offset;
+  };
+  if (keeps_pre_activations(a)) l.pre = take(gate_values);
+  l.gates = take(gate_values);
+  l.h = take((s.seq + 1) * NH);
+  if (a.cell == Cell::Lstm) {
+    l.c = take((s.seq + 1) * NH);
+    l.hc = take(s.seq * NH);
+  }
+  if (a.cell == Cell::Gru && a.linear_before_reset) l.hr = take(s.seq * NH);
+  l.elements = next;
+  return l;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,8 +409,9 @@ template <class V>
 class Recurrence {
  public:
   Recurrence(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
-             Trace<V>* trace)
-      : a_(a), s_(s), lens_(lens), in_(in), trace_(trace) {
+             Trace<V>* trace, RecurrenceBuffers<V>& buffers)
+      : a_(a), s_(s), lens_(lens), in_(in), trace_(trace), xw_(buffers.xw), rec_(buffers.rec), h_(buffers.h),
+        c_(buffers.c), bias_(buffers.bias), scratch_(buffers.scratch) {
     max_len_ = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
   }
 
@@ -361,7 +423,7 @@ class Recurrence {
     h_.resize(static_cast<size_t>(N * H));
     c_.resize(static_cast<size_t>(a_.cell == Cell::Lstm ? N * H : 0));
     scratch_.assign(static_cast<size_t>(N * H), V(0));
-    if (trace_) start_trace();
+    if (trace_) trace_->steps = max_len_;
     const bool reverse = a_.reverse(d);
     project_inputs(d);
     load_state(in_.initial_h, d, h_);
@@ -382,25 +444,14 @@ class Recurrence {
  private:
   const V* weights(const Tensor& t, int64_t d) const { return RnnTensors::of_direction<V>(t, d, s_.directions); }
 
-  void start_trace() {
-    const auto N = static_cast<size_t>(s_.batch), H = static_cast<size_t>(s_.hidden);
-    const auto steps = static_cast<size_t>(max_len_);
-    trace_->steps = max_len_;
-    trace_->pre.resize(steps * N * static_cast<size_t>(s_.gates) * H);
-    trace_->gates.resize(trace_->pre.size());
-    trace_->hc.resize(a_.cell == Cell::Lstm ? steps * N * H : 0);
-    trace_->h.resize((steps + 1) * N * H);
-    trace_->c.resize(a_.cell == Cell::Lstm ? (steps + 1) * N * H : 0);
-    trace_->hr.resize(a_.cell == Cell::Gru && a_.linear_before_reset ? steps * N * H : 0);
-  }
   void record_states(int64_t step) {
     const int64_t NH = s_.batch * s_.hidden;
-    std::copy(h_.begin(), h_.end(), trace_->h.begin() + step * NH);
-    if (a_.cell == Cell::Lstm) std::copy(c_.begin(), c_.end(), trace_->c.begin() + step * NH);
+    std::copy(h_.begin(), h_.end(), trace_->h + step * NH);
+    if (a_.cell == Cell::Lstm) std::copy(c_.begin(), c_.end(), trace_->c + step * NH);
   }
   // Keeps n values of batch entry b at `step` in `to` ([steps, batch, width]) from `column` on.
-  void record(std::vector<V>& to, int64_t width, int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
-    if (trace_) std::copy(g, g + n, to.begin() + (step * s_.batch + b) * width + column);
+  void record(V* to, int64_t width, int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
+    if (to) std::copy(g, g + n, to + (step * s_.batch + b) * width + column);
   }
   // g[0..n) = act(clip(g)) for gate columns [column, column + n) of entry b at `step`.
   void apply_gate(const Activation& act, int64_t step, int64_t b, int64_t column, V* g, int64_t n) {
@@ -576,25 +627,26 @@ class Recurrence {
   const RnnTensors& in_;
   Trace<V>* trace_;
   int64_t max_len_ = 0;
-  std::vector<V> xw_;       // [S * N, G*H]: X W^T + bias
-  std::vector<V> rec_;      // [N, G*H]: H R^T, then the gates of the step in place
-  std::vector<V> h_, c_;    // [N, H]: the state of the current direction
-  std::vector<V> bias_;     // [G*H]
-  std::vector<V> scratch_;  // [N, H]: GRU's r . H, LSTM's h(C)
+  std::vector<V>& xw_;       // [S * N, G*H]: X W^T + bias
+  std::vector<V>& rec_;      // [N, G*H]: H R^T, then the gates of the step in place
+  std::vector<V>& h_;        // [N, H]: the state of the current direction
+  std::vector<V>& c_;        // LSTM: [N, H]
+  std::vector<V>& bias_;     // [G*H]
+  std::vector<V>& scratch_;  // [N, H]: GRU's r . H, LSTM's h(C)
 };
 
 }  // namespace
 
 template <class V>
 void run_direction(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
-                   int64_t d, V* y, V* y_h, V* y_c, Trace<V>* trace) {
-  Recurrence<V>(a, s, lens, in, trace).run(d, y, y_h, y_c);
+                   int64_t d, V* y, V* y_h, V* y_c, Trace<V>* trace, RecurrenceBuffers<V>& buffers) {
+  Recurrence<V>(a, s, lens, in, trace, buffers).run(d, y, y_h, y_c);
 }
 
 template void run_direction<float>(const RnnAttrs&, const RnnShape&, const std::vector<int64_t>&, const RnnTensors&,
-                                   int64_t, float*, float*, float*, Trace<float>*);
+                                   int64_t, float*, float*, float*, Trace<float>*, RecurrenceBuffers<float>&);
 template void run_direction<double>(const RnnAttrs&, const RnnShape&, const std::vector<int64_t>&, const RnnTensors&,
-                                    int64_t, double*, double*, double*, Trace<double>*);
+                                    int64_t, double*, double*, double*, Trace<double>*, RecurrenceBuffers<double>&);
 
 }  // namespace rnn
 
@@ -604,7 +656,7 @@ using namespace rnn;
 
 class RnnKernel final : public Kernel {
  public:
-  explicit RnnKernel(RnnAttrs attrs) : a_(std::move(attrs)) {}
+  RnnKernel(RnnAttrs attrs, bool training) : a_(std::move(attrs)), training_(training) {}
 
   void run(KernelContext& ctx) override {
     const RnnShape s = check_inputs(ctx, a_);
@@ -625,8 +677,13 @@ class RnnKernel final : public Kernel {
         ptr[i] = out[i].template data<V>();
       }
       if (ptr[kY]) std::fill(ptr[kY], ptr[kY] + out[kY].numel(), V(0));
+      const TraceLayout layout = trace_layout(a_, s);
+      V* trace = training_ && ctx.has_output(num_outputs)
+                     ? ctx.allocate_output(num_outputs, dtype_of<V>, Shape{s.directions, layout.elements}).template data<V>()
+                     : nullptr;
       for (int64_t d = 0; d < s.directions; ++d) {
-        run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], nullptr);
+        Trace<V> view = trace ? layout.view(trace + d * layout.elements, 0) : Trace<V>{};
+        run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], trace ? &view : nullptr, buffers<V>());
       }
       if constexpr (is_half_v<T>) {
         for (int i = 0; i < num_outputs; ++i) {
@@ -637,11 +694,28 @@ class RnnKernel final : public Kernel {
   }
 
  private:
+  template <class V>
+  RecurrenceBuffers<V>& buffers() {
+    if constexpr (std::is_same_v<V, float>) return float_buffers_;
+    else return double_buffers_;
+  }
+
   RnnAttrs a_;
+  bool training_;  // RNNTraining / GRUTraining / LSTMTraining: one more output, the trace
+  RecurrenceBuffers<float> float_buffers_;
+  RecurrenceBuffers<double> double_buffers_;
 };
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_rnn(const KernelInit& init) { return std::make_unique<RnnKernel>(parse_attrs(init)); }
+std::unique_ptr<Kernel> make_rnn(const KernelInit& init) {
+  const bool training = init.node().domain == "ai.onnxtrain";
+  const int outputs = init.op_type().starts_with("LSTM") ? 3 : 2;
+  if (training && init.num_outputs() != outputs + 1) {
+    fail(init.op_type() + " has " + std::to_string(init.num_outputs()) + " outputs, expected " +
+         std::to_string(outputs + 1) + " (the forward op's, then trace)");
+  }
+  return std::make_unique<RnnKernel>(parse_attrs(init), training);
+}
 
 }  // namespace onnxtrain::ops

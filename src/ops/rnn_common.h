@@ -190,23 +190,56 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
 
 // What the forward pass of one direction leaves for the backward pass: per step s of the
 // recurrence (batch entry b works on time time_of(s, len_b, reverse) at step s; steps past an
-// entry's length leave its rows unused, its states unchanged).
+// entry's length leave its rows unused, its states unchanged). A view of a flat buffer laid out
+// by TraceLayout: the backward pass's own (RNNGrad / GRUGrad / LSTMGrad running the forward
+// again) or the `trace` output of ai.onnxtrain.RNNTraining / GRUTraining / LSTMTraining, the
+// forward op a training graph runs instead when runtime/fusion.h's share_rnn_trace pairs it
+// with its gradient node.
 template <class V>
 struct Trace {
-  int64_t steps = 0;     // the longest sequence length
-  std::vector<V> pre;    // [steps, batch, gates * hidden]: each gate's pre-activation, before clip
-  std::vector<V> gates;  // [steps, batch, gates * hidden]: each gate's value (LSTM's f = 1 - i
-                         //   under input_forget, whose pre-activation is not kept)
-  std::vector<V> h;      // [steps + 1, batch, hidden]: the hidden state before step s (then the last)
-  std::vector<V> c;      // LSTM: [steps + 1, batch, hidden]: the cell state likewise
-  std::vector<V> hc;     // LSTM: [steps, batch, hidden]: h(C) of the cell state after step s
-  std::vector<V> hr;     // GRU with linear_before_reset: [steps, batch, hidden]: H Rh^T + Rbh
+  int64_t steps = 0;    // the longest sequence length
+  V* pre = nullptr;     // [steps, batch, gates * hidden]: each gate's pre-activation, before clip;
+                        //   kept only when a slope needs it (keeps_pre_activations), else null
+  V* gates = nullptr;   // [steps, batch, gates * hidden]: each gate's value (LSTM's f = 1 - i
+                        //   under input_forget, whose pre-activation is not kept)
+  V* h = nullptr;       // [steps + 1, batch, hidden]: the hidden state before step s (then the last)
+  V* c = nullptr;       // LSTM: [steps + 1, batch, hidden]: the cell state likewise
+  V* hc = nullptr;      // LSTM: [steps, batch, hidden]: h(C) of the cell state after step s
+  V* hr = nullptr;      // GRU with linear_before_reset: [steps, batch, hidden]: H Rh^T + Rbh
+};
+
+// Whether the slope of an activation is computed from its input (else from its output).
+bool slope_reads_input(ActKind kind);
+// Whether the backward pass reads the gates' pre-activations: under `clip` (its mask) or when an
+// activation's slope is a function of its input.
+bool keeps_pre_activations(const RnnAttrs& a);
+
+// Offsets of a Trace's parts in one direction's flat buffer of `elements` values, sized for
+// s.seq steps (the longest sequence a run can have); -1 for a part the cell does not keep.
+struct TraceLayout {
+  int64_t pre = -1, gates = 0, h = 0, c = -1, hc = -1, hr = -1;
+  int64_t elements = 0;
+
+  template <class V>
+  Trace<V> view(V* base, int64_t steps) const {
+    auto at = [&](int64_t offset) { return offset < 0 ? nullptr : base + offset; };
+    return {steps, at(pre), at(gates), at(h), at(c), at(hc), at(hr)};
+  }
+};
+TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s);
+
+// Buffers of the forward recurrence that outlive a run, so that a kernel running every step
+// reuses their pages instead of faulting fresh ones in.
+template <class V>
+struct RecurrenceBuffers {
+  std::vector<V> xw, rec, h, c, bias, scratch;
 };
 
 // Runs direction d: writes its part of Y (whose steps past each entry's length the caller has
-// zeroed), Y_h and Y_c where not null, and fills `trace` when not null.
+// zeroed), Y_h and Y_c where not null, and fills `trace` when not null (its steps set to the
+// longest sequence length).
 template <class V>
 void run_direction(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
-                   int64_t d, V* y, V* y_h, V* y_c, Trace<V>* trace);
+                   int64_t d, V* y, V* y_h, V* y_c, Trace<V>* trace, RecurrenceBuffers<V>& buffers);
 
 }  // namespace onnxtrain::ops::rnn

@@ -4,14 +4,17 @@
 // Attributes: the forward node's, verbatim (`layout` is read at any opset).
 // Inputs:  the forward node's inputs in their positions (RNN, GRU: X, W, R, B, sequence_lens,
 //          initial_h; LSTM also initial_c, P; omitted ones ""), then dY, dY_h (and dY_c for
-//          LSTM), the gradients flowing into the outputs; an omitted one is zero.
+//          LSTM), the gradients flowing into the outputs; an omitted one is zero; then,
+//          optionally, trace: the output of the RNNTraining / GRUTraining / LSTMTraining node
+//          that ran the forward pass on the same inputs (rnn.cpp; runtime/fusion.h's
+//          share_rnn_trace pairs them).
 // Outputs: dX, dW, dR, dB, d_initial_h (and d_initial_c, dP for LSTM): the gradient of each
 //          forward input but sequence_lens, shaped like it. Outputs the graph leaves unnamed
 //          are not computed; an output whose forward input is omitted must be unnamed.
 // float32 and float64.
 //
-// Each direction runs the forward recurrence again, keeping every step's pre-activations, gate
-// values and states (rnn::Trace), then walks the steps backwards. With dH and dC the gradients flowing
+// Each direction reads every step's gate values and states (rnn::Trace) from `trace`, or, without
+// it, runs the forward recurrence again to make them, then walks the steps backwards. With dH and dC the gradients flowing
 // into a step's output state, s = act'(pre-activation) (0 where `clip` cut it off), and P_
 // the peepholes:
 //   RNN:  da = dH s;                       dH_prev = da R
@@ -46,10 +49,13 @@ using namespace rnn;
 
 // slope = d act(clip(x)) / dx for n pre-activations x whose values y = act(clip(x)) the forward
 // pass computed; the slope is 0 where clip cut x off.
+// x is read only under clip or when slope_reads_input(a.kind) (and may be null otherwise).
 template <class V>
 void slopes(const Activation& a, const std::optional<float>& clip, const V* x, const V* y, V* slope, int64_t n) {
-  std::copy(x, x + n, slope);
-  if (clip) clip_to(slope, n, static_cast<V>(*clip));
+  if (clip || slope_reads_input(a.kind)) {
+    std::copy(x, x + n, slope);
+    if (clip) clip_to(slope, n, static_cast<V>(*clip));
+  }
   const V alpha = static_cast<V>(a.alpha), beta = static_cast<V>(a.beta);
   const V* v = slope;  // slope[j] holds the (clipped) pre-activation until replaced by its slope
   switch (a.kind) {
@@ -134,12 +140,23 @@ struct GradOut {
   V* of[7] = {};  // by output position; null when not asked for
 };
 
+// The buffers of a backward pass, kept by the kernel from run to run (their pages stay mapped).
+template <class V>
+struct BackwardBuffers {
+  RecurrenceBuffers<V> forward;
+  std::vector<V> trace;  // the recomputed trace of one direction, without a trace input
+  std::vector<V> dg_all, h_in, dg_rec_h, rh, dg, slope, dh, dc, drh, dp;
+};
+
 template <class V>
 class Backward {
  public:
+  // `trace`: the trace input's data ([D, layout.elements]), or null to run the forward again.
   Backward(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
-           const GradIn<V>& g, const GradOut<V>& out)
-      : a_(a), s_(s), lens_(lens), in_(in), g_(g), out_(out) {}
+           const GradIn<V>& g, const GradOut<V>& out, const V* trace, BackwardBuffers<V>& buffers)
+      : a_(a), s_(s), lens_(lens), in_(in), g_(g), out_(out), shared_trace_(trace), buffers_(buffers),
+        dg_all_(buffers.dg_all), h_in_(buffers.h_in), dg_rec_h_(buffers.dg_rec_h), rh_(buffers.rh), dg_(buffers.dg),
+        slope_(buffers.slope), dh_(buffers.dh), dc_(buffers.dc), drh_(buffers.drh), dp_(buffers.dp) {}
 
   void run() {
     const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H, rows = s_.seq * N;
@@ -155,8 +172,16 @@ class Backward {
     dc_.resize(static_cast<size_t>(N * H));
     drh_.resize(static_cast<size_t>(N * H));
     dp_.resize(static_cast<size_t>(N * 3 * H));
+    const TraceLayout layout = trace_layout(a_, s_);
+    const int64_t longest = lens_.empty() ? 0 : *std::max_element(lens_.begin(), lens_.end());
+    if (!shared_trace_) buffers_.trace.resize(static_cast<size_t>(layout.elements));
     for (int64_t d = 0; d < s_.directions; ++d) {
-      run_direction<V>(a_, s_, lens_, in_, d, nullptr, nullptr, nullptr, &trace_);
+      if (shared_trace_) {  // read only: the view's pointers are not const, the backward pass never writes them
+        trace_ = layout.view(const_cast<V*>(shared_trace_) + d * layout.elements, longest);
+      } else {
+        trace_ = layout.view(buffers_.trace.data(), 0);
+        run_direction<V>(a_, s_, lens_, in_, d, nullptr, nullptr, nullptr, &trace_, buffers_.forward);
+      }
       backward(d);
       weight_gradients(d);
     }
@@ -164,9 +189,9 @@ class Backward {
 
  private:
   const V* weights(const Tensor& t, int64_t d) const { return RnnTensors::of_direction<V>(t, d, s_.directions); }
-  // Row of a step-major trace buffer of `width` columns.
-  static V* at(std::vector<V>& buffer, int64_t step, int64_t b, int64_t batch, int64_t width) {
-    return buffer.data() + (step * batch + b) * width;
+  // Row of a step-major trace buffer of `width` columns (null for a part the trace does not keep).
+  static const V* at(const V* buffer, int64_t step, int64_t b, int64_t batch, int64_t width) {
+    return buffer ? buffer + (step * batch + b) * width : nullptr;
   }
 
   // The gradients flowing into direction d's final states.
@@ -267,7 +292,7 @@ class Backward {
       const V* y = at(trace_.gates, step, b, N, GH);
       V* __restrict slope = gate_slopes(b);
       slopes(a_.act(d, 0), a_.clip, pre, y, slope, 2 * H);
-      slopes(a_.act(d, 1), a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
+      slopes(a_.act(d, 1), a_.clip, pre ? pre + 2 * H : nullptr, y + 2 * H, slope + 2 * H, H);
       const V* z = y;
       const V* hh = y + 2 * H;
       const V* h_prev = at(trace_.h, step, b, N, H);
@@ -325,8 +350,8 @@ class Backward {
       const V* y = at(trace_.gates, step, b, N, GH);
       V* __restrict slope = gate_slopes(b);
       slopes(f, a_.clip, pre, y, slope, 2 * H);
-      if (!a_.input_forget) slopes(f, a_.clip, pre + 2 * H, y + 2 * H, slope + 2 * H, H);
-      slopes(a_.act(d, 1), a_.clip, pre + 3 * H, y + 3 * H, slope + 3 * H, H);
+      if (!a_.input_forget) slopes(f, a_.clip, pre ? pre + 2 * H : nullptr, y + 2 * H, slope + 2 * H, H);
+      slopes(a_.act(d, 1), a_.clip, pre ? pre + 3 * H : nullptr, y + 3 * H, slope + 3 * H, H);
       const V* c_prev = at(trace_.c, step, b, N, H);
       const V* c = at(trace_.c, step + 1, b, N, H);
       const V* hc = at(trace_.hc, step, b, N, H);  // h(C) and its slope
@@ -396,18 +421,21 @@ class Backward {
   const RnnTensors& in_;
   const GradIn<V>& g_;
   const GradOut<V>& out_;
+  const V* shared_trace_;
+  BackwardBuffers<V>& buffers_;
   Trace<V> trace_;
   // All steps, rows in X's order (zero for times past an entry's length):
-  std::vector<V> dg_all_;    // [S * N, G*H]: gradients of the gates' pre-activations
-  std::vector<V> h_in_;      // [S * N, H]: H_prev of each row
-  std::vector<V> dg_rec_h_;  // GRU: [S * N, H]: gradient of the h gate's recurrent product
-  std::vector<V> rh_;        // GRU without linear_before_reset: [S * N, H]: r . H_prev
+  std::vector<V>& dg_all_;    // [S * N, G*H]: gradients of the gates' pre-activations
+  std::vector<V>& h_in_;      // [S * N, H]: H_prev of each row
+  std::vector<V>& dg_rec_h_;  // GRU: [S * N, H]: gradient of the h gate's recurrent product
+  std::vector<V>& rh_;        // GRU without linear_before_reset: [S * N, H]: r . H_prev
   // One step, rows by batch entry:
-  std::vector<V> dg_;             // [N, G*H]: the gradients multiplied by R
-  std::vector<V> slope_;          // [N, (G+1)*H]: the gates' slopes (LSTM: and h's at C)
-  std::vector<V> dh_, dc_;        // [N, H]: gradients flowing into the state
-  std::vector<V> drh_;            // GRU: [N, H]: d(r . H_prev)
-  std::vector<V> dp_;             // LSTM: [N, 3H]: the peepholes' gradient per entry
+  std::vector<V>& dg_;             // [N, G*H]: the gradients multiplied by R
+  std::vector<V>& slope_;          // [N, (G+1)*H]: the gates' slopes (LSTM: and h's at C)
+  std::vector<V>& dh_;             // [N, H]: gradients flowing into the state
+  std::vector<V>& dc_;
+  std::vector<V>& drh_;            // GRU: [N, H]: d(r . H_prev)
+  std::vector<V>& dp_;             // LSTM: [N, 3H]: the peepholes' gradient per entry
 };
 
 class RnnGradKernel final : public Kernel {
@@ -437,6 +465,15 @@ class RnnGradKernel final : public Kernel {
              ", which is omitted; leave the output unnamed");
       }
     }
+    const int trace_input = layout.dy + grads_in;
+    if (ctx.has_input(trace_input)) {
+      const Shape want{s.directions, trace_layout(a_, s).elements};
+      const Tensor& trace = ctx.input(trace_input);
+      if (trace.dtype() != dtype || trace.shape() != want) {
+        fail("input " + ctx.input_name(trace_input) + " is " + trace.description() + ", expected the trace of " +
+             a_.op + "Training on these inputs: " + std::string(dtype_name(dtype)) + " " + want.to_string());
+      }
+    }
     visit_dtype<TypeList<float, double>>(dtype, a_.op + "Grad input " + ctx.input_name(kX), [&]<class V>() {
       const RnnTensors in = load_inputs(ctx, a_, false);
       GradIn<V> g;
@@ -449,12 +486,21 @@ class RnnGradKernel final : public Kernel {
         if (!ctx.has_output(k)) continue;
         out.of[k] = ctx.allocate_output(k, dtype, ctx.input(input_of_output(k)).shape()).template data<V>();
       }
-      Backward<V>(a_, s, lens, in, g, out).run();
+      const V* trace = ctx.has_input(trace_input) ? ctx.input(trace_input).template data<V>() : nullptr;
+      Backward<V>(a_, s, lens, in, g, out, trace, buffers<V>()).run();
     });
   }
 
  private:
+  template <class V>
+  BackwardBuffers<V>& buffers() {
+    if constexpr (std::is_same_v<V, float>) return float_buffers_;
+    else return double_buffers_;
+  }
+
   RnnAttrs a_;
+  BackwardBuffers<float> float_buffers_;
+  BackwardBuffers<double> double_buffers_;
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -338,6 +339,74 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   }
   drop_nodes(graph, drop);
   return static_cast<int>(pairs.size());
+}
+
+namespace {
+
+// The node's attributes by name, serialized (a canonical form to compare).
+std::map<std::string, std::string> attributes_of(const onnx::NodeProto& node) {
+  std::map<std::string, std::string> out;
+  for (const auto& attr : node.attribute()) out[attr.name()] = attr.SerializeAsString();
+  return out;
+}
+
+// Whether `grad` is the gradient node of the recurrent node `forward` (op RNN, GRU or LSTM with
+// `inputs` input positions): the same inputs and attributes (the gradient rule leaves out
+// `layout` below opset 14, where the forward op ignores it).
+bool is_gradient_of(const onnx::NodeProto& grad, const onnx::NodeProto& forward, int inputs) {
+  if (grad.domain() != kInternalDomain || grad.op_type() != forward.op_type() + "Grad") return false;
+  for (int k = 0; k < inputs; ++k) {
+    const std::string& mine = k < forward.input_size() ? forward.input(k) : std::string();
+    const std::string& theirs = k < grad.input_size() ? grad.input(k) : std::string();
+    if (mine != theirs) return false;
+  }
+  std::map<std::string, std::string> want = attributes_of(forward);
+  const std::map<std::string, std::string> have = attributes_of(grad);
+  if (!have.contains("layout")) want.erase("layout");
+  return want == have;
+}
+
+}  // namespace
+
+int share_rnn_trace(onnx::GraphProto& graph) {
+  std::unordered_set<std::string> names;  // every value name, to make the trace's unique
+  for (const auto& v : graph.input()) names.insert(v.name());
+  for (const auto& v : graph.initializer()) names.insert(v.name());
+  for (const auto& node : graph.node()) {
+    for (const auto& out : node.output()) names.insert(out);
+  }
+  int rewritten = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& forward = graph.node(i);
+    const std::string& op = forward.op_type();
+    if ((!forward.domain().empty() && forward.domain() != "ai.onnx") || (op != "RNN" && op != "GRU" && op != "LSTM")) {
+      continue;
+    }
+    const int inputs = op == "LSTM" ? 8 : 6, outputs = op == "LSTM" ? 3 : 2;
+    std::vector<int> grads;
+    for (int j = i + 1; j < graph.node_size(); ++j) {
+      const onnx::NodeProto& grad = graph.node(j);
+      if (grad.input_size() <= inputs + outputs && is_gradient_of(grad, forward, inputs)) grads.push_back(j);
+    }
+    if (grads.empty()) continue;
+    const std::string base = (forward.name().empty() ? op : forward.name()) + "/onnxtrain.trace";
+    std::string trace = base;
+    for (int k = 1; names.contains(trace); ++k) trace = base + "." + std::to_string(k);
+    names.insert(trace);
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    node.set_domain(kInternalDomain);
+    node.set_op_type(op + "Training");
+    *node.mutable_attribute() = graph.node(grads.front()).attribute();
+    while (node.output_size() < outputs) node.add_output("");
+    node.add_output(trace);
+    for (int j : grads) {
+      onnx::NodeProto& grad = *graph.mutable_node(j);
+      while (grad.input_size() < inputs + outputs) grad.add_input("");
+      grad.add_input(trace);
+    }
+    ++rewritten;
+  }
+  return rewritten;
 }
 
 }  // namespace onnxtrain::runtime

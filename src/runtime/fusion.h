@@ -48,4 +48,14 @@ int fuse_conv_relu(onnx::GraphProto& graph);
 // two. Results are the two ops'. Returns the number of pairs fused.
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 
+// Gives each RNN, GRU or LSTM node whose gradient node (ai.onnxtrain.RNNGrad / GRUGrad /
+// LSTMGrad, later in the graph) reads the same inputs with the same attributes the gates and
+// states of its forward pass, instead of letting the gradient node run the recurrence again:
+// the forward node becomes ai.onnxtrain.RNNTraining / GRUTraining / LSTMTraining (ops/rnn.cpp)
+// with the gradient node's attributes and one more output, the trace, which every such
+// gradient node takes as its last input. Results are unchanged (the same recurrence on the same
+// inputs); the trace is held from the forward pass to the backward pass instead of being made
+// twice. Returns the number of forward nodes rewritten.
+int share_rnn_trace(onnx::GraphProto& graph);
+
 }  // namespace onnxtrain::runtime

@@ -40,6 +40,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fuse_conv_pool(graph);
     fuse_conv_relu(graph);
     fuse_max_pool_relu_grad(graph);
+    share_rnn_trace(graph);
   }
   return ir::Graph::from_proto(graph, source, base_dir);
 }

@@ -341,6 +341,7 @@ struct TrainingSession::Impl {
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);
+      runtime::share_rnn_trace(graph);
     }
     BoundGraph::Part part;
     part.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,

@@ -5,6 +5,10 @@
 // states, peepholes, input_forget, linear_before_reset, clip, every activation function;
 // omitted output gradients, unnamed outputs, and errors.
 #include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "runtime/fusion.h"
 
 #include "onnxtrain/error.h"
 #include "test_util.h"
@@ -334,6 +338,148 @@ runtime::NamedTensors feeds_of(const std::vector<Tensor>& all) {
 
 #define EXPECT_ERROR_HAS(message, part) \
   EXPECT_NE((message).find(part), std::string::npos) << "message: " << (message)
+
+// ---------------------------------------------------------------------------------------------
+// The forward node and its gradient node in one graph: runtime/fusion.h's share_rnn_trace makes
+// the forward node an ai.onnxtrain *Training node whose trace the gradient node reads instead of
+// running the recurrence again. The same arithmetic on the same inputs: bit-identical results.
+
+// grad_model's graph with the forward node (outputs "y0", ...) first.
+onnx::ModelProto paired_model(const Config& c, const std::vector<Tensor>& inputs, const std::vector<Tensor>& r) {
+  onnx::ModelProto m = grad_model(c, inputs, r, {0, 1, 2, 3, 5, 6, 7});
+  auto* g = m.mutable_graph();
+  onnx::NodeProto forward;
+  forward.set_op_type(c.op);
+  forward.set_name("forward");
+  for (int i = 0; i < c.forward_inputs(); ++i) forward.add_input(g->node(0).input(i));
+  for (int k = 0; k < c.forward_outputs(); ++k) {
+    forward.add_output("y" + std::to_string(k));
+    g->add_output()->set_name("y" + std::to_string(k));
+  }
+  for (const auto& a : c.attributes()) *forward.add_attribute() = a;
+  g->add_node()->CopyFrom(g->node(0));
+  g->mutable_node(0)->CopyFrom(forward);
+  return m;
+}
+
+std::map<std::string, Tensor> run_model(const onnx::ModelProto& m, const std::vector<Tensor>& inputs,
+                                        const std::vector<Tensor>& r) {
+  runtime::Session session(m);
+  runtime::NamedTensors feeds;
+  std::vector<Tensor> all = inputs;
+  all.insert(all.end(), r.begin(), r.end());
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].defined()) feeds["in" + std::to_string(i)] = all[i];
+  }
+  const auto out = session.run(feeds);
+  return {out.begin(), out.end()};
+}
+
+void expect_identical(const Tensor& got, const Tensor& want) {
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.dtype(), want.dtype());
+  ASSERT_EQ(got.shape(), want.shape());
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), static_cast<size_t>(want.nbytes())), 0);
+}
+
+void check_shared_trace(const Config& c, DataType dtype) {
+  SCOPED_TRACE(c.name + (dtype == DataType::Float32 ? " float32" : " float64"));
+  const std::vector<Tensor> inputs = cast_all(c.inputs(21), dtype);
+  std::vector<Tensor> r;
+  for (const Tensor& y : run_node(NodeSpec{c.op, "", 17, c.attributes(), c.forward_outputs()}, inputs)) {
+    r.push_back(random_f64(y.shape(), 77 + static_cast<uint32_t>(r.size())).cast(dtype));
+  }
+  const onnx::ModelProto paired = paired_model(c, inputs, r);
+  onnx::GraphProto rewritten = paired.graph();
+  ASSERT_EQ(runtime::share_rnn_trace(rewritten), 1);
+  EXPECT_EQ(rewritten.node(0).op_type(), c.op + "Training");
+  EXPECT_EQ(rewritten.node(1).input(rewritten.node(1).input_size() - 1), rewritten.node(0).output(c.forward_outputs()));
+
+  const std::vector<Tensor> alone = run_grad(c, inputs, r);  // the gradient op running the forward again
+  const std::vector<Tensor> forward = run_node(NodeSpec{c.op, "", 17, c.attributes(), c.forward_outputs()}, inputs);
+  const auto got = run_model(paired, inputs, r);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i == 4 || !inputs[i].defined()) continue;
+    SCOPED_TRACE("gradient of input " + std::to_string(i));
+    expect_identical(got.at("grad" + std::to_string(i)), alone[i]);
+  }
+  for (int k = 0; k < c.forward_outputs(); ++k) expect_identical(got.at("y" + std::to_string(k)), forward[k]);
+}
+
+TEST(RnnSharedTrace, GradientsEqualTheGradientOpRunningTheForwardAgain) {
+  const std::vector<Config> configs{
+      {.name = "LSTM bidirectional, lengths, states, peepholes", .op = "LSTM", .direction = "bidirectional",
+       .initial_h = true, .initial_c = true, .peepholes = true, .lens = {4, 0, 2}},
+      {.name = "LSTM input_forget, Relu gates (the trace keeps pre-activations)", .op = "LSTM",
+       .extra = {attr("input_forget", int64_t{1}), attr("activations", Strings{"Relu", "Tanh", "Tanh"})}},
+      {.name = "GRU linear_before_reset, layout 1, reverse", .op = "GRU", .direction = "reverse", .layout1 = true,
+       .extra = {attr("linear_before_reset", int64_t{1})}},
+      {.name = "GRU with clip", .op = "GRU", .extra = {attr("clip", 0.5f)}},
+      {.name = "RNN bidirectional, no bias", .op = "RNN", .direction = "bidirectional", .bias = false}};
+  for (const Config& c : configs) {
+    check_shared_trace(c, DataType::Float32);
+    check_shared_trace(c, DataType::Float64);
+  }
+}
+
+TEST(RnnSharedTrace, RepeatedRunsWithOtherInputsReuseNothingStale) {
+  // A session keeps the kernels' buffers between runs: the second run, with other values and
+  // other sequence lengths, must equal a fresh session's.
+  Config c{.op = "LSTM", .direction = "bidirectional", .lens = {4, 1, 3}};
+  const std::vector<Tensor> first = c.inputs(31);
+  std::vector<Tensor> r;
+  for (const Tensor& y : run_node(NodeSpec{c.op, "", 17, c.attributes(), c.forward_outputs()}, first)) {
+    r.push_back(random_f64(y.shape(), 5 + static_cast<uint32_t>(r.size())));
+  }
+  runtime::Session session(paired_model(c, first, r));
+  auto run = [&](const std::vector<Tensor>& inputs) {
+    runtime::NamedTensors feeds;
+    std::vector<Tensor> all = inputs;
+    all.insert(all.end(), r.begin(), r.end());
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (all[i].defined()) feeds["in" + std::to_string(i)] = all[i];
+    }
+    return session.run(feeds);
+  };
+  run(first);
+  Config other = c;
+  other.lens = {2, 4, 0};
+  const std::vector<Tensor> second = other.inputs(41);
+  const auto got = run(second);
+  const std::vector<Tensor> want = run_grad(other, second, r);
+  for (int i : {0, 1, 2, 3}) expect_identical(got.at("grad" + std::to_string(i)), want[static_cast<size_t>(i)]);
+}
+
+TEST(RnnSharedTrace, OnlyAGradientOfTheSameInputsAndAttributesIsPaired) {
+  Config c{.op = "GRU"};
+  const std::vector<Tensor> inputs = c.inputs(1);
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2), random_f64({1, 3, 2}, 3)};
+  onnx::GraphProto other_input = paired_model(c, inputs, r).graph();
+  other_input.mutable_node(1)->set_input(2, "in1");  // R differs
+  EXPECT_EQ(runtime::share_rnn_trace(other_input), 0);
+  onnx::GraphProto other_attribute = paired_model(c, inputs, r).graph();
+  *other_attribute.mutable_node(1)->add_attribute() = attr("linear_before_reset", int64_t{1});
+  EXPECT_EQ(runtime::share_rnn_trace(other_attribute), 0);
+  EXPECT_EQ(other_attribute.node(0).op_type(), "GRU");
+}
+
+TEST(RnnSharedTrace, ATraceOfTheWrongShapeNamesTheInput) {
+  Config c{.op = "RNN"};
+  const auto in = c.inputs(1);
+  const std::vector<Tensor> r{random_f64({4, 1, 3, 2}, 2), random_f64({1, 3, 2}, 3)};
+  std::vector<Tensor> all = in;
+  all.insert(all.end(), r.begin(), r.end());
+  all.push_back(random_f64({1, 5}, 4));  // a trace of 5 values
+  onnx::ModelProto m = grad_model(c, in, r, {0});
+  m.mutable_graph()->mutable_node(0)->add_input("in8");
+  auto* input = m.mutable_graph()->add_input();
+  input->set_name("in8");
+  input->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::DOUBLE);
+  const std::string message = error_of(m, feeds_of(all));
+  EXPECT_ERROR_HAS(message, "'in8'");
+  EXPECT_ERROR_HAS(message, "expected the trace of RNNTraining");
+}
+
 
 TEST(RnnGradErrors, UnknownActivationNamesTheNodeAndTheFunction) {
   Config c{.op = "GRU", .extra = {attr("activations", Strings{"Sigmoid", "Gelu"})}};
