@@ -9,6 +9,10 @@
 
 #include "core/memory.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace onnxtrain::runtime {
 
 namespace {
@@ -149,9 +153,19 @@ void MemoryPlan::end_run() {
   if (!s.recording) return;
   s.recording = false;
   s.recording_open = false;
+  size_t freed = 0;
   for (size_t b = s.begin; b < s.blocks.size(); ++b) {
     if (s.blocks[b].last == kAlive) s.blocks[b].last = kEscaped;  // outlives the run
+    if (s.blocks[b].last != kEscaped) freed += s.blocks[b].bytes;
   }
+#if defined(__GLIBC__)
+  // The recording run's blocks went back to malloc, which keeps most of them resident in its
+  // heap (glibc raises its mmap threshold as large blocks are freed, up to 32 MiB), and the arena
+  // is new memory: without handing those pages back first, the process holds both (BERT
+  // encoder training: peak RSS 2215 MiB against an arena of 912 MiB). Only worth it for a plan
+  // that recorded much.
+  if (freed >= (size_t{64} << 20)) malloc_trim(0);
+#endif
   s.place();
 }
 
