@@ -1,0 +1,167 @@
+// Unit tests of core/vector_math.h: the error of each array function against the same function
+// in float64 (glibc's double exp/tanh/erf, far more accurate than a float ulp) over dense sweeps
+// and random floats, the special values, and the tails and in-place calls.
+#include "core/vector_math.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace onnxtrain {
+namespace {
+
+using ArrayFunction = void (*)(const float*, float*, int64_t);
+
+struct Case {
+  std::string name;
+  ArrayFunction f;
+  double (*reference)(double);
+  double max_ulps;  // the bound core/vector_math.h documents
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"exp", vmath::exp, [](double x) { return std::exp(x); }, 1.5},
+      {"sigmoid", vmath::sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, 2.5},
+      {"tanh", vmath::tanh, [](double x) { return std::tanh(x); }, 2.0},
+      {"erf", vmath::erf, [](double x) { return std::erf(x); }, 1.5},
+  };
+  return all;
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The inputs of the sweeps: every multiple of 2^-10 in [-100, 100]; 512 evenly spaced floats in
+// every binade from 2^-149 (the subnormals) to 2^7, both signs; 10^6 random bit patterns that are
+// not NaN (NaN is checked on its own).
+std::vector<float> sweep_inputs() {
+  std::vector<float> xs;
+  for (int k = -100 * 1024; k <= 100 * 1024; ++k) xs.push_back(static_cast<float>(k) / 1024.0f);
+  for (int e = -149; e <= 7; ++e) {
+    for (int m = 0; m < 512; ++m) {
+      const float x = std::ldexp(1.0f + static_cast<float>(m) / 512.0f, e);
+      xs.push_back(x);
+      xs.push_back(-x);
+    }
+  }
+  std::mt19937 rng(18);
+  while (xs.size() < 1'600'000) {
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    if (!std::isnan(x)) xs.push_back(x);
+  }
+  return xs;
+}
+
+// |y - exact| in units of the last place of float at the exact value's binade (2^-149 below
+// FLT_MIN); infinite where y is not the float the exact value rounds to beyond FLT_MAX.
+double ulp_error(float y, double exact) {
+  const float rounded = static_cast<float>(exact);
+  if (std::isinf(rounded) || std::isinf(y)) return y == rounded ? 0.0 : kInf;
+  if (exact == 0.0) return y == 0.0f ? 0.0 : std::abs(static_cast<double>(y)) / std::ldexp(1.0, -149);
+  const double ulp = std::ldexp(1.0, std::max(std::ilogb(exact) - 23, -149));
+  return std::abs(static_cast<double>(y) - exact) / ulp;
+}
+
+TEST(VectorMath, ErrorAgainstFloat64WithinTheDocumentedUlps) {
+  const std::vector<float> xs = sweep_inputs();
+  std::vector<float> ys(xs.size());
+  for (const Case& c : cases()) {
+    c.f(xs.data(), ys.data(), static_cast<int64_t>(xs.size()));
+    double worst = 0;
+    float worst_x = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double e = ulp_error(ys[i], c.reference(static_cast<double>(xs[i])));
+      if (!(e <= worst)) worst = e, worst_x = xs[i];
+    }
+    std::printf("%-8s max error %.3f ulp at x = %a\n", c.name.c_str(), worst, static_cast<double>(worst_x));
+    EXPECT_LE(worst, c.max_ulps) << c.name << " at x = " << worst_x;
+  }
+}
+
+std::vector<float> apply(ArrayFunction f, std::vector<float> xs) {
+  std::vector<float> ys(xs.size());
+  f(xs.data(), ys.data(), static_cast<int64_t>(xs.size()));
+  return ys;
+}
+
+TEST(VectorMath, NaNInGivesNaNOut) {
+  const float negative_nan = -kNaN;
+  const float payload_nan = std::bit_cast<float>(0x7fc12345u);
+  const float signalling_nan = std::numeric_limits<float>::signaling_NaN();
+  for (const Case& c : cases()) {
+    // Mixed with ordinary lanes, and in the tail.
+    const std::vector<float> ys =
+        apply(c.f, {kNaN, 1.0f, negative_nan, -3.0f, payload_nan, 0.5f, signalling_nan, 100.0f, kNaN});
+    for (int i : {0, 2, 4, 6, 8}) EXPECT_TRUE(std::isnan(ys[i])) << c.name << " lane " << i;
+    for (int i : {1, 3, 5, 7}) EXPECT_FALSE(std::isnan(ys[i])) << c.name << " lane " << i;
+  }
+}
+
+TEST(VectorMath, InfinitiesOverflowAndUnderflow) {
+  EXPECT_EQ(apply(vmath::exp, {-kInf, kInf, 100.0f, 88.73f, -104.0f, -200.0f, 0.0f, -0.0f}),
+            (std::vector<float>{0.0f, kInf, kInf, kInf, 0.0f, 0.0f, 1.0f, 1.0f}));
+  // The largest finite e^x and the smallest subnormal one are still produced.
+  const std::vector<float> edge = apply(vmath::exp, {88.72f, -103.9f});
+  EXPECT_TRUE(std::isfinite(edge[0]) && edge[0] > 3.0e38f) << edge[0];
+  EXPECT_EQ(edge[1], std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(apply(vmath::sigmoid, {-kInf, kInf, -200.0f, 200.0f, 0.0f, -0.0f}),
+            (std::vector<float>{0.0f, 1.0f, 0.0f, 1.0f, 0.5f, 0.5f}));
+  EXPECT_EQ(apply(vmath::tanh, {-kInf, kInf, -100.0f, 100.0f, -9.1f, 9.1f}),
+            (std::vector<float>{-1.0f, 1.0f, -1.0f, 1.0f, -1.0f, 1.0f}));
+  EXPECT_EQ(apply(vmath::erf, {-kInf, kInf, -100.0f, 100.0f, -4.0f, 4.0f}),
+            (std::vector<float>{-1.0f, 1.0f, -1.0f, 1.0f, -1.0f, 1.0f}));
+  // sigmoid(-80) = e^-80 / (1 + e^-80) is a normal float, not 0.
+  EXPECT_NEAR(apply(vmath::sigmoid, {-80.0f})[0] / std::exp(-80.0), 1.0, 1e-6);
+}
+
+TEST(VectorMath, SignedZeroAndOddnessOfTanhAndErf) {
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  for (ArrayFunction f : {vmath::tanh, vmath::erf}) {
+    const std::vector<float> ys = apply(f, {0.0f, -0.0f, tiny, -tiny});
+    EXPECT_TRUE(ys[0] == 0.0f && !std::signbit(ys[0]));
+    EXPECT_TRUE(ys[1] == 0.0f && std::signbit(ys[1]));
+    EXPECT_GT(ys[2], 0.0f);  // a subnormal input is not flushed to zero
+    EXPECT_EQ(ys[3], -ys[2]);
+  }
+  EXPECT_EQ(apply(vmath::tanh, {1e-30f})[0], 1e-30f);  // tanh(x) = x to float precision
+  std::vector<float> xs;
+  for (float x = 1e-6f; x < 20.0f; x *= 1.01f) xs.push_back(x);
+  for (ArrayFunction f : {vmath::tanh, vmath::erf}) {
+    std::vector<float> negated = xs;
+    for (float& x : negated) x = -x;
+    const std::vector<float> ys = apply(f, xs);
+    const std::vector<float> ns = apply(f, negated);
+    for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(ns[i], -ys[i]) << xs[i];
+  }
+}
+
+// Every length from 0 to 40 (full vectors and every tail), out of place and in place, gives the
+// same value at each index as a call on that element alone, and writes nothing past n.
+TEST(VectorMath, TailsAndInPlace) {
+  for (const Case& c : cases()) {
+    for (int n = 0; n <= 40; ++n) {
+      std::vector<float> xs(n), ys(n + 1, 7.0f);
+      for (int i = 0; i < n; ++i) xs[i] = 0.37f * static_cast<float>(i) - 5.0f;
+      c.f(xs.data(), ys.data(), n);
+      EXPECT_EQ(ys[n], 7.0f) << c.name << " wrote past n = " << n;
+      std::vector<float> in_place = xs;
+      c.f(in_place.data(), in_place.data(), n);
+      for (int i = 0; i < n; ++i) {
+        float one = 0;
+        c.f(&xs[i], &one, 1);
+        EXPECT_EQ(ys[i], one) << c.name << " n = " << n << " i = " << i;
+        EXPECT_EQ(in_place[i], one) << c.name << " in place, n = " << n << " i = " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
