@@ -78,8 +78,21 @@ bool batch_norm_training(Builder& b) {
   for (int i = 1; i < b.num_outputs(); ++i) extra_outputs = extra_outputs || !b.O(i).empty();
   return ops::batch_norm_training(b.opset(), b.get_int("is_test", 0), extra_outputs, b.get_int("training_mode", 0));
 }
+// dX, dscale, dB from ai.onnxtrain.BatchNormalizationGrad (dY, X, scale[, mean, var]), or its
+// Sync variant (dY, X, scale[, current_mean, current_var]) that sums across ranks
+// (ops/sync_batch_norm.cpp): one kernel where the composition of primitives took about 15 nodes.
+void batch_norm_grad_node(Builder& b, const std::string& type, const std::vector<std::string>& in) {
+  const std::vector<bool> wanted{b.needs(0), b.needs(1), b.needs(2)};
+  if (!wanted[0] && !wanted[1] && !wanted[2]) return;
+  const auto grads = b.op_n(type, in, 3, {attr_float("epsilon", b.get_float("epsilon", 1e-5f))}, kInternalDomain, wanted);
+  for (int i = 0; i < 3; ++i) {
+    if (wanted[static_cast<size_t>(i)]) b.set_GI(i, grads[static_cast<size_t>(i)]);
+  }
+}
 void batch_norm_rule(Builder& b) {
   const std::string x = b.I(0), g = b.GO(0);
+  // Training mode: the statistics of the batch, computed again by the Grad kernel.
+  if (batch_norm_training(b)) return batch_norm_grad_node(b, "BatchNormalizationGrad", {g, x, b.I(1)});
   const int r = b.require_rank(x);
   std::vector<int64_t> axes{0};
   for (int64_t d = 2; d < r; ++d) axes.push_back(d);
@@ -87,22 +100,17 @@ void batch_norm_rule(Builder& b) {
   auto per_channel = [&](const std::string& v) { return channel_axes.empty() ? v : b.unsqueeze(v, channel_axes); };
   const double eps = b.get_float("epsilon", 1e-5f);
   const std::string scale = per_channel(b.I(1));
+  // y = scale (x - mean) invstd + B with invstd = 1/sqrt(var + eps) from the inputs.
   Normalized n;
-  if (batch_norm_training(b)) {
-    n = normalize(b, x, axes, eps);
-    if (b.needs(0)) b.set_GI(0, normalized_input_gradient(b, mul(b, g, scale), n, axes));
-  } else {
-    // y = scale (x - mean) invstd + B with invstd = 1/sqrt(var + eps) from the inputs.
-    const std::string invstd_c = b.op("Reciprocal", {b.op("Sqrt", {add(b, b.I(4), b.scalar(eps, x))})});
-    n.invstd = per_channel(invstd_c);
-    n.xhat = mul(b, sub(b, x, per_channel(b.I(3))), n.invstd);
-    if (b.needs(0)) b.set_GI(0, mul(b, g, mul(b, scale, n.invstd)));
-    // dmean = -sum(dy) scale invstd, dvar = -1/2 sum(dy xhat) scale invstd^2.
-    if (b.needs(3)) b.set_GI(3, neg(b, mul(b, b.reduce_sum(g, axes, false), mul(b, b.I(1), invstd_c))));
-    if (b.needs(4)) {
-      b.set_GI(4, mul(b, b.scalar(-0.5, x),
-                      mul(b, b.reduce_sum(mul(b, g, n.xhat), axes, false), mul(b, b.I(1), mul(b, invstd_c, invstd_c)))));
-    }
+  const std::string invstd_c = b.op("Reciprocal", {b.op("Sqrt", {add(b, b.I(4), b.scalar(eps, x))})});
+  n.invstd = per_channel(invstd_c);
+  n.xhat = mul(b, sub(b, x, per_channel(b.I(3))), n.invstd);
+  if (b.needs(0)) b.set_GI(0, mul(b, g, mul(b, scale, n.invstd)));
+  // dmean = -sum(dy) scale invstd, dvar = -1/2 sum(dy xhat) scale invstd^2.
+  if (b.needs(3)) b.set_GI(3, neg(b, mul(b, b.reduce_sum(g, axes, false), mul(b, b.I(1), invstd_c))));
+  if (b.needs(4)) {
+    b.set_GI(4, mul(b, b.scalar(-0.5, x),
+                    mul(b, b.reduce_sum(mul(b, g, n.xhat), axes, false), mul(b, b.I(1), mul(b, invstd_c, invstd_c)))));
   }
   if (b.needs(1)) b.set_GI(1, b.reduce_sum(mul(b, g, n.xhat), axes, false));
   if (b.needs(2)) b.set_GI(2, b.reduce_sum(g, axes, false));
@@ -116,12 +124,7 @@ void sync_batch_norm_rule(Builder& b) {
     in.push_back(b.O(3));
     in.push_back(b.O(4));
   }
-  const std::vector<bool> wanted{b.needs(0), b.needs(1), b.needs(2)};
-  const auto grads = b.op_n("SyncBatchNormalizationGrad", in, 3, {attr_float("epsilon", b.get_float("epsilon", 1e-5f))},
-                            kInternalDomain, wanted);
-  for (int i = 0; i < 3; ++i) {
-    if (wanted[static_cast<size_t>(i)]) b.set_GI(i, grads[static_cast<size_t>(i)]);
-  }
+  batch_norm_grad_node(b, "SyncBatchNormalizationGrad", in);
 }
 void instance_norm_rule(Builder& b) {
   const std::string x = b.I(0), g = b.GO(0);
@@ -255,7 +258,7 @@ std::vector<Rule> nn_rules() {
     {"", "GlobalAveragePool",    kIn0, false, global_average_pool_rule,  "dx = dy / (spatial size)"},
     {"", "GlobalMaxPool",        kIn0, false, global_max_pool_rule,      "dx = dy where x == y"},
     {"", "BatchNormalization",   inputs_mask({0, 1, 2, 3, 4}), false, batch_norm_rule,
-                                 "training: dx = scale invstd (dy - mean(dy) - xhat mean(dy xhat)); inference: dx = dy scale invstd"},
+                                 "training: dx = scale invstd (dy - mean(dy) - xhat mean(dy xhat)) (ai.onnxtrain.BatchNormalizationGrad); inference: dx = dy scale invstd"},
     {"", "InstanceNormalization", inputs_mask({0, 1, 2}), false, instance_norm_rule, "as BatchNormalization in training, per instance"},
     {"", "Dropout",              kIn0, false, dropout_rule,              "training: dx = dy mask / (1 - ratio); inference: dx = dy"},
     {"", "Softmax",              kIn0, false, softmax_rule,              "dx = y (dy - sum(dy y))"},
@@ -269,6 +272,7 @@ std::vector<Rule> nn_rules() {
     {kInternalDomain, "SyncBatchNormalization", inputs_mask({0, 1, 2}), false, sync_batch_norm_rule,
                                  "as BatchNormalization in training, the sums of dy and dy xhat over all ranks (ai.onnxtrain.SyncBatchNormalizationGrad)"},
     {kInternalDomain, "SyncBatchNormalizationGrad", kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
+    {kInternalDomain, "BatchNormalizationGrad", kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ConvGrad",           kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ResizeGrad",         kAllInputs, false, not_twice_differentiable, "not twice differentiable"},
     {kInternalDomain, "ConvTransposeGrad",  kAllInputs, false, not_twice_differentiable, "not twice differentiable"},

@@ -49,9 +49,11 @@ std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_dropout(const KernelInit& init);
 
-// sync_batch_norm.cpp: ai.onnxtrain.SyncBatchNormalization and its Grad (train --sync-batch-norm)
+// sync_batch_norm.cpp, batch_norm_grad.cpp: ai.onnxtrain.SyncBatchNormalization and its Grad (train --sync-batch-norm)
 std::unique_ptr<Kernel> make_sync_batch_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_sync_batch_norm_grad(const KernelInit& init);
+// ai.onnxtrain.BatchNormalizationGrad: BatchNormalization's training-mode gradient (one process)
+std::unique_ptr<Kernel> make_batch_norm_grad(const KernelInit& init);
 
 // softmax.cpp
 std::unique_ptr<Kernel> make_softmax(const KernelInit& init);  // Softmax, LogSoftmax, Hardmax

@@ -91,6 +91,29 @@ void update_tensor(KernelContext& ctx, int n, int i, F&& update) {
   });
 }
 
+#if defined(__AVX2__)
+// The float32 loop of Momentum and Adam over elements [begin, end) of one tensor: `one(e)` for
+// the elements before `out` + e is 32-byte aligned and after the last whole 8, `eight(e, check)`
+// for the 8 elements from e, writing with streaming stores (the outputs are read only at the next
+// step: the stores skip reading their cache lines first; all outputs of one tensor share the
+// alignment, as every tensor starts 64-byte aligned). With `guard`, `eight` adds its outputs
+// times 0 to `check` (NaN exactly when one is NaN or Inf) and `finite(b, e)` checks the scalar
+// elements [b, e). Returns false when the guard found NaN or Inf.
+template <class One, class Eight, class Finite>
+bool streamed_float_pass(const float* out, int64_t begin, int64_t end, bool guard, One one, Eight eight, Finite finite) {
+  int64_t e = begin;
+  for (; e < end && (reinterpret_cast<uintptr_t>(out + e) & 31) != 0; ++e) one(e);
+  const int64_t head = e;
+  __m256 check = _mm256_setzero_ps();
+  for (; e + 8 <= end; e += 8) eight(e, check);
+  const int64_t tail = e;
+  for (; e < end; ++e) one(e);
+  _mm_sfence();
+  return !guard || (_mm256_movemask_ps(_mm256_cmp_ps(check, check, _CMP_UNORD_Q)) == 0 && finite(begin, head) &&
+                    finite(tail, end));
+}
+#endif
+
 class Adagrad final : public Kernel {
  public:
   explicit Adagrad(const KernelInit& init)
@@ -143,26 +166,73 @@ class Momentum final : public Kernel {
   // beta_adjusted = T > 0 ? beta : 1
   // V_new = alpha * V + beta_adjusted * G_regularized
   // standard: X_new = X - R * V_new;  nesterov: X_new = X - R * (G_regularized + alpha * V_new)
+  // One pass per tensor; with the run's nan_guard it checks X_new and V_new while writing them
+  // (checks_outputs_for_nan_guard) and fails on NaN or Inf, naming them.
   void run(KernelContext& ctx) override {
     int n = 0;
     const Scalars s = read_scalars_and_check(ctx, 1, n);
     const double beta_adjusted = s.t > 0 ? beta_ : 1.0;
     for (int i = 0; i < n; ++i) {
       visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Momentum X", [&]<class T>() {
-        const T r = static_cast<T>(s.r), a = static_cast<T>(alpha_), b = static_cast<T>(beta_adjusted);
-        const T norm = static_cast<T>(norm_coefficient_);
-        const bool nesterov = nesterov_;
-        update_tensor<T, 1>(ctx, n, i, [=](int64_t e, T x, T g, const auto& in, const auto& out) {
-          const T gr = norm * x + g;
-          const T v = a * in[0][e] + b * gr;
-          out[1][e] = v;
-          out[0][e] = nesterov ? x - r * (gr + a * v) : x - r * v;
-        });
+        if (nesterov_) {
+          update<T, true>(ctx, n, i, s.r, beta_adjusted);
+        } else {
+          update<T, false>(ctx, n, i, s.r, beta_adjusted);
+        }
       });
     }
   }
 
  private:
+  template <class T, bool Nesterov>
+  void update(KernelContext& ctx, int n, int i, double lr, double beta_adjusted) const {
+    const T r = static_cast<T>(lr), a = static_cast<T>(alpha_), b = static_cast<T>(beta_adjusted);
+    const T norm = static_cast<T>(norm_coefficient_);
+    const Tensor& x_in = ctx.input(2 + i);
+    const T* __restrict xs = x_in.data<T>();
+    const T* __restrict gs = ctx.input(2 + n + i).data<T>();
+    const T* __restrict vs = ctx.input(2 + 2 * n + i).data<T>();
+    T* __restrict x_out = ctx.allocate_output(i, x_in.dtype(), x_in.shape()).template data<T>();
+    T* __restrict v_out = ctx.allocate_output(n + i, x_in.dtype(), x_in.shape()).template data<T>();
+    const bool guard = ctx.run_context().nan_guard;
+    std::atomic<bool> non_finite{false};
+    std::atomic<bool>* flag = &non_finite;
+    parallel_for(x_in.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
+      const auto one = [&](int64_t e) {
+        const T gr = norm * xs[e] + gs[e];
+        const T v = a * vs[e] + b * gr;
+        v_out[e] = v;
+        x_out[e] = Nesterov ? xs[e] - r * (gr + a * v) : xs[e] - r * v;
+      };
+      const auto finite = [&](int64_t from, int64_t to) { return all_finite(x_out, from, to) && all_finite(v_out, from, to); };
+#if defined(__AVX2__)
+      if constexpr (std::is_same_v<T, float>) {
+        const __m256 vr = _mm256_set1_ps(r), va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vn = _mm256_set1_ps(norm);
+        const __m256 zero = _mm256_setzero_ps();
+        const auto eight = [&](int64_t e, __m256& check) {
+          const __m256 x = _mm256_loadu_ps(xs + e);
+          const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), _mm256_loadu_ps(gs + e));
+          const __m256 v = _mm256_add_ps(_mm256_mul_ps(va, _mm256_loadu_ps(vs + e)), _mm256_mul_ps(vb, gr));
+          const __m256 step = Nesterov ? _mm256_add_ps(gr, _mm256_mul_ps(va, v)) : v;
+          const __m256 x_new = _mm256_sub_ps(x, _mm256_mul_ps(vr, step));
+          _mm256_stream_ps(x_out + e, x_new);
+          _mm256_stream_ps(v_out + e, v);
+          if (guard) check = _mm256_add_ps(check, _mm256_add_ps(_mm256_mul_ps(x_new, zero), _mm256_mul_ps(v, zero)));
+        };
+        if (!streamed_float_pass(x_out, begin, end, guard, one, eight, finite)) flag->store(true, std::memory_order_relaxed);
+        return;
+      }
+#endif
+#pragma omp simd
+      for (int64_t e = begin; e < end; ++e) one(e);
+      if (guard && !finite(begin, end)) flag->store(true, std::memory_order_relaxed);
+    });
+    if (non_finite.load()) {
+      fail("output " + ctx.output_name(i) + " or " + ctx.output_name(n + i) +
+           " holds NaN or Inf (NaN guard: the step is rejected)");
+    }
+  }
+
   float alpha_, beta_, norm_coefficient_;
   bool nesterov_ = false;
 };
@@ -270,20 +340,13 @@ class Adam final : public Kernel {
       };
 #if defined(__AVX2__)
       if constexpr (std::is_same_v<T, float>) {
-        // The outputs are written once and read only at the next step: streaming stores skip
-        // reading their cache lines first. Scalar elements until x1 + e is 32-byte aligned
-        // (v1 and h1 share the alignment: every tensor starts 64-byte aligned).
-        int64_t e = begin;
-        for (; e < end && (reinterpret_cast<uintptr_t>(x1 + e) & 31) != 0; ++e) one(e);
-        const int64_t head = e;
         const __m256 vsg = _mm256_set1_ps(Scaled ? sg : 1.0f), vsv = _mm256_set1_ps(Scaled ? sv : 1.0f);
         const __m256 vsh = _mm256_set1_ps(Scaled ? sh : 1.0f), vmv = _mm256_set1_ps(Scaled ? mv : 1.0f);
         const __m256 vmh = _mm256_set1_ps(Scaled ? mh : 1.0f), va = _mm256_set1_ps(aa), va1 = _mm256_set1_ps(1.0f - aa);
         const __m256 vb = _mm256_set1_ps(bb), vb1 = _mm256_set1_ps(1.0f - bb), vr = _mm256_set1_ps(rr);
         const __m256 ve = _mm256_set1_ps(ee), vn = _mm256_set1_ps(nn), vk = _mm256_set1_ps(kk);
         const __m256 zero = _mm256_setzero_ps();
-        __m256 check = zero;
-        for (; e + 8 <= end; e += 8) {
+        const auto eight = [&](int64_t e, __m256& check) {
           const __m256 x = _mm256_loadu_ps(x0 + e);
           const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(g0 + e), vsg);
           const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), g);
@@ -300,14 +363,9 @@ class Adam final : public Kernel {
             check = _mm256_add_ps(check, _mm256_mul_ps(x_new, zero));
             check = _mm256_add_ps(check, _mm256_add_ps(_mm256_mul_ps(v_new, zero), _mm256_mul_ps(h_new, zero)));
           }
-        }
-        const int64_t tail = e;
-        for (; e < end; ++e) one(e);
-        _mm_sfence();
-        if (guard && (_mm256_movemask_ps(_mm256_cmp_ps(check, check, _CMP_UNORD_Q)) != 0 ||
-                      !outputs_finite(x1, v1, h1, begin, head) || !outputs_finite(x1, v1, h1, tail, end))) {
-          flag->store(true, std::memory_order_relaxed);
-        }
+        };
+        const auto finite = [&](int64_t from, int64_t to) { return outputs_finite(x1, v1, h1, from, to); };
+        if (!streamed_float_pass(x1, begin, end, guard, one, eight, finite)) flag->store(true, std::memory_order_relaxed);
         return;
       }
 #endif
@@ -339,7 +397,7 @@ std::unique_ptr<Kernel> make_adam(const KernelInit& init) { return std::make_uni
 std::unique_ptr<Kernel> make_scaled_adam(const KernelInit& init) { return std::make_unique<Adam>(init, true); }
 
 bool checks_outputs_for_nan_guard(const std::string& domain, const std::string& op_type) {
-  return (domain == "ai.onnx.preview.training" && op_type == "Adam") ||
+  return (domain == "ai.onnx.preview.training" && (op_type == "Adam" || op_type == "Momentum")) ||
          (domain == "ai.onnxtrain" && op_type == "ScaledAdam");
 }
 

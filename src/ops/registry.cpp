@@ -387,6 +387,7 @@ const KernelDef kKernels[] = {
   // --- ai.onnxtrain: BatchNormalization over the global batch, train --sync-batch-norm (sync_batch_norm.cpp) ---
   {kInternal, "SyncBatchNormalization",     1, 1, kFloat,   make_sync_batch_norm},
   {kInternal, "SyncBatchNormalizationGrad", 1, 1, kFloat,   make_sync_batch_norm_grad},
+  {kInternal, "BatchNormalizationGrad",     1, 1, kFloat,   make_batch_norm_grad},  // training mode's gradient
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)

@@ -14,59 +14,22 @@
 //   Y = (X - current_mean) / sqrt(current_var + epsilon) * scale + B;
 //   running = input * momentum + current * (1 - momentum) (ONNX BatchNormalization-15).
 //   The four statistics are typed like input_mean.
-// SyncBatchNormalizationGrad(dY, X, scale[, current_mean, current_var]; epsilon) -> dX, dscale,
-//   dB. Without the statistics it computes them again as above. With g = dY, xhat =
-//   (x - mean) invstd, this rank's sums p1 = sum(g), p2 = sum(g xhat) over its m_s elements:
-//   dscale = p2 and dB = p1 (the trainer averages them weighted by m_s / m, giving the global
-//   batch's sums over the per-rank means), and with Q1 = sum_r m_r p1_r, Q2 = sum_r m_r p2_r:
-//     dX = scale invstd (g - Q1 / (m m_s) - xhat Q2 / (m m_s)).
-//   That is the global gradient divided by this rank's weight m_s / m, which the trainer's
-//   weighted mean of the gradients multiplies back: N ranks then equal one process for uneven
-//   shares too. With one rank, Q1 / (m m_s) = mean(g): the ordinary BatchNormalization gradient.
-// Sums accumulate in double; Float16/BFloat16 data is computed in double and rounded once.
+// The gradients, SyncBatchNormalizationGrad and BatchNormalizationGrad, are in batch_norm_grad.cpp.
+// Sums accumulate in double; Y is computed in double and rounded once.
 #include <algorithm>
 #include <cmath>
-#include <span>
 #include <vector>
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/batch_norm_channels.h"
 #include "ops/factories.h"
 
 namespace onnxtrain::ops {
 
 namespace {
 
-// X seen as [batch, channels, size]: a 1-D X has one channel.
-struct Layout {
-  int64_t batch = 0, channels = 1, size = 1;
-  double count() const { return static_cast<double>(batch * size); }  // elements per channel
-};
-
-Layout layout_of(const KernelContext& ctx, int i) {
-  const Tensor& x = ctx.input(i);
-  if (x.rank() == 0) fail("input " + ctx.input_name(i) + " is a scalar, expected [N, C, D1..Dn] or [N]");
-  Layout l;
-  l.batch = x.dim(0);
-  l.channels = x.rank() == 1 ? 1 : x.dim(1);
-  l.size = x.shape().numel(std::min<size_t>(2, x.rank()), x.rank());
-  return l;
-}
-
-std::vector<double> per_channel(const KernelContext& ctx, int i, const Layout& l) {
-  const Tensor& t = ctx.input(i);
-  if (t.rank() != 1 || t.dim(0) != l.channels || !is_floating(t.dtype())) {
-    fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected a floating [" +
-         std::to_string(l.channels) + "] (one value per channel of input " + ctx.input_name(0) + ")");
-  }
-  return t.to_double_vector();
-}
-
-// In place: each element becomes its sum over the ranks (nothing with one process).
-void sum_across_ranks(const KernelContext& ctx, std::vector<double>& values) {
-  const auto& sum = ctx.run_context().sum_across_ranks;
-  if (sum) sum(std::span<double>(values));
-}
+using namespace batch_norm;
 
 // Per channel c, the sum in double of term(x[e], c, e) over this rank's elements e of channel c
 // (e the flat index into X).
@@ -114,14 +77,6 @@ Statistics global_statistics(const KernelContext& ctx, int xi, const Layout& l) 
   return s;
 }
 
-Tensor channel_tensor(DataType dtype, const std::vector<double>& values) {
-  Tensor t(dtype, Shape{static_cast<int64_t>(values.size())});
-  visit_dtype<FloatTypes>(dtype, "statistics", [&]<class T>() {
-    for (size_t i = 0; i < values.size(); ++i) t.data<T>()[i] = convert<T>(values[i]);
-  });
-  return t;
-}
-
 // out[e] = f(e, c) over every element e of X, c its channel.
 template <class T, class F>
 void for_each_element(T* out, const Layout& l, F f) {
@@ -136,8 +91,8 @@ void for_each_element(T* out, const Layout& l, F f) {
 
 void run_sync_batch_norm(KernelContext& ctx, double epsilon, double momentum) {
   const Layout l = layout_of(ctx, 0);
-  const std::vector<double> scale = per_channel(ctx, 1, l), bias = per_channel(ctx, 2, l);
-  const std::vector<double> input_mean = per_channel(ctx, 3, l), input_var = per_channel(ctx, 4, l);
+  const std::vector<double> scale = per_channel(ctx, 1, l, 0), bias = per_channel(ctx, 2, l, 0);
+  const std::vector<double> input_mean = per_channel(ctx, 3, l, 0), input_var = per_channel(ctx, 4, l, 0);
   const Statistics s = global_statistics(ctx, 0, l);
   std::vector<double> factor(scale.size());
   for (size_t c = 0; c < factor.size(); ++c) factor[c] = scale[c] / std::sqrt(s.var[c] + epsilon);
@@ -162,69 +117,12 @@ void run_sync_batch_norm(KernelContext& ctx, double epsilon, double momentum) {
   }
 }
 
-void run_sync_batch_norm_grad(KernelContext& ctx, double epsilon) {
-  const Tensor& dy = ctx.input(0);
-  const Tensor& x = ctx.input(1);
-  if (dy.dtype() != x.dtype() || !(dy.shape() == x.shape())) {
-    fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected the type and shape of input " +
-         ctx.input_name(1) + " (" + x.description() + ")");
-  }
-  const Layout l = layout_of(ctx, 1);
-  const std::vector<double> scale = per_channel(ctx, 2, l);
-  Statistics s;
-  if (ctx.has_input(3) && ctx.has_input(4)) {
-    s = {per_channel(ctx, 3, l), per_channel(ctx, 4, l)};
-  } else {
-    s = global_statistics(ctx, 1, l);
-  }
-  std::vector<double> invstd(scale.size());
-  for (size_t c = 0; c < invstd.size(); ++c) invstd[c] = 1 / std::sqrt(s.var[c] + epsilon);
-  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(1), [&]<class T>() {
-    const T *px = x.data<T>(), *pg = dy.data<T>();
-    auto xhat = [&](int64_t e, int64_t c) {
-      const size_t k = static_cast<size_t>(c);
-      return (convert<double>(px[e]) - s.mean[k]) * invstd[k];
-    };
-    const std::vector<double> p1 = channel_sums(pg, l, [](double g, int64_t, int64_t) { return g; });
-    const std::vector<double> p2 = channel_sums(pg, l, [&](double g, int64_t c, int64_t e) { return g * xhat(e, c); });
-    // [m_s p1, m_s p2, m_s] summed across ranks: Q1, Q2 and m.
-    const double local = l.count();
-    std::vector<double> q(2 * scale.size() + 1);
-    for (size_t c = 0; c < scale.size(); ++c) {
-      q[c] = local * p1[c];
-      q[scale.size() + c] = local * p2[c];
-    }
-    q.back() = local;
-    sum_across_ranks(ctx, q);
-    if (ctx.has_output(0)) {
-      const double denominator = q.back() * local;
-      Tensor& dx = ctx.allocate_output(0, x.dtype(), x.shape());
-      for_each_element(dx.data<T>(), l, [&](int64_t e, int64_t c) {
-        const size_t k = static_cast<size_t>(c);
-        const double inner = convert<double>(pg[e]) - q[k] / denominator - xhat(e, c) * q[scale.size() + k] / denominator;
-        return scale[k] * invstd[k] * inner;
-      });
-    }
-    const DataType param = ctx.input(2).dtype();
-    if (ctx.has_output(1)) ctx.set_output(1, channel_tensor(param, p2));
-    if (ctx.has_output(2)) ctx.set_output(2, channel_tensor(param, p1));
-  });
-}
-
 }  // namespace
 
 std::unique_ptr<Kernel> make_sync_batch_norm(const KernelInit& init) {
   if (init.num_inputs() != 5) fail("SyncBatchNormalization takes 5 inputs (X, scale, B, input_mean, input_var)");
   const double epsilon = init.attr_float("epsilon", 1e-5f), momentum = init.attr_float("momentum", 0.9f);
   return make_kernel([epsilon, momentum](KernelContext& ctx) { run_sync_batch_norm(ctx, epsilon, momentum); });
-}
-
-std::unique_ptr<Kernel> make_sync_batch_norm_grad(const KernelInit& init) {
-  if (init.num_inputs() != 3 && init.num_inputs() != 5) {
-    fail("SyncBatchNormalizationGrad takes 3 or 5 inputs (dY, X, scale[, current_mean, current_var])");
-  }
-  const double epsilon = init.attr_float("epsilon", 1e-5f);
-  return make_kernel([epsilon](KernelContext& ctx) { run_sync_batch_norm_grad(ctx, epsilon); });
 }
 
 }  // namespace onnxtrain::ops

@@ -841,8 +841,8 @@ std::string gradients_doc() {
       << "Emitted by rules where standard ONNX ops would be much slower or need a newer opset\n"
       << "(`src/ops/gradient_ops.cpp`, `conv_grad.cpp`, `pool_grad.cpp`, `resize.cpp`, `rnn_grad.cpp`, and the vision ops'\n"
       << "files: `lrn.cpp`, `lp.cpp`, `grid_sample.cpp`, `roi_align.cpp`, `unpool.cpp`, `deform_conv.cpp`, `vision.cpp`). Their own\n"
-      << "rules make second derivatives work, except through convolution, pooling, Resize, the recurrent layers and the\n"
-      << "vision ops.\n\n"
+      << "rules make second derivatives work, except through convolution, pooling, normalization, Resize, the recurrent layers\n"
+      << "and the vision ops.\n\n"
       << "| operator | differentiable inputs | gradient | finite-difference cases |\n|---|---|---|---|\n";
   for (const auto* r : rules) {
     if (!std::string(r->domain).empty()) row(r);

@@ -292,14 +292,18 @@ TEST(TrainingSession, NaNGuardSeesEveryElementOfALargeValue) {
   EXPECT_EQ(session.state().at("V").to_double_vector().front(), 2.0);  // unchanged
 }
 
-// Adam checks its outputs for the NaN guard while writing them (stage() skips them): an Inf in
-// one element of H_new alone — first element (scalar head), middle (vector loop), last (scalar
-// tail), in float32 (AVX path) and float64 (generic path) — rejects the step and changes no
-// variable; with the guard off the step goes through.
-TEST(TrainingSession, AdamOutputsAreCheckedForTheNaNGuard) {
+// An optimizer that checks its outputs for the NaN guard while writing them (stage() skips
+// them): an Inf in one element of output `bad` alone — first element (scalar head), middle
+// (vector loop), last (scalar tail), in float32 (AVX path) and float64 (generic path) — rejects
+// the step and changes no variable; with the guard off the step goes through. `op` updates W
+// with gradient G and the states named `states`; a gradient element of huge32 (float32) or
+// huge64 (float64) makes state `bad_state` (W or one of `states`) Inf at learning rate `lr`.
+void check_outputs_guarded(const std::string& op, const std::vector<std::string>& states,
+                           const std::vector<onnx::AttributeProto>& attributes, float lr, const std::string& bad_state,
+                           double huge32, double huge64) {
   const int64_t n = 100003;
   for (DataType t : {DataType::Float32, DataType::Float64}) {
-    const double huge = t == DataType::Float32 ? 1e30 : 1e200;  // its square is Inf
+    const double huge = t == DataType::Float32 ? huge32 : huge64;
     onnx::ModelProto m;
     m.set_ir_version(8);
     m.add_opset_import()->set_version(13);
@@ -308,37 +312,60 @@ TEST(TrainingSession, AdamOutputsAreCheckedForTheNaNGuard) {
     training->set_version(1);
     auto& g = *m.mutable_graph();
     g.set_name("g");
-    for (const char* name : {"W", "V", "H"}) initializer(g, name, Tensor::zeros(t, {n}));
+    std::vector<std::string> variables{"W"}, in{"R", "T", "W", "G"}, out{"W_new"};
+    for (const std::string& s : states) {
+      variables.push_back(s);
+      in.push_back(s);
+      out.push_back(s + "_new");
+    }
+    for (const std::string& name : variables) initializer(g, name, Tensor::zeros(t, {n}));
     node(g, "Identity", {"W"}, {"out"});
     value(g.mutable_output(), "out", static_cast<int>(t), {n});
     auto* info = m.add_training_info();
     auto& a = *info->mutable_algorithm();
     value(a.mutable_input(), "G", static_cast<int>(t), {n});
-    initializer(a, "R", Tensor::scalar<float>(0.1f));
+    initializer(a, "R", Tensor::scalar<float>(lr));
     initializer(a, "T", Tensor::scalar<int64_t>(0));
-    node(a, "Adam", {"R", "T", "W", "G", "V", "H"}, {"W_new", "V_new", "H_new"})->set_domain("ai.onnx.preview.training");
-    for (const char* name : {"W_new", "V_new", "H_new"}) value(a.mutable_output(), name, static_cast<int>(t), {n});
-    bind(info->mutable_update_binding(), "W", "W_new");
-    bind(info->mutable_update_binding(), "V", "V_new");
-    bind(info->mutable_update_binding(), "H", "H_new");
+    auto* update = node(a, op, in, out);
+    update->set_domain("ai.onnx.preview.training");
+    for (const auto& attribute : attributes) *update->add_attribute() = attribute;
+    for (const std::string& name : out) value(a.mutable_output(), name, static_cast<int>(t), {n});
+    // Parenthesized: with std::string arguments, argument-dependent lookup would find std::bind.
+    for (size_t k = 0; k < out.size(); ++k) (bind)(info->mutable_update_binding(), variables[k], out[k]);
     TrainingSession session(m);
     session.step({{"G", Tensor::from_vector<double>({n}, std::vector<double>(n, 1.0)).cast(t)}});
     const auto before = session.state();
     for (int64_t at : {int64_t{0}, n / 2 + 3, n - 1}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " element " + std::to_string(at));
+      SCOPED_TRACE(op + " " + std::string(dtype_name(t)) + " element " + std::to_string(at));
       std::vector<double> grad(static_cast<size_t>(n), 1.0);
       grad[static_cast<size_t>(at)] = huge;
       const Tensor bad = Tensor::from_vector<double>({n}, grad).cast(t);
       const std::string e = error_of([&] { session.step({{"G", bad}}); });
       EXPECT_NE(e.find("NaN or Inf"), std::string::npos) << e;
-      EXPECT_NE(e.find("H_new"), std::string::npos) << e;
+      EXPECT_NE(e.find(bad_state + "_new"), std::string::npos) << e;
       for (const auto& [name, value] : before) {
         EXPECT_EQ(session.state().at(name).to_double_vector(), value.to_double_vector()) << name;
       }
       TrainingSession unguarded(m, {.nan_guard = false});
       unguarded.step({{"G", bad}});
-      EXPECT_TRUE(std::isinf(unguarded.state().at("H").to_double_vector()[static_cast<size_t>(at)]));
+      EXPECT_TRUE(std::isinf(unguarded.state().at(bad_state).to_double_vector()[static_cast<size_t>(at)]));
     }
+  }
+}
+
+// Adam: H_new = (1 - beta) G^2 overflows.
+TEST(TrainingSession, AdamOutputsAreCheckedForTheNaNGuard) {
+  check_outputs_guarded("Adam", {"V", "H"}, {}, 0.1f, "H", 1e30, 1e200);
+}
+
+// Momentum, standard and nesterov: V_new = G at T = 0 stays finite, X_new = X - R V_new (nesterov:
+// X - R (G + alpha V_new)) overflows at R = 10.
+TEST(TrainingSession, MomentumOutputsAreCheckedForTheNaNGuard) {
+  for (const char* mode : {"standard", "nesterov"}) {
+    const std::vector<onnx::AttributeProto> attributes{testing::attr("alpha", 0.9f), testing::attr("beta", 1.0f),
+                                                       testing::attr("mode", std::string(mode)),
+                                                       testing::attr("norm_coefficient", 0.0f)};
+    check_outputs_guarded("Momentum", {"V"}, attributes, 10.0f, "W", 1e38, 1e308);
   }
 }
 
