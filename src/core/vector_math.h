@@ -4,8 +4,8 @@
 // time (core/simd.h Floats<8>: one AVX register under the default x86-64-v3 build, two SSE
 // registers in a portable build, same results either way up to FMA contraction).
 //
-// Callers: ops/elementwise_unary.cpp (float32 Exp, Sigmoid, Tanh, Erf) and the LSTM/GRU/RNN
-// gate activations (ops/rnn_common.h). Other dtypes keep std::.
+// Callers: ops/elementwise_unary.cpp (float32 Exp, Sigmoid, Tanh, Erf; other dtypes keep std::),
+// and meant for the LSTM/GRU/RNN gate activations (ops/rnn_common.h `activate`).
 //
 // Every function: y[i] = f(x[i]) for i in [0, n), n >= 0 (any n: the tail is handled); x == y
 // (in place) is allowed, other overlaps are not. Single-threaded: callers split the range.
