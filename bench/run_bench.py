@@ -10,9 +10,11 @@ fraction of the oneDNN sgemm peak measured in the same run.
 Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
 ONNX Runtime 1.30 (the onnxruntime wheel of the .venv, driven by bench/ort_infer.py).
 
-Usage: .venv/bin/python bench/run_bench.py [--reps 3] [--steps 200]   (after scripts/build release)
+Usage: .venv/bin/python bench/run_bench.py [--reps 3] [--steps 200] [--write-docs]
+       (after scripts/build release; --write-docs replaces the fashion-mnist section of docs/performance.md)
 """
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -26,6 +28,8 @@ ONNXTRAIN = os.path.join(BUILD, "src", "onnxtrain")
 WORK = os.path.join(ROOT, "build", "bench")
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from docs_section import write_section  # noqa: E402
 
 
 def run_measured(cmd, env=None):
@@ -83,7 +87,11 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="replace the <!-- fashion-mnist:begin --> section of docs/performance.md with the tables")
     args = parser.parse_args()
+    started = time.perf_counter()
+    load = os.getloadavg()[0]
     os.makedirs(WORK, exist_ok=True)
     subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK],
                    check=True, stdout=subprocess.DEVNULL)
@@ -93,10 +101,22 @@ def main():
                         "--lr", "1e-3"], check=True, stdout=subprocess.DEVNULL)
     sgemm = max(json.loads(subprocess.run([os.path.join(BUILD, "bench", "onnxtrain-bench-sgemm"), "--threads", str(t)],
                                           capture_output=True, text=True, check=True).stdout)["gflops"] for t in (1, 2))
-    print(f"oneDNN sgemm peak: {sgemm:.0f} GFLOP/s")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    import torch
+    lines = [f"{datetime.date.today()}, {cpu} ({os.cpu_count()} cores), load average before the run {load:.2f}, "
+             f"commit {commit}; PyTorch {torch.__version__}; `bench/run_bench.py --reps {args.reps} --steps "
+             f"{args.steps}`; oneDNN sgemm peak (2048^3) {sgemm:.0f} GFLOP/s in this run.", "",
+             "Training (median steps/s at each side's best thread count; onnxtrain's GFLOP/s counts the forward, "
+             "the weight gradients and the input gradients of every layer but the first):", ""]
 
-    print("\n| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch | "
-          "onnxtrain GFLOP/s (of peak) |\n|---|---|---|---|---|---|")
+    def emit(line):
+        print(line, flush=True)
+        lines.append(line)
+    emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch | "
+         "onnxtrain GFLOP/s (of peak) |")
+    emit("|---|---|---|---|---|---|")
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
         peaks = {"onnxtrain": 0.0, "pytorch": 0.0}
@@ -110,11 +130,13 @@ def main():
         for impl in ("onnxtrain", "pytorch"):
             best[impl] = max(((statistics.median(results[(impl, t)]), t) for t in (1, 2)))
         gflops = best["onnxtrain"][0] * flops_per_step(model) / 1e9
-        print(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
+        emit(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
               f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB | {gflops:.0f} ({gflops / sgemm:.0%}) |")
 
-    print("\n| model | batch | onnxtrain ms | ONNX Runtime ms | ratio (ORT / onnxtrain) |\n|---|---|---|---|---|")
+    lines += ["", "Inference (the best of the runs at 1 and 2 threads, each side):", ""]
+    emit("| model | batch | onnxtrain ms | ONNX Runtime ms | ratio (ORT / onnxtrain) |")
+    emit("|---|---|---|---|---|")
     for model in args.models.split(","):
         for batch in (1, 128):
             mine, theirs = [], []
@@ -128,7 +150,10 @@ def main():
                         [sys.executable, os.path.join(ROOT, "bench", "ort_infer.py"), os.path.join(WORK, f"{model}.onnx"),
                          str(batch), str(t)], capture_output=True, text=True, check=True).stdout)["ms"])
             a, b = min(mine), min(theirs)
-            print(f"| {model} | {batch} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+            emit(f"| {model} | {batch} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+    lines += ["", f"(the run took {time.perf_counter() - started:.0f} s)"]
+    if args.write_docs:
+        write_section("fashion-mnist", "## Fashion-MNIST MLP and CNN", "\n".join(lines))
     return 0
 
 

@@ -108,3 +108,27 @@ def export(name, path, training=True):
                       do_constant_folding=False,
                       input_names=[input_name(name)], output_names=["logits"],
                       dynamic_axes={input_name(name): {0: "N"}, "logits": {0: "N"}})
+
+
+def train_flops(name):
+    """FLOPs (2 per multiply-add) of the matrix products and convolutions of one training step on a
+    batch: forward and backward, no gradient for the input itself. ResNet-18 and BERT: counted by
+    torch.utils.flop_counter.FlopCounterMode on the PyTorch module. The LSTM: from its equations
+    (PyTorch's CPU LSTM kernel is one op the counter does not see): per layer of input size I,
+    hidden H, 4 gates, S steps and batch N, forward 2 S N 4H (I + H); backward the weight
+    gradients (as many), dH through R (2 S N 4H H) and, above the first layer, dX (2 S N 4H I)."""
+    batch = BATCH[name]
+    if name == "lstm":
+        s, h, total = SEQUENCE["lstm"], 256, 0
+        for layer, inputs in enumerate((LSTM_INPUT, h)):
+            rows = 2 * s * batch * 4 * h
+            total += 2 * rows * (inputs + h) + rows * h + (rows * inputs if layer > 0 else 0)
+        return total + 3 * 2 * batch * h * NUM_CLASSES["lstm"]
+    from torch.utils.flop_counter import FlopCounterMode
+    model = build(name)
+    model.train()
+    x = torch.from_numpy(sample_input(name, batch, np.random.default_rng(0)))
+    with FlopCounterMode(display=False) as counter:
+        loss = torch.nn.functional.cross_entropy(model(x), torch.zeros(batch, dtype=torch.long))
+        loss.backward()
+    return counter.get_total_flops()

@@ -43,11 +43,11 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BENCH = os.path.join(ROOT, "bench")
 WORK = os.path.join(ROOT, "build", "bench-workloads")
-DOCS = os.path.join(ROOT, "docs", "performance.md")
-BEGIN, END = "<!-- workloads:begin -->", "<!-- workloads:end -->"
+SECTION = "workloads"
 SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
 sys.path.insert(0, BENCH)
 import workload_models  # noqa: E402
+from docs_section import write_section  # noqa: E402
 
 WARMUP = {"resnet18": 2, "bert": 1, "lstm": 1}
 STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
@@ -182,11 +182,16 @@ def train_section(names, prepared, tools, args, errors):
         ratio = f"{o[0] / p[0]:.2f}" if o and p else "-"
         rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB" if o and p else "-"
         losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
-        rows.append(f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | {losses} |")
+        gflop = args.flops[name] / 1e9
+        roofline = (f"{gflop:.1f}: {o[0] * gflop:.0f} ({o[0] * gflop / args.sgemm:.0%}) / {p[0] * gflop:.0f} "
+                    f"({p[0] * gflop / args.sgemm:.0%})") if o and p else "-"
+        rows.append(f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | {roofline} "
+                    f"| {losses} |")
         print(rows[-1], file=sys.stderr, flush=True)
     return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
-            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
-            "|---|---|---|---|---|---|---|"] + rows
+            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager | GFLOP per step: GFLOP/s "
+            "(of the sgemm peak) onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
+            "|---|---|---|---|---|---|---|---|"] + rows
 
 
 def infer_ms(engine, name, path, batch, threads, tools, timeout):
@@ -229,6 +234,11 @@ def infer_section(names, prepared, tools, args, errors):
             "|---|---|---|---|---|"] + rows
 
 
+def sgemm_peak(tools, threads):
+    """GFLOP/s of oneDNN's sgemm at 2048^3, the best of the thread counts, in GFLOP/s."""
+    return max(json.loads(measured([tools["bench_sgemm"], "--threads", str(t)], 120)[0])["gflops"] for t in threads)
+
+
 def find_tools(build):
     """The executables and Python package of a build folder (build/release, else build-main/release)."""
     candidates = [build] if build else [os.path.join(ROOT, "build", "release"), os.path.join(ROOT, "build-main", "release")]
@@ -236,6 +246,7 @@ def find_tools(build):
         if os.path.exists(os.path.join(folder, "src", "onnxtrain")):
             return {"onnxtrain": os.path.join(folder, "src", "onnxtrain"),
                     "bench_infer": os.path.join(folder, "bench", "onnxtrain-bench-infer"),
+                    "bench_sgemm": os.path.join(folder, "bench", "onnxtrain-bench-sgemm"),
                     "python": os.path.join(folder, "python")}
     sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
 
@@ -253,18 +264,6 @@ def header(args):
             + ",".join(f"{k}={v}" for k, v in args.steps.items()) + "`")
 
 
-def write_docs(text):
-    doc = open(DOCS).read()
-    if BEGIN not in doc or END not in doc:
-        sys.exit(f"{DOCS}: no {BEGIN} ... {END} section to replace")
-    head, rest = doc.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    tmp = DOCS + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(head + BEGIN + "\n" + SECTION_TITLE + "\n\n" + text + "\n" + END + tail)
-    os.replace(tmp, DOCS)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="resnet18,bert,lstm")
@@ -276,7 +275,7 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--build", help="build folder holding src/onnxtrain (default build/release)")
     parser.add_argument("--write-docs", action="store_true",
-                        help=f"replace the {BEGIN} section of docs/performance.md with the tables")
+                        help=f"replace the <!-- {SECTION}:begin --> section of docs/performance.md with the tables")
     args = parser.parse_args()
     args.threads = [int(t) for t in args.threads.split(",")]
     args.steps = dict(STEPS, **{k: int(v) for k, v in (item.split("=") for item in args.steps.split(",") if item)})
@@ -290,7 +289,12 @@ def main():
     errors = {}
     lines = [header(args), ""]
     prepared = {name: prepare(name, tools, errors, WARMUP[name] + args.steps[name] + 1) for name in names}
-    lines += ["Training (steps/s without start-up; best thread count of each side):", ""]
+    args.flops = {name: workload_models.train_flops(name) for name in names}
+    args.sgemm = sgemm_peak(tools, args.threads)
+    lines += [f"Training (steps/s without start-up; best thread count of each side). The machine's peak: oneDNN's "
+              f"sgemm (2048^3, bench/bench_sgemm.cpp) at {args.sgemm:.0f} GFLOP/s in this run; GFLOP per step counts "
+              "the matrix products and convolutions of the forward and backward passes "
+              "(bench/workload_models.py train_flops).", ""]
     lines += train_section(names, prepared, tools, args, errors)
     lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
     lines += infer_section(names, prepared, tools, args, errors)
@@ -300,7 +304,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if args.write_docs:
-        write_docs(text)
+        write_section(SECTION, SECTION_TITLE, text)
     return 0
 
 

@@ -5,7 +5,7 @@
 // registers in a portable build, same results either way up to FMA contraction).
 //
 // Callers: ops/elementwise_unary.cpp (float32 Exp, Sigmoid, Tanh, Erf; other dtypes keep std::),
-// and meant for the LSTM/GRU/RNN gate activations (ops/rnn_common.h `activate`).
+// and the float32 Tanh and Sigmoid gate activations of LSTM / GRU / RNN (ops/rnn_common.h `activate`).
 //
 // Every function: y[i] = f(x[i]) for i in [0, n), n >= 0 (any n: the tail is handled); x == y
 // (in place) is allowed, other overlaps are not. Single-threaded: callers split the range.

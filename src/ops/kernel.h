@@ -89,7 +89,7 @@ struct RunContext {
 
 // Whether the kernel of op `op_type` in `domain` ("ai.onnx.preview.training", "ai.onnxtrain")
 // checks all its outputs for NaN and Inf when RunContext::nan_guard is set, failing with an
-// Error that names them: Adam and ScaledAdam (ops/optimizers.cpp).
+// Error that names them: Adam, ScaledAdam and Momentum (ops/optimizers.cpp).
 bool checks_outputs_for_nan_guard(const std::string& domain, const std::string& op_type);
 
 // Where allocate_output gets memory (the runtime's memory plan, runtime/memory_plan.h).
