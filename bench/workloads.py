@@ -135,7 +135,7 @@ def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
 def torch_rate(name, threads, steps, timeout, compile_=False):
     cmd = [sys.executable, os.path.join(BENCH, "workload_torch.py"), name, "--threads", str(threads),
            "--warmup", str(WARMUP[name]), "--steps", str(steps),
-           "--batches", str(WARMUP[name] + steps)] + (["--compile"] if compile_ else [])
+           "--batches", str(WARMUP[name] + steps + 1)]  # the .npz's batches: the same samples and labels + (["--compile"] if compile_ else [])
     out, _, peak = measured(cmd, timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     result = last_json(out)
     return result["steps_per_s"], peak, result["first_loss"]

@@ -1,6 +1,7 @@
 // Unit tests of the shape and indexing ops (shape_ops.cpp, indexing.cpp): what the ONNX backend
 // tests miss — older opset forms, negative axes, empty tensors, views, dtypes and every error.
 // Expected values are worked out by hand or with numpy (noted where numpy was used).
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -187,7 +188,9 @@ TEST(Transpose, LargeBlockedAndEveryElementSize) {
            {{300, 400}, {1, 0}},  // large enough to run in parallel
            {{3, 40, 50}, {2, 0, 1}},
            {{5, 6, 7, 8}, {0, 3, 1, 2}},
-           {{4, 33, 9}, {1, 0, 2}}}) {
+           {{4, 33, 9}, {1, 0, 2}},
+           {{2, 3, 64, 40}, {0, 1, 3, 2}},   // the attention's K^T: 8 x 8 blocks and a partial tile
+           {{2, 40, 3, 72}, {0, 3, 2, 1}}}) {
     // Values below 251 so every dtype holds them exactly.
     std::vector<float> v(static_cast<size_t>(shape.numel()));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 251);
@@ -198,6 +201,21 @@ TEST(Transpose, LargeBlockedAndEveryElementSize) {
       const Tensor y = run1("Transpose", 13, {attr("perm", perm)}, {xc});
       testing::expect_close(y, want.cast(dt), 0, 0);
     }
+  }
+}
+
+TEST(Transpose, MovesFloat32BitPatternsUnchanged) {
+  // The 8 x 8 register blocks move bits, not values: NaN payloads and signed zeros survive.
+  const Shape shape{40, 72};
+  std::vector<uint32_t> bits(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = 0x7fc00000u + static_cast<uint32_t>(i) * 7u + (i % 3 == 0 ? 0x80000000u : 0u);
+  Tensor x(DataType::Float32, shape);
+  std::memcpy(x.raw_data(), bits.data(), bits.size() * 4);
+  const Tensor y = run1("Transpose", 13, {}, {x});
+  ASSERT_EQ(y.shape(), (Shape{72, 40}));
+  const auto* out = static_cast<const uint32_t*>(y.raw_data());
+  for (int64_t i = 0; i < 40; ++i) {
+    for (int64_t j = 0; j < 72; ++j) ASSERT_EQ(out[j * 40 + i], bits[static_cast<size_t>(i * 72 + j)]) << i << "," << j;
   }
 }
 
