@@ -49,7 +49,7 @@ sys.path.insert(0, BENCH)
 import workload_models  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
-WARMUP = {"resnet18": 2, "bert": 1, "lstm": 1}
+WARMUP = {"resnet18": 2, "bert": 2, "lstm": 2}  # step 2 is the first on the memory plan's fresh arena (page faults)
 STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
 INFER_BATCHES = {"resnet18": (1, 128), "bert": (1, 32), "lstm": (1, 64)}
 INFER_ITERS = {"resnet18": 20, "bert": 5, "lstm": 10}  # Python-timed runs; bench-infer takes --iters too

@@ -155,6 +155,7 @@ std::vector<Rule> transformer_rules() {
     {"", "LayerNormalization", inputs_mask({0, 1, 2}), false, layer_norm_rule,
         "dX = invstd (g - mean(g) - xhat mean(g xhat)), g = dY scale, from the saved Mean and InvStdDev (ai.onnxtrain.LayerNormalizationGrad)"},
     {"", "Gelu",               kIn0, false, activation_rule, "dx = dy (Phi(x) + x phi(x)), or the tanh form's derivative (ai.onnxtrain.GeluGrad)"},
+    {kInternalDomain, "Gelu",  kIn0, false, activation_rule, "as Gelu (the op runtime/fusion.h's fuse_gelu makes of the erf formula)"},
     {"", "Swish",              kIn0, false, activation_rule, "dx = dy (s + alpha x s (1 - s)), s = sigmoid(alpha x) (ai.onnxtrain.SwishGrad)"},
     {"", "Mish",               kIn0, false, activation_rule, "dx = dy (tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x)), sp = softplus(x) (ai.onnxtrain.MishGrad)"},
     {"", "SwiGLU",             inputs_mask({0, 1}), false, swiglu_rule, "dA = dy B swish'(A), dB = dy swish(A) (ai.onnxtrain.SwiGLUGrad)"},

@@ -1,13 +1,13 @@
 #include "distributed/sync_batch_norm.h"
 
 #include <onnx/defs/schema.h>
-#include <onnx/shape_inference/implementation.h>
 
 #include <map>
 #include <set>
 
 #include "onnxtrain/error.h"
 #include "ops/batch_norm_mode.h"
+#include "runtime/fusion.h"
 
 namespace onnxtrain::distributed {
 
@@ -30,28 +30,6 @@ bool training_mode(const onnx::NodeProto& node, int opset) {
   for (int i = 1; i < node.output_size(); ++i) extra_outputs = extra_outputs || !node.output(i).empty();
   return ops::batch_norm_training(opset, int_attribute(node, "is_test", 0), extra_outputs,
                                   int_attribute(node, "training_mode", 0));
-}
-
-// The types ONNX shape inference gives the graph's values (best effort: what it cannot infer
-// is absent).
-std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& graph,
-                                                      const std::unordered_map<std::string, int>& opsets) {
-  onnx::GraphProto copy = graph;
-  try {
-    onnx::shape_inference::InferShapes(&copy, opsets, onnx::OpSchemaRegistry::Instance(),
-                                       onnx::ShapeInferenceOptions(false, 0, true));
-  } catch (const std::exception&) {
-  }
-  std::map<std::string, onnx::TypeProto> types;
-  for (const auto* list : {&copy.input(), &copy.output(), &copy.value_info()}) {
-    for (const auto& v : *list) types[v.name()] = v.type();
-  }
-  for (const auto& t : graph.initializer()) {
-    auto* tensor = types[t.name()].mutable_tensor_type();
-    tensor->set_elem_type(t.data_type());
-    for (int64_t d : t.dims()) tensor->mutable_shape()->add_dim()->set_dim_value(d);
-  }
-  return types;
 }
 
 }  // namespace
@@ -85,7 +63,7 @@ int use_sync_batch_norm(onnx::GraphProto& graph, const std::unordered_map<std::s
       throw Error(what + ": --sync-batch-norm: spatial = 0 (per-activation statistics) is not supported");
     }
     if (node.input_size() != 5) throw Error(what + ": expected 5 inputs, found " + std::to_string(node.input_size()));
-    if (replaced == 0) types = inferred_types(graph, opsets);
+    if (replaced == 0) types = runtime::inferred_types(graph, opsets);
     onnx::NodeProto sync;
     sync.set_name(node.name());
     sync.set_op_type("SyncBatchNormalization");

@@ -432,6 +432,7 @@ const KernelDef kKernels[] = {
   {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
   {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},
   {kInternal, "GroupNormalizationGrad", 1, 1, kFloat,           make_group_norm, 1},
+  {kInternal, "Gelu",                   1, 1, kFloat,           make_transformer_activation},  // runtime/fusion.h fuse_gelu (opsets before 20)
   {kInternal, "GeluGrad",               1, 1, kFloat,           make_transformer_activation, 1},
   {kInternal, "SwishGrad",              1, 1, kFloat,           make_transformer_activation, 1},
   {kInternal, "MishGrad",               1, 1, kFloat,           make_transformer_activation, 1},

@@ -1,8 +1,10 @@
 #include "runtime/fusion.h"
 
 #include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
 
 #include <map>
+#include <numbers>
 #include <optional>
 #include <set>
 #include <string>
@@ -11,6 +13,9 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/tensor.h"
 
 namespace onnxtrain::runtime {
 
@@ -343,6 +348,48 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
 
 namespace {
 
+// The value of `name` when it is one float element of an initializer or a Constant node's
+// `value` / `value_float`; nullopt otherwise.
+std::optional<double> scalar_constant(const onnx::GraphProto& graph, Matcher& m, const std::string& name) {
+  const onnx::TensorProto* proto = nullptr;
+  for (const auto& init : graph.initializer()) {
+    if (init.name() == name) proto = &init;
+  }
+  if (const onnx::NodeProto* node = m.producer(name); node && is_onnx_op(*node, "Constant")) {
+    for (const auto& attr : node->attribute()) {
+      if (attr.name() == "value_float") return attr.f();
+      if (attr.name() == "value") proto = &attr.t();
+    }
+  }
+  if (!proto || !one_element(proto->dims())) return std::nullopt;
+  const auto type = static_cast<onnx::TensorProto::DataType>(proto->data_type());
+  if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::DOUBLE && type != onnx::TensorProto::FLOAT16 &&
+      type != onnx::TensorProto::BFLOAT16) {
+    return std::nullopt;
+  }
+  try {
+    return io::tensor_from_proto(*proto, {}, name).to_double_vector()[0];
+  } catch (const Error&) {  // external data or a malformed tensor: not a constant this pass reads
+    return std::nullopt;
+  }
+}
+
+// sqrt 2 rounded to float32, float64, float16 or bfloat16 (whichever type the exporter used).
+bool is_sqrt2(double v) {
+  constexpr double kSqrt2 = std::numbers::sqrt2;
+  return v == kSqrt2 || v == static_cast<double>(static_cast<float>(kSqrt2)) ||
+         v == Tensor::from_vector<double>(Shape{1}, {kSqrt2}).cast(DataType::Float16).to_double_vector()[0] ||
+         v == Tensor::from_vector<double>(Shape{1}, {kSqrt2}).cast(DataType::BFloat16).to_double_vector()[0];
+}
+
+// The other operand of the binary node `node` when one of its two inputs is `operand`.
+std::optional<std::string> other_operand(const onnx::NodeProto& node, const std::string& operand) {
+  if (node.input_size() != 2) return std::nullopt;
+  if (node.input(0) == operand) return node.input(1);
+  if (node.input(1) == operand) return node.input(0);
+  return std::nullopt;
+}
+
 // The node's attributes by name, serialized (a canonical form to compare).
 std::map<std::string, std::string> attributes_of(const onnx::NodeProto& node) {
   std::map<std::string, std::string> out;
@@ -367,6 +414,92 @@ bool is_gradient_of(const onnx::NodeProto& grad, const onnx::NodeProto& forward,
 }
 
 }  // namespace
+
+std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& graph,
+                                                      const std::unordered_map<std::string, int>& opsets) {
+  onnx::GraphProto copy = graph;
+  try {
+    onnx::shape_inference::InferShapes(&copy, opsets, onnx::OpSchemaRegistry::Instance(),
+                                       onnx::ShapeInferenceOptions(false, 0, true));
+  } catch (const std::exception&) {  // best effort: keep what was inferred before the error
+  }
+  std::map<std::string, onnx::TypeProto> types;
+  for (const auto* list : {&copy.input(), &copy.output(), &copy.value_info()}) {
+    for (const auto& v : *list) types[v.name()] = v.type();
+  }
+  for (const auto& t : graph.initializer()) {
+    auto* tensor = types[t.name()].mutable_tensor_type();
+    tensor->set_elem_type(t.data_type());
+    for (int64_t d : t.dims()) tensor->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  return types;
+}
+
+int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
+  struct Chain {
+    std::vector<int> nodes;  // Div, Erf, Add, Mul, Mul
+    std::string x, y;
+  };
+  std::vector<Chain> chains;
+  {
+    Matcher m(graph);
+    std::unordered_set<std::string> named;  // values named by attributes (Gradient's xs, zs, y)
+    for (const auto& node : graph.node()) {
+      for (const auto& attr : node.attribute()) {
+        if (attr.type() == onnx::AttributeProto::STRING) named.insert(attr.s());
+        for (const auto& v : attr.strings()) named.insert(v);
+      }
+    }
+    // The index of the sole reader of `value`, of op `op_type`, when `value` may disappear; -1 if none.
+    auto only_reader = [&](const std::string& value, const char* op_type) {
+      const std::optional<int> r = named.contains(value) ? std::nullopt : m.sole_reader(value);
+      return r && is_onnx_op(graph.node(*r), op_type) && graph.node(*r).output_size() == 1 ? *r : -1;
+    };
+    auto at = [&](int index) { return index < 0 ? nullptr : &graph.node(index); };
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& div = graph.node(i);
+      if (!is_onnx_op(div, "Div") || div.input_size() != 2 || div.output_size() != 1) continue;
+      const std::string& x = div.input(0);
+      const std::optional<double> root = scalar_constant(graph, m, div.input(1));
+      if (!root || !is_sqrt2(*root)) continue;
+      const int erf = only_reader(div.output(0), "Erf");
+      const int add = erf < 0 ? -1 : only_reader(at(erf)->output(0), "Add");
+      const auto one = add < 0 ? std::nullopt : other_operand(*at(add), at(erf)->output(0));
+      if (!one || scalar_constant(graph, m, *one) != 1.0) continue;
+      const int mul = only_reader(at(add)->output(0), "Mul");
+      if (mul < 0 || other_operand(*at(mul), at(add)->output(0)) != x) continue;
+      const int half_mul = only_reader(at(mul)->output(0), "Mul");
+      const auto half = half_mul < 0 ? std::nullopt : other_operand(*at(half_mul), at(mul)->output(0));
+      if (!half || scalar_constant(graph, m, *half) != 0.5) continue;
+      chains.push_back({{i, erf, add, mul, half_mul}, x, at(half_mul)->output(0)});
+    }
+  }
+  if (chains.empty()) return 0;
+  const std::map<std::string, onnx::TypeProto> types = inferred_types(graph, opsets);
+  std::unordered_set<std::string> declared;
+  for (const auto* list : {&graph.input(), &graph.output(), &graph.value_info()}) {
+    for (const auto& v : *list) declared.insert(v.name());
+  }
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const Chain& c : chains) {
+    if (const auto type = types.find(c.y); type != types.end() && !declared.contains(c.y)) {
+      auto* info = graph.add_value_info();
+      info->set_name(c.y);
+      *info->mutable_type() = type->second;
+    }
+    for (size_t k = 0; k + 1 < c.nodes.size(); ++k) drop[static_cast<size_t>(c.nodes[k])] = true;
+    onnx::NodeProto& node = *graph.mutable_node(c.nodes.back());  // the last Mul's place: x and y exist there
+    const std::string name = node.name();
+    node.Clear();
+    node.set_name(name);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("Gelu");
+    node.add_input(c.x);
+    node.add_output(c.y);
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(chains.size());
+}
 
 int share_rnn_trace(onnx::GraphProto& graph) {
   std::unordered_set<std::string> names;  // every value name, to make the trace's unique

@@ -4,8 +4,13 @@
 // model a user saves: a model written by onnxtrain holds only standard ONNX ops.
 #pragma once
 
+#include <map>
+#include <string>
+#include <unordered_map>
+
 namespace onnx {
 class GraphProto;
+class TypeProto;
 }
 
 namespace onnxtrain::runtime {
@@ -47,6 +52,26 @@ int fuse_conv_relu(onnx::GraphProto& graph);
 // ReluGrad's output (ops/pool_grad.cpp): one pass over the pooled tensor's gradient instead of
 // two. Results are the two ops'. Returns the number of pairs fused.
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
+
+// Replaces each chain Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(., 0.5) (operands of
+// Add and Mul in either order), the erf formula of GELU that exporters write below opset 20
+// (torch.nn.GELU, Hugging Face's gelu), with one ai.onnxtrain.Gelu node (ops/activation.cpp, the
+// ai.onnx Gelu-20 kernel, approximate "none") writing the last Mul's output. Fuses only when each
+// intermediate value has one reader, is neither a graph output nor read by a subgraph nor named
+// by an attribute (a Gradient node's xs, zs or y), and the three constants are exactly sqrt 2 (in
+// the value's float type), 1 and 0.5 (initializers or Constant nodes of one element). Run before
+// the Gradient expansion, it also gives the backward pass one ai.onnxtrain.GeluGrad, which keeps
+// only x, instead of the chain's rules (which keep three of its values). Results may differ in
+// the last bits. The Gelu output gets a value_info with the type shape inference gives the
+// chain's output under `opsets` (the Gradient expansion needs the ranks downstream). Returns the
+// number of chains fused.
+int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
+
+// The types ONNX 1.23's shape inference gives the graph's values under `opsets`, with the
+// initializers' (best effort: what it cannot infer is absent). For rewrites that put internal
+// ops, which have no ONNX schema, where shape inference must still see the types.
+std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& graph,
+                                                      const std::unordered_map<std::string, int>& opsets);
 
 // Gives each RNN, GRU or LSTM node whose gradient node (ai.onnxtrain.RNNGrad / GRUGrad /
 // LSTMGrad, later in the graph) reads the same inputs with the same attributes the gates and

@@ -228,6 +228,7 @@ struct TrainingSession::Impl {
       const std::map<std::string, std::string> parameters = distributed::gradient_parameters(graph);
       std::set<std::string> gradients;
       for (const auto& [gradient, parameter] : parameters) gradients.insert(gradient);
+      if (options.fuse) runtime::fuse_gelu(graph, opsets);  // before the expansion: its backward is one GeluGrad
       autodiff::expand_gradients(graph, opsets, label);
       std::set<std::string> bound_values;
       for (const auto& [key, value] : update_bindings) bound_values.insert(value);
@@ -338,6 +339,7 @@ struct TrainingSession::Impl {
     if (options.fuse) {
       if (adam) runtime::fuse_scaled_adam(graph);
       runtime::fold_constants(graph, opsets, base_dir);
+      runtime::fuse_gelu(graph, opsets);  // graphs without Gradient nodes (evaluation); the others had theirs
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);

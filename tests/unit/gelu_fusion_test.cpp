@@ -1,0 +1,166 @@
+// runtime/fusion.h fuse_gelu: the erf formula of GELU that exporters write below opset 20
+// (Div by sqrt 2, Erf, Add 1, Mul by x, Mul by 0.5) becomes one ai.onnxtrain.Gelu, whose values
+// and gradient (through a Gradient node, ai.onnxtrain.GeluGrad) equal the unfused chain's; the
+// chain stays when a constant differs or an intermediate is read elsewhere.
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+#include "onnxtrain/io.h"
+#include "runtime/fusion.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+using testing::expect_close;
+
+const std::unordered_map<std::string, int> kOpsets{{"", 17}, {"ai.onnx.preview.training", 1}};
+
+struct ChainOptions {
+  double sqrt2 = std::numbers::sqrt2;
+  bool constants_as_initializers = false;
+  bool swap_operands = false;       // Add(1, e), Mul(a, x), Mul(0.5, m)
+  bool expose_intermediate = false;  // the Erf output is also a graph output
+  bool gradient = false;             // loss = sum(y * r) and Gradient(xs = [x])
+};
+
+void add_node(onnx::GraphProto* g, const char* op, std::vector<std::string> in, const std::string& out) {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name(out + "_node");
+  for (const auto& i : in) n->add_input(i);
+  n->add_output(out);
+}
+
+void add_constant(onnx::GraphProto* g, const std::string& name, float value, bool initializer) {
+  onnx::TensorProto t;
+  io::tensor_to_proto(Tensor::from_vector<float>(Shape{}, {value}), name, t);
+  if (initializer) {
+    *g->add_initializer() = t;
+    return;
+  }
+  auto* n = g->add_node();
+  n->set_op_type("Constant");
+  n->add_output(name);
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  *a->mutable_t() = t;
+}
+
+onnx::ModelProto chain_model(const Shape& shape, const ChainOptions& o) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* training = m.add_opset_import();
+  training->set_domain("ai.onnx.preview.training");
+  training->set_version(1);
+  auto* g = m.mutable_graph();
+  g->set_name("gelu");
+  auto* x = g->add_input();
+  x->set_name("x");
+  x->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : shape) x->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  add_constant(g, "sqrt2", static_cast<float>(o.sqrt2), o.constants_as_initializers);
+  add_constant(g, "one", 1.0f, o.constants_as_initializers);
+  add_constant(g, "half", 0.5f, o.constants_as_initializers);
+  auto pair = [&](const std::string& a, const std::string& b) {
+    return o.swap_operands ? std::vector<std::string>{b, a} : std::vector<std::string>{a, b};
+  };
+  add_node(g, "Div", {"x", "sqrt2"}, "d");
+  add_node(g, "Erf", {"d"}, "e");
+  add_node(g, "Add", pair("e", "one"), "a");
+  add_node(g, "Mul", pair("x", "a"), "m");
+  add_node(g, "Mul", pair("m", "half"), "y");
+  g->add_output()->set_name("y");
+  if (o.expose_intermediate) g->add_output()->set_name("e");
+  if (o.gradient) {
+    onnx::TensorProto r;
+    io::tensor_to_proto(testing::random_f64(shape, 5).cast(DataType::Float32), "r", r);
+    *g->add_initializer() = r;
+    add_node(g, "Mul", {"y", "r"}, "yr");
+    auto* sum = g->add_node();
+    sum->set_op_type("ReduceSum");
+    sum->add_input("yr");
+    sum->add_output("loss");
+    *sum->add_attribute() = attr("keepdims", int64_t{0});
+    auto* grad = g->add_node();
+    grad->set_op_type("Gradient");
+    grad->set_domain("ai.onnx.preview.training");
+    grad->add_input("x");
+    grad->add_output("dx");
+    onnx::AttributeProto xs;
+    xs.set_name("xs");
+    xs.set_type(onnx::AttributeProto::STRINGS);
+    xs.add_strings("x");
+    *grad->add_attribute() = xs;
+    *grad->add_attribute() = attr("y", std::string("loss"));
+    g->add_output()->set_name("dx");
+  }
+  return m;
+}
+
+// x over the range GELU bends in, its tails, and NaN / infinities.
+Tensor inputs(const Shape& shape) {
+  std::vector<float> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -6.0f + 12.0f * static_cast<float>(i) / static_cast<float>(v.size());
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[1] = std::numeric_limits<float>::infinity();
+  v[2] = -30.0f;
+  return Tensor::from_vector<float>(shape, v);
+}
+
+int count_op(const onnx::GraphProto& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.node()) n += node.op_type() == op;
+  return n;
+}
+
+TEST(GeluFusion, TheErfChainBecomesOneGeluWithTheSameValues) {
+  const Shape shape{3, 301};  // 903 values: parallel chunks and vector tails
+  for (bool initializers : {false, true}) {
+    for (bool swapped : {false, true}) {
+      SCOPED_TRACE(std::string(initializers ? "initializers" : "Constant nodes") + (swapped ? ", swapped" : ""));
+      const onnx::ModelProto model = chain_model(shape, {.constants_as_initializers = initializers, .swap_operands = swapped});
+      onnx::GraphProto g = model.graph();
+      ASSERT_EQ(runtime::fuse_gelu(g, kOpsets), 1);
+      EXPECT_EQ(count_op(g, "Gelu"), 1);
+      EXPECT_EQ(count_op(g, "Erf") + count_op(g, "Mul") + count_op(g, "Div") + count_op(g, "Add"), 0);
+      const runtime::NamedTensors feeds{{"x", inputs(shape)}};
+      runtime::Session fused(model), unfused(model, {.fuse = false});
+      const Tensor got = fused.run(feeds).at("y"), want = unfused.run(feeds).at("y");
+      // A few float32 roundings apart: the chain rounds after each of its five ops, the kernel
+      // computes erf within 1.5 ulp (core/vector_math.h).
+      expect_close(got, want, 1e-6, 1e-7);
+      EXPECT_TRUE(std::isnan(got.to_double_vector()[0]));
+      EXPECT_EQ(got.to_double_vector()[1], std::numeric_limits<double>::infinity());
+    }
+  }
+}
+
+TEST(GeluFusion, TheGradientThroughTheFusedGeluEqualsTheChainRules) {
+  const Shape shape{2, 129};
+  const onnx::ModelProto model = chain_model(shape, {.gradient = true});
+  std::vector<float> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -5.0f + 10.0f * static_cast<float>(i) / static_cast<float>(v.size());
+  const runtime::NamedTensors feeds{{"x", Tensor::from_vector<float>(shape, v)}};
+  runtime::Session fused(model), unfused(model, {.fuse = false});
+  expect_close(fused.run(feeds).at("dx"), unfused.run(feeds).at("dx"), 1e-5, 1e-6);
+  // The fused session really ran ai.onnxtrain.Gelu: the chain is gone before the expansion.
+  onnx::GraphProto g = model.graph();
+  EXPECT_EQ(runtime::fuse_gelu(g, kOpsets), 1);
+}
+
+TEST(GeluFusion, AnotherConstantOrAnIntermediateReadElsewhereKeepsTheChain) {
+  const Shape shape{4, 8};
+  onnx::GraphProto wrong_root = chain_model(shape, {.sqrt2 = 1.4142}).graph();
+  EXPECT_EQ(runtime::fuse_gelu(wrong_root, kOpsets), 0);
+  onnx::GraphProto exposed = chain_model(shape, {.expose_intermediate = true}).graph();
+  EXPECT_EQ(runtime::fuse_gelu(exposed, kOpsets), 0);
+  EXPECT_EQ(count_op(exposed, "Erf"), 1);
+}
+
+}  // namespace
+}  // namespace onnxtrain
