@@ -2,6 +2,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -33,10 +34,13 @@ bool has_subgraph(const onnx::NodeProto& node) {
 }
 
 // The node's outputs computed by its kernel from `inputs` (the values of the names it reads),
-// or nothing when the kernel fails or an output is too large to keep.
+// or nothing when the kernel fails or the outputs are too large to keep: an output over
+// kMaxFoldedElements counts unless all outputs together hold at most `released` elements, what
+// the folding frees (initializers only this node reads, which the graph then drops).
 using KnownValue = std::pair<std::string, const onnx::TensorProto*>;
 std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const std::vector<KnownValue>& inputs,
-                                            const OpsetMap& opsets, const std::filesystem::path& base_dir) {
+                                            const OpsetMap& opsets, const std::filesystem::path& base_dir,
+                                            int64_t released) {
   onnx::GraphProto graph;
   graph.set_name("constant folding");
   *graph.add_node() = node;
@@ -54,15 +58,19 @@ std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const s
     GraphRunner runner(ir::Graph::from_proto(graph, "constant folding", base_dir), opsets, "constant folding");
     const NamedTensors results = runner.run({});
     std::vector<Tensor> outputs;
+    int64_t total = 0;
+    bool large = false;
     for (const auto& out : node.output()) {
       if (out.empty()) {
         outputs.emplace_back();
         continue;
       }
       const Tensor& t = results.at(out);
-      if (t.numel() > kMaxFoldedElements) return std::nullopt;
+      large = large || t.numel() > kMaxFoldedElements;
+      total += t.numel();
       outputs.push_back(t);
     }
+    if (large && total > released) return std::nullopt;
     return outputs;
   } catch (const Error&) {
     return std::nullopt;  // planning the real graph reports it, naming the model and node
@@ -86,11 +94,27 @@ onnx::NodeProto constant_node(const std::string& name, const Tensor& value) {
 int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::filesystem::path& base_dir) {
   std::unordered_set<std::string> inputs;
   for (const auto& in : graph.input()) inputs.insert(in.name());
+  // Readers of each name: node inputs, graph outputs, and the enclosing values subgraphs read.
+  std::unordered_map<std::string, int> readers;
+  for (const auto& node : graph.node()) {
+    for (const auto& in : node.input()) ++readers[in];
+    std::unordered_set<std::string> free_names;
+    for (const auto& attr : node.attribute()) {
+      if (attr.has_g()) ir::collect_free_names(attr.g(), free_names);
+      for (const auto& g : attr.graphs()) ir::collect_free_names(g, free_names);
+    }
+    for (const auto& name : free_names) ++readers[name];
+  }
+  for (const auto& out : graph.output()) ++readers[out.name()];
+  std::unordered_set<std::string> dropped;  // initializers a folded node alone read
   // Known values by name, pointing into the graph (initializers no run replaces) and into the
   // rewritten node list (Constant values), whose elements do not move as it grows.
   std::unordered_map<std::string, const onnx::TensorProto*> known;
+  std::unordered_set<std::string> initializers;  // those no run replaces
   for (const auto& init : graph.initializer()) {
-    if (!inputs.contains(init.name())) known[init.name()] = &init;
+    if (inputs.contains(init.name())) continue;
+    known[init.name()] = &init;
+    initializers.insert(init.name());
   }
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
   int folded = 0;
@@ -106,17 +130,26 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
     bool foldable = onnx_domain && !is_random(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
     std::vector<KnownValue> values;
+    std::vector<std::string> released_names;  // initializers that die with this node
+    int64_t released = 0;
     for (const auto& in : node.input()) {
       if (!foldable || in.empty()) continue;
       auto it = known.find(in);
       if (it == known.end()) {
         foldable = false;
-      } else {
-        values.emplace_back(in, it->second);
+        continue;
+      }
+      values.emplace_back(in, it->second);
+      const bool initializer = initializers.contains(in) && !dropped.contains(in);
+      if (initializer && readers[in] == 1 && std::find(released_names.begin(), released_names.end(), in) == released_names.end()) {
+        int64_t n = 1;
+        for (int64_t d : it->second->dims()) n *= d;
+        released += n;
+        released_names.push_back(in);
       }
     }
     std::optional<std::vector<Tensor>> outputs;
-    if (foldable) outputs = evaluate(node, values, opsets, base_dir);
+    if (foldable) outputs = evaluate(node, values, opsets, base_dir, released);
     if (!outputs) {
       nodes.Add()->Swap(&node);
       continue;
@@ -129,8 +162,16 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
       known[name] = &constant->attribute(0).t();
     }
     if (node.op_type() != "Constant") ++folded;
+    dropped.insert(released_names.begin(), released_names.end());
   }
   graph.mutable_node()->Swap(&nodes);
+  if (!dropped.empty()) {  // after the loop: `known` pointed into the initializer list
+    google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+    for (auto& init : *graph.mutable_initializer()) {
+      if (!dropped.contains(init.name())) kept.Add()->Swap(&init);
+    }
+    graph.mutable_initializer()->Swap(&kept);
+  }
   return folded;
 }
 

@@ -254,5 +254,29 @@ TEST(ConstantFolding, LeavesLargeOutputsAndFailingNodesToTheRun) {
   EXPECT_NE(error.find("Reshape"), std::string::npos) << error;
 }
 
+// An exporter's Transpose of a weight (10000 elements, over the 4096 limit): folded when the
+// weight has no other reader, which the graph then drops, so memory stays the same; kept when
+// another node (here a graph output) still reads the weight.
+TEST(ConstantFolding, FoldsALargeOutputThatReplacesTheOnlyCopyOfItsInput) {
+  const Tensor w = testing::iota({100, 100});
+  for (bool weight_also_read : {false, true}) {
+    SCOPED_TRACE(weight_also_read ? "the weight is also an output" : "the Transpose alone reads the weight");
+    onnx::ModelProto m = testing::empty_model("folding");
+    auto& g = *m.mutable_graph();
+    testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {2, 100});
+    io::tensor_to_proto(w, "w", *g.add_initializer());
+    testing::add_node(g, "Transpose", {"w"}, {"wt"});
+    testing::add_node(g, "MatMul", {"x", "wt"}, {"y"});
+    testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {2, 100});
+    if (weight_also_read) testing::typed_value(g.add_output(), "w", onnx::TensorProto::FLOAT, {100, 100});
+    onnx::GraphProto copy = g;
+    EXPECT_EQ(fold_constants(copy, {{"", 17}}, "."), weight_also_read ? 0 : 1);
+    EXPECT_EQ(copy.initializer_size(), weight_also_read ? 1 : 0);
+    const Tensor x = testing::iota({2, 100});
+    Session folded(m), plain(m, {.fuse = false});
+    testing::expect_close(folded.run({{"x", x}}).at("y"), plain.run({{"x", x}}).at("y"), 0, 0);
+  }
+}
+
 }  // namespace
 }  // namespace onnxtrain::runtime
