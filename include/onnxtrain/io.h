@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,16 @@ void inline_external_data(onnx::ModelProto& model, const std::filesystem::path& 
 // folder is not writable or the disk is full; the previous file, if any, is left intact.
 void save_model(onnx::ModelProto model, const std::filesystem::path& path,
                 const SaveOptions& options = {});
+// save_model of `model` with the initializers that `values` names (in the main graph and in the
+// training_info algorithm graphs) holding those tensors, written from the tensors' memory
+// straight into the file instead of being copied into the proto first: saving or checkpointing
+// a training session needs no second copy of its variables (ResNet-18 with momentum: 134 MB).
+// The file parses to the same ModelProto as save_model of the filled-in model (its fields may
+// come in another order, which protobuf readers accept). Falls back to filling in a copy when
+// the model needs external data (over `options.external_threshold`) or holds external data
+// references, or a value is a string or packed (4-bit) tensor. Errors as save_model.
+void save_model_with_values(const onnx::ModelProto& model, const std::map<std::string, Tensor>& values,
+                            const std::filesystem::path& path, const SaveOptions& options = {});
 
 // TensorProto <-> Tensor. `base_dir` resolves external data; `what` names the tensor in errors.
 // Paths in external data must be relative and stay inside base_dir.

@@ -1,9 +1,13 @@
 // Loading and saving ModelProto files.
+#include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/onnx_pb.h>
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <optional>
+#include <vector>
 
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -155,6 +159,148 @@ void save_model(onnx::ModelProto model, const fs::path& path, const SaveOptions&
     const bool ok = model.SerializeToZeroCopyStream(&out) && out.Flush();
     if (!ok) errno = out.GetErrno();
     return ok ? std::string() : "writing the model (" + std::to_string(model.ByteSizeLong()) + " bytes)";
+  });
+}
+
+namespace {
+
+using google::protobuf::io::CodedOutputStream;
+
+constexpr uint32_t tag(int field) { return static_cast<uint32_t>(field) << 3 | 2; }  // length-delimited
+size_t field_size(int field, size_t content) {
+  return CodedOutputStream::VarintSize32(tag(field)) + CodedOutputStream::VarintSize64(content) + content;
+}
+
+// A graph whose initializers named in `values` are written from those tensors: the graph's
+// other fields first (protobuf readers accept fields in any order), then every initializer, in
+// order, as field 5 (GraphProto.initializer), a value's data as TensorProto.raw_data (field 9).
+class StreamedGraph {
+ public:
+  StreamedGraph(const onnx::GraphProto& graph, const std::map<std::string, Tensor>& values) {
+    rest_ = graph;
+    rest_.clear_initializer();
+    size_ = rest_.ByteSizeLong();
+    for (const auto& init : graph.initializer()) {
+      Entry e{&init, nullptr, {}, 0};
+      if (auto it = values.find(init.name()); it != values.end()) {
+        e.value = &it->second;
+        e.stub.set_name(init.name());
+        e.stub.set_data_type(static_cast<int32_t>(e.value->dtype()));
+        for (int64_t d : e.value->shape()) e.stub.add_dims(d);
+        const auto n = static_cast<size_t>(e.value->nbytes());
+        e.size = e.stub.ByteSizeLong() + field_size(9, n);
+      } else {
+        e.size = init.ByteSizeLong();
+      }
+      size_ += field_size(5, e.size);
+      entries_.push_back(std::move(e));
+    }
+  }
+  size_t size() const { return size_; }
+  void write(CodedOutputStream& out) const {
+    rest_.SerializeWithCachedSizes(&out);
+    for (const Entry& e : entries_) {
+      out.WriteVarint32(tag(5));
+      out.WriteVarint64(e.size);
+      if (!e.value) {
+        e.init->SerializeWithCachedSizes(&out);
+        continue;
+      }
+      e.stub.SerializeWithCachedSizes(&out);
+      out.WriteVarint32(tag(9));
+      out.WriteVarint64(static_cast<uint64_t>(e.value->nbytes()));
+      out.WriteRaw(e.value->raw_data(), static_cast<int>(e.value->nbytes()));
+    }
+  }
+
+ private:
+  struct Entry {
+    const onnx::TensorProto* init;
+    const Tensor* value;  // null: the initializer as it is
+    onnx::TensorProto stub;
+    size_t size;
+  };
+  onnx::GraphProto rest_;
+  std::vector<Entry> entries_;
+  size_t size_ = 0;
+};
+
+// Whether a tensor anywhere in the model (subgraphs included) refers to external data.
+bool has_external_data(const onnx::ModelProto& model) {
+  onnx::ModelProto copy = model;  // all_tensors walks a mutable model; a session's model holds stubs
+  for (const onnx::TensorProto* t : all_tensors(copy)) {
+    if (t->data_location() == onnx::TensorProto::EXTERNAL) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void save_model_with_values(const onnx::ModelProto& model, const std::map<std::string, Tensor>& values,
+                            const fs::path& path, const SaveOptions& options) {
+  bool streamable = !has_external_data(model);
+  for (const auto& [name, value] : values) {
+    streamable = streamable && value.dtype() != DataType::String && dtype_bits(value.dtype()) >= 8 &&
+                 value.nbytes() < (int64_t{1} << 31);
+  }
+  std::optional<StreamedGraph> graph;
+  std::vector<std::pair<onnx::TrainingInfoProto, StreamedGraph>> infos;
+  onnx::ModelProto rest;
+  size_t total = 0;
+  if (streamable) {
+    rest = model;
+    rest.clear_graph();
+    rest.clear_training_info();
+    graph.emplace(model.graph(), values);
+    total = rest.ByteSizeLong() + field_size(7, graph->size());
+    infos.reserve(static_cast<size_t>(model.training_info_size()));
+    for (const auto& info : model.training_info()) {
+      onnx::TrainingInfoProto info_rest = info;
+      info_rest.clear_algorithm();
+      infos.emplace_back(std::move(info_rest), StreamedGraph(info.algorithm(), values));
+      auto& [r, g] = infos.back();
+      total += field_size(20, r.ByteSizeLong() + field_size(2, g.size()));
+    }
+    streamable = total <= options.external_threshold && total <= kMaxProtoBytes;
+  }
+  if (!streamable) {  // fill in a copy and take save_model's path (external data, packed tensors)
+    onnx::ModelProto copy = model;
+    auto fill = [&](onnx::GraphProto& g) {
+      for (auto& t : *g.mutable_initializer()) {
+        if (auto it = values.find(t.name()); it != values.end()) tensor_to_proto(it->second, t.name(), t);
+      }
+    };
+    fill(*copy.mutable_graph());
+    for (auto& info : *copy.mutable_training_info()) fill(*info.mutable_algorithm());
+    save_model(std::move(copy), path, options);
+    return;
+  }
+  write_file_atomic(path, [&](int fd) {
+    google::protobuf::io::FileOutputStream file(fd);
+    {
+      CodedOutputStream out(&file);
+      rest.SerializeWithCachedSizes(&out);
+      out.WriteVarint32(tag(7));
+      out.WriteVarint64(graph->size());
+      graph->write(out);
+      for (const auto& [info_rest, algorithm] : infos) {
+        out.WriteVarint32(tag(20));
+        out.WriteVarint64(info_rest.ByteSizeLong() + field_size(2, algorithm.size()));
+        info_rest.SerializeWithCachedSizes(&out);
+        out.WriteVarint32(tag(2));
+        out.WriteVarint64(algorithm.size());
+        algorithm.write(out);
+      }
+      if (out.HadError()) {
+        errno = file.GetErrno();
+        return "writing the model (" + std::to_string(total) + " bytes)";
+      }
+    }
+    if (!file.Flush()) {
+      errno = file.GetErrno();
+      return "writing the model (" + std::to_string(total) + " bytes)";
+    }
+    return std::string();
   });
 }
 

@@ -467,7 +467,8 @@ struct TrainingSession::Impl {
 
   // The kept model with every variable initializer at its current value and `metadata` set in
   // metadata_props (tensors stored as external data stay references to base_dir).
-  onnx::ModelProto current_model(const std::map<std::string, std::string>& metadata) const {
+  // The kept model (variables as stubs) with `metadata` set in its metadata_props.
+  onnx::ModelProto with_metadata(const std::map<std::string, std::string>& metadata) const {
     onnx::ModelProto copy = model;
     for (const auto& [key, value] : metadata) {
       onnx::StringStringEntryProto* entry = nullptr;
@@ -478,6 +479,12 @@ struct TrainingSession::Impl {
       entry->set_key(key);
       entry->set_value(value);
     }
+    return copy;
+  }
+
+  // with_metadata, the variables' current values filled in.
+  onnx::ModelProto current_model(const std::map<std::string, std::string>& metadata) const {
+    onnx::ModelProto copy = with_metadata(metadata);
     auto update = [&](onnx::GraphProto& g) {
       for (auto& t : *g.mutable_initializer()) {
         auto it = state.find(t.name());
@@ -613,7 +620,8 @@ void TrainingSession::set_steps_done(uint64_t steps) { impl_->steps_done = steps
 void TrainingSession::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) const {
   io::SaveOptions options;
   options.source_dir = impl_->base_dir;
-  io::save_model(impl_->current_model(metadata), path, options);
+  // The variables go from the state into the file without a filled-in copy of the model.
+  io::save_model_with_values(impl_->with_metadata(metadata), impl_->state, path, options);
 }
 
 onnx::ModelProto TrainingSession::model(const std::map<std::string, std::string>& metadata) const {

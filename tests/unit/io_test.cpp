@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -310,6 +311,49 @@ TEST(ModelIo, LargeModelsGoToExternalData) {
   EXPECT_EQ(copy.graph().initializer(0).data_location(), onnx::TensorProto::DEFAULT);
   EXPECT_EQ(io::tensor_from_proto(copy.graph().initializer(0), {}, "W").to_double_vector(),
             (std::vector<double>{1, 2, 3}));
+}
+
+// A model with variables in the main graph and in a training_info algorithm, saved with their
+// values written from the tensors: the file parses to the model save_model writes for the
+// filled-in copy (the same message; only the order of fields in the file may differ).
+TEST(ModelIo, SaveWithValuesEqualsSavingTheFilledInModel) {
+  TempDir dir;
+  onnx::ModelProto model = small_model();
+  onnx::TensorProto stub;
+  stub.set_name("W");  // the kept model's stub: name, type, dims and no data
+  stub.set_data_type(onnx::TensorProto::FLOAT);
+  stub.add_dims(3);
+  *model.mutable_graph()->mutable_initializer(0) = stub;
+  auto* info = model.add_training_info();
+  info->mutable_algorithm()->set_name("algorithm");
+  io::tensor_to_proto(Tensor::from_vector<float>({2}, {9, 8}), "constant", *info->mutable_algorithm()->add_initializer());
+  onnx::TensorProto moment = stub;
+  moment.set_name("W.moment");
+  moment.set_data_type(onnx::TensorProto::DOUBLE);
+  *info->mutable_algorithm()->add_initializer() = moment;
+  model.add_metadata_props()->set_key("onnxtrain.step");
+  const std::map<std::string, Tensor> values{{"W", Tensor::from_vector<float>({3}, {4, 5, 6})},
+                                             {"W.moment", Tensor::from_vector<double>({3}, {0.5, -1, 2})}};
+  onnx::ModelProto filled = model;
+  io::tensor_to_proto(values.at("W"), "W", *filled.mutable_graph()->mutable_initializer(0));
+  io::tensor_to_proto(values.at("W.moment"), "W.moment", *filled.mutable_training_info(0)->mutable_algorithm()->mutable_initializer(1));
+  io::save_model_with_values(model, values, dir / "streamed.onnx");
+  io::save_model(filled, dir / "filled.onnx");
+  EXPECT_EQ(io::load_model(dir / "streamed.onnx").SerializeAsString(), io::load_model(dir / "filled.onnx").SerializeAsString());
+  EXPECT_EQ(io::load_model(dir / "streamed.onnx").SerializeAsString(), filled.SerializeAsString());
+  EXPECT_EQ(dir.entries(), 2u);  // no temporary file left
+  // Over the external-data threshold it takes save_model's path: the same model, data outside.
+  io::SaveOptions external;
+  external.external_threshold = 64;
+  external.external_min_bytes = 8;
+  TempDir other;
+  io::save_model_with_values(model, values, other / "m.onnx", external);
+  EXPECT_TRUE(fs::exists(other / "m.onnx.data"));
+  const onnx::ModelProto saved = io::load_model(other / "m.onnx");
+  EXPECT_EQ(io::tensor_from_proto(saved.graph().initializer(0), other.path(), "W").to_double_vector(),
+            (std::vector<double>{4, 5, 6}));
+  // A folder that does not exist: Error naming the path.
+  EXPECT_THROW(io::save_model_with_values(model, values, dir / "no" / "m.onnx"), Error);
 }
 
 // torch.onnx.export writes weights as external data by default; make-trainable brings them in
