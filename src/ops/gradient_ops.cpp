@@ -80,15 +80,18 @@ void sum_to_shape(KernelContext& ctx) {
   const int64_t inner = rank ? g.dim(rank - 1) : 1;
   const int64_t inner_stride = rank ? stride[rank - 1] : 0;
   const int64_t rows = inner ? g.numel() / inner : 0;
-  visit_dtype<NumericTypes>(g.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
-    using C = compute_t<T>;
-    std::vector<C> acc(static_cast<size_t>(target.numel()), C(0));
-    const T* src = g.data<T>();
+  // Rows [r0, r1) of G summed into acc (the target's elements), odometer style from row r0.
+  auto accumulate = [&]<class T, class C>(const T* src, int64_t r0, int64_t r1, C* acc) {
     std::vector<int64_t> index(rank, 0);
     int64_t base = 0;  // output offset of the current row
-    for (int64_t r = 0; r < rows; ++r) {
+    for (size_t d = rank - 1, r = static_cast<size_t>(r0); d-- > 0;) {
+      index[d] = static_cast<int64_t>(r % static_cast<size_t>(g.dim(d)));
+      r /= static_cast<size_t>(g.dim(d));
+      base += index[d] * stride[d];
+    }
+    for (int64_t r = r0; r < r1; ++r) {
       const T* row = src + r * inner;
-      C* dst = acc.data() + base;
+      C* dst = acc + base;
       if (inner_stride) {
         for (int64_t i = 0; i < inner; ++i) dst[i] += static_cast<C>(row[i]);
       } else {
@@ -96,7 +99,6 @@ void sum_to_shape(KernelContext& ctx) {
         for (int64_t i = 0; i < inner; ++i) s += static_cast<C>(row[i]);
         dst[0] += s;
       }
-      // Advance the row index (all dims but the last), odometer style.
       for (size_t d = rank - 1; d-- > 0;) {
         base += stride[d];
         if (++index[d] < g.dim(d)) break;
@@ -104,8 +106,31 @@ void sum_to_shape(KernelContext& ctx) {
         index[d] = 0;
       }
     }
+  };
+  // Large inputs: the rows split into one part per thread, each summed into its own
+  // accumulator, the parts then added in order (BERT's bias gradients: [4096, 256] -> [256]).
+  const int64_t parts = rank == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(omp_get_max_threads()),
+                                                                               g.numel() / kParallelGrain, rows}));
+  visit_dtype<NumericTypes>(g.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+    using C = compute_t<T>;
+    const T* src = g.data<T>();
+    const auto n = static_cast<size_t>(target.numel());
+    std::vector<C> acc(n * static_cast<size_t>(parts), C(0));
+    if (rank == 0) {
+      acc[0] = static_cast<C>(src[0]);
+    } else if (rows > 0) {
+      parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          accumulate.template operator()<T, C>(src, rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
+        }
+      });
+      for (int64_t p = 1; p < parts; ++p) {
+        const C* part = acc.data() + static_cast<size_t>(p) * n;
+        for (size_t i = 0; i < n; ++i) acc[i] += part[i];
+      }
+    }
     T* o = out.data<T>();
-    for (size_t i = 0; i < acc.size(); ++i) o[i] = convert<T>(acc[i]);
+    for (size_t i = 0; i < n; ++i) o[i] = convert<T>(acc[i]);
   });
 }
 

@@ -411,5 +411,39 @@ TEST(PoolGradTest, Errors) {
   EXPECT_EQ(activation_error("MaxPoolGrad", "Relu"), "no error");
 }
 
+// SumToShape over more than 2 x 32768 elements splits the rows between the threads, each part
+// summed on its own, then added: the sums equal float64's, for kept trailing dims, summed
+// trailing dims (size 1 in the target) and a target of lower rank.
+TEST(SumToShapeTest, LargeInputsSplitAcrossThreadsSumLikeFloat64) {
+  const Shape shape{301, 7, 40};  // 84280 elements, 2107 rows
+  const Tensor g64 = testing::random_f64(shape, 3);
+  for (const Shape& target : std::vector<Shape>{{7, 40}, {40}, {7, 1}, {301, 1, 40}, {1, 1, 1}}) {
+    SCOPED_TRACE(target.to_string());
+    const Tensor shape_tensor = Tensor::from_vector<int64_t>(Shape{static_cast<int64_t>(target.size())}, target.to_vector());
+    const Tensor got = run_node(NodeSpec{"SumToShape", "ai.onnxtrain", 1}, {g64.cast(DataType::Float32), shape_tensor})[0];
+    const Tensor want = run_node(NodeSpec{"SumToShape", "ai.onnxtrain", 1}, {g64, shape_tensor})[0];
+    ASSERT_EQ(got.shape(), target);
+    // float32 sums of up to 12040 terms of |x| < 1: a few 1e-6 relative, 1e-4 absolute at most.
+    expect_close(got.cast(DataType::Float64), want, 1e-4, 1e-4);
+    // float64 against a plain loop over every element.
+    const auto v = g64.to_double_vector();
+    std::vector<double> ref(static_cast<size_t>(target.numel()), 0.0);
+    const size_t pad = shape.size() - target.size();
+    for (int64_t i = 0; i < shape.numel(); ++i) {
+      int64_t rest = i, offset = 0, scale = 1;
+      for (size_t d = shape.size(); d-- > 0;) {
+        const int64_t index = rest % shape[d];
+        rest /= shape[d];
+        if (d >= pad && target[d - pad] != 1) {
+          offset += index * scale;
+          scale *= target[d - pad];
+        }
+      }
+      ref[static_cast<size_t>(offset)] += v[static_cast<size_t>(i)];
+    }
+    expect_close(want, Tensor::from_vector<double>(target, ref), 1e-12, 1e-12);
+  }
+}
+
 }  // namespace
 }  // namespace onnxtrain
