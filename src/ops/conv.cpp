@@ -263,8 +263,10 @@ struct ConvEntry {
   bool use_reference = false;  // oneDNN has no implementation for these shapes
   dnnl::primitive primitive;
   du::Operand src, dst;  // in the layouts the primitive chose (blocked ones run faster)
+  du::Scratchpad scratchpad;
   dnnl::memory user_weights, weights, bias;
   bool reorder_weights = false;  // the primitive wants another weights layout than ONNX's
+  bool weights_in_scratch = false;  // `weights` lives in thread_scratch memory for one run
   dnnl::reorder weights_reorder;
   // Constant weights (an initializer no run replaces) already reordered into `weights`: their
   // data, so later runs skip the reorder (at batch 1 it costs more than the convolution).
@@ -317,7 +319,10 @@ dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
 }
 
 // `channels_last_dst`: y is written channels-last, for max_pool_channels_last to read.
-ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channels_last_dst = false) {
+// `weights_constant`: the reordered weights are kept between runs (ConvKernel::weights_constant_);
+// otherwise they are reordered at every run into thread_scratch memory.
+ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weights_constant,
+               bool channels_last_dst = false) {
   using dnnl::memory;
   ConvEntry e;
   e.dims = dnnl_conv_dims(g);
@@ -345,7 +350,7 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
         const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                            any_src, any_weights, bias, dst_asked, d.strides, d.dilates, d.pad_l,
                            d.pad_r);
-        return P::primitive_desc(desc, engine);
+        return P::primitive_desc(desc, du::user_scratchpad(), engine);
       };
       P::primitive_desc pd;
       if (channels_last_dst) {
@@ -359,6 +364,7 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
         if (!pd || std::string(pd.impl_info_str()).starts_with("ref")) pd = make_pd(any_dst);
       }
       e.primitive = P(pd);
+      e.scratchpad = du::Scratchpad(pd.scratchpad_desc());
       weights = pd.weights_desc();
       src_wanted = pd.src_desc();
       dst_wanted = pd.dst_desc();
@@ -366,8 +372,9 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
       using P = dnnl::deconvolution_forward;
       const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
                          src, any_weights, bias, dst, d.strides, d.dilates, d.pad_l, d.pad_r);
-      const P::primitive_desc pd(desc, engine);
+      const P::primitive_desc pd(desc, du::user_scratchpad(), engine);
       e.primitive = P(pd);
+      e.scratchpad = du::Scratchpad(pd.scratchpad_desc());
       weights = pd.weights_desc();
     }
   } catch (const dnnl::error&) {  // no implementation for these shapes: use the reference
@@ -381,13 +388,16 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool channe
     if (has_bias) e.bias = memory(bias, engine, nullptr);
     e.reorder_weights = weights != user_weights;
     if (e.reorder_weights) {
-      e.weights = memory(weights, engine);  // owned buffer in the primitive's layout
+      // In the primitive's layout: an owned buffer for constant weights, else placed per run.
+      e.weights = weights_constant ? memory(weights, engine) : memory(weights, engine, nullptr);
+      e.weights_in_scratch = !weights_constant;
       e.weights_reorder = dnnl::reorder(e.user_weights, e.weights);
     }
     e.args = {{DNNL_ARG_SRC, e.src.arg()},
               {DNNL_ARG_WEIGHTS, e.reorder_weights ? e.weights : e.user_weights},
               {DNNL_ARG_DST, e.dst.arg()}};
     if (has_bias) e.args[DNNL_ARG_BIAS] = e.bias;
+    e.scratchpad.add_to(e.args);
   });
   if (d.embed) e.dst_buffer.resize(static_cast<size_t>(g.N * g.M * dims_product(d.dst_dims)));
   if (!transpose && !channels_last_dst && e.dst.arg().get_desc() == blocked_channels_f32(dst.dims())) {
@@ -405,6 +415,13 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
   if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
   du::checked("run a convolution", [&] {
+    const size_t weights_bytes = e.weights_in_scratch ? (e.weights.get_desc().get_size() + 63) / 64 * 64 : 0;
+    char* scratch = du::thread_scratch(e.src.scratch_bytes() + e.dst.scratch_bytes() + e.scratchpad.scratch_bytes() +
+                                       weights_bytes);
+    e.src.place(scratch);
+    e.dst.place(scratch);  // a caller passing reorder_dst = false reads it before the next call
+    e.scratchpad.place(scratch);
+    if (weights_bytes) e.weights.set_data_handle(scratch);
     e.src.bind(x);
     e.user_weights.set_data_handle(const_cast<float*>(w));
     e.dst.bind(embed ? e.dst_buffer.data() : y);
@@ -508,7 +525,7 @@ class ConvKernel final : public Kernel {
       // layout, and Relu costs nothing (it commutes with the maximum).
       if (g.rank() <= 3 && x.numel() > 0 && w.numel() > 0) {
         ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(b.defined()).add(1),
-                                  [&] { return plan(g, attrs_.transpose, b.defined(), true); });
+                                  [&] { return plan(g, attrs_.transpose, b.defined(), weights_constant_, true); });
         if (!e.use_reference && !e.dims.embed) {
           execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out.data<float>(), weights_constant_);
           max_pool_channels_last(*pool, g.M, epilogue_.relu, conv_out.data<float>(), y.data<float>());
@@ -574,7 +591,7 @@ class ConvKernel final : public Kernel {
   // The plain-output entry for these shapes (made on first use).
   ConvEntry& plain_entry(const ConvGeometry& g, const Tensor& x, const Tensor& w, bool has_bias) {
     return cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(0),
-                      [&] { return plan(g, attrs_.transpose, has_bias); });
+                      [&] { return plan(g, attrs_.transpose, has_bias, weights_constant_); });
   }
 
   template <class T>

@@ -128,10 +128,12 @@ struct GradEntry {
   bool data = false;            // dX: backward data
   dnnl::primitive data_primitive;
   du::Operand data_dy, w, dx;
+  du::Scratchpad data_scratchpad;
   bool weights = false;  // dW: backward weights
   bool bias = false;     // dB too, from the same pass over dY
   dnnl::primitive weights_primitive;
   du::Operand weights_dy, x, dw;
+  du::Scratchpad weights_scratchpad;
   dnnl::memory db;
   bool share_dy = false;  // both read dY in the same layout: reorder it once, into data_dy
   std::unordered_map<int, dnnl::memory> data_args, weights_args;  // the memories above by role
@@ -156,21 +158,24 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
   if (e.data) {
     const typename BwdData::desc desc(algorithm, x_any, w_any, dy_any, d.strides, d.dilates,
                                       d.pad_l, d.pad_r);
-    const typename BwdData::primitive_desc pd(desc, engine, hint);
+    const typename BwdData::primitive_desc pd(desc, du::user_scratchpad(), engine, hint);
     e.data_primitive = BwdData(pd);
+    e.data_scratchpad = du::Scratchpad(pd.scratchpad_desc());
     data_dy = pd.diff_dst_desc();
     e.data_dy = du::Operand(dy_plain, data_dy, true);
     e.w = du::Operand(w_plain, pd.weights_desc(), true);
     e.dx = du::Operand(x_plain, pd.diff_src_desc(), false);
     e.data_args = {{DNNL_ARG_DIFF_DST, e.data_dy.arg()}, {DNNL_ARG_WEIGHTS, e.w.arg()},
                    {DNNL_ARG_DIFF_SRC, e.dx.arg()}};
+    e.data_scratchpad.add_to(e.data_args);
   }
   if (e.weights) {
     const memory::desc b_plain = e.bias ? du::plain_f32({dy_plain.dims()[1]}) : memory::desc();
     const typename BwdWeights::desc desc(algorithm, x_any, w_any, b_plain, dy_any, d.strides,
                                          d.dilates, d.pad_l, d.pad_r);
-    const typename BwdWeights::primitive_desc pd(desc, engine, hint);
+    const typename BwdWeights::primitive_desc pd(desc, du::user_scratchpad(), engine, hint);
     e.weights_primitive = BwdWeights(pd);
+    e.weights_scratchpad = du::Scratchpad(pd.scratchpad_desc());
     e.share_dy = e.data && pd.diff_dst_desc() == data_dy;
     if (!e.share_dy) e.weights_dy = du::Operand(dy_plain, pd.diff_dst_desc(), true);
     e.x = du::Operand(x_plain, pd.src_desc(), true);
@@ -178,6 +183,7 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     e.weights_args = {{DNNL_ARG_SRC, e.x.arg()},
                       {DNNL_ARG_DIFF_DST, (e.share_dy ? e.data_dy : e.weights_dy).arg()},
                       {DNNL_ARG_DIFF_WEIGHTS, e.dw.arg()}};
+    e.weights_scratchpad.add_to(e.weights_args);
     if (e.bias) {
       e.db = memory(b_plain, engine, nullptr);
       e.weights_args[DNNL_ARG_DIFF_BIAS] = e.db;
@@ -227,6 +233,13 @@ void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* 
   }
   dnnl::stream& stream = du::cpu_stream();
   du::checked("run a convolution gradient", [&] {
+    du::Operand* operands[] = {&e.data_dy, &e.w, &e.dx, &e.weights_dy, &e.x, &e.dw};
+    size_t bytes = e.data_scratchpad.scratch_bytes() + e.weights_scratchpad.scratch_bytes();
+    for (const du::Operand* o : operands) bytes += o->scratch_bytes();
+    char* scratch = du::thread_scratch(bytes);
+    for (du::Operand* o : operands) o->place(scratch);
+    e.data_scratchpad.place(scratch);
+    e.weights_scratchpad.place(scratch);
     if (dx) {
       e.data_dy.bind(dy);
       e.w.bind(w);

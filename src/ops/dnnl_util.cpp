@@ -1,10 +1,31 @@
 #include "ops/dnnl_util.h"
 
+#include <cstdlib>
+#include <new>
+
 #include <omp.h>
 
 #include <algorithm>
 
 namespace onnxtrain::ops::dnnl_util {
+
+char* thread_scratch(size_t bytes) {
+  struct Buffer {
+    char* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buffer;
+  if (bytes > buffer.size) {
+    const size_t size = (bytes + 63) / 64 * 64;
+    void* grown = std::aligned_alloc(64, size);
+    if (!grown) throw std::bad_alloc();
+    std::free(buffer.data);
+    buffer.data = static_cast<char*>(grown);
+    buffer.size = size;
+  }
+  return buffer.data;
+}
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <unordered_map>
 #include <vector>
 
 #include "onnxtrain/error.h"
@@ -62,10 +63,17 @@ class CacheKey {
 
 // The primitives (and whatever goes with them) a kernel made, by key. Holds the few most
 // recently made entries; the oldest is dropped when a new shape arrives and it is full.
+// Memory for the reordered copies of the operands of one kernel call, shared by every call on
+// the calling thread (one call runs at a time there): it holds the largest any call needed,
+// not the sum over every convolution of a graph (ResNet-18 training: 20 convolutions with
+// blocked copies of their weights, inputs and gradients). 64-byte aligned; valid until the next
+// call of thread_scratch on this thread; grows, never shrinks. Throws std::bad_alloc.
+char* thread_scratch(size_t bytes);
+
 // One operand of a primitive that chose its own layouts (format any): the ONNX tensor (plain
-// layout, its pointer bound per run) and, when the primitive wants another layout, an owned
-// buffer in that layout and the reorder between them (tensor -> buffer for an input, buffer ->
-// tensor for an output).
+// layout, its pointer bound per run) and, when the primitive wants another layout, a buffer in
+// that layout and the reorder between them (tensor -> buffer for an input, buffer -> tensor for
+// an output). The buffer is placed per call (place) in thread_scratch memory.
 class Operand {
  public:
   Operand() = default;
@@ -74,8 +82,18 @@ class Operand {
     const dnnl::engine& engine = cpu_engine();
     user_ = dnnl::memory(plain, engine, nullptr);
     if (!reordered_) return;
-    inner_ = dnnl::memory(wanted, engine);
+    inner_ = dnnl::memory(wanted, engine, nullptr);
     reorder_ = input ? dnnl::reorder(user_, inner_) : dnnl::reorder(inner_, user_);
+  }
+
+  // Bytes of scratch the reordered buffer takes (0 when the primitive reads the tensor itself),
+  // rounded up to 64.
+  size_t scratch_bytes() const { return reordered_ ? (inner_.get_desc().get_size() + 63) / 64 * 64 : 0; }
+  // Puts the reordered buffer at `cursor` and moves it past the buffer.
+  void place(char*& cursor) {
+    if (!reordered_) return;
+    inner_.set_data_handle(cursor);
+    cursor += scratch_bytes();
   }
 
   // The memory the primitive reads or writes.
@@ -96,6 +114,36 @@ class Operand {
   dnnl::memory user_, inner_;
   dnnl::reorder reorder_;
 };
+
+// A primitive's scratchpad, left to the caller (a primitive made with user_scratchpad()) and
+// placed per call in thread_scratch memory, instead of a buffer each primitive owns for life.
+class Scratchpad {
+ public:
+  Scratchpad() = default;
+  explicit Scratchpad(const dnnl::memory::desc& desc)
+      : memory_(desc, cpu_engine(), nullptr), bytes_((desc.get_size() + 63) / 64 * 64) {}
+  size_t scratch_bytes() const { return bytes_; }
+  void place(char*& cursor) {
+    if (bytes_ == 0) return;
+    memory_.set_data_handle(cursor);
+    cursor += bytes_;
+  }
+  // Adds the scratchpad to a primitive's arguments (when it needs one).
+  void add_to(std::unordered_map<int, dnnl::memory>& args) const {
+    if (bytes_ > 0) args[DNNL_ARG_SCRATCHPAD] = memory_;
+  }
+
+ private:
+  dnnl::memory memory_;
+  size_t bytes_ = 0;
+};
+
+// Primitive attributes with scratchpad_mode::user (see Scratchpad).
+inline dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
 
 template <class Entry>
 class PrimitiveCache {
