@@ -68,7 +68,8 @@ void save_model(onnx::ModelProto model, const std::filesystem::path& path,
 // come in another order, which protobuf readers accept). Falls back to filling in a copy when
 // the model needs external data (over `options.external_threshold`) or holds external data
 // references, or a value is a string or packed (4-bit) tensor. Errors as save_model.
-void save_model_with_values(const onnx::ModelProto& model, const std::map<std::string, Tensor>& values,
+// (taken by value: move a model in to avoid a copy of what it holds besides the values).
+void save_model_with_values(onnx::ModelProto model, const std::map<std::string, Tensor>& values,
                             const std::filesystem::path& path, const SaveOptions& options = {});
 
 // TensorProto <-> Tensor. `base_dir` resolves external data; `what` names the tensor in errors.

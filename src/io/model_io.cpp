@@ -174,13 +174,14 @@ size_t field_size(int field, size_t content) {
 // A graph whose initializers named in `values` are written from those tensors: the graph's
 // other fields first (protobuf readers accept fields in any order), then every initializer, in
 // order, as field 5 (GraphProto.initializer), a value's data as TensorProto.raw_data (field 9).
+// The graph is moved in, not copied.
 class StreamedGraph {
  public:
-  StreamedGraph(const onnx::GraphProto& graph, const std::map<std::string, Tensor>& values) {
-    rest_ = graph;
-    rest_.clear_initializer();
+  StreamedGraph(onnx::GraphProto graph, const std::map<std::string, Tensor>& values) {
+    initializers_.Swap(graph.mutable_initializer());
+    rest_ = std::move(graph);
     size_ = rest_.ByteSizeLong();
-    for (const auto& init : graph.initializer()) {
+    for (const auto& init : initializers_) {
       Entry e{&init, nullptr, {}, 0};
       if (auto it = values.find(init.name()); it != values.end()) {
         e.value = &it->second;
@@ -197,16 +198,18 @@ class StreamedGraph {
     }
   }
   size_t size() const { return size_; }
+  // Messages are written with SerializePartialToCodedStream, which sizes them again: a moved
+  // message need not keep its cached size.
   void write(CodedOutputStream& out) const {
-    rest_.SerializeWithCachedSizes(&out);
+    rest_.SerializePartialToCodedStream(&out);
     for (const Entry& e : entries_) {
       out.WriteVarint32(tag(5));
       out.WriteVarint64(e.size);
       if (!e.value) {
-        e.init->SerializeWithCachedSizes(&out);
+        e.init->SerializePartialToCodedStream(&out);
         continue;
       }
-      e.stub.SerializeWithCachedSizes(&out);
+      e.stub.SerializePartialToCodedStream(&out);
       out.WriteVarint32(tag(9));
       out.WriteVarint64(static_cast<uint64_t>(e.value->nbytes()));
       out.WriteRaw(e.value->raw_data(), static_cast<int>(e.value->nbytes()));
@@ -220,73 +223,91 @@ class StreamedGraph {
     onnx::TensorProto stub;
     size_t size;
   };
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> initializers_;
   onnx::GraphProto rest_;
   std::vector<Entry> entries_;
   size_t size_ = 0;
 };
 
-// Whether a tensor anywhere in the model (subgraphs included) refers to external data.
+// Whether a tensor of `graph` or of its subgraphs refers to external data.
+bool has_external_data(const onnx::GraphProto& graph) {
+  auto external = [](const onnx::TensorProto& t) { return t.data_location() == onnx::TensorProto::EXTERNAL; };
+  for (const auto& t : graph.initializer()) {
+    if (external(t)) return true;
+  }
+  for (const auto& node : graph.node()) {
+    for (const auto& attr : node.attribute()) {
+      if (attr.has_t() && external(attr.t())) return true;
+      for (const auto& t : attr.tensors()) {
+        if (external(t)) return true;
+      }
+      if (attr.has_g() && has_external_data(attr.g())) return true;
+      for (const auto& g : attr.graphs()) {
+        if (has_external_data(g)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 bool has_external_data(const onnx::ModelProto& model) {
-  onnx::ModelProto copy = model;  // all_tensors walks a mutable model; a session's model holds stubs
-  for (const onnx::TensorProto* t : all_tensors(copy)) {
-    if (t->data_location() == onnx::TensorProto::EXTERNAL) return true;
+  if (has_external_data(model.graph())) return true;
+  for (const auto& info : model.training_info()) {
+    if (has_external_data(info.initialization()) || has_external_data(info.algorithm())) return true;
   }
   return false;
 }
 
 }  // namespace
 
-void save_model_with_values(const onnx::ModelProto& model, const std::map<std::string, Tensor>& values,
+void save_model_with_values(onnx::ModelProto model, const std::map<std::string, Tensor>& values,
                             const fs::path& path, const SaveOptions& options) {
+  // An upper bound of the file's size: the model as it is plus each value and its fields.
+  uint64_t bound = model.ByteSizeLong();
   bool streamable = !has_external_data(model);
   for (const auto& [name, value] : values) {
     streamable = streamable && value.dtype() != DataType::String && dtype_bits(value.dtype()) >= 8 &&
                  value.nbytes() < (int64_t{1} << 31);
+    bound += static_cast<uint64_t>(value.nbytes()) + 32;
   }
-  std::optional<StreamedGraph> graph;
-  std::vector<std::pair<onnx::TrainingInfoProto, StreamedGraph>> infos;
-  onnx::ModelProto rest;
-  size_t total = 0;
-  if (streamable) {
-    rest = model;
-    rest.clear_graph();
-    rest.clear_training_info();
-    graph.emplace(model.graph(), values);
-    total = rest.ByteSizeLong() + field_size(7, graph->size());
-    infos.reserve(static_cast<size_t>(model.training_info_size()));
-    for (const auto& info : model.training_info()) {
-      onnx::TrainingInfoProto info_rest = info;
-      info_rest.clear_algorithm();
-      infos.emplace_back(std::move(info_rest), StreamedGraph(info.algorithm(), values));
-      auto& [r, g] = infos.back();
-      total += field_size(20, r.ByteSizeLong() + field_size(2, g.size()));
-    }
-    streamable = total <= options.external_threshold && total <= kMaxProtoBytes;
-  }
-  if (!streamable) {  // fill in a copy and take save_model's path (external data, packed tensors)
-    onnx::ModelProto copy = model;
+  if (!streamable || bound > options.external_threshold || bound > kMaxProtoBytes) {
+    // Fill the values in and take save_model's path (external data, packed tensors).
     auto fill = [&](onnx::GraphProto& g) {
       for (auto& t : *g.mutable_initializer()) {
         if (auto it = values.find(t.name()); it != values.end()) tensor_to_proto(it->second, t.name(), t);
       }
     };
-    fill(*copy.mutable_graph());
-    for (auto& info : *copy.mutable_training_info()) fill(*info.mutable_algorithm());
-    save_model(std::move(copy), path, options);
+    fill(*model.mutable_graph());
+    for (auto& info : *model.mutable_training_info()) fill(*info.mutable_algorithm());
+    save_model(std::move(model), path, options);
     return;
   }
+  // The parts move out of the model (no copies): what remains is its other fields.
+  const StreamedGraph graph(std::move(*model.mutable_graph()), values);
+  model.clear_graph();
+  google::protobuf::RepeatedPtrField<onnx::TrainingInfoProto> info_protos;
+  info_protos.Swap(model.mutable_training_info());
+  std::vector<std::pair<onnx::TrainingInfoProto, StreamedGraph>> infos;
+  infos.reserve(static_cast<size_t>(info_protos.size()));
+  for (auto& info : info_protos) {
+    onnx::GraphProto algorithm = std::move(*info.mutable_algorithm());
+    info.clear_algorithm();
+    infos.emplace_back(std::move(info), StreamedGraph(std::move(algorithm), values));
+  }
+  size_t total = model.ByteSizeLong() + field_size(7, graph.size());
+  for (const auto& [info_rest, algorithm] : infos) total += field_size(20, info_rest.ByteSizeLong() + field_size(2, algorithm.size()));
   write_file_atomic(path, [&](int fd) {
     google::protobuf::io::FileOutputStream file(fd);
     {
       CodedOutputStream out(&file);
-      rest.SerializeWithCachedSizes(&out);
+      model.SerializePartialToCodedStream(&out);
       out.WriteVarint32(tag(7));
-      out.WriteVarint64(graph->size());
-      graph->write(out);
+      out.WriteVarint64(graph.size());
+      graph.write(out);
       for (const auto& [info_rest, algorithm] : infos) {
         out.WriteVarint32(tag(20));
         out.WriteVarint64(info_rest.ByteSizeLong() + field_size(2, algorithm.size()));
-        info_rest.SerializeWithCachedSizes(&out);
+        info_rest.SerializePartialToCodedStream(&out);
         out.WriteVarint32(tag(2));
         out.WriteVarint64(algorithm.size());
         algorithm.write(out);
