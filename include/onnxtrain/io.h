@@ -60,6 +60,10 @@ void inline_external_data(onnx::ModelProto& model, const std::filesystem::path& 
 // folder is not writable or the disk is full; the previous file, if any, is left intact.
 void save_model(onnx::ModelProto model, const std::filesystem::path& path,
                 const SaveOptions& options = {});
+// Sets the data of every initializer of the main graph and of the training_info algorithm
+// graphs that `values` names to that tensor (tensor_to_proto: its dtype and shape replace the
+// initializer's); other initializers are left as they are.
+void set_initializers(onnx::ModelProto& model, const std::map<std::string, Tensor>& values);
 // save_model of `model` with the initializers that `values` names (in the main graph and in the
 // training_info algorithm graphs) holding those tensors, written from the tensors' memory
 // straight into the file instead of being copied into the proto first: saving or checkpointing

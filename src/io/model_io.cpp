@@ -3,6 +3,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -229,56 +230,33 @@ class StreamedGraph {
   size_t size_ = 0;
 };
 
-// Whether a tensor of `graph` or of its subgraphs refers to external data.
-bool has_external_data(const onnx::GraphProto& graph) {
-  auto external = [](const onnx::TensorProto& t) { return t.data_location() == onnx::TensorProto::EXTERNAL; };
-  for (const auto& t : graph.initializer()) {
-    if (external(t)) return true;
-  }
-  for (const auto& node : graph.node()) {
-    for (const auto& attr : node.attribute()) {
-      if (attr.has_t() && external(attr.t())) return true;
-      for (const auto& t : attr.tensors()) {
-        if (external(t)) return true;
-      }
-      if (attr.has_g() && has_external_data(attr.g())) return true;
-      for (const auto& g : attr.graphs()) {
-        if (has_external_data(g)) return true;
-      }
-    }
-  }
-  return false;
-}
-
-bool has_external_data(const onnx::ModelProto& model) {
-  if (has_external_data(model.graph())) return true;
-  for (const auto& info : model.training_info()) {
-    if (has_external_data(info.initialization()) || has_external_data(info.algorithm())) return true;
-  }
-  return false;
-}
-
 }  // namespace
+
+void set_initializers(onnx::ModelProto& model, const std::map<std::string, Tensor>& values) {
+  auto fill = [&](onnx::GraphProto& g) {
+    for (auto& t : *g.mutable_initializer()) {
+      if (auto it = values.find(t.name()); it != values.end()) tensor_to_proto(it->second, t.name(), t);
+    }
+  };
+  fill(*model.mutable_graph());
+  for (auto& info : *model.mutable_training_info()) fill(*info.mutable_algorithm());
+}
 
 void save_model_with_values(onnx::ModelProto model, const std::map<std::string, Tensor>& values,
                             const fs::path& path, const SaveOptions& options) {
   // An upper bound of the file's size: the model as it is plus each value and its fields.
   uint64_t bound = model.ByteSizeLong();
-  bool streamable = !has_external_data(model);
+  const std::vector<onnx::TensorProto*> tensors = all_tensors(model);
+  bool streamable = std::none_of(tensors.begin(), tensors.end(), [](const onnx::TensorProto* t) {
+    return t->data_location() == onnx::TensorProto::EXTERNAL;
+  });
   for (const auto& [name, value] : values) {
     streamable = streamable && value.dtype() != DataType::String && dtype_bits(value.dtype()) >= 8 &&
                  value.nbytes() < (int64_t{1} << 31);
     bound += static_cast<uint64_t>(value.nbytes()) + 32;
   }
   if (!streamable || bound > options.external_threshold || bound > kMaxProtoBytes) {
-    // Fill the values in and take save_model's path (external data, packed tensors).
-    auto fill = [&](onnx::GraphProto& g) {
-      for (auto& t : *g.mutable_initializer()) {
-        if (auto it = values.find(t.name()); it != values.end()) tensor_to_proto(it->second, t.name(), t);
-      }
-    };
-    fill(*model.mutable_graph());
-    for (auto& info : *model.mutable_training_info()) fill(*info.mutable_algorithm());
+    set_initializers(model, values);  // and save_model's path (external data, packed tensors)
     save_model(std::move(model), path, options);
     return;
   }

@@ -415,7 +415,7 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
   if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
   du::checked("run a convolution", [&] {
-    const size_t weights_bytes = e.weights_in_scratch ? (e.weights.get_desc().get_size() + 63) / 64 * 64 : 0;
+    const size_t weights_bytes = e.weights_in_scratch ? du::scratch_size(e.weights.get_desc()) : 0;
     char* scratch = du::thread_scratch(e.src.scratch_bytes() + e.dst.scratch_bytes() + e.scratchpad.scratch_bytes() +
                                        weights_bytes);
     e.src.place(scratch);

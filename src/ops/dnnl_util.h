@@ -69,6 +69,8 @@ class CacheKey {
 // blocked copies of their weights, inputs and gradients). 64-byte aligned; valid until the next
 // call of thread_scratch on this thread; grows, never shrinks. Throws std::bad_alloc.
 char* thread_scratch(size_t bytes);
+// The bytes a buffer of `desc` takes in thread_scratch memory (its size rounded up to 64).
+inline size_t scratch_size(const dnnl::memory::desc& desc) { return (desc.get_size() + 63) / 64 * 64; }
 
 // One operand of a primitive that chose its own layouts (format any): the ONNX tensor (plain
 // layout, its pointer bound per run) and, when the primitive wants another layout, a buffer in
@@ -88,7 +90,7 @@ class Operand {
 
   // Bytes of scratch the reordered buffer takes (0 when the primitive reads the tensor itself),
   // rounded up to 64.
-  size_t scratch_bytes() const { return reordered_ ? (inner_.get_desc().get_size() + 63) / 64 * 64 : 0; }
+  size_t scratch_bytes() const { return reordered_ ? scratch_size(inner_.get_desc()) : 0; }
   // Puts the reordered buffer at `cursor` and moves it past the buffer.
   void place(char*& cursor) {
     if (!reordered_) return;
@@ -121,7 +123,7 @@ class Scratchpad {
  public:
   Scratchpad() = default;
   explicit Scratchpad(const dnnl::memory::desc& desc)
-      : memory_(desc, cpu_engine(), nullptr), bytes_((desc.get_size() + 63) / 64 * 64) {}
+      : memory_(desc, cpu_engine(), nullptr), bytes_(scratch_size(desc)) {}
   size_t scratch_bytes() const { return bytes_; }
   void place(char*& cursor) {
     if (bytes_ == 0) return;

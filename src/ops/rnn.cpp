@@ -683,7 +683,7 @@ class RnnKernel final : public Kernel {
                      : nullptr;
       for (int64_t d = 0; d < s.directions; ++d) {
         Trace<V> view = trace ? layout.view(trace + d * layout.elements, 0) : Trace<V>{};
-        run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], trace ? &view : nullptr, buffers<V>());
+        run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], trace ? &view : nullptr, buffers_.template get<V>());
       }
       if constexpr (is_half_v<T>) {
         for (int i = 0; i < num_outputs; ++i) {
@@ -694,16 +694,9 @@ class RnnKernel final : public Kernel {
   }
 
  private:
-  template <class V>
-  RecurrenceBuffers<V>& buffers() {
-    if constexpr (std::is_same_v<V, float>) return float_buffers_;
-    else return double_buffers_;
-  }
-
   RnnAttrs a_;
   bool training_;  // RNNTraining / GRUTraining / LSTMTraining: one more output, the trace
-  RecurrenceBuffers<float> float_buffers_;
-  RecurrenceBuffers<double> double_buffers_;
+  BuffersByType<RecurrenceBuffers> buffers_;
 };
 
 }  // namespace

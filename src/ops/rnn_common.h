@@ -243,6 +243,18 @@ struct RecurrenceBuffers {
   std::vector<V> xw, rec, h, c, bias, scratch;
 };
 
+// A kernel's buffers of both compute types (B<float> and B<double>), the one a run uses by V.
+template <template <class> class B>
+struct BuffersByType {
+  B<float> f32;
+  B<double> f64;
+  template <class V>
+  B<V>& get() {
+    if constexpr (std::is_same_v<V, float>) return f32;
+    else return f64;
+  }
+};
+
 // Runs direction d: writes its part of Y (whose steps past each entry's length the caller has
 // zeroed), Y_h and Y_c where not null, and fills `trace` when not null (its steps set to the
 // longest sequence length).

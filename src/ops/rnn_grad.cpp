@@ -487,20 +487,13 @@ class RnnGradKernel final : public Kernel {
         out.of[k] = ctx.allocate_output(k, dtype, ctx.input(input_of_output(k)).shape()).template data<V>();
       }
       const V* trace = ctx.has_input(trace_input) ? ctx.input(trace_input).template data<V>() : nullptr;
-      Backward<V>(a_, s, lens, in, g, out, trace, buffers<V>()).run();
+      Backward<V>(a_, s, lens, in, g, out, trace, buffers_.template get<V>()).run();
     });
   }
 
  private:
-  template <class V>
-  BackwardBuffers<V>& buffers() {
-    if constexpr (std::is_same_v<V, float>) return float_buffers_;
-    else return double_buffers_;
-  }
-
   RnnAttrs a_;
-  BackwardBuffers<float> float_buffers_;
-  BackwardBuffers<double> double_buffers_;
+  BuffersByType<BackwardBuffers> buffers_;
 };
 
 }  // namespace

@@ -485,14 +485,7 @@ struct TrainingSession::Impl {
   // with_metadata, the variables' current values filled in.
   onnx::ModelProto current_model(const std::map<std::string, std::string>& metadata) const {
     onnx::ModelProto copy = with_metadata(metadata);
-    auto update = [&](onnx::GraphProto& g) {
-      for (auto& t : *g.mutable_initializer()) {
-        auto it = state.find(t.name());
-        if (it != state.end()) io::tensor_to_proto(it->second, t.name(), t);
-      }
-    };
-    update(*copy.mutable_graph());
-    for (auto& info : *copy.mutable_training_info()) update(*info.mutable_algorithm());
+    io::set_initializers(copy, state);
     return copy;
   }
 
