@@ -33,8 +33,10 @@ namespace onnxtrain::io {
 // data files.
 inline constexpr uint64_t kMaxProtoBytes = (uint64_t{1} << 31) - 1;
 
-// Loads a model. Checks: the file exists and is at most kMaxProtoBytes, parses as a
-// ModelProto, has a graph and an ir_version. Tensors stored as external data are not read here: they stay references,
+// Loads a model. Checks: the file exists and is at most kMaxProtoBytes (checked before
+// reading: a larger file costs no memory), parses as a ModelProto with messages nested at most
+// 100 deep (protobuf's recursion limit: about 30 levels of subgraphs), has a graph and an
+// ir_version. Tensors stored as external data are not read here: they stay references,
 // resolved against the model's folder when a tensor is made from them (tensor_from_proto).
 onnx::ModelProto load_model(const std::filesystem::path& path);
 // Parses a model from memory; `source` names it in errors.

@@ -60,10 +60,12 @@ class Tensor {
   // An undefined tensor (an absent optional input or output).
   Tensor() = default;
   // Uninitialized storage for `shape` elements of `dtype`. Throws Error for a dtype a tensor
-  // cannot hold or a negative dim.
+  // cannot hold, a negative dim, or a shape of more bytes than int64 counts (such as
+  // [2^40, 2^40, 2^40]: every tensor's numel() and nbytes() are exact);
+  // std::bad_alloc when the memory cannot be had.
   Tensor(DataType dtype, const Shape& shape);
   // A tensor over existing storage, which must hold at least nbytes() bytes. Throws Error when
-  // it does not or the dtype cannot be held.
+  // it does not, the dtype cannot be held or the shape is invalid (as above).
   Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> storage);
   static Tensor zeros(DataType dtype, const Shape& shape);
   // A copy of `values` with the given shape (values.size() must equal shape.numel()).

@@ -5,7 +5,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "onnxtrain/dtype.h"
+#include "onnxtrain/shape.h"
+
 namespace onnxtrain {
+
+// The bytes a tensor of `shape` and `dtype` needs; throws Error for a negative dim or when its
+// element or byte count does not fit in int64 (a hostile shape such as [2^40, 2^40, 2^40]).
+// Every Tensor constructor checks its shape with it.
+size_t checked_nbytes(DataType dtype, const Shape& shape);
 
 struct MemoryStats {
   // Blocks of tensor memory requested from the system (aligned_alloc): what the block cache

@@ -132,11 +132,22 @@ Storage::~Storage() {
   }
 }
 
-Tensor::Tensor(DataType dtype, const Shape& shape) : dtype_(dtype), shape_(shape) {
-  if (!is_supported(dtype)) throw_unsupported_dtype(dtype, "tensor");
+size_t checked_nbytes(DataType dtype, const Shape& shape) {
+  int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) throw Error("tensor shape " + shape.to_string() + " has a negative dim");
+    if (__builtin_mul_overflow(n, d, &n)) throw Error("tensor shape " + shape.to_string() + " has too many elements");
   }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &bytes)) {
+    throw Error("tensor shape " + shape.to_string() + " has too many elements");
+  }
+  return static_cast<size_t>(bytes);
+}
+
+Tensor::Tensor(DataType dtype, const Shape& shape) : dtype_(dtype), shape_(shape) {
+  if (!is_supported(dtype)) throw_unsupported_dtype(dtype, "tensor");
+  checked_nbytes(dtype, shape);
   storage_ = dtype == DataType::String ? Storage::strings(static_cast<size_t>(numel()))
                                        : std::make_shared<Storage>(nbytes());
 }
@@ -145,6 +156,7 @@ Tensor::Tensor(DataType dtype, const Shape& shape, std::shared_ptr<Storage> stor
     : storage_(std::move(storage)), dtype_(dtype), shape_(shape) {
   if (!is_supported(dtype)) throw_unsupported_dtype(dtype, "tensor");
   if (dtype == DataType::String) throw Error("string tensors own their storage; they cannot view raw memory");
+  checked_nbytes(dtype, shape);
   if (!storage_ || storage_->nbytes() < nbytes()) {
     throw Error("storage of " + std::to_string(storage_ ? storage_->nbytes() : 0) + " bytes is too small for " +
                 description());

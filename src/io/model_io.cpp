@@ -39,6 +39,14 @@ void check_structure(const onnx::ModelProto& model, const std::string& source) {
   if (!model.has_graph()) throw Error(source + ": the model has no graph");
 }
 
+// Protobuf refuses messages nested more than 100 deep (its default recursion limit), which also
+// bounds the stack every later recursive walk of the model needs: a subgraph costs three levels
+// (GraphProto, NodeProto, AttributeProto), so about 30 levels of subgraphs load.
+std::string not_a_model(const std::string& source) {
+  return source + ": not a valid ONNX model (the protobuf data is truncated or corrupt, or nests "
+                  "messages more than 100 deep: about 30 levels of subgraphs)";
+}
+
 }  // namespace
 
 onnx::ModelProto parse_model(const std::string& bytes, const std::string& source) {
@@ -49,7 +57,7 @@ onnx::ModelProto parse_model(const std::string& bytes, const std::string& source
   }
   onnx::ModelProto model;
   if (!model.ParseFromString(bytes)) {
-    throw Error(source + ": not a valid ONNX model (the protobuf data is truncated or corrupt)");
+    throw Error(not_a_model(source));
   }
   check_structure(model, source);
   return model;
@@ -69,7 +77,7 @@ onnx::ModelProto load_model(const fs::path& path) {
     if (!model.ParseFromZeroCopyStream(&in)) {
       if (in.GetErrno() != 0) throw Error(path.string() + ": read failed: " + std::strerror(in.GetErrno()));
       if (!ec && size == 0) throw Error(path.string() + ": the file is empty");
-      throw Error(path.string() + ": not a valid ONNX model (the protobuf data is truncated or corrupt)");
+      throw Error(not_a_model(path.string()));
     }
   });
   if (!ec && size == 0) throw Error(path.string() + ": the file is empty");

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <iterator>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <new>
 #include <string_view>
 
@@ -32,7 +35,6 @@ struct MemoryPlan::Shared {
     int last = kAlive;  // step after which its last view died
     size_t offset = 0;  // in the arena
     bool in_arena = false;
-    std::vector<size_t> overlapping;  // arena blocks sharing bytes with this one
   };
   // Gives block `index` back: an arena block becomes free, a recorded heap block records its
   // death and is freed.
@@ -45,7 +47,11 @@ struct MemoryPlan::Shared {
   std::deque<Block> blocks;   // stable addresses; the recording is [begin, size())
   std::deque<Owner> owners;   // one per block
   size_t begin = 0;
-  std::unique_ptr<std::atomic<bool>[]> alive;  // per planned block: an arena tensor views it
+  // The arena blocks handed out whose tensors are still alive, offset -> end: disjoint, since a
+  // block is handed out only when it overlaps none of them. Released from whichever thread drops
+  // the last view of a tensor, hence the mutex.
+  std::mutex live_mutex;
+  std::map<size_t, size_t> live;
   char* arena = nullptr;
   size_t arena_bytes = 0;
   bool recording = true;
@@ -62,7 +68,8 @@ struct MemoryPlan::Shared {
 
   void released(size_t b, void* data) noexcept {
     if (in_arena(data)) {
-      alive[b - begin].store(false, std::memory_order_release);
+      const std::lock_guard lock(live_mutex);
+      live.erase(blocks[b].offset);
       return;
     }
     Block& block = blocks[b];
@@ -79,22 +86,47 @@ struct MemoryPlan::Shared {
   }
 
   // Places the recorded blocks that died within the run: largest first, each at the lowest
-  // offset free of the blocks whose lifetimes intersect its own.
+  // offset free of the blocks whose lifetimes intersect its own. The placed blocks whose
+  // lifetimes intersect a block's are found through a max-tree over the blocks sorted by first
+  // step, so that a plan of n blocks places in about n log n plus the intersections found, not
+  // n^2 (a chain of 10^5 nodes took 140 s and 24 GB before).
   void place() {
     std::vector<size_t> order;
     for (size_t b = begin; b < blocks.size(); ++b) {
       if (blocks[b].last != kEscaped && blocks[b].last != kAlive) order.push_back(b);
     }
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks[a].bytes > blocks[b].bytes; });
-    std::vector<size_t> placed;
+    std::vector<size_t> by_first = order;  // tree positions: blocks sorted by first step
+    std::stable_sort(by_first.begin(), by_first.end(),
+                     [&](size_t a, size_t b) { return blocks[a].first < blocks[b].first; });
+    std::vector<size_t> position(blocks.size() - begin);
+    for (size_t i = 0; i < by_first.size(); ++i) position[by_first[i] - begin] = i;
+    size_t leaves = 1;
+    while (leaves < by_first.size()) leaves *= 2;
+    std::vector<int> max_last(2 * leaves, std::numeric_limits<int>::min());  // over placed blocks
     std::vector<std::pair<size_t, size_t>> taken;
+    // Appends the byte ranges of placed blocks among tree positions [0, end) whose last step is
+    // at least `from`.
+    auto collect = [&](auto& self, size_t node, size_t lo, size_t hi, size_t end, int from) -> void {
+      if (lo >= end || max_last[node] < from) return;
+      if (hi - lo == 1) {
+        const Block& other = blocks[by_first[lo]];
+        taken.emplace_back(other.offset, other.offset + other.bytes);
+        return;
+      }
+      const size_t mid = (lo + hi) / 2;
+      self(self, 2 * node, lo, mid, end, from);
+      self(self, 2 * node + 1, mid, hi, end, from);
+    };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks[a].bytes > blocks[b].bytes; });
     for (size_t b : order) {
       Block& block = blocks[b];
       taken.clear();
-      for (size_t p : placed) {
-        const Block& other = blocks[p];
-        if (other.first <= block.last && block.first <= other.last) taken.emplace_back(other.offset, other.offset + other.bytes);
-      }
+      // Positions whose first step is at most this block's last step.
+      const size_t end = static_cast<size_t>(
+          std::upper_bound(by_first.begin(), by_first.end(), block.last,
+                           [&](int last, size_t other) { return last < blocks[other].first; }) -
+          by_first.begin());
+      collect(collect, 1, 0, leaves, end, block.first);
       std::sort(taken.begin(), taken.end());
       size_t offset = 0;
       for (const auto& [lo, hi] : taken) {
@@ -104,15 +136,10 @@ struct MemoryPlan::Shared {
       block.offset = offset;
       block.in_arena = true;
       arena_bytes = std::max(arena_bytes, offset + block.bytes);
-      placed.push_back(b);
-    }
-    for (size_t a : placed) {
-      for (size_t b : placed) {
-        const Block &x = blocks[a], &y = blocks[b];
-        if (a != b && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes) blocks[a].overlapping.push_back(b);
+      for (size_t node = leaves + position[b - begin]; node >= 1; node /= 2) {
+        max_last[node] = std::max(max_last[node], block.last);
       }
     }
-    alive = std::make_unique<std::atomic<bool>[]>(blocks.size() - begin);
     if (arena_bytes > 0) {
       try {
         arena = static_cast<char*>(take_block(arena_bytes));
@@ -122,7 +149,7 @@ struct MemoryPlan::Shared {
     }
     if (!arena) {  // no arena (none needed, or no memory): every block takes the heap
       arena_bytes = 0;
-      for (size_t b : placed) blocks[b].in_arena = false;
+      for (size_t b : order) blocks[b].in_arena = false;
     }
   }
 };
@@ -182,12 +209,12 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
       std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
     return Tensor(dtype, shape);  // strings construct their elements; bad shapes throw the tensor's error
   }
-  const size_t bytes = rounded(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+  const size_t bytes = rounded(checked_nbytes(dtype, shape));
   Shared& s = *shared_;
   const size_t k = s.begin + next_++;
   if (s.recording) {
     void* data = take_block(bytes);  // counted like any tensor block; freed to the system
-    s.blocks.push_back({bytes, s.step, kAlive, 0, false, {}});
+    s.blocks.push_back({bytes, s.step, kAlive, 0, false});
     s.owners.push_back({});
     s.owners.back().shared = &s;
     s.owners.back().index = k;
@@ -198,11 +225,16 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
     return Tensor(dtype, shape);
   }
   const Shared::Block& block = s.blocks[k];
-  auto busy = [&](size_t b) { return s.alive[b - s.begin].load(std::memory_order_acquire); };
-  if (!block.in_arena || busy(k) || std::any_of(block.overlapping.begin(), block.overlapping.end(), busy)) {
-    return Tensor(dtype, shape);
+  if (!block.in_arena) return Tensor(dtype, shape);
+  {
+    // Not while a tensor still views any of its bytes (its own last one, or another block's
+    // that shares them and that someone kept).
+    const std::lock_guard lock(s.live_mutex);
+    auto next = s.live.lower_bound(block.offset);
+    if (next != s.live.end() && next->first < block.offset + bytes) return Tensor(dtype, shape);
+    if (next != s.live.begin() && std::prev(next)->second > block.offset) return Tensor(dtype, shape);
+    s.live.emplace_hint(next, block.offset, block.offset + bytes);
   }
-  s.alive[k - s.begin].store(true, std::memory_order_relaxed);
   return Tensor(dtype, shape, std::make_shared<Storage>(s.arena + block.offset, bytes, s.owner(shared_, k)));
 }
 

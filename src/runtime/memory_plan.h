@@ -13,7 +13,6 @@
 // blocks, instead of the sum of everything allocated between frees.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
