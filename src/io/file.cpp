@@ -129,22 +129,25 @@ Temporary open_temporary(const fs::path& folder, const fs::path& path) {
 }
 
 // Gives an unnamed temporary file a name: linkat with AT_EMPTY_PATH (where the kernel permits
-// it: CAP_DAC_READ_SEARCH), else through /proc/self/fd (open(2), O_TMPFILE). Returns 0 or the
-// errno of the last try.
-int link_temporary(Temporary& t, const fs::path& folder, const fs::path& path) {
-  const fs::path name = folder / temporary_name(path);
-#ifdef AT_EMPTY_PATH
-  if (::linkat(t.fd, "", AT_FDCWD, name.c_str(), AT_EMPTY_PATH) == 0) {
-    t.named = name;
-    return 0;
-  }
-#endif
+// it: CAP_DAC_READ_SEARCH), else through /proc/self/fd (open(2), O_TMPFILE); another random
+// name when one is taken. Returns false with errno set when it cannot.
+bool link_temporary(Temporary& t, const fs::path& folder, const fs::path& path) {
   const std::string proc = "/proc/self/fd/" + std::to_string(t.fd);
-  if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) == 0) {
-    t.named = name;
-    return 0;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const fs::path name = folder / temporary_name(path);
+#ifdef AT_EMPTY_PATH
+    bool linked = ::linkat(t.fd, "", AT_FDCWD, name.c_str(), AT_EMPTY_PATH) == 0;
+#else
+    bool linked = false;
+#endif
+    if (!linked) linked = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) == 0;
+    if (linked) {
+      t.named = name;
+      return true;
+    }
+    if (errno != EEXIST) return false;
   }
-  return errno;
+  return false;
 }
 
 }  // namespace
@@ -194,7 +197,7 @@ void write_file_atomic(const fs::path& path, const std::function<std::string(int
   }
   if (!failed.empty()) fail(failed.c_str());
   if (::fsync(t.fd) != 0) fail("fsync");
-  if (t.named.empty() && (errno = link_temporary(t, folder, path)) != 0) fail("linking the temporary file into its folder");
+  if (t.named.empty() && !link_temporary(t, folder, path)) fail("linking the temporary file into its folder");
   const int fd = t.fd;
   t.fd = -1;
   if (::close(fd) != 0) fail("close");

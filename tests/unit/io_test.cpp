@@ -485,7 +485,8 @@ TEST(WriteFileAtomic, AFailingWriteLeavesTheOldFileAndNothingElse) {
     FAIL() << "expected an Error";
   } catch (const Error& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("m.onnx: writing 6 bytes failed: " + std::string(std::strerror(ENOSPC))), std::string::npos) << what;
+    const std::string want = "m.onnx: writing 6 bytes failed: " + std::string(std::strerror(ENOSPC));
+    EXPECT_NE(what.find(want), std::string::npos) << what;
   }
   EXPECT_THROW(io::write_file_atomic(dir / "m.onnx", [](int) -> std::string { throw std::runtime_error("boom"); }),
                std::runtime_error);
