@@ -6,9 +6,10 @@
 // TensorProto (.pb) files as used by the ONNX backend test data.
 //
 // Every function throws onnxtrain::Error naming the file (and tensor) on bad input: a missing
-// or unreadable file, truncated or invalid content, an unsupported element type. Writers are
-// atomic: they write a temporary file in the target folder, fsync it, and rename it over the
-// target, so a crash or a full disk never leaves a half-written file behind.
+// or unreadable file, truncated or invalid content, an unsupported element type. Every writer
+// goes through write_file_atomic: the target is either its old contents or its complete new
+// ones, whatever happens (kill -9, power loss, a full disk, a file-size limit), and temporary
+// files do not accumulate.
 #pragma once
 
 #include <cstdint>
@@ -111,7 +112,22 @@ std::vector<std::pair<std::string, Tensor>> read_npz(const std::filesystem::path
 std::string read_file(const std::filesystem::path& path);
 // Opens `path` and calls read(fd) (for streaming readers); throws Error when it cannot open it.
 void read_file(const std::filesystem::path& path, const std::function<void(int fd)>& read);
-// Atomically replaces `path` with `bytes` (temporary file, fsync, rename, fsync folder).
+// Atomically replaces `path` with `bytes`. The steps:
+//  1. removes the temporary files of `path` that killed writers left: entries of its folder
+//     named "<filename>.tmp-<pid>-<n>" whose process no longer exists (kill(pid, 0) fails with
+//     ESRCH). Those of live processes (a concurrent writer) and all other files are kept;
+//  2. writes into an unnamed temporary file in the same folder (open(2) O_TMPFILE), which the
+//     kernel frees if the process dies before step 4; where the filesystem has no O_TMPFILE
+//     (EOPNOTSUPP, EISDIR, EINVAL) or /proc/self/fd is missing, into a named one,
+//     "<filename>.tmp-<pid>-<n>", which step 1 of a later write of `path` removes;
+//  3. fsyncs it;
+//  4. links it as "<filename>.tmp-<pid>-<n>" (linkat AT_EMPTY_PATH, else /proc/self/fd/N),
+//     renames that over `path` and fsyncs the folder.
+// A process killed between 4's link and rename is the only way an unnamed write leaves a file.
+// The file gets mode 0644 less the umask. Throws Error naming `path` and the failed step with
+// errno's text ("...: writing 10 bytes failed: File too large"; EFBIG needs SIGXFSZ ignored,
+// as the `onnxtrain` command and CPython do): the old file is then untouched, and the temporary
+// file removed. Concurrent writers of one `path`: the last rename wins, each file whole.
 void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
 // The same with the contents written by write(fd) into the temporary file (for streaming
 // writers): it returns "" on success, else the failed action ("writing 10 bytes"), reported

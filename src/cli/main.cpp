@@ -2,6 +2,7 @@
 // python/onnxtrain/__init__.py sets the same OpenMP policy for it.)
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 
 #include "cli/app.h"
@@ -25,6 +26,10 @@ void choose_openmp_wait_policy(char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f, RLIMIT_FSIZE) sends SIGXFSZ, which by default kills the
+  // process (signal(7)); ignored, the write fails with EFBIG and the command reports it naming
+  // the file, exit 2, the old file intact (io::write_file_atomic). Kept across the exec below.
+  std::signal(SIGXFSZ, SIG_IGN);
   choose_openmp_wait_policy(argv);
   return onnxtrain::cli::main(argc, argv);
 }

@@ -21,10 +21,14 @@ void bind_cli(nb::module_& m) {
         for (std::string& arg : argv) pointers.push_back(arg.data());
         pointers.push_back(nullptr);
         // `train` installs its own SIGINT/SIGTERM handlers (to checkpoint and stop): the caller's
-        // come back afterwards.
-        struct sigaction old_int {}, old_term {};
+        // come back afterwards. SIGXFSZ is ignored while it runs, as in the executable
+        // (src/cli/main.cpp): a file-size limit is a write error, exit 2. (CPython ignores it
+        // from startup; an embedding program may not.)
+        struct sigaction old_int {}, old_term {}, old_xfsz {}, ignore {};
         sigaction(SIGINT, nullptr, &old_int);
         sigaction(SIGTERM, nullptr, &old_term);
+        ignore.sa_handler = SIG_IGN;
+        sigaction(SIGXFSZ, &ignore, &old_xfsz);
         int status = 0;
         {
           nb::gil_scoped_release release;
@@ -34,6 +38,7 @@ void bind_cli(nb::module_& m) {
         }
         sigaction(SIGINT, &old_int, nullptr);
         sigaction(SIGTERM, &old_term, nullptr);
+        sigaction(SIGXFSZ, &old_xfsz, nullptr);
         return status;
       },
       nb::arg("argv"),

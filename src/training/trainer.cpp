@@ -85,6 +85,11 @@ std::string metadata(const onnx::ModelProto& model, const std::string& key) {
   return {};
 }
 
+bool is_position_key(const onnx::StringStringEntryProto& entry) {
+  return entry.key() == "onnxtrain.epoch" || entry.key() == "onnxtrain.batch" ||
+         entry.key() == "onnxtrain.steps_done" || entry.key() == "onnxtrain.seed";
+}
+
 // One run of the loop: the session, the feeds, the position and what is reported.
 class Loop {
  public:
@@ -161,6 +166,14 @@ void Loop::load_session() {
   // The model moves into the session (no second copy of its tensors); its metadata stays here.
   onnx::ModelProto meta;
   *meta.mutable_metadata_props() = model.metadata_props();
+  // A checkpoint's position (onnxtrain.epoch/batch/steps_done/seed) describes that file only:
+  // dropped from the model, so the output of a resumed run is the output of an uninterrupted
+  // one, byte for byte, and never claims the position it was resumed from (the checkpoints
+  // written from here set it again).
+  if (!o_.resume.empty()) {
+    auto* props = model.mutable_metadata_props();
+    props->erase(std::remove_if(props->begin(), props->end(), is_position_key), props->end());
+  }
   TrainingOptions session_options;
   session_options.threads = o_.threads;
   session_options.seed = o_.seed;

@@ -1,9 +1,15 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -390,6 +396,128 @@ TEST(TensorProto, WritingKeepsANameThatAliasesTheTarget) {
   io::tensor_to_proto(Tensor::from_vector<float>({2}, {1, 2}), proto.name(), proto);
   EXPECT_EQ(proto.name(), "weight");
   EXPECT_EQ(io::tensor_from_proto(proto, {}, "t").to_double_vector(), (std::vector<double>{1, 2}));
+}
+
+}  // namespace
+}  // namespace onnxtrain
+
+// write_file_atomic: stale temporary files, failures, file-size limits (issue 19).
+namespace onnxtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_all(const fs::path& path) { return io::read_file(path); }
+
+std::set<std::string> names_in(const fs::path& folder) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder)) names.insert(entry.path().filename().string());
+  return names;
+}
+
+// The id of a process that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return child;
+}
+
+TEST(WriteFileAtomic, RemovesOnlyStaleTemporariesOfTheSameTarget) {
+  TempDir dir;
+  const std::string dead = std::to_string(dead_pid());
+  const std::string live = std::to_string(::getpid());
+  const std::vector<std::string> stale = {"m.onnx.tmp-" + dead + "-123", "m.onnx.tmp-" + dead + "-0"};
+  const std::vector<std::string> kept = {
+      "m.onnx.tmp-" + live + "-7",         // a live writer's
+      "other.onnx.tmp-" + dead + "-1",     // another target's
+      "xm.onnx.tmp-" + dead + "-1",        // another target's
+      "m.onnx.tmp-" + dead + "-",          // not the pattern
+      "m.onnx.tmp-" + dead + "-1x",        // not the pattern
+      "m.onnx.tmp-" + dead,                // not the pattern
+      "m.onnx.tmp--" + dead + "-1",        // not a process id
+      "m.onnx.tmp-0-1",                    // kill(0, 0) would mean the process group
+      "m.onnx.tmp-99999999999999999999-1", // out of range
+      "m.onnx.bak"};
+  for (const auto& name : stale) write_bytes(dir / name, "stale");
+  for (const auto& name : kept) write_bytes(dir / name, "kept");
+  fs::create_directories(dir / ("m.onnx.tmp-" + dead + "-5"));  // a folder is not unlinked
+  io::write_file_atomic(dir / "m.onnx", std::string("new"));
+  EXPECT_EQ(read_all(dir / "m.onnx"), "new");
+  std::set<std::string> want(kept.begin(), kept.end());
+  want.insert({"m.onnx", "m.onnx.tmp-" + dead + "-5"});
+  EXPECT_EQ(names_in(dir.path()), want);
+  for (const auto& name : kept) EXPECT_EQ(read_all(dir / name), "kept") << name;
+}
+
+TEST(WriteFileAtomic, WritesThroughAnUnnamedOrAProperlyNamedTemporary) {
+  TempDir dir;
+  write_bytes(dir / "m.npy", "old");
+  std::set<std::string> while_writing;
+  io::write_file_atomic(dir / "m.npy", [&](int fd) {
+    while_writing = names_in(dir.path());
+    return ::write(fd, "new", 3) == 3 ? std::string() : std::string("writing 3 bytes");
+  });
+  EXPECT_EQ(read_all(dir / "m.npy"), "new");
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"m.npy"});
+  // O_TMPFILE: nothing but the old file is visible; without it, one "m.npy.tmp-PID-N".
+  while_writing.erase("m.npy");
+  const std::string prefix = "m.npy.tmp-" + std::to_string(::getpid()) + "-";
+  for (const auto& name : while_writing) EXPECT_EQ(name.rfind(prefix, 0), 0u) << name;
+  EXPECT_LE(while_writing.size(), 1u);
+  // The mode of a created file: 0644 less the umask.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  const auto perms = fs::status(dir / "m.npy").permissions();
+  EXPECT_EQ(static_cast<mode_t>(perms) & 0777, 0644 & ~mask);
+}
+
+TEST(WriteFileAtomic, AFailingWriteLeavesTheOldFileAndNothingElse) {
+  TempDir dir;
+  write_bytes(dir / "m.onnx", "old");
+  try {
+    io::write_file_atomic(dir / "m.onnx", [](int fd) {
+      if (::write(fd, "par", 3) != 3) return std::string("writing");
+      errno = ENOSPC;
+      return std::string("writing 6 bytes");
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const std::string want = "m.onnx: writing 6 bytes failed: " + std::string(std::strerror(ENOSPC));
+    EXPECT_NE(what.find(want), std::string::npos) << what;
+  }
+  EXPECT_THROW(io::write_file_atomic(dir / "m.onnx", [](int) -> std::string { throw std::runtime_error("boom"); }),
+               std::runtime_error);
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"m.onnx"});
+  EXPECT_EQ(read_all(dir / "m.onnx"), "old");
+}
+
+// RLIMIT_FSIZE (ulimit -f) with SIGXFSZ ignored: write(2) fails with EFBIG.
+TEST(WriteFileAtomic, AFileSizeLimitIsAnErrorNamingTheFile) {
+  TempDir dir;
+  write_bytes(dir / "big.npy", "old");
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  struct sigaction ignore {}, old_action {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 1 << 16;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  std::string what;
+  try {
+    io::write_file_atomic(dir / "big.npy", std::string(1 << 20, 'x'));
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::sigaction(SIGXFSZ, &old_action, nullptr);
+  EXPECT_NE(what.find("big.npy: writing 1048576 bytes failed: " + std::string(std::strerror(EFBIG))), std::string::npos)
+      << what;
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"big.npy"});
+  EXPECT_EQ(read_all(dir / "big.npy"), "old");
 }
 
 }  // namespace
