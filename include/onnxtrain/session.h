@@ -4,8 +4,15 @@
 //   auto outputs = session.run({{"x", x}});       // name -> Tensor
 //
 // Plans are made once per input-shape signature and reused: kernel instances with parsed
-// attributes and cached oneDNN primitives. A Session is not safe to run from several threads
-// at once; use one Session per thread.
+// attributes and cached oneDNN primitives.
+//
+// Thread safety: run and run_values may be called on one Session from several threads at once
+// (tested under ThreadSanitizer: tests/reliability/concurrency_test.cpp), as may inputs(),
+// optional_inputs() and outputs(). A plan serves one call at a time: a call finding every plan
+// of its input shapes busy makes another, which is kept for later calls, so memory grows with
+// the number of calls that run at once. Random ops of calls that run at once may draw the
+// same numbers (see SessionOptions::seed). Construction, moving and destruction must not
+// overlap any call. Feeds are only read; outputs belong to the caller.
 #pragma once
 
 #include <filesystem>
@@ -25,7 +32,9 @@ namespace onnxtrain::runtime {
 
 struct SessionOptions {
   // Threads for OpenMP kernels and oneDNN primitives; 0 keeps the OpenMP default
-  // (OMP_NUM_THREADS, else one per core). Applies process-wide.
+  // (OMP_NUM_THREADS, else one per core). Set with omp_set_num_threads in the calling thread at
+  // construction and at every run (OpenMP keeps the setting per thread), so it stays in effect
+  // for that thread's other OpenMP work too.
   int threads = 0;
   // Seed of random ops (RandomNormal, Dropout in training mode, ...) that have no `seed`
   // attribute. The same seed gives the same numbers, run after run of a new Session.

@@ -16,7 +16,12 @@
 // A call that fails (a missing feed, a shape error, a bound value whose element type or
 // shape differs from its variable's, NaN/Inf in a bound value with the NaN guard on) throws
 // onnxtrain::Error and changes no variable. Plans are made once and reused across steps.
-// Not safe to use from several threads at once.
+// Thread safety: one TrainingSession must not be used from several threads at once (every
+// call reads or changes its state); serialize the calls (the Python package does) or use one
+// session per thread. Different TrainingSessions, and Sessions, may run at the same time on
+// different threads: they share no mutable state (tested under ThreadSanitizer:
+// tests/reliability/concurrency_test.cpp). state() and the ValueInfo lists are references
+// into the session, valid until its next call that changes them.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,10 @@
 // InferenceSession (runtime::Session) and TrainingSession (training::TrainingSession), and the
 // ValueInfo of their inputs and outputs.
 //
-// Threads: the C++ sessions are not safe to use from several threads at once (session.h,
-// training.h). Each Python session holds a mutex that every call takes after releasing the
-// GIL, so calls on one session from several threads run one after the other, and calls on
+// Threads (session.h, training.h): every call releases the GIL. An inference session may run
+// from several threads at once, as in C++. A training session is not safe to use from several
+// threads at once in C++: each Python TrainingSession holds a mutex that every call takes
+// after releasing the GIL, so its calls from several threads run one after the other. Calls on
 // different sessions run in parallel while Python code keeps running.
 #include "python/sessions.h"
 
@@ -71,6 +72,13 @@ auto locked(std::mutex& mutex, F&& f) {
   return f();
 }
 
+// Runs `f` with the GIL released.
+template <class F>
+auto released(F&& f) {
+  nb::gil_scoped_release release;
+  return f();
+}
+
 // SessionOptions or TrainingOptions: the fields both have.
 template <class Options>
 Options session_options(std::optional<int> threads, uint64_t seed, bool fuse) {
@@ -94,7 +102,6 @@ std::unique_ptr<S> make_session(nb::handle model, const Options& options) {
 
 struct InferenceSession {
   std::unique_ptr<runtime::Session> session;
-  std::mutex mutex;
   bool tensors_only = true;  // else run() goes through run_values (sequences, optionals)
   std::vector<runtime::ValueInfo> declared;  // inputs and optional inputs
 };
@@ -113,7 +120,7 @@ void init_inference(InferenceSession* self, nb::handle model, std::optional<int>
 nb::dict run(InferenceSession& self, nb::handle feeds) {
   if (self.tensors_only) {
     const runtime::NamedTensors inputs = feeds_from_dict(feeds);
-    runtime::NamedTensors outputs = locked(self.mutex, [&] { return self.session->run(inputs); });
+    runtime::NamedTensors outputs = released([&] { return self.session->run(inputs); });
     return dict_from_tensors(std::move(outputs));
   }
   runtime::NamedValues inputs;
@@ -122,7 +129,7 @@ nb::dict run(InferenceSession& self, nb::handle feeds) {
     const ValueType type = it == self.declared.end() ? ValueType() : it->type;  // an unknown name: Session says so
     inputs[name] = value_from_object(value, type, "feed '" + name + "'");
   }
-  runtime::NamedValues outputs = locked(self.mutex, [&] { return self.session->run_values(inputs); });
+  runtime::NamedValues outputs = released([&] { return self.session->run_values(inputs); });
   nb::dict result;
   for (auto& [name, value] : outputs) result[name.c_str()] = object_from_value(std::move(value));
   return result;

@@ -74,8 +74,7 @@ void append_shape(std::vector<int64_t>& signature, const Value& v) {
 
 GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, uint64_t seed,
                          const std::set<std::string>& supplied)
-    : source_(std::move(source)), graph_(std::move(graph)), opsets_(std::move(opsets)) {
-  own_context_.seed = seed;
+    : source_(std::move(source)), graph_(std::move(graph)), opsets_(std::move(opsets)), seed_(seed) {
   for (ir::ValueId id : graph_.inputs()) {
     const ir::Value& v = graph_.value(id);
     if (supplied.contains(v.name)) {
@@ -92,14 +91,40 @@ GraphRunner::GraphRunner(ir::Graph graph, OpsetMap opsets, std::string source, u
   unused_plan_ = std::make_unique<Plan>(graph_, opsets_);
 }
 
-Plan& GraphRunner::plan_for_signature() {
-  auto it = plans_.find(signature_);
-  if (it != plans_.end()) return *it->second;
-  auto plan = unused_plan_ ? std::move(unused_plan_) : std::make_unique<Plan>(graph_, opsets_);
-  return *plans_.emplace(signature_, std::move(plan)).first->second;
+std::unique_ptr<Plan> GraphRunner::take_plan(const std::vector<int64_t>& signature) {
+  {
+    const std::lock_guard lock(mutex_);
+    auto it = idle_plans_.find(signature);
+    if (it != idle_plans_.end() && !it->second.empty()) {
+      std::unique_ptr<Plan> plan = std::move(it->second.back());
+      it->second.pop_back();
+      return plan;
+    }
+    if (unused_plan_) return std::move(unused_plan_);
+  }
+  return std::make_unique<Plan>(graph_, opsets_);  // every plan of this signature is busy
 }
 
-void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
+std::vector<Value> GraphRunner::take_values() {
+  {
+    const std::lock_guard lock(mutex_);
+    if (!idle_values_.empty()) {
+      std::vector<Value> values = std::move(idle_values_.back());
+      idle_values_.pop_back();
+      return values;
+    }
+  }
+  return std::vector<Value>(graph_.values().size());
+}
+
+void GraphRunner::give_back(Execution& execution) {
+  execution.values.assign(execution.values.size(), Value());  // release every reference held
+  const std::lock_guard lock(mutex_);
+  if (execution.plan) idle_plans_[std::move(execution.signature)].push_back(std::move(execution.plan));
+  if (execution.values.size() == graph_.values().size()) idle_values_.push_back(std::move(execution.values));
+}
+
+void GraphRunner::bind_and_run(Execution& execution, const std::map<std::string, const Value*>& feeds,
                                std::span<const Override> overrides, const ops::RunContext* run_context,
                                const AfterStep* after_step) {
   for (const auto& [name, value] : feeds) {
@@ -110,10 +135,11 @@ void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
       throw Error(source_ + ": '" + name + "' is not an input of the model (inputs: " + names + ")");
     }
   }
-  values_.assign(graph_.values().size(), Value());
-  for (const auto& [id, tensor] : graph_.initializers()) values_[static_cast<size_t>(id)] = tensor;
-  for (const Override& o : overrides) values_[static_cast<size_t>(o.id)] = o.tensor ? Value(*o.tensor) : *o.value;
-  signature_.clear();
+  execution.values = take_values();
+  std::vector<Value>& values = execution.values;
+  for (const auto& [id, tensor] : graph_.initializers()) values[static_cast<size_t>(id)] = tensor;
+  for (const Override& o : overrides) values[static_cast<size_t>(o.id)] = o.tensor ? Value(*o.tensor) : *o.value;
+  std::vector<int64_t>& signature = execution.signature;
   for (size_t i = 0; i < inputs_.size(); ++i) {
     auto it = feeds.find(inputs_[i].name);
     if (it == feeds.end()) {
@@ -126,40 +152,47 @@ void GraphRunner::bind_and_run(const std::map<std::string, const Value*>& feeds,
     // body's optional loop-carried value receives the plain value the previous iteration made).
     if (declared.kind() == ValueType::Kind::Optional && !fed.is_optional() && fed.defined() &&
         has_type(fed, declared.element())) {
-      values_[static_cast<size_t>(input_ids_[i])] = Value::optional(declared.element(), fed);
+      values[static_cast<size_t>(input_ids_[i])] = Value::optional(declared.element(), fed);
     } else {
       check_feed(inputs_[i], fed, source_);
-      values_[static_cast<size_t>(input_ids_[i])] = fed;
+      values[static_cast<size_t>(input_ids_[i])] = fed;
     }
-    append_shape(signature_, fed);
+    append_shape(signature, fed);
   }
   for (size_t i = 0; i < optional_inputs_.size(); ++i) {
     auto it = feeds.find(optional_inputs_[i].name);
     if (it == feeds.end()) {
-      signature_.push_back(-1);
+      signature.push_back(-1);
       continue;
     }
     check_feed(optional_inputs_[i], *it->second, source_);
-    values_[static_cast<size_t>(optional_ids_[i])] = *it->second;
-    append_shape(signature_, *it->second);
+    values[static_cast<size_t>(optional_ids_[i])] = *it->second;
+    append_shape(signature, *it->second);
   }
-  try {
-    plan_for_signature().run(values_, run_context ? *run_context : own_context_, after_step);
-    if (!run_context) ++own_context_.run_index;
-  } catch (...) {
-    values_.assign(values_.size(), Value());
-    throw;
+  execution.plan = take_plan(signature);
+  ops::RunContext own_context;
+  if (!run_context) {
+    own_context.seed = seed_;
+    own_context.run_index = runs_done_.load();
   }
+  execution.plan->run(values, run_context ? *run_context : own_context, after_step);
+  if (!run_context) runs_done_.fetch_add(1);
 }
 
 NamedValues GraphRunner::run_values(const NamedValues& feeds, std::span<const Override> overrides,
                                     const ops::RunContext* run_context) {
   std::map<std::string, const Value*> by_name;
   for (const auto& [name, value] : feeds) by_name.emplace(name, &value);
-  bind_and_run(by_name, overrides, run_context);
+  Execution execution;
   NamedValues result;
-  for (ir::ValueId id : graph_.outputs()) result[graph_.value(id).name] = values_[static_cast<size_t>(id)];
-  values_.assign(values_.size(), Value());  // release every reference held for this run
+  try {
+    bind_and_run(execution, by_name, overrides, run_context);
+    for (ir::ValueId id : graph_.outputs()) result[graph_.value(id).name] = execution.values[static_cast<size_t>(id)];
+  } catch (...) {
+    give_back(execution);
+    throw;
+  }
+  give_back(execution);
   return result;
 }
 
@@ -170,19 +203,23 @@ NamedTensors GraphRunner::run(const NamedTensors& feeds, std::span<const Overrid
   held.reserve(feeds.size());
   std::map<std::string, const Value*> by_name;
   for (const auto& [name, tensor] : feeds) by_name.emplace(name, &held.emplace_back(tensor));
-  bind_and_run(by_name, overrides, run_context, after_step);
+  Execution execution;
   NamedTensors result;
-  for (ir::ValueId id : graph_.outputs()) {
-    Value& v = values_[static_cast<size_t>(id)];
-    if (!v.is_tensor()) {
-      const std::string message = source_ + ": output '" + graph_.value(id).name + "' is a " +
-                                  v.type().to_string() + " value; run the model with run_values to receive it";
-      values_.assign(values_.size(), Value());
-      throw Error(message);
+  try {
+    bind_and_run(execution, by_name, overrides, run_context, after_step);
+    for (ir::ValueId id : graph_.outputs()) {
+      Value& v = execution.values[static_cast<size_t>(id)];
+      if (!v.is_tensor()) {
+        throw Error(source_ + ": output '" + graph_.value(id).name + "' is a " + v.type().to_string() +
+                    " value; run the model with run_values to receive it");
+      }
+      result[graph_.value(id).name] = std::move(v.tensor());
     }
-    result[graph_.value(id).name] = std::move(v.tensor());
+  } catch (...) {
+    give_back(execution);
+    throw;
   }
-  values_.assign(values_.size(), Value());
+  give_back(execution);
   return result;
 }
 

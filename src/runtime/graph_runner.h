@@ -1,10 +1,17 @@
-// runtime::GraphRunner — runs one ir::Graph: checks feeds, keeps a Plan per input-shape
+// runtime::GraphRunner — runs one ir::Graph: checks feeds, keeps Plans per input-shape
 // signature, fills initializers (or their current values, for training state) and returns
 // the graph outputs. Session and TrainingSession are built on it.
+//
+// Thread safety: run and run_values may be called from several threads at once. A plan (its
+// kernels, their cached primitives and buffers, its memory arena) serves one run at a time:
+// each call takes an idle plan of its signature, or makes one when every plan of it is busy,
+// and gives it back when done; so memory grows with the number of calls that run at once.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -45,7 +52,7 @@ class GraphRunner {
 
   // Runs the graph; see Session::run for the feed rules. `overrides` replace initializer
   // values for this run. Random ops use `run_context` when given, else the runner's seed and
-  // its count of earlier runs. Returns every graph output by name. run() requires every input
+  // its count of earlier runs that succeeded (calls running at once may see the same count). Returns every graph output by name. run() requires every input
   // and output to be a tensor (an Error names the one that is not); run_values takes any.
   // `after_step`: see Plan::run (nodes of this graph only, not of subgraphs).
   NamedTensors run(const NamedTensors& feeds, std::span<const Override> overrides = {},
@@ -54,10 +61,21 @@ class GraphRunner {
                          const ops::RunContext* run_context = nullptr);
 
  private:
-  Plan& plan_for_signature();
-  // Sets the feeds and overrides into values_ and the shape signature; then runs.
-  void bind_and_run(const std::map<std::string, const Value*>& feeds, std::span<const Override> overrides,
-                    const ops::RunContext* run_context, const AfterStep* after_step = nullptr);
+  // One call's values (indexed by ir::ValueId) and the plan it runs: taken from the idle ones
+  // of its signature, given back by the caller.
+  struct Execution {
+    std::vector<int64_t> signature;
+    std::vector<Value> values;
+    std::unique_ptr<Plan> plan;
+  };
+  std::unique_ptr<Plan> take_plan(const std::vector<int64_t>& signature);
+  std::vector<Value> take_values();
+  void give_back(Execution& execution);
+  // Sets the feeds and overrides into the execution's values and its shape signature, then
+  // runs a plan of that signature. Gives the plan back on error (the values are cleared).
+  void bind_and_run(Execution& execution, const std::map<std::string, const Value*>& feeds,
+                    std::span<const Override> overrides, const ops::RunContext* run_context,
+                    const AfterStep* after_step = nullptr);
 
   std::string source_;
   ir::Graph graph_;
@@ -65,11 +83,12 @@ class GraphRunner {
   std::vector<ValueInfo> inputs_, optional_inputs_, outputs_;
   std::vector<ir::ValueId> input_ids_, optional_ids_;
   std::set<ir::ValueId> supplied_;
-  std::unique_ptr<Plan> unused_plan_;  // made at construction; serves the first signature
-  std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
-  std::vector<int64_t> signature_;
-  ops::RunContext own_context_;
-  std::vector<Value> values_;
+  uint64_t seed_ = 0;
+  std::atomic<uint64_t> runs_done_{0};  // successful runs without a run_context
+  std::mutex mutex_;                    // guards what follows
+  std::unique_ptr<Plan> unused_plan_;   // made at construction; serves the first signature
+  std::map<std::vector<int64_t>, std::vector<std::unique_ptr<Plan>>> idle_plans_;
+  std::vector<std::vector<Value>> idle_values_;
 };
 
 // Domain -> version from ModelProto.opset_import ("ai.onnx" becomes ""), checked.

@@ -47,19 +47,23 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
 }
 }  // namespace
 
-struct Session::Impl {
-  GraphRunner runner;
-  Impl(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
-       const std::string& source, const SessionOptions& options)
-      : runner(inference_graph(std::move(graph), opsets, base_dir, source, options.fuse), opsets, source,
-               options.seed) {}
-};
-
 namespace {
+// OpenMP's thread count is a setting of the calling thread (omp_set_num_threads): applied at
+// construction and on every run, so that runs from other threads use it too.
 void apply(const SessionOptions& options) {
   if (options.threads > 0) omp_set_num_threads(options.threads);
 }
 }  // namespace
+
+struct Session::Impl {
+  SessionOptions options;
+  GraphRunner runner;
+  Impl(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
+       const std::string& source, const SessionOptions& options)
+      : options(options),
+        runner(inference_graph(std::move(graph), opsets, base_dir, source, options.fuse), opsets, source,
+               options.seed) {}
+};
 
 Session::Session(const std::filesystem::path& path, SessionOptions options) {
   apply(options);
@@ -90,8 +94,14 @@ const std::vector<ValueInfo>& Session::inputs() const { return impl_->runner.inp
 const std::vector<ValueInfo>& Session::optional_inputs() const { return impl_->runner.optional_inputs(); }
 const std::vector<ValueInfo>& Session::outputs() const { return impl_->runner.outputs(); }
 
-NamedTensors Session::run(const NamedTensors& feeds) { return impl_->runner.run(feeds); }
+NamedTensors Session::run(const NamedTensors& feeds) {
+  apply(impl_->options);
+  return impl_->runner.run(feeds);
+}
 
-NamedValues Session::run_values(const NamedValues& feeds) { return impl_->runner.run_values(feeds); }
+NamedValues Session::run_values(const NamedValues& feeds) {
+  apply(impl_->options);
+  return impl_->runner.run_values(feeds);
+}
 
 }  // namespace onnxtrain::runtime

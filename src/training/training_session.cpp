@@ -96,9 +96,16 @@ struct TrainingSession::Impl {
   std::map<std::string, std::pair<DataType, Shape>> dropped;
   bool consolidated = false;
 
+  // OpenMP's thread count is a setting of the calling thread (omp_set_num_threads): set on
+  // every call, so that a session used from another thread than the one that made it still
+  // runs on options.threads.
+  void use_threads() const {
+    if (options.threads > 0) omp_set_num_threads(options.threads);
+  }
+
   Impl(onnx::ModelProto m, TrainingOptions opts, std::filesystem::path dir, std::string src)
       : model(std::move(m)), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
-    if (options.threads > 0) omp_set_num_threads(options.threads);
+    use_threads();
     check_bindings(model, source);
     const runtime::OpsetMap opsets = runtime::opsets_of(model, source);
     // The variables: every key of any binding, valued by its initializer.
@@ -534,6 +541,7 @@ const std::vector<runtime::ValueInfo>& TrainingSession::inference_outputs() cons
 }
 
 void TrainingSession::initialize() {
+  impl_->use_threads();
   runtime::NamedTensors staged;
   const ops::RunContext context{impl_->options.seed, impl_->initializations_done};
   for (auto& init : impl_->initializations) {
@@ -546,6 +554,7 @@ void TrainingSession::initialize() {
 }
 
 runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) {
+  impl_->use_threads();
   // Each algorithm commits atomically; with several, a failure of a later one rolls back the
   // earlier ones.
   runtime::NamedTensors before;
@@ -575,6 +584,7 @@ runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) 
 }
 
 runtime::NamedTensors TrainingSession::step(size_t i, const runtime::NamedTensors& feeds) {
+  impl_->use_threads();
   if (i >= impl_->algorithms.size()) {
     throw Error(impl_->source + ": step(" + std::to_string(i) + "): the model has " +
                 std::to_string(impl_->algorithms.size()) + " training_info entries");
@@ -585,6 +595,7 @@ runtime::NamedTensors TrainingSession::step(size_t i, const runtime::NamedTensor
 }
 
 runtime::NamedTensors TrainingSession::infer(const runtime::NamedTensors& feeds) {
+  impl_->use_threads();
   return impl_->inference.runner->run(feeds, impl_->inference.overrides);
 }
 
