@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from typing import Any
 
 from onnx import numpy_helper
 
 from onnxtrain._checkpoint import _initializers, _model_proto, _schema
+from onnxtrain._files import temporary_name
 from onnxtrain._from_torch import _error, _torch
 
 _OPTIMIZER_KEYS = {"SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
@@ -111,8 +111,8 @@ def export_checkpoint(model: Any, folder: str | os.PathLike[str], *, overwrite: 
     if os.path.exists(folder) and (not os.path.isdir(folder) or (os.listdir(folder) and not overwrite)):
         raise _error(f"export_checkpoint: {folder} exists and is not an empty folder (overwrite=True replaces it)")
     weights, optimizer, scheduler, schema = torch_state(model)
-    parent = os.path.dirname(os.path.abspath(folder))
-    scratch = tempfile.mkdtemp(prefix=".onnxtrain-export-", dir=parent)
+    scratch = temporary_name(folder)  # <folder>.tmp-PID-N; stale ones of dead writers go
+    os.mkdir(scratch)
     try:
         files = {"weights": "model.safetensors", "optimizer": "optimizer.pt", "trainer_state": "trainer_state.json",
                  "metadata": "onnxtrain_training.json"}

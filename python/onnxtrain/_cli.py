@@ -7,9 +7,9 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 
 from onnxtrain import _core
+from onnxtrain._files import write_bytes_atomic
 
 CHECKPOINT_COMMANDS = ("import-checkpoint", "export-checkpoint")
 
@@ -44,15 +44,7 @@ def _checkpoint_main(argv: list[str]) -> int:
                                   scheduler=args.scheduler, hf_folder=args.hf_folder, step=args.step,
                                   strict=not args.no_strict)
         # Atomically: a temporary file beside the output, renamed into place.
-        folder = os.path.dirname(os.path.abspath(args.output))
-        fd, scratch = tempfile.mkstemp(prefix=".onnxtrain-", suffix=".onnx", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(model.SerializeToString())
-            os.replace(scratch, args.output)
-        except BaseException:
-            os.unlink(scratch)
-            raise
+        write_bytes_atomic(args.output, model.SerializeToString())
         print(f"wrote {args.output}: imported step {_global_step(model)}")
         return 0
     except (_core.Error, OSError) as e:

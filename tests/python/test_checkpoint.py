@@ -342,7 +342,7 @@ def test_pickle_that_weights_only_refuses_writes_nothing(tmp_path):
     assert run.returncode == 2, run.stderr
     assert "evil.pt: not loadable with torch.load(weights_only=True)" in run.stderr
     assert not out.exists()
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".onnxtrain-")]
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 
 def test_console_script_import_and_export(tmp_path):
@@ -352,16 +352,27 @@ def test_console_script_import_and_export(tmp_path):
     paths = _save_torch(tmp_path, module, optimizer, scheduler)
     onnx.save(model, tmp_path / "train.onnx")
     out = tmp_path / "imported.onnx"
+    # What killed writers leave (a process that has exited: its pid is free) is removed by the
+    # next write of the same target; a live process's is kept.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    (tmp_path / f"imported.onnx.tmp-{dead_pid}-17").write_bytes(b"partial")
+    (tmp_path / f"x.tmp-{dead_pid}-18").mkdir()
+    (tmp_path / f"x.tmp-{dead_pid}-18" / "model.safetensors").write_bytes(b"partial")
+    (tmp_path / f"imported.onnx.tmp-{os.getpid()}-19").write_bytes(b"a live writer's")
     run = subprocess.run([sys.executable, "-m", "onnxtrain", "import-checkpoint", str(tmp_path / "train.onnx"), "-o",
                           str(out), "--weights", paths["weights"], "--optimizer", paths["optimizer"], "--scheduler",
                           paths["scheduler"]], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+    assert sorted(p for p in os.listdir(tmp_path) if ".tmp-" in p) == [f"imported.onnx.tmp-{os.getpid()}-19",
+                                                                      f"x.tmp-{dead_pid}-18"]
     assert f"imported step {K}" in run.stdout
     run = subprocess.run([sys.executable, "-m", "onnxtrain", "export-checkpoint", str(out), "-o", str(tmp_path / "x")],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert sorted(os.listdir(tmp_path / "x")) == ["model.safetensors", "onnxtrain_training.json", "optimizer.pt",
                                                   "scheduler.pt", "trainer_state.json"]
+    assert sorted(p for p in os.listdir(tmp_path) if ".tmp-" in p) == [f"imported.onnx.tmp-{os.getpid()}-19"]
     run = subprocess.run([sys.executable, "-m", "onnxtrain", "info", str(out)], capture_output=True, text=True)
     assert "progress: epochs_done 0, global_step 3" in run.stdout
     assert "written by: make-trainable, import-checkpoint" in run.stdout
