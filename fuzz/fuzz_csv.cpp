@@ -5,6 +5,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static onnxtrain::fuzz::MemFile file;
   const auto path = file.write(data, size);
-  onnxtrain::fuzz::expect_error_or_success([&] { onnxtrain::data::read_csv(path); });
+  onnxtrain::fuzz::expect_error_or_success([&] {
+    for (const auto& [name, column] : onnxtrain::data::read_csv(path).columns) onnxtrain::fuzz::check_tensor(column);
+  });
   return 0;
 }

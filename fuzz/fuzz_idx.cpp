@@ -34,6 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static GzipLink gzip(file);
   const auto path = file.write(data, size);
   const bool gzipped = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
-  onnxtrain::fuzz::expect_error_or_success([&] { onnxtrain::data::read_idx(gzipped ? gzip.link : path); });
+  onnxtrain::fuzz::expect_error_or_success([&] {
+    onnxtrain::fuzz::check_tensor(onnxtrain::data::read_idx(gzipped ? gzip.link : path));
+  });
   return 0;
 }

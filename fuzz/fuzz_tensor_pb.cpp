@@ -13,8 +13,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ValueType optional =
       ValueType::optional(ValueType::sequence(ValueType::tensor(DataType::Int64)));
   const auto path = file.write(data, size);
-  onnxtrain::fuzz::expect_error_or_success([&] { onnxtrain::io::read_tensor_pb(path); });
-  onnxtrain::fuzz::expect_error_or_success([&] { onnxtrain::io::read_value_pb(path, sequence); });
-  onnxtrain::fuzz::expect_error_or_success([&] { onnxtrain::io::read_value_pb(path, optional); });
+  using onnxtrain::fuzz::check_tensor, onnxtrain::fuzz::check_value;
+  onnxtrain::fuzz::expect_error_or_success([&] { check_tensor(onnxtrain::io::read_tensor_pb(path).second); });
+  onnxtrain::fuzz::expect_error_or_success([&] { check_value(onnxtrain::io::read_value_pb(path, sequence).second); });
+  onnxtrain::fuzz::expect_error_or_success([&] { check_value(onnxtrain::io::read_value_pb(path, optional).second); });
   return 0;
 }

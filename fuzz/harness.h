@@ -16,6 +16,8 @@
 #include <string>
 
 #include "onnxtrain/error.h"
+#include "onnxtrain/tensor.h"
+#include "onnxtrain/value.h"
 
 namespace onnxtrain::fuzz {
 
@@ -62,6 +64,40 @@ void expect_error_or_success(Read&& read) {
   } catch (const Error& e) {
     if (verbose) std::fprintf(stderr, "  error: %s\n", e.what());
   }
+}
+
+// Where check_tensor stores what it read, so the reads are not optimized away.
+inline volatile unsigned checksum = 0;
+
+// Aborts unless a tensor a reader returned holds all its elements: a shape whose element count
+// and byte size overflow no int64, and that many bytes (or strings) readable behind raw_data()
+// (every one is read, so ASan reports storage that is too short).
+inline void check_tensor(const Tensor& t) {
+  if (!t.defined()) return;
+  int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype()));
+  for (const int64_t d : t.shape()) {
+    if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) {
+      std::fprintf(stderr, "check_tensor: a reader returned the shape %s\n", t.shape().to_string().c_str());
+      std::abort();
+    }
+  }
+  unsigned sum = 0;
+  if (t.dtype() == DataType::String) {
+    const auto* strings = t.data<std::string>();
+    for (int64_t i = 0; i < t.numel(); ++i) sum += static_cast<unsigned>(strings[i].size());
+  } else {
+    const auto* p = static_cast<const unsigned char*>(t.raw_data());
+    for (int64_t i = 0; i < bytes; ++i) sum += p[i];
+  }
+  checksum = sum;
+}
+
+inline void check_value(const Value& v) {
+  if (v.is_tensor()) check_tensor(v.tensor());
+  if (v.is_sequence()) {
+    for (const Value& e : v.elements()) check_value(e);
+  }
+  if (v.is_optional() && v.has_element()) check_value(v.element());
 }
 
 }  // namespace onnxtrain::fuzz
