@@ -6,7 +6,9 @@ Sources: the ONNX backend conformance data of libonnx-testdata (/usr/share/libon
 and of the onnx wheel (models, TensorProto/SequenceProto/OptionalProto .pb files), the test
 fixtures (tests/data), the committed regressions (fuzz/regressions), the first bytes of
 Fashion-MNIST's IDX files, and small files written here with numpy, onnx.helper and
-safetensors: every dtype of .npy, IDX and safetensors, CSV files, a trainable model. Seeds are
+safetensors' layout: every dtype of .npy, IDX and safetensors, CSV files, a hand-made trainable
+model, and (when build/release or build/debug has the CLI) `onnxtrain make-trainable` of a small
+MLP with each optimizer. Seeds are
 named by the SHA-1 of their bytes (as libFuzzer names corpus files); files over the harness's
 -max_len (scripts/fuzz) are left out. The corpus folder is gitignored: libFuzzer adds to it.
 """
@@ -16,11 +18,14 @@ import io
 import json
 import pathlib
 import struct
+import subprocess
 import sys
+import tempfile
 import zipfile
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -109,6 +114,36 @@ def trainable_model():
     return model.SerializeToString()
 
 
+def mlp_model():
+    """x [N, 4] -> Gemm(4x3) -> Relu -> Gemm(3x2) -> y [N, 2]: an inference model to make trainable."""
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in [("W1", (4, 3)), ("b1", (3,)), ("W2", (3, 2)), ("b2", (2,))]]
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]),
+                               helper.make_node("Relu", ["h"], ["r"]),
+                               helper.make_node("Gemm", ["r", "W2", "b2"], ["y"])], "mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def trainable_models_from_cli(counts):
+    """`onnxtrain make-trainable` of mlp_model() with each optimizer and loss, when a build has the CLI."""
+    cli = next((p for p in (ROOT / "build" / b / "src" / "onnxtrain" for b in ("release", "debug")) if p.exists()), None)
+    if cli is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        source = pathlib.Path(tmp) / "mlp.onnx"
+        onnx.save(mlp_model(), source)
+        for optimizer, loss in [("sgd", "cross_entropy"), ("momentum", "mse"), ("nesterov", "l1"),
+                                ("adagrad", "cross_entropy"), ("adam", "mse"), ("adamw", "bce_with_logits")]:
+            out = pathlib.Path(tmp) / f"{optimizer}.onnx"
+            done = subprocess.run([cli, "make-trainable", source, "-o", out, "--optimizer", optimizer, "--loss", loss],
+                                  capture_output=True)
+            if done.returncode == 0:
+                add("model", out.read_bytes(), counts)
+
+
 def main():
     counts = {}
     for name in ["model", "npy", "npz", "idx", "csv", "tensor_pb", "safetensors"]:
@@ -117,6 +152,7 @@ def main():
         add_files("model", data.rglob("*.onnx"), counts)
         add_files("tensor_pb", data.rglob("*.pb"), counts)
     add("model", trainable_model(), counts)
+    trainable_models_from_cli(counts)
 
     add_files("npy", (ROOT / "tests" / "data").glob("*.npy"), counts)
     for dtype in ["<f4", "<f8", "<f2", "<i1", "<i2", "<i4", "<i8", "<u1", "<u2", "<u4", "<u8", "|b1"]:
