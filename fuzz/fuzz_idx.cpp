@@ -1,8 +1,6 @@
 // Fuzz harness: IDX files (MNIST's format) through data::read_idx (dataset.h), read from an
 // in-memory file. read_idx inflates a file whose name ends in .gz, so an input that starts
-// with gzip's magic bytes (1f 8b) is read through a link named "input.gz" to that file.
-#include <unistd.h>
-
+// with gzip's magic bytes (1f 8b) is read through a link to that file whose name ends in .gz.
 #include <cstdlib>
 #include <filesystem>
 
@@ -11,31 +9,29 @@
 
 namespace {
 
-// A folder of its own holding input.gz -> /proc/PID/fd/N; removed at exit.
-struct GzipLink {
-  std::filesystem::path folder, link;
-  explicit GzipLink(const onnxtrain::fuzz::MemFile& file) {
-    folder = std::filesystem::temp_directory_path() / ("onnxtrain-fuzz-idx-" + std::to_string(getpid()));
-    std::filesystem::create_directories(folder);
-    link = folder / "input.gz";
-    std::filesystem::remove(link);
-    std::filesystem::create_symlink("/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(file.fd()), link);
+// onnxtrain-fuzz/fd-N.gz -> /proc/self/fd/N (harness.h's shared folder): the memfd of whichever
+// process opens it, under a name that ends in .gz.
+std::filesystem::path gzip_link(const onnxtrain::fuzz::MemFile& file) {
+  const std::string fd = std::to_string(file.fd());
+  const auto link = onnxtrain::fuzz::shared_folder("fd-" + fd + ".gz");
+  std::error_code ec;
+  std::filesystem::create_symlink("/proc/self/fd/" + fd, link, ec);  // or there already
+  if (std::filesystem::read_symlink(link, ec) != "/proc/self/fd/" + fd) {
+    std::fprintf(stderr, "fuzz_idx: %s is not a link to /proc/self/fd/%s\n", link.c_str(), fd.c_str());
+    std::abort();
   }
-  ~GzipLink() {
-    std::error_code ec;
-    std::filesystem::remove_all(folder, ec);
-  }
-};
+  return link;
+}
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static onnxtrain::fuzz::MemFile file;
-  static GzipLink gzip(file);
+  static const std::filesystem::path gzip = gzip_link(file);
   const auto path = file.write(data, size);
   const bool gzipped = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
   onnxtrain::fuzz::expect_error_or_success([&] {
-    onnxtrain::fuzz::check_tensor(onnxtrain::data::read_idx(gzipped ? gzip.link : path));
+    onnxtrain::fuzz::check_tensor(onnxtrain::data::read_idx(gzipped ? gzip : path));
   });
   return 0;
 }

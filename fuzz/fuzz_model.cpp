@@ -6,10 +6,9 @@
 // Planning runs with fuse = false, so that no constant folding runs a kernel, and only when
 // every tensor the model stores (initializers, attribute tensors, in every graph) holds at most
 // kMaxElements elements: planning materializes initializers, and a model may declare any size.
-// Models are read with an empty folder of their own as base_dir, so external data finds no file.
+// Models are read with an empty folder as base_dir, so external data finds no file.
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <exception>
@@ -83,10 +82,10 @@ bool small(const onnx::ModelProto& model) {
   return true;
 }
 
-// An empty folder of this process's own: the models' base_dir.
+// An empty folder (harness.h's shared folder; nothing writes to it): the models' base_dir.
 const std::filesystem::path& base_dir() {
   static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("onnxtrain-fuzz-model-" + std::to_string(getpid()));
+    auto d = onnxtrain::fuzz::shared_folder("empty");
     std::filesystem::create_directories(d);
     return d;
   }();

@@ -53,6 +53,16 @@ class MemFile {
   int fd_;
 };
 
+// A folder that the harnesses share, made once: temp_directory_path()/onnxtrain-fuzz. What they
+// keep there is named so that every process can use it (nothing per process to clean up after
+// a crash): an empty folder, and links to in-memory files by descriptor (/proc/self/fd/N).
+inline std::filesystem::path shared_folder(const std::string& name) {
+  const auto path = std::filesystem::temp_directory_path() / "onnxtrain-fuzz" / name;
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  return path;
+}
+
 // Runs `read` and swallows onnxtrain::Error, the readers' one way to reject bad input (printed
 // when the environment sets ONNXTRAIN_FUZZ_VERBOSE, to see what a seed gets to).
 template <typename Read>
