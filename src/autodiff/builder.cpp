@@ -6,6 +6,25 @@
 
 namespace onnxtrain::autodiff {
 
+namespace {
+
+[[noreturn]] void missing(const onnx::NodeProto& node, const char* what, int count, int i) {
+  throw Error(node.op_type() + " node has " + std::to_string(count) + " " + what + (count == 1 ? "" : "s") +
+              "; its gradient needs " + what + " " + std::to_string(i));
+}
+
+}  // namespace
+
+const std::string& Builder::I(int i) const {
+  if (i < 0 || i >= num_inputs()) missing(node(), "input", num_inputs(), i);
+  return node().input(i);
+}
+
+const std::string& Builder::O(int i) const {
+  if (i < 0 || i >= num_outputs()) missing(node(), "output", num_outputs(), i);
+  return node().output(i);
+}
+
 onnx::AttributeProto attr_int(const std::string& name, int64_t v) {
   onnx::AttributeProto a;
   a.set_name(name);

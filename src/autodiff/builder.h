@@ -42,8 +42,10 @@ class Builder {
   int num_inputs() const { return node().input_size(); }
   int num_outputs() const { return node().output_size(); }
   bool has_input(int i) const { return i < num_inputs() && !node().input(i).empty(); }
-  const std::string& I(int i) const { return node().input(i); }
-  const std::string& O(int i) const { return node().output(i); }
+  // Input or output i of the forward node; an Error when the node has fewer (a malformed model:
+  // rules are written for the arity the op's schema gives).
+  const std::string& I(int i) const;
+  const std::string& O(int i) const;
   virtual std::string GO(int i) = 0;
   virtual bool has_GO(int i) const = 0;
   virtual bool needs(int i) const = 0;

@@ -659,7 +659,11 @@ int Engine::unroll_loops_on_path(const std::vector<std::string>& xs, const std::
 void Engine::backward(const std::vector<std::string>& x_values,
                       const std::vector<std::pair<std::string, std::string>>& seeds, const std::string& y, int skip) {
   const std::vector<int> walk_order = topological_order(graph_);
-  const auto [desc_values, desc_nodes] = descendants_of(x_values, walk_order, skip);
+  // Not a structured binding: the lambda below captures desc_values, which clang before 16
+  // does not allow of a binding (C++20 P1091).
+  const auto descendants = descendants_of(x_values, walk_order, skip);
+  const auto& desc_values = descendants.first;
+  const auto& desc_nodes = descendants.second;
   std::vector<std::string> targets;
   for (const auto& [value, gradient] : seeds) {
     targets.push_back(value);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/dispatch.h"
@@ -126,12 +127,23 @@ Tensor read_idx(const fs::path& path) {
   if (rank == 0 || data.size() < 4 + 4 * rank) throw Error(what + ": truncated IDX header");
   Shape shape;
   for (size_t d = 0; d < rank; ++d) shape.push_back(big_endian32(data, 4 + 4 * d));
-  Tensor t(dtype, shape);
+  // The size is checked before the tensor is allocated, and numel() may overflow no int64: 255
+  // dims of up to 2^32 - 1 can declare any size. The product of max(dim, 1) bounds every
+  // partial product.
+  uint64_t bound = dtype_size(dtype);
+  for (const int64_t d : shape) {
+    if (__builtin_mul_overflow(bound, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &bound) ||
+        bound > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw Error(what + ": IDX shape " + shape.to_string() + " is too large");
+    }
+  }
   const size_t offset = 4 + 4 * rank;
-  if (data.size() - offset != t.nbytes()) {
-    throw Error(what + ": truncated IDX file: " + shape.to_string() + " needs " + std::to_string(t.nbytes()) +
+  const uint64_t need = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
+  if (data.size() - offset != need) {
+    throw Error(what + ": truncated IDX file: " + shape.to_string() + " needs " + std::to_string(need) +
                 " bytes of data, found " + std::to_string(data.size() - offset));
   }
+  Tensor t(dtype, shape);
   std::memcpy(t.raw_data(), data.data() + offset, t.nbytes());
   // IDX stores multi-byte values big-endian.
   const size_t width = dtype_size(dtype);
@@ -154,6 +166,9 @@ Dataset read_csv(const fs::path& path) {
     while (std::getline(header, name, ',')) {
       name.erase(0, name.find_first_not_of(" \t\r\""));
       name.erase(name.find_last_not_of(" \t\r\"") + 1);
+      if (std::find(names.begin(), names.end(), name) != names.end()) {  // one would be dropped
+        throw Error(path.string() + ":1: the header names column '" + name + "' twice");
+      }
       names.push_back(name);
     }
   }

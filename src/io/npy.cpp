@@ -1,7 +1,9 @@
 // NumPy .npy and .npz (https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html).
 #include <zip.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "onnxtrain/error.h"
@@ -138,6 +140,15 @@ Tensor parse_npy(const std::string& bytes, const std::string& source) {
     throw Error(source + ": Fortran-order .npy arrays are not supported (save with C order)");
   }
   const Shape shape = parse_shape(header_field(header, "shape", source), source);
+  // numel() may overflow no int64 (a header can declare any dims): the product of max(dim, 1)
+  // bounds every partial product.
+  uint64_t bound = dtype_size(dtype);
+  for (const int64_t d : shape) {
+    if (__builtin_mul_overflow(bound, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &bound) ||
+        bound > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw Error(source + ": .npy shape " + shape.to_string() + " is too large");
+    }
+  }
   const size_t data_start = header_start + header_len;
   const uint64_t need = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
   if (bytes.size() - data_start != need) {
@@ -208,14 +219,23 @@ std::vector<std::pair<std::string, Tensor>> read_npz(const fs::path& path) {
     if (zip_stat_index(archive.get(), static_cast<zip_uint64_t>(i), 0, &st) != 0) {
       throw Error(path.string() + ": cannot read entry " + std::to_string(i) + " of the archive");
     }
+    if (!(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_SIZE) || st.name == nullptr) {
+      throw Error(path.string() + ": entry " + std::to_string(i) + " of the archive has no name or size");
+    }
     std::string name = st.name;
     const std::string source = path.string() + ":" + name;
     std::unique_ptr<zip_file_t, decltype(&zip_fclose)> file(
         zip_fopen_index(archive.get(), static_cast<zip_uint64_t>(i), 0), &zip_fclose);
     if (!file) throw Error(source + ": cannot open archive entry");
-    std::string bytes(static_cast<size_t>(st.size), '\0');
-    const zip_int64_t got = zip_fread(file.get(), bytes.data(), st.size);
-    if (got < 0 || static_cast<zip_uint64_t>(got) != st.size) {
+    // Read as the data comes rather than allocating the size the archive claims: a few bytes
+    // of a stranger's archive can claim any size.
+    std::string bytes;
+    char chunk[1 << 16];
+    zip_int64_t got = 0;
+    while (bytes.size() <= st.size && (got = zip_fread(file.get(), chunk, sizeof(chunk))) > 0) {
+      bytes.append(chunk, static_cast<size_t>(got));
+    }
+    if (got < 0 || bytes.size() != st.size) {
       throw Error(source + ": archive entry is truncated or corrupt");
     }
     if (name.ends_with(".npy")) name.resize(name.size() - 4);

@@ -241,6 +241,7 @@ Graph Graph::from_proto(const onnx::GraphProto& proto, const std::string& source
       }
       const ValueId id = g.intern(out);
       Value& v = g.values_[id];
+      if (v.producer == n) throw Error(what + ": lists the output '" + out + "' twice");
       if (v.producer >= 0) {
         throw Error(what + ": output '" + out + "' is already produced by " +
                     g.nodes_[static_cast<size_t>(v.producer)].description() +

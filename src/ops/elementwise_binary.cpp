@@ -140,6 +140,7 @@ void run_arithmetic(Binary op, bool fmod, const Broadcast<2>& bc, const Tensor& 
             const C r = C(x % y);
             return (!fmod && r != 0 && ((r < 0) != (y < 0))) ? C(r + y) : r;
           } else {
+            static_cast<void>(fmod);  // unsigned: both conventions give the same remainder
             return C(x % y);
           }
         });

@@ -103,7 +103,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b :
 #pragma GCC diagnostic ignored "-Wpsabi"  // vectors of core/simd.h, inline only
 template <class V>
 inline V max_or_nan(V v, V m) {
-  return (v > m) | (v != v) ? v : m;
+  return ((v > m) | (v != v)) ? v : m;
 }
 #pragma GCC diagnostic pop
 

@@ -392,8 +392,8 @@ void reduce_typed(Kind kind, const Tensor& x, const ReducePlan& p, int64_t count
     return w * w;
   };
   // NaN-propagating; `|` rather than `||` keeps the select branch-free, so it vectorizes.
-  auto max = [](C a, C b) { return (a >= b) | is_nan(a) ? a : b; };
-  auto min = [](C a, C b) { return (a <= b) | is_nan(a) ? a : b; };
+  auto max = [](C a, C b) { return ((a >= b) | is_nan(a)) ? a : b; };
+  auto min = [](C a, C b) { return ((a <= b) | is_nan(a)) ? a : b; };
   auto as_c = [](T v, C) { return static_cast<C>(widen(v)); };
   constexpr C kLow = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
                                                           : std::numeric_limits<C>::lowest();
@@ -438,7 +438,7 @@ void reduce_typed(Kind kind, const Tensor& x, const ReducePlan& p, int64_t count
       constexpr Real kInf = std::numeric_limits<Real>::infinity();
       auto as_real = [](T v, Real) { return static_cast<Real>(widen(v)); };
       std::vector<Real> shift = reduce<T, Real, false, false>(
-          xs, n, p, m, -kInf, as_real, [](Real a, Real b) { return (a >= b) | is_nan(a) ? a : b; });
+          xs, n, p, m, -kInf, as_real, [](Real a, Real b) { return ((a >= b) | is_nan(a)) ? a : b; });
       for (Real& s : shift) s = std::isfinite(s) ? s : Real(0);
       auto shifted_exp = [](T v, Real s) { return std::exp(static_cast<Real>(widen(v)) - s); };
       const std::vector<Real> sums =
@@ -547,10 +547,11 @@ class Reduce final : public Kernel {
 template <bool kMax, bool kLast, class C>
 bool better(C v, C best) {
   const bool wins = kMax ? (kLast ? v >= best : v > best) : (kLast ? v <= best : v < best);
+  const bool v_nan = is_nan(v), best_nan = is_nan(best);  // evaluated both, for `|` and `&`
   if constexpr (kLast) {
-    return wins | is_nan(v);
+    return wins | v_nan;
   } else {
-    return wins | (is_nan(v) & !is_nan(best));
+    return wins | (v_nan & !best_nan);
   }
 }
 
@@ -594,7 +595,7 @@ void arg_reduce(const T* x, int64_t outer, int64_t n, int64_t inner, int64_t* ou
     // block that wins (first or last, by the same rule as single values) holds the answer.
     constexpr int64_t kBlock = 512;
     auto as_c = [](T v, C) { return static_cast<C>(widen(v)); };
-    auto pick = [](C a, C b) { return (kMax ? a >= b : a <= b) | is_nan(a) ? a : b; };
+    auto pick = [](C a, C b) { return ((kMax ? a >= b : a <= b) | is_nan(a)) ? a : b; };
     const C init = kMax ? (std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
                                                                 : std::numeric_limits<C>::lowest())
                         : (std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity()

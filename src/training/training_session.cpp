@@ -248,10 +248,10 @@ struct TrainingSession::Impl {
     bound.runner = std::move(whole.runner);
     bound.overrides = std::move(whole.overrides);
     if (parts) {
-      BoundGraph::Split& split = bound.split.emplace(
+      BoundGraph::Split& split = bound.split.emplace(BoundGraph::Split{
           plan(std::move(parts->local), label + " (forward and backward)", opsets, supplied, false),
           plan(std::move(parts->update), label + " (update)", opsets, supplied, true), std::move(parts->reduced),
-          std::move(shards));
+          std::move(shards)});
       const ir::Graph& local = split.local.runner->graph();
       split.reduced_ids.assign(local.values().size(), 0);
       for (const std::string& name : split.reduced) {
