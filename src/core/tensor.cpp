@@ -8,6 +8,10 @@
 #include <unordered_map>
 #include <vector>
 
+#if defined(__unix__)
+#include <sys/mman.h>
+#endif
+
 #include "core/cast.h"
 #include "core/dispatch.h"
 #include "core/memory.h"
@@ -104,6 +108,27 @@ const MemoryStats& memory_stats() { return block_cache().memory_stats_; }
 void* take_block(size_t bytes) { return block_cache().take(bytes); }
 void give_block(void* block, size_t bytes) noexcept { block_cache().give(block, bytes); }
 void trim_block_cache() noexcept { block_cache().trim(); }
+
+void* take_mapped_block(size_t bytes) {
+#if defined(__unix__) && !defined(__SANITIZE_ADDRESS__)
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+#else
+  void* p = std::aligned_alloc(Tensor::kAlignment, rounded_size(bytes));
+  if (!p) throw std::bad_alloc();
+#endif
+  block_cache().memory_stats_.system_allocations.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+void give_mapped_block(void* block, size_t bytes) noexcept {
+#if defined(__unix__) && !defined(__SANITIZE_ADDRESS__)
+  munmap(block, bytes);
+#else
+  (void)bytes;
+  std::free(block);
+#endif
+}
 
 Storage::Storage(size_t nbytes) : data_(block_cache().take(rounded_size(nbytes))), nbytes_(nbytes) {
   block_cache().memory_stats_.storage_allocations.fetch_add(1, std::memory_order_relaxed);

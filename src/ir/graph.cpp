@@ -3,6 +3,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <queue>
+#include <utility>
 
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -319,18 +320,25 @@ void Graph::sort_topologically() {
     for (ValueId id : nodes_[i].inputs) count(id);
     for (ValueId id : nodes_[i].implicit_inputs) count(id);
   }
-  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
+  // Ready nodes run in proto order, Shape and Size nodes first (see topological_order).
+  using Ready = std::pair<bool, NodeId>;  // (not Shape or Size, id)
+  std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+  auto push = [&](NodeId id) {
+    const Node& node = nodes_[static_cast<size_t>(id)];
+    const bool shape = node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
+    ready.push({!shape, id});
+  };
   for (size_t i = 0; i < n; ++i) {
-    if (pending[i] == 0) ready.push(static_cast<NodeId>(i));
+    if (pending[i] == 0) push(static_cast<NodeId>(i));
   }
   order_.clear();
   order_.reserve(n);
   while (!ready.empty()) {
-    const NodeId id = ready.top();
+    const NodeId id = ready.top().second;
     ready.pop();
     order_.push_back(id);
     for (NodeId user : users[static_cast<size_t>(id)]) {
-      if (--pending[static_cast<size_t>(user)] == 0) ready.push(user);
+      if (--pending[static_cast<size_t>(user)] == 0) push(user);
     }
   }
   if (order_.size() != n) {

@@ -116,7 +116,11 @@ class Graph {
   // kNoValue when absent.
   ValueId find(std::string_view value_name) const;
   // Node ids in an order where every node comes after the producers of its inputs, stable
-  // with respect to the order in the proto.
+  // with respect to the order in the proto, except that a Shape or Size node runs as soon as its
+  // input exists: a backward pass reads the shapes of many forward values (an Add's gradient
+  // sums to the shape of each input), and a Shape node left in the backward part of the graph
+  // keeps the whole forward tensor alive until then, where its few int64 values are all that is
+  // needed (BERT encoder training: 260 MiB of the 656 MiB the memory plan held at its peak).
   const std::vector<NodeId>& topological_order() const { return order_; }
   std::string description() const;  // "graph 'main' of model.onnx"
 

@@ -21,6 +21,8 @@ namespace onnxtrain::runtime {
 namespace {
 constexpr int kAlive = -1;
 constexpr int kEscaped = std::numeric_limits<int>::max();  // died after the recording run
+// The recording run maps blocks of at least this size (core/memory.h take_mapped_block).
+constexpr size_t kMappedBytes = size_t{256} << 10;
 
 size_t rounded(size_t nbytes) {
   const size_t a = Tensor::kAlignment;
@@ -35,6 +37,7 @@ struct MemoryPlan::Shared {
     int last = kAlive;  // step after which its last view died
     size_t offset = 0;  // in the arena
     bool in_arena = false;
+    bool mapped = false;  // recorded in memory of take_mapped_block
   };
   // Gives block `index` back: an arena block becomes free, a recorded heap block records its
   // death and is freed.
@@ -74,7 +77,9 @@ struct MemoryPlan::Shared {
     }
     Block& block = blocks[b];
     if (block.last == kAlive) block.last = recording_open ? step : kEscaped;
-    if (recording_open) {
+    if (block.mapped) {
+      give_mapped_block(data, block.bytes);
+    } else if (recording_open) {
       std::free(data);  // back to the system: the arena serves this block from now on
     } else {
       give_block(data, block.bytes);  // escaped (a graph output): later outputs reuse it
@@ -213,8 +218,11 @@ Tensor MemoryPlan::allocate(DataType dtype, const Shape& shape) {
   Shared& s = *shared_;
   const size_t k = s.begin + next_++;
   if (s.recording) {
-    void* data = take_block(bytes);  // counted like any tensor block; freed to the system
-    s.blocks.push_back({bytes, s.step, kAlive, 0, false});
+    // Counted like any tensor block; freed to the system. Large blocks are mapped, so that what
+    // the recording run frees does not stay resident beside the arena (core/memory.h).
+    const bool mapped = bytes >= kMappedBytes;
+    void* data = mapped ? take_mapped_block(bytes) : take_block(bytes);
+    s.blocks.push_back({bytes, s.step, kAlive, 0, false, mapped});
     s.owners.push_back({});
     s.owners.back().shared = &s;
     s.owners.back().index = k;

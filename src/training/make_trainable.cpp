@@ -446,10 +446,22 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
     b->set_key(key);
     b->set_value(value);
   };
+  // A tensor of p's shape and element type filled with `value`: ConstantOfShape of its dims (a
+  // few bytes in the file and the session) instead of an initializer holding every element
+  // (the BERT encoder with AdamW: 89 MB of zeros, kept in the model and in the planned graph).
+  auto fill = [&](const Param& p, double value, const std::string& name) {
+    const std::string shape = claim(P("init.shape." + name));
+    ini.initializer(shape, Tensor::from_vector<int64_t>(Shape{static_cast<int64_t>(p.dims.size())}, p.dims));
+    onnx::AttributeProto attr;
+    attr.set_name("value");
+    attr.set_type(onnx::AttributeProto::TENSOR);
+    Param element = p;
+    element.dims = {1};
+    io::tensor_to_proto(detail::filled_like(element, value), "", *attr.mutable_t());
+    return ini.node("ConstantOfShape", {shape}, claim(P("init.out." + name)), {attr});
+  };
   for (const auto& s : states) {
-    const std::string z = claim(P("init." + s.name));
-    ini.initializer(z, detail::filled_like(*s.param, s.initial));
-    const std::string out = ini.node("Identity", {z}, claim(P("init.out." + s.name)));
+    const std::string out = fill(*s.param, s.initial, s.name);
     ini.output(value_info(out, s.param->elem_type, s.param->dims));
     init_bind(s.name, out);
   }
@@ -461,12 +473,11 @@ onnx::ModelProto make_trainable(const onnx::ModelProto& input_model, const MakeT
   }
   if (opt.init != Init::Keep) {
     for (const auto& p : params) {
-      const std::string out = claim(P("init.out." + p.name));
+      std::string out;
       if (p.dims.size() == 1) {
-        const std::string z = claim(P("init.zero." + p.name));
-        ini.initializer(z, detail::filled_like(p, 0));
-        ini.node("Identity", {z}, out);
+        out = fill(p, 0, p.name);
       } else {
+        out = claim(P("init.out." + p.name));
         // PyTorch's fan convention for a weight [out, in, k...].
         int64_t receptive = 1;
         for (size_t d = 2; d < p.dims.size(); ++d) receptive *= p.dims[d];

@@ -4,9 +4,9 @@
 #   fsize: a file-size limit (`ulimit -f` in a subshell, RLIMIT_FSIZE) during train's checkpoint
 #          and final save, make-trainable, export (model and safetensors weights) and run's .npy
 #          outputs; also `python -m onnxtrain` when the Python package imports.
-#   tmpfs: a full disk: the outputs on a 600 KiB tmpfs that holds the two previous files
-#          (a 229 KB model and its checkpoint) but not a third. Needs root and a permitted
-#          `mount -t tmpfs`; otherwise skipped with the reason (exit 77).
+#   tmpfs: a full disk: the outputs on a tmpfs sized to hold the two previous files (a trained
+#          model of about 140 KB and its checkpoint) and half of a third. Needs root and a
+#          permitted `mount -t tmpfs`; otherwise skipped with the reason (exit 77).
 # Each case: exit 2, an error naming the file and the cause (File too large / No space left on
 # device), every previous file intact (the same bytes), no temporary file (*.tmp-PID-N) left.
 set -uo pipefail
@@ -26,7 +26,7 @@ fail() {
   failures=$((failures + 1))
 }
 
-# An MLP 32-256-10 (44 KB), its training model with Adam (229 KB), 512 samples.
+# An MLP 32-256-10 (44 KB), its training model with Adam (about 140 KB), 512 samples.
 "$python" - "$tmp" <<'PY' || exit 1
 import sys
 import numpy as np
@@ -102,14 +102,22 @@ elif [[ $mode == tmpfs ]]; then
     echo "SKIP: a full disk needs a small tmpfs, and mounting one needs root"
     exit 77
   fi
+  # The size: the two files of a training run (measured on the ordinary disk, in 4 KiB pages)
+  # and half of one more, so that any third model-sized file does not fit.
+  mkdir -p "$tmp/sizes"
+  "${train[@]}" --epochs 1 --checkpoint-every 5 -o "$tmp/sizes/model.onnx" || { fail "training"; exit 1; }
+  pages=0
+  for f in "$tmp/sizes/model.onnx" "$tmp/sizes/model.ckpt.onnx"; do
+    pages=$((pages + ($(stat -c %s "$f") + 4095) / 4096))
+  done
   mnt=$tmp/mnt
   mkdir -p "$mnt"
-  if ! mount -t tmpfs -o size=600k onnxtrain-full "$mnt" 2>"$tmp/mount.err"; then
+  if ! mount -t tmpfs -o size=$((pages * 5 / 4 * 4))k onnxtrain-full "$mnt" 2>"$tmp/mount.err"; then
     echo "SKIP: mount -t tmpfs is not permitted here: $(cat "$tmp/mount.err")"
     mnt=
     exit 77
   fi
-  # Room for the checkpoint and the output (2 x 229 KB), not for a third file beside them.
+  # Room for the checkpoint and the output, not for a third file beside them.
   "${train[@]}" --epochs 1 --checkpoint-every 5 -o "$mnt/model.onnx" || { fail "training onto the tmpfs"; exit 1; }
   used_before=$(df -k --output=used "$mnt" | tail -1)
   echo "tmpfs: $(df -k --output=used,size "$mnt" | tail -1 | awk '{print $1 " of " $2 " KiB used"}') by $(ls "$mnt" | tr '\n' ' ')"

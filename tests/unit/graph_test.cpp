@@ -49,6 +49,28 @@ TEST(Graph, SortsUnsortedNodesTopologically) {
   EXPECT_EQ(graph.value(graph.find("x")).type.to_string(), "float32[N]");
 }
 
+// A Shape or Size node runs as soon as its input exists, so that a backward pass reading the
+// shape of a forward value does not keep the value alive until then; the other nodes keep
+// their proto order.
+TEST(Graph, RunsShapeAndSizeNodesRightAfterTheirInput) {
+  onnx::GraphProto g;
+  g.set_name("main");
+  add_input(g, "x");
+  add_node(g, "Neg", {"x"}, {"a"}, "forward1");
+  add_node(g, "Abs", {"a"}, {"b"}, "forward2");
+  add_node(g, "Relu", {"b"}, {"c"}, "backward1");
+  add_node(g, "Shape", {"a"}, {"shape_a"}, "shape_of_a");
+  add_node(g, "Size", {"x"}, {"size_x"}, "size_of_x");
+  add_node(g, "Reshape", {"c", "shape_a"}, {"d"}, "backward2");
+  g.add_output()->set_name("d");
+  g.add_output()->set_name("size_x");
+  Graph graph = Graph::from_proto(g, "m.onnx", {});
+  std::vector<std::string> order;
+  for (NodeId id : graph.topological_order()) order.push_back(graph.node(id).name);
+  EXPECT_EQ(order, (std::vector<std::string>{"size_of_x", "forward1", "shape_of_a", "forward2", "backward1",
+                                             "backward2"}));
+}
+
 TEST(Graph, RejectsCyclesNamingANode) {
   onnx::GraphProto g;
   g.set_name("main");

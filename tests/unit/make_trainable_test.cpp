@@ -177,6 +177,38 @@ TEST(MakeTrainable, InitRedrawsWeightsAndZeroesBiases) {
   EXPECT_EQ(session.state().at("b").to_double_vector(), (std::vector<double>{0, 0, 0}));
 }
 
+// The initialization graph fills each optimizer state (and, with --init, each bias) with a
+// ConstantOfShape of its dims: its initializers are int64 shapes, never a tensor of the state's
+// size, and the states it makes have the parameters' shapes and the initial value.
+TEST(MakeTrainable, InitializationGraphHoldsShapesNotStates) {
+  for (Optimizer optimizer : {Optimizer::Adam, Optimizer::Adagrad}) {
+    MakeTrainableOptions options;
+    options.optimizer = optimizer;
+    options.init = Init::Xavier;
+    options.initial_accumulator_value = 0.25;
+    const onnx::ModelProto model = make_trainable(classifier(), options);
+    const onnx::GraphProto& init = model.training_info(0).initialization();
+    for (const auto& t : init.initializer()) {  // shapes of rank-2 and rank-1 tensors, the step counter
+      EXPECT_EQ(t.data_type(), onnx::TensorProto::INT64) << t.name();
+      EXPECT_LE(t.dims_size(), 1) << t.name();
+      EXPECT_LE(t.dims_size() == 0 ? 1 : t.dims(0), 2) << t.name();
+    }
+    int fills = 0;
+    for (const auto& node : init.node()) fills += node.op_type() == "ConstantOfShape";
+    const int states = optimizer == Optimizer::Adam ? 4 : 2;  // m and v, or the sum, of W and b
+    EXPECT_EQ(fills, states + 1) << "and b's zeros";
+    TrainingSession session(model);
+    session.initialize();
+    const std::string prefix = optimizer == Optimizer::Adam ? "onnxtrain.adam_v." : "onnxtrain.adagrad_sum.";
+    const double initial = optimizer == Optimizer::Adam ? 0 : 0.25;
+    const Tensor& state_w = session.state().at(prefix + "W");
+    EXPECT_EQ(state_w.shape(), (Shape{4, 3}));
+    EXPECT_EQ(state_w.to_double_vector(), std::vector<double>(12, initial));
+    EXPECT_EQ(session.state().at(prefix + "b").to_double_vector(), std::vector<double>(3, initial));
+    EXPECT_EQ(session.state().at("b").to_double_vector(), (std::vector<double>{0, 0, 0}));
+  }
+}
+
 TEST(MakeTrainable, FreezeAndTrainSelectVariables) {
   MakeTrainableOptions options;
   options.freeze = {"b"};

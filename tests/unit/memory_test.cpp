@@ -97,6 +97,45 @@ TEST(MemoryPlan, NeverHandsOutBytesThatAreInUse) {
   plan.end_run();
 }
 
+// Blocks of 256 KiB and more are mapped during the recording run and unmapped when they die,
+// also when they outlive the run (a graph output released after it); the arena run then serves
+// them from the arena.
+TEST(MemoryPlan, LargeRecordedBlocksAreMappedAndGivenBack) {
+  if (kSanitized) GTEST_SKIP() << "AddressSanitizer build: no arena";
+  const Shape large{int64_t{1} << 17};  // 512 KiB of float32
+  MemoryPlan plan;
+  const uint64_t system = memory_stats().system_allocations.load();
+  plan.begin_run();
+  plan.set_step(0);
+  Tensor a = plan.allocate(DataType::Float32, large);
+  std::fill_n(a.data<float>(), a.numel(), 1.0f);
+  plan.set_step(1);
+  Tensor b = plan.allocate(DataType::Float32, large);
+  std::fill_n(b.data<float>(), b.numel(), 2.0f);
+  EXPECT_EQ(a.data<float>()[a.numel() - 1], 1.0f);
+  a = Tensor();  // dies within the run: unmapped, placed in the arena
+  plan.set_step(2);
+  Tensor escaped = plan.allocate(DataType::Float32, large);  // outlives the run
+  std::fill_n(escaped.data<float>(), escaped.numel(), 3.0f);
+  b = Tensor();
+  EXPECT_EQ(memory_stats().system_allocations.load() - system, 3u);
+  plan.end_run();
+  EXPECT_EQ(plan.arena_bytes(), 2 * large[0] * sizeof(float));  // a and b overlap at step 1
+  EXPECT_EQ(escaped.data<float>()[0], 3.0f);
+  escaped = Tensor();  // unmapped after the run
+
+  plan.begin_run();
+  plan.set_step(0);
+  Tensor a2 = plan.allocate(DataType::Float32, large);
+  std::fill_n(a2.data<float>(), a2.numel(), 4.0f);
+  plan.set_step(1);
+  Tensor b2 = plan.allocate(DataType::Float32, large);
+  std::fill_n(b2.data<float>(), b2.numel(), 5.0f);
+  EXPECT_FALSE(a2.shares_storage_with(b2));
+  EXPECT_EQ(a2.data<float>()[0], 4.0f);
+  plan.end_run();
+}
+
 TEST(MemoryPlan, ATrainingStepAfterTheFirstAllocatesNoTensorMemory) {
   if (kSanitized) GTEST_SKIP() << "AddressSanitizer build: the block cache is off";
   // An MLP 32-64-64-10 with Adam, trained on one batch of 16.
