@@ -176,6 +176,39 @@ class MatMulKernel final : public Kernel {
 };
 
 // ---------------------------------------------------------------------------------------------
+// ai.onnxtrain.MatMulAdd (runtime/fusion.h fuse_matmul_add): Y = MatMul(A, B) + C for float32 A,
+// B [K, N] and C [N]. The rows of Y (A's batch dims folded into its rows) start as C and sgemm
+// accumulates A B onto them (beta 1), so the bias costs no pass of its own.
+
+class MatMulAddKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& c = ctx.input(2);
+    for (int i = 0; i < 3; ++i) {
+      if (ctx.input(i).dtype() != DataType::Float32) {
+        fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected float32");
+      }
+    }
+    if (b.rank() != 2 || c.rank() != 1 || c.dim(0) != b.dim(1)) {
+      fail("inputs " + ctx.input_name(1) + " " + b.shape().to_string() + " and " + ctx.input_name(2) + " " +
+           c.shape().to_string() + " must have shapes [K, N] and [N]");
+    }
+    const MatMulShape s = matmul_shape(ctx, 0, 1);
+    Tensor& y = ctx.allocate_output(0, DataType::Float32, s.out);
+    const int64_t rows = s.batch.numel() * s.M, N = s.N;
+    if (rows == 0 || N == 0) return;
+    const float* __restrict bias = c.data<float>();
+    float* out = y.data<float>();
+    parallel_for(rows, std::max<int64_t>(1, kParallelGrain / N), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) std::copy(bias, bias + N, out + r * N);
+    });
+    if (s.K > 0) sgemm(false, false, rows, N, s.K, 1.0f, a.data<float>(), b.data<float>(), 1.0f, out);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Gemm
 
 struct GemmAttrs {
@@ -426,6 +459,8 @@ class GemmKernel final : public Kernel {
 }  // namespace
 
 std::unique_ptr<Kernel> make_matmul(const KernelInit&) { return std::make_unique<MatMulKernel>(); }
+
+std::unique_ptr<Kernel> make_matmul_add(const KernelInit&) { return std::make_unique<MatMulAddKernel>(); }
 
 std::unique_ptr<Kernel> make_gemm(const KernelInit& init) {
   GemmAttrs attrs;

@@ -35,12 +35,12 @@ bool has_subgraph(const onnx::NodeProto& node) {
 
 // The node's outputs computed by its kernel from `inputs` (the values of the names it reads),
 // or nothing when the kernel fails or the outputs are too large to keep: an output over
-// kMaxFoldedElements counts unless all outputs together hold at most `released` elements, what
-// the folding frees (initializers only this node reads, which the graph then drops).
+// kMaxFoldedElements counts unless all outputs together hold at most `released` elements, this
+// node's share of what the folding frees (see fold_constants).
 using KnownValue = std::pair<std::string, const onnx::TensorProto*>;
 std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const std::vector<KnownValue>& inputs,
                                             const OpsetMap& opsets, const std::filesystem::path& base_dir,
-                                            int64_t released) {
+                                            double released) {
   onnx::GraphProto graph;
   graph.set_name("constant folding");
   *graph.add_node() = node;
@@ -70,7 +70,7 @@ std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const s
       total += t.numel();
       outputs.push_back(t);
     }
-    if (large && total > released) return std::nullopt;
+    if (large && static_cast<double>(total) > released + 0.5) return std::nullopt;
     return outputs;
   } catch (const Error&) {
     return std::nullopt;  // planning the real graph reports it, naming the model and node
@@ -106,7 +106,38 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     for (const auto& name : free_names) ++readers[name];
   }
   for (const auto& out : graph.output()) ++readers[out.name()];
-  std::unordered_set<std::string> dropped;  // initializers a folded node alone read
+  const auto is_value_constant = [](const onnx::NodeProto& node) {
+    return node.op_type() == "Constant" && node.domain().empty() && node.attribute_size() == 1 &&
+           node.attribute(0).name() == "value" && node.output_size() == 1;
+  };
+  const auto kind_foldable = [](const onnx::NodeProto& node) {
+    const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
+    return onnx_domain && !is_random(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
+  };
+  // Reads by nodes that fold if their kernels succeed and their outputs are not too large (every
+  // input known, assuming the nodes before them fold): a value all of whose readers are such
+  // nodes goes once they have folded, so its elements are a budget its readers' large outputs
+  // may take, first come first served (an LSTM's weight read by the three Slice nodes that
+  // reorder its gates, whose outputs a Concat reads: the weight and the slices go, the Concat's
+  // output stays, and memory stays the same).
+  std::unordered_map<std::string, int> computable_reads;
+  {
+    std::unordered_set<std::string> computable;
+    for (const auto& init : graph.initializer()) {
+      if (!inputs.contains(init.name())) computable.insert(init.name());
+    }
+    for (const auto& node : graph.node()) {
+      bool all_known = kind_foldable(node) || is_value_constant(node);
+      for (const auto& in : node.input()) all_known = all_known && (in.empty() || computable.contains(in));
+      if (!all_known) continue;
+      for (const auto& in : node.input()) {
+        if (!in.empty()) ++computable_reads[in];
+      }
+      for (const auto& out : node.output()) {
+        if (!out.empty()) computable.insert(out);
+      }
+    }
+  }
   // Known values by name, pointing into the graph (initializers no run replaces) and into the
   // rewritten node list (Constant values), whose elements do not move as it grows.
   std::unordered_map<std::string, const onnx::TensorProto*> known;
@@ -116,22 +147,31 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     known[init.name()] = &init;
     initializers.insert(init.name());
   }
+  std::unordered_map<std::string, int> folded_reads;  // reads by nodes that were folded
+  std::unordered_map<std::string, double> budget;     // elements left to large folded outputs
+  const auto budget_of = [&](const std::string& name, const onnx::TensorProto& value) -> double& {
+    auto [it, added] = budget.try_emplace(name, 0.0);
+    if (added && readers[name] > 0 && computable_reads[name] == readers[name]) {
+      int64_t n = 1;
+      for (int64_t d : value.dims()) n *= d;
+      it->second = static_cast<double>(n);
+    }
+    return it->second;
+  };
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
   int folded = 0;
   for (auto& node : *graph.mutable_node()) {
     // A Constant holding a `value` tensor is known as it is; its other forms run once below.
-    if (node.op_type() == "Constant" && node.domain().empty() && node.attribute_size() == 1 &&
-        node.attribute(0).name() == "value" && node.output_size() == 1) {
+    if (is_value_constant(node)) {
       onnx::NodeProto* kept = nodes.Add();
       kept->Swap(&node);
       known[kept->output(0)] = &kept->attribute(0).t();
       continue;
     }
-    const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
-    bool foldable = onnx_domain && !is_random(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
+    bool foldable = kind_foldable(node);
     std::vector<KnownValue> values;
-    std::vector<std::string> released_names;  // initializers that die with this node
-    int64_t released = 0;
+    std::vector<double*> budgets;  // of the distinct inputs
+    double released = 0;           // what they have left
     for (const auto& in : node.input()) {
       if (!foldable || in.empty()) continue;
       auto it = known.find(in);
@@ -140,12 +180,10 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
         continue;
       }
       values.emplace_back(in, it->second);
-      const bool initializer = initializers.contains(in) && !dropped.contains(in);
-      if (initializer && readers[in] == 1 && std::find(released_names.begin(), released_names.end(), in) == released_names.end()) {
-        int64_t n = 1;
-        for (int64_t d : it->second->dims()) n *= d;
-        released += n;
-        released_names.push_back(in);
+      double* b = &budget_of(in, *it->second);
+      if (std::find(budgets.begin(), budgets.end(), b) == budgets.end()) {
+        budgets.push_back(b);
+        released += *b;
       }
     }
     std::optional<std::vector<Tensor>> outputs;
@@ -154,6 +192,20 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
       nodes.Add()->Swap(&node);
       continue;
     }
+    int64_t total = 0;
+    bool large = false;
+    for (const Tensor& t : *outputs) {
+      total += t.numel();
+      large = large || t.numel() > kMaxFoldedElements;
+    }
+    if (large) {  // taken from the inputs' budgets
+      double left = static_cast<double>(total);
+      for (double* b : budgets) {
+        const double take = std::min(*b, left);
+        *b -= take;
+        left -= take;
+      }
+    }
     for (int k = 0; k < node.output_size(); ++k) {
       const std::string& name = node.output(k);
       if (name.empty()) continue;
@@ -161,17 +213,27 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
       *constant = constant_node(name, (*outputs)[static_cast<size_t>(k)]);
       known[name] = &constant->attribute(0).t();
     }
-    if (node.op_type() != "Constant") ++folded;
-    dropped.insert(released_names.begin(), released_names.end());
-  }
-  graph.mutable_node()->Swap(&nodes);
-  if (!dropped.empty()) {  // after the loop: `known` pointed into the initializer list
-    google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
-    for (auto& init : *graph.mutable_initializer()) {
-      if (!dropped.contains(init.name())) kept.Add()->Swap(&init);
+    for (const auto& in : node.input()) {
+      if (!in.empty()) ++folded_reads[in];
     }
-    graph.mutable_initializer()->Swap(&kept);
+    if (node.op_type() != "Constant") ++folded;
   }
+  // Values every reader of which was folded: initializers and Constant nodes nothing reads now.
+  const auto gone = [&](const std::string& name) {
+    auto it = folded_reads.find(name);
+    return it != folded_reads.end() && it->second == readers[name];
+  };
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept_nodes;
+  for (auto& node : nodes) {
+    if (!(is_value_constant(node) && gone(node.output(0)))) kept_nodes.Add()->Swap(&node);
+  }
+  graph.mutable_node()->Swap(&kept_nodes);
+  // After the loop: `known` pointed into the initializer list.
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+  for (auto& init : *graph.mutable_initializer()) {
+    if (!(initializers.contains(init.name()) && gone(init.name()))) kept.Add()->Swap(&init);
+  }
+  graph.mutable_initializer()->Swap(&kept);
   return folded;
 }
 

@@ -24,11 +24,13 @@ namespace onnxtrain::runtime {
 // resolved against `base_dir`). Not folded: nodes outside the ai.onnx domain, random ops
 // (RandomNormal, RandomUniform, their -Like forms, Bernoulli, Multinomial, Dropout), nodes with
 // subgraph attributes, nodes with an output of more than 4096 elements (a folded value is kept
-// for the session's lifetime) unless their outputs hold no more elements than the initializers
-// that only they read, which the graph then drops (an exporter's Transpose of a weight, or the
-// Slice / Concat that reorder an LSTM's gates: memory stays the same, the run stops repeating
-// them), and nodes whose kernel fails (the run reports the error with its usual context).
-// Returns the number of nodes folded.
+// for the session's lifetime) unless their outputs hold no more elements than what is left of
+// their inputs that only foldable nodes read — initializers and folded values, which the graph
+// then drops, each shared first come first served among its readers (an exporter's Transpose of
+// a weight, or the three Slice nodes of a weight and the Concat that reorder an LSTM's gates:
+// memory stays the same, the run stops repeating them) — and nodes whose kernel fails (the run
+// reports the error with its usual context). Initializers and Constant nodes whose every reader
+// was folded leave the graph. Returns the number of nodes folded.
 int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::filesystem::path& base_dir);
 
 }  // namespace onnxtrain::runtime

@@ -308,6 +308,74 @@ int fuse_conv_relu(onnx::GraphProto& graph) {
   return static_cast<int>(pairs.size());
 }
 
+namespace {
+// The element type and dims of `name` when it is a constant: an initializer that is not a graph
+// input (a run may replace those) or the `value` tensor of a Constant node.
+std::optional<std::pair<int, std::vector<int64_t>>> constant_type(const onnx::GraphProto& graph,
+                                                                   const Matcher& m, const std::string& name) {
+  const onnx::TensorProto* proto = nullptr;
+  if (const onnx::NodeProto* node = m.producer(name)) {
+    if (is_onnx_op(*node, "Constant")) {
+      for (const auto& attr : node->attribute()) {
+        if (attr.name() == "value") proto = &attr.t();
+      }
+    }
+  } else {
+    for (const auto& in : graph.input()) {
+      if (in.name() == name) return std::nullopt;
+    }
+    for (const auto& init : graph.initializer()) {
+      if (init.name() == name) proto = &init;
+    }
+  }
+  if (!proto) return std::nullopt;
+  return std::make_pair(proto->data_type(), std::vector<int64_t>(proto->dims().begin(), proto->dims().end()));
+}
+}  // namespace
+
+int fuse_matmul_add(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (MatMul, Add)
+  std::vector<std::string> biases;         // the Add's other operand
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& add = graph.node(i);
+      if (!is_onnx_op(add, "Add") || add.input_size() != 2 || add.output_size() != 1) continue;
+      for (int side = 0; side < 2; ++side) {
+        const std::string& y = add.input(side);
+        const std::string& c = add.input(1 - side);
+        const onnx::NodeProto* matmul = m.producer(y);
+        if (!matmul || !is_onnx_op(*matmul, "MatMul") || matmul->input_size() != 2 || matmul->output_size() != 1 ||
+            m.sole_reader(y) != i || y == c) {
+          continue;
+        }
+        const auto b = constant_type(graph, m, matmul->input(1));
+        const auto bias = constant_type(graph, m, c);
+        if (!b || !bias || b->first != onnx::TensorProto::FLOAT || bias->first != onnx::TensorProto::FLOAT ||
+            b->second.size() != 2 || bias->second.size() != 1 || bias->second[0] != b->second[1]) {
+          continue;
+        }
+        pairs.emplace_back(m.producer_index(y), i);
+        biases.push_back(c);
+        break;
+      }
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const auto& [matmul, add] = pairs[k];
+    onnx::NodeProto& node = *graph.mutable_node(matmul);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("MatMulAdd");
+    node.add_input(biases[k]);
+    node.set_output(0, graph.node(add).output(0));
+    drop[static_cast<size_t>(add)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (MaxPoolGrad, ReluGrad)
   {

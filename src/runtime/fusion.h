@@ -45,6 +45,16 @@ int fuse_conv_pool(onnx::GraphProto& graph);
 // of pairs fused.
 int fuse_conv_relu(onnx::GraphProto& graph);
 
+// Replaces each MatMul(A, B) -> Add(., C) (C on either side) whose MatMul output has no other
+// reader (and is neither a graph output nor read by a subgraph), where B is a float32 constant
+// of shape [K, N] and C a float32 constant of shape [N] (initializers that are not graph inputs,
+// or Constant nodes) — a linear layer with bias as exporters write it when A is not 2-D (BERT's
+// projections of [batch, sequence, hidden]) — with one ai.onnxtrain.MatMulAdd(A, B, C) node
+// (ops/matmul.cpp) writing the Add's output: the output rows start as C and the product
+// accumulates onto them, instead of a second pass over the output. Results are the two ops'
+// (the sum may round differently in the last bit). Returns the number of pairs fused.
+int fuse_matmul_add(onnx::GraphProto& graph);
+
 
 // Replaces each ai.onnxtrain.ReluGrad(Y, dY) whose dY is the output of an
 // ai.onnxtrain.MaxPoolGrad(dP, Y) over the same Y, read by nothing else — the backward pass of

@@ -40,6 +40,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fold_constants(graph, opsets, base_dir);
     fuse_conv_pool(graph);
     fuse_conv_relu(graph);
+    fuse_matmul_add(graph);
     fuse_max_pool_relu_grad(graph);
     share_rnn_trace(graph);
   }

@@ -41,13 +41,7 @@ void add_constant(onnx::GraphProto* g, const std::string& name, float value, boo
     *g->add_initializer() = t;
     return;
   }
-  auto* n = g->add_node();
-  n->set_op_type("Constant");
-  n->add_output(name);
-  auto* a = n->add_attribute();
-  a->set_name("value");
-  a->set_type(onnx::AttributeProto::TENSOR);
-  *a->mutable_t() = t;
+  testing::add_constant_node(*g, name, Tensor::from_vector<float>(Shape{}, {value}));
 }
 
 onnx::ModelProto chain_model(const Shape& shape, const ChainOptions& o) {

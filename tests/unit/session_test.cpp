@@ -217,8 +217,12 @@ TEST(ConstantFolding, FoldsTheExporterShapeArithmeticOnly) {
     EXPECT_NE(n.op_type(), "Concat");
     EXPECT_NE(n.op_type(), "Unsqueeze");
   }
-  EXPECT_EQ(constants, 5);  // c0, c1, u0, u1, shape
-  EXPECT_EQ(g.node_size(), 8);
+  // Only `shape` (a graph output) stays: c0, c1, u0, u1 and the initializer `axes` had no reader
+  // left but folded nodes.
+  EXPECT_EQ(constants, 1);
+  EXPECT_EQ(g.node_size(), 4);
+  ASSERT_EQ(g.initializer_size(), 1);
+  EXPECT_EQ(g.initializer(0).name(), "scale");
 }
 
 TEST(ConstantFolding, FoldedAndUnfoldedSessionsAgree) {
@@ -276,6 +280,41 @@ TEST(ConstantFolding, FoldsALargeOutputThatReplacesTheOnlyCopyOfItsInput) {
     Session folded(m), plain(m, {.fuse = false});
     testing::expect_close(folded.run({{"x", x}}).at("y"), plain.run({{"x", x}}).at("y"), 0, 0);
   }
+}
+
+// The gate reorder of an exported LSTM: three Slice nodes of one weight (4800 elements, sliced
+// unevenly) and a Concat of the slices. Each Slice may take what is left of the weight, which
+// only they read, and the Concat what the slices hold: all four fold, and the weight, the
+// slices and their start / end / axes constants leave the graph, so memory stays the same.
+TEST(ConstantFolding, FoldsTheSlicesAndConcatThatReorderAWeightSharedByThem) {
+  const Tensor w = testing::iota({80, 60});
+  onnx::ModelProto m = testing::empty_model("folding");
+  auto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {2, 60});
+  io::tensor_to_proto(w, "w", *g.add_initializer());
+  const std::vector<std::pair<int64_t, int64_t>> rows{{0, 20}, {60, 80}, {20, 60}};  // 1200, 1200, 2400
+  std::vector<std::string> slices;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string k = std::to_string(i);
+    *testing::add_node(g, "Constant", {}, {"start" + k})->add_attribute() =
+        tensor_attr("value", Tensor::from_vector<int64_t>({1}, {rows[i].first}));
+    *testing::add_node(g, "Constant", {}, {"end" + k})->add_attribute() =
+        tensor_attr("value", Tensor::from_vector<int64_t>({1}, {rows[i].second}));
+    slices.push_back("slice" + k);
+    testing::add_node(g, "Slice", {"w", "start" + k, "end" + k}, {slices.back()});
+  }
+  *testing::add_node(g, "Concat", slices, {"reordered"})->add_attribute() = testing::attr("axis", int64_t{0});
+  *testing::add_node(g, "Gemm", {"x", "reordered"}, {"y"})->add_attribute() = testing::attr("transB", int64_t{1});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {2, 80});
+  onnx::GraphProto copy = g;
+  EXPECT_EQ(fold_constants(copy, {{"", 17}}, "."), 4);
+  EXPECT_EQ(copy.initializer_size(), 0);
+  ASSERT_EQ(copy.node_size(), 2);  // the reordered weight as a Constant, and the Gemm
+  EXPECT_EQ(copy.node(0).output(0), "reordered");
+  EXPECT_EQ(copy.node(1).op_type(), "Gemm");
+  const Tensor x = testing::iota({2, 60});
+  Session folded(m), plain(m, {.fuse = false});
+  testing::expect_close(folded.run({{"x", x}}).at("y"), plain.run({{"x", x}}).at("y"), 0, 0);
 }
 
 }  // namespace

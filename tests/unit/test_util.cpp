@@ -48,6 +48,14 @@ onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op, const std:
   return n;
 }
 
+void add_constant_node(onnx::GraphProto& g, const std::string& name, const Tensor& value) {
+  auto* n = add_node(g, "Constant", {}, {name});
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  io::tensor_to_proto(value, name, *a->mutable_t());
+}
+
 void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g) {
   auto* a = n->add_attribute();
   a->set_name(name);

@@ -64,6 +64,8 @@ void typed_value(onnx::ValueInfoProto* v, const std::string& name, int elem, con
 onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op, const std::vector<std::string>& inputs,
                           const std::vector<std::string>& outputs);
 void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g);
+// A Constant node appended to `g` whose `value` attribute holds `value`, output `name`.
+void add_constant_node(onnx::GraphProto& g, const std::string& name, const Tensor& value);
 // An empty model (IR 8, ai.onnx opset 17) whose graph is named `graph_name`.
 onnx::ModelProto empty_model(const std::string& graph_name);
 
