@@ -289,6 +289,36 @@ TEST(Lstm, InputForgetClipAndCustomActivations) {
   expect_matches_reference(p, 3);
 }
 
+// Batch 1 in float32 runs as rnn.cpp's lstm_rowwise (dot products of R's rows, one parallel
+// region per direction): hidden 40 takes its eight-row vector code on two threads (20 units
+// each: two groups of eight rows and a tail), 13 the scalar code on one; with
+// sequence_lens shorter than the sequence and zero, both layouts, peepholes, clip, input_forget
+// and other activations.
+TEST(Lstm, BatchOneRunsRowByRowAndMatchesTheReference) {
+  for (int64_t H : {40, 13}) {
+    for (bool batch_first : {false, true}) {
+      for (int len : {4, 5, 0}) {
+        SCOPED_TRACE("hidden " + std::to_string(H) + (batch_first ? ", layout 1" : "") + ", length " +
+                     std::to_string(len));
+        Problem p{.op = "LSTM", .direction = "bidirectional", .S = 5, .N = 1, .I = 3, .H = H};
+        p.batch_first = batch_first;
+        p.initial_h = p.initial_c = p.peepholes = true;
+        p.lens = {len};
+        expect_matches_reference(p, static_cast<uint32_t>(H + len));
+      }
+    }
+  }
+  Problem p{.op = "LSTM", .direction = "reverse", .S = 4, .N = 1, .I = 3, .H = 16};
+  p.input_forget = true;
+  p.peepholes = p.initial_c = true;
+  p.clip = 0.7f;
+  p.extra = {strings_attr("activations", {"HardSigmoid", "Softsign", "ScaledTanh"}),
+             attr("activation_alpha", std::vector<float>{0.3f, 1.5f}),
+             attr("activation_beta", std::vector<float>{0.4f, 0.5f})};
+  p.acts = {{"HardSigmoid", 0.3f, 0.4f}, {"Softsign"}, {"ScaledTanh", 1.5f, 0.5f}};
+  expect_matches_reference(p, 5);
+}
+
 TEST(Lstm, ZeroLengthEntriesKeepTheInitialStateAndZeroOutputs) {
   Problem p{.op = "LSTM", .direction = "bidirectional", .S = 3, .N = 3, .I = 2, .H = 2};
   p.initial_h = p.initial_c = true;
