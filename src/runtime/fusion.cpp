@@ -3,6 +3,7 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <cmath>
 #include <map>
 #include <numbers>
 #include <optional>
@@ -309,10 +310,9 @@ int fuse_conv_relu(onnx::GraphProto& graph) {
 }
 
 namespace {
-// The element type and dims of `name` when it is a constant: an initializer that is not a graph
-// input (a run may replace those) or the `value` tensor of a Constant node.
-std::optional<std::pair<int, std::vector<int64_t>>> constant_type(const onnx::GraphProto& graph,
-                                                                   const Matcher& m, const std::string& name) {
+// The tensor of `name` when it is a constant: an initializer that is not a graph input (a run
+// may replace those) or the `value` tensor of a Constant node; null otherwise.
+const onnx::TensorProto* constant_proto(const onnx::GraphProto& graph, const Matcher& m, const std::string& name) {
   const onnx::TensorProto* proto = nullptr;
   if (const onnx::NodeProto* node = m.producer(name)) {
     if (is_onnx_op(*node, "Constant")) {
@@ -320,18 +320,154 @@ std::optional<std::pair<int, std::vector<int64_t>>> constant_type(const onnx::Gr
         if (attr.name() == "value") proto = &attr.t();
       }
     }
-  } else {
-    for (const auto& in : graph.input()) {
-      if (in.name() == name) return std::nullopt;
-    }
-    for (const auto& init : graph.initializer()) {
-      if (init.name() == name) proto = &init;
-    }
+    return proto;
   }
+  for (const auto& in : graph.input()) {
+    if (in.name() == name) return nullptr;
+  }
+  for (const auto& init : graph.initializer()) {
+    if (init.name() == name) proto = &init;
+  }
+  return proto;
+}
+
+// The element type and dims of `name` when it is a constant (constant_proto).
+std::optional<std::pair<int, std::vector<int64_t>>> constant_type(const onnx::GraphProto& graph,
+                                                                   const Matcher& m, const std::string& name) {
+  const onnx::TensorProto* proto = constant_proto(graph, m, name);
   if (!proto) return std::nullopt;
   return std::make_pair(proto->data_type(), std::vector<int64_t>(proto->dims().begin(), proto->dims().end()));
 }
+
+// The value of constant `name` (constant_proto) as float64, if it is a float32 or float64 tensor
+// of `elements` elements (any, when negative) stored in the model file itself.
+std::optional<Tensor> constant_value(const onnx::GraphProto& graph, const Matcher& m, const std::string& name,
+                                     int64_t elements = -1) {
+  const onnx::TensorProto* proto = constant_proto(graph, m, name);
+  if (!proto || (proto->data_type() != onnx::TensorProto::FLOAT && proto->data_type() != onnx::TensorProto::DOUBLE)) {
+    return std::nullopt;
+  }
+  try {
+    Tensor t = io::tensor_from_proto(*proto, {}, name);
+    if (elements >= 0 && t.numel() != elements) return std::nullopt;
+    return t.cast(DataType::Float64);
+  } catch (const Error&) {  // external data or a malformed tensor: left to the run
+    return std::nullopt;
+  }
+}
 }  // namespace
+
+int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
+  const auto onnx_opset = opsets.find("");
+  if (onnx_opset == opsets.end() || onnx_opset->second < 7) return 0;  // is_test decides before 7
+  struct Fold {
+    int conv = 0, bn = 0;
+    onnx::TensorProto w, b;  // the new initializers
+  };
+  std::vector<Fold> folds;
+  std::unordered_set<std::string> claimed;  // initializer names taken by this pass
+  {
+    Matcher m(graph);
+    std::unordered_set<std::string> names;
+    for (const auto& init : graph.initializer()) names.insert(init.name());
+    for (const auto& node : graph.node()) {
+      for (const auto& out : node.output()) names.insert(out);
+    }
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& bn = graph.node(i);
+      if (!is_onnx_op(bn, "BatchNormalization") || bn.input_size() != 5 || bn.output_size() != 1) continue;
+      double epsilon = 1e-5;
+      bool inference = true;
+      for (const auto& attr : bn.attribute()) {
+        if (attr.name() == "epsilon") epsilon = attr.f();
+        if (attr.name() == "training_mode" && attr.i() != 0) inference = false;
+        if (attr.name() == "spatial" && attr.i() != 1) inference = false;
+      }
+      const std::string& y = bn.input(0);
+      const onnx::NodeProto* conv = m.producer(y);
+      if (!inference || !conv || !is_onnx_op(*conv, "Conv") || conv->output_size() != 1 || m.sole_reader(y) != i ||
+          conv->input_size() < 2) {
+        continue;
+      }
+      const onnx::TensorProto* w_proto = constant_proto(graph, m, conv->input(1));
+      const std::optional<Tensor> w = constant_value(graph, m, conv->input(1));
+      if (!w_proto || !w || w->rank() < 1) continue;
+      const int64_t channels = w->dim(0);
+      const bool has_b = conv->input_size() > 2 && !conv->input(2).empty();
+      std::optional<Tensor> b = has_b ? constant_value(graph, m, conv->input(2), channels)
+                                      : Tensor::zeros(DataType::Float64, Shape{channels});
+      std::optional<Tensor> params[4];  // scale, bias, mean, var
+      bool constant = b.has_value();
+      for (int k = 0; k < 4 && constant; ++k) {
+        params[k] = constant_value(graph, m, bn.input(k + 1), channels);
+        constant = params[k].has_value();
+      }
+      if (!constant) continue;
+      const double* scale = params[0]->data<double>();
+      const double* bias = params[1]->data<double>();
+      const double* mean = params[2]->data<double>();
+      const double* var = params[3]->data<double>();
+      Tensor w_new = *w;  // a copy: cast() made w's own storage, not shared with the model
+      Tensor b_new = b->cast(DataType::Float64);
+      double* wd = w_new.data<double>();
+      double* bd = b_new.data<double>();
+      const int64_t per_channel = channels == 0 ? 0 : w_new.numel() / channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        const double s = scale[c] / std::sqrt(var[c] + epsilon);
+        for (int64_t k = 0; k < per_channel; ++k) wd[c * per_channel + k] *= s;
+        bd[c] = (bd[c] - mean[c]) * s + bias[c];
+      }
+      const DataType type = w_proto->data_type() == onnx::TensorProto::FLOAT ? DataType::Float32 : DataType::Float64;
+      auto fresh = [&](const std::string& base) {
+        std::string name = base;
+        for (int k = 1; names.contains(name) || claimed.contains(name); ++k) name = base + "." + std::to_string(k);
+        claimed.insert(name);
+        return name;
+      };
+      Fold fold;
+      fold.conv = m.producer_index(y);
+      fold.bn = i;
+      io::tensor_to_proto(w_new.cast(type), fresh(bn.output(0) + ".conv_weight"), fold.w);
+      io::tensor_to_proto(b_new.cast(type), fresh(bn.output(0) + ".conv_bias"), fold.b);
+      folds.push_back(std::move(fold));
+    }
+  }
+  if (folds.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  std::unordered_set<std::string> old_weights;
+  for (Fold& fold : folds) {
+    onnx::NodeProto& conv = *graph.mutable_node(fold.conv);
+    old_weights.insert(conv.input(1));
+    conv.set_input(1, fold.w.name());
+    if (conv.input_size() > 2) {
+      conv.set_input(2, fold.b.name());
+    } else {
+      conv.add_input(fold.b.name());
+    }
+    conv.set_output(0, graph.node(fold.bn).output(0));
+    drop[static_cast<size_t>(fold.bn)] = true;
+    graph.add_initializer()->Swap(&fold.w);
+    graph.add_initializer()->Swap(&fold.b);
+  }
+  drop_nodes(graph, drop);
+  // The old weights, where nothing reads them any more (initializers only: a graph output or a
+  // subgraph could read one, so every name read anywhere counts).
+  std::unordered_set<std::string> read;
+  for (const auto& node : graph.node()) {
+    for (const auto& in : node.input()) read.insert(in);
+    for (const auto& attr : node.attribute()) {
+      if (attr.has_g()) ir::collect_free_names(attr.g(), read);
+      for (const auto& g : attr.graphs()) ir::collect_free_names(g, read);
+    }
+  }
+  for (const auto& out : graph.output()) read.insert(out.name());
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+  for (auto& init : *graph.mutable_initializer()) {
+    if (!(old_weights.contains(init.name()) && !read.contains(init.name()))) kept.Add()->Swap(&init);
+  }
+  graph.mutable_initializer()->Swap(&kept);
+  return static_cast<int>(folds.size());
+}
 
 int fuse_matmul_add(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (MatMul, Add)

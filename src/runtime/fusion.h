@@ -45,6 +45,16 @@ int fuse_conv_pool(onnx::GraphProto& graph);
 // of pairs fused.
 int fuse_conv_relu(onnx::GraphProto& graph);
 
+// Folds each inference-mode BatchNormalization (one output; ai.onnx opset 7 or later; spatial)
+// whose input is a Conv output read by nothing else into the Conv: W' = W s and B' = (B - mean)
+// s + bias per output channel, s = scale / sqrt(var + epsilon) (computed in float64, stored in
+// W's type), for constant W, B and BatchNormalization inputs (initializers that are not graph
+// inputs, or Constant nodes) of float32 or float64. The Conv then writes the BatchNormalization's
+// output from new initializers; W's initializer goes when nothing else reads it. Run before
+// fuse_conv_pool / fuse_conv_relu, so Conv -> BatchNormalization -> Relu becomes one FusedConv.
+// Results equal the two ops' up to rounding. Returns the number of pairs folded.
+int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
+
 // Replaces each MatMul(A, B) -> Add(., C) (C on either side) whose MatMul output has no other
 // reader (and is neither a graph output nor read by a subgraph), where B is a float32 constant
 // of shape [K, N] and C a float32 constant of shape [N] (initializers that are not graph inputs,

@@ -38,6 +38,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
   }
   if (rewrite) {
     fold_constants(graph, opsets, base_dir);
+    fold_batch_norm_into_conv(graph, opsets);
     fuse_conv_pool(graph);
     fuse_conv_relu(graph);
     fuse_matmul_add(graph);

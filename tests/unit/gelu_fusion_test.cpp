@@ -14,6 +14,7 @@ namespace onnxtrain {
 namespace {
 
 using testing::attr;
+using testing::count_op;
 using testing::expect_close;
 
 const std::unordered_map<std::string, int> kOpsets{{"", 17}, {"ai.onnx.preview.training", 1}};
@@ -104,12 +105,6 @@ Tensor inputs(const Shape& shape) {
   v[1] = std::numeric_limits<float>::infinity();
   v[2] = -30.0f;
   return Tensor::from_vector<float>(shape, v);
-}
-
-int count_op(const onnx::GraphProto& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.node()) n += node.op_type() == op;
-  return n;
 }
 
 TEST(GeluFusion, TheErfChainBecomesOneGeluWithTheSameValues) {

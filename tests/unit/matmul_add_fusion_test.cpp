@@ -10,6 +10,7 @@
 namespace onnxtrain {
 namespace {
 
+using testing::count_op;
 using testing::expect_close;
 
 struct PairOptions {
@@ -69,12 +70,6 @@ onnx::ModelProto pair_model(const PairOptions& o) {
   g->add_output()->set_name("y");
   if (o.expose_product) g->add_output()->set_name("xw");
   return m;
-}
-
-int count_op(const onnx::GraphProto& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.node()) n += node.op_type() == op;
-  return n;
 }
 
 TEST(MatMulAddFusion, ALinearLayerBecomesOneMatMulAddWithTheSameValues) {

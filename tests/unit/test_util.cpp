@@ -56,6 +56,12 @@ void add_constant_node(onnx::GraphProto& g, const std::string& name, const Tenso
   io::tensor_to_proto(value, name, *a->mutable_t());
 }
 
+int count_op(const onnx::GraphProto& g, const std::string& op_type) {
+  int n = 0;
+  for (const auto& node : g.node()) n += node.op_type() == op_type;
+  return n;
+}
+
 void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g) {
   auto* a = n->add_attribute();
   a->set_name(name);

@@ -66,6 +66,8 @@ onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op, const std:
 void graph_attr(onnx::NodeProto* n, const std::string& name, const onnx::GraphProto& g);
 // A Constant node appended to `g` whose `value` attribute holds `value`, output `name`.
 void add_constant_node(onnx::GraphProto& g, const std::string& name, const Tensor& value);
+// The nodes of `g` (not of its subgraphs) whose op_type is `op_type`, of any domain.
+int count_op(const onnx::GraphProto& g, const std::string& op_type);
 // An empty model (IR 8, ai.onnx opset 17) whose graph is named `graph_name`.
 onnx::ModelProto empty_model(const std::string& graph_name);
 
