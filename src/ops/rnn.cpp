@@ -41,7 +41,10 @@
 // batch) and runs the gate arithmetic per batch entry. float32 GEMMs are oneDNN's sgemm,
 // float64 plain loops; float16 / bfloat16 are computed in float32. A float32 LSTM at batch 1
 // without a trace runs its steps as dot products and gates in one parallel region instead
-// (Recurrence::lstm_rowwise).
+// (Recurrence::lstm_rowwise); with 8 or more batch entries per thread, each thread runs the
+// whole recurrence of its share of the batch, a single-threaded sgemm per step, with no
+// barrier (Recurrence::lstm_batch_split; bench/workloads.py's LSTM at batch 64 on two threads:
+// 23.0 -> 21.3 ms).
 // The gradients (rnn_grad.cpp) need each step's gates and states (rnn_common.h: Trace): they
 // run the same recurrence again, direction by direction, unless the forward node ran as
 // ai.onnxtrain.RNNTraining / GRUTraining / LSTMTraining (the forward node's inputs, attributes
@@ -434,6 +437,8 @@ class Recurrence {
     if (a_.cell == Cell::Lstm) load_state(in_.initial_c, d, c_);
     if (rowwise()) {
       lstm_rowwise(d, reverse, y);
+    } else if (const int threads = batch_split_threads(); threads > 1) {
+      lstm_batch_split(d, reverse, y, threads);
     } else {
       for (int64_t step = 0; step < max_len_; ++step) {
         if (trace_) record_states(step);
@@ -452,10 +457,12 @@ class Recurrence {
  private:
   const V* weights(const Tensor& t, int64_t d) const { return RnnTensors::of_direction<V>(t, d, s_.directions); }
 
-  void record_states(int64_t step) {
-    const int64_t NH = s_.batch * s_.hidden;
-    std::copy(h_.begin(), h_.end(), trace_->h + step * NH);
-    if (a_.cell == Cell::Lstm) std::copy(c_.begin(), c_.end(), trace_->c + step * NH);
+  void record_states(int64_t step) { record_states(step, 0, s_.batch); }
+  // The states of batch entries [b0, b1) before `step` (rows of the trace's h and c).
+  void record_states(int64_t step, int64_t b0, int64_t b1) {
+    const int64_t H = s_.hidden, NH = s_.batch * H;
+    std::copy(h_.begin() + b0 * H, h_.begin() + b1 * H, trace_->h + step * NH + b0 * H);
+    if (a_.cell == Cell::Lstm) std::copy(c_.begin() + b0 * H, c_.begin() + b1 * H, trace_->c + step * NH + b0 * H);
   }
   // Keeps n values of batch entry b at `step` in `to` ([steps, batch, width]) from `column` on.
   void record(V* to, int64_t width, int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
@@ -699,46 +706,93 @@ class Recurrence {
   }
 
   void lstm_step(int64_t d, int64_t step, bool reverse, V* y) {
+    recurrent_product(d, h_.data(), 0, 4 * s_.hidden);
+    for_active(step, reverse, 16 * s_.hidden, [&](int64_t b, int64_t t) { lstm_cell(d, step, b, t, y); });
+  }
+
+  // Whether, and on how many threads, the LSTM runs as lstm_batch_split: float32 (oneDNN's
+  // sgemm per thread) with at least kSplitRows batch entries per thread.
+  int batch_split_threads() const {
+    if (!std::is_same_v<V, float> || a_.cell != Cell::Lstm || omp_in_parallel()) return 1;
+    return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), s_.batch / kSplitRows));
+  }
+  static constexpr int64_t kSplitRows = 8;
+
+  // The whole sequence of an LSTM direction in one parallel region, the batch split between the
+  // threads: batch entries are independent through time, so each thread runs the recurrence of
+  // its rows [b0, b1) alone, step after step (H R^T for its rows through a single-threaded sgemm,
+  // then lstm_cell per row), with no barrier between steps; the general path forks twice per
+  // step (sgemm over the batch, then the gate loop). Its results, and the trace, are the general
+  // path's up to float32 rounding in sgemm (its sums over a thread's rows may be blocked otherwise
+  // than over the whole batch); the gate arithmetic per row is lstm_cell, as there.
+  void lstm_batch_split(int64_t d, bool reverse, V* y, int threads) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
+    const V* R = weights(in_.r, d);
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t b0 = N * id / count, b1 = N * (id + 1) / count;
+      for (int64_t step = 0; step < max_len_; ++step) {
+        if (trace_) record_states(step, b0, b1);
+        // Entries are sorted by nothing: find the span of this thread's rows still running.
+        int64_t first = b1, last = b0;
+        for (int64_t b = b0; b < b1; ++b) {
+          if (time_of(step, lens_[static_cast<size_t>(b)], reverse) >= 0) {
+            first = std::min(first, b);
+            last = b + 1;
+          }
+        }
+        if (first >= last) continue;
+        gemm<V>(false, true, last - first, GH, H, h_.data() + first * H, H, R, H, rec_.data() + first * GH, GH,
+                false);
+        for (int64_t b = first; b < last; ++b) {
+          const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
+          if (t >= 0) lstm_cell(d, step, b, t, y);
+        }
+      }
+    }
+  }
+
+  // One LSTM step of batch entry b at time t: rec_'s row b holds H[t-1] R^T; adds X W^T + bias,
+  // runs the gates and updates c_ and h_'s rows b (and y's, the trace's).
+  void lstm_cell(int64_t d, int64_t step, int64_t b, int64_t t, V* y) {
     const int64_t H = s_.hidden, GH = 4 * H;
-    recurrent_product(d, h_.data(), 0, GH);
     const Activation& f = a_.act(d, 0);
     const Activation& g_act = a_.act(d, 1);
     const Activation& h_act = a_.act(d, 2);
     const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
-    for_active(step, reverse, 16 * H, [&](int64_t b, int64_t t) {
-      V* __restrict g = rec_.data() + b * GH;
-      const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
-      for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
-      V* __restrict gi = g;
-      V* __restrict go = g + H;
-      V* __restrict gf = g + 2 * H;
-      V* __restrict gc = g + 3 * H;
-      V* __restrict c = c_.data() + b * H;
-      if (p) {  // peepholes on C[t-1] for i and f
-        for (int64_t j = 0; j < H; ++j) gi[j] += p[j] * c[j];
-        for (int64_t j = 0; j < H; ++j) gf[j] += p[2 * H + j] * c[j];
-      }
-      apply_gate(f, step, b, 0, gi, H);
-      if (a_.input_forget) {
-        for (int64_t j = 0; j < H; ++j) gf[j] = V(1) - gi[j];
-        if (trace_) record(trace_->gates, GH, step, b, 2 * H, gf, H);
-      } else {
-        apply_gate(f, step, b, 2 * H, gf, H);
-      }
-      apply_gate(g_act, step, b, 3 * H, gc, H);
-      for (int64_t j = 0; j < H; ++j) c[j] = gf[j] * c[j] + gi[j] * gc[j];
-      if (p) {  // the output gate's peephole sees C[t]
-        for (int64_t j = 0; j < H; ++j) go[j] += p[H + j] * c[j];
-      }
-      apply_gate(f, step, b, H, go, H);
-      V* __restrict hc = scratch_.data() + b * H;
-      std::copy(c, c + H, hc);
-      activate(h_act, hc, H);
-      if (trace_) record(trace_->hc, H, step, b, 0, hc, H);
-      V* __restrict h = h_.data() + b * H;
-      for (int64_t j = 0; j < H; ++j) h[j] = go[j] * hc[j];
-      if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));
-    });
+    V* __restrict g = rec_.data() + b * GH;
+    const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
+    for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
+    V* __restrict gi = g;
+    V* __restrict go = g + H;
+    V* __restrict gf = g + 2 * H;
+    V* __restrict gc = g + 3 * H;
+    V* __restrict c = c_.data() + b * H;
+    if (p) {  // peepholes on C[t-1] for i and f
+      for (int64_t j = 0; j < H; ++j) gi[j] += p[j] * c[j];
+      for (int64_t j = 0; j < H; ++j) gf[j] += p[2 * H + j] * c[j];
+    }
+    apply_gate(f, step, b, 0, gi, H);
+    if (a_.input_forget) {
+      for (int64_t j = 0; j < H; ++j) gf[j] = V(1) - gi[j];
+      if (trace_) record(trace_->gates, GH, step, b, 2 * H, gf, H);
+    } else {
+      apply_gate(f, step, b, 2 * H, gf, H);
+    }
+    apply_gate(g_act, step, b, 3 * H, gc, H);
+    for (int64_t j = 0; j < H; ++j) c[j] = gf[j] * c[j] + gi[j] * gc[j];
+    if (p) {  // the output gate's peephole sees C[t]
+      for (int64_t j = 0; j < H; ++j) go[j] += p[H + j] * c[j];
+    }
+    apply_gate(f, step, b, H, go, H);
+    V* __restrict hc = scratch_.data() + b * H;
+    std::copy(c, c + H, hc);
+    activate(h_act, hc, H);
+    if (trace_) record(trace_->hc, H, step, b, 0, hc, H);
+    V* __restrict h = h_.data() + b * H;
+    for (int64_t j = 0; j < H; ++j) h[j] = go[j] * hc[j];
+    if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));
   }
 
   const RnnAttrs& a_;

@@ -4,6 +4,8 @@
 // against float64; every direction, sequence_lens (with zero lengths), layout 1, initial
 // states, peepholes, input_forget, linear_before_reset, clip, every activation function;
 // omitted output gradients, unnamed outputs, and errors.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -420,6 +422,22 @@ TEST(RnnSharedTrace, GradientsEqualTheGradientOpRunningTheForwardAgain) {
     check_shared_trace(c, DataType::Float32);
     check_shared_trace(c, DataType::Float64);
   }
+}
+
+// From 16 batch entries on two threads a float32 LSTM's forward recurrence runs as rnn.cpp's
+// lstm_batch_split, each thread writing its rows of the trace: the float32 gradients still agree
+// with float64 ones (finite-difference checked), and the trace the forward node hands over equals
+// the one the gradient op records when it runs the forward again.
+TEST(RnnSharedTrace, LstmBatchSplitBetweenThreads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  std::vector<int32_t> lens(18);
+  for (size_t b = 0; b < lens.size(); ++b) lens[b] = static_cast<int32_t>((b * 7) % 5);  // 0 to 4, ragged
+  const Config c{.name = "LSTM bidirectional, batch 18", .op = "LSTM", .direction = "bidirectional",
+                 .initial_h = true, .initial_c = true, .peepholes = true, .lens = lens, .N = 18};
+  check(c);
+  check_shared_trace(c, DataType::Float32);
+  omp_set_num_threads(saved);
 }
 
 TEST(RnnSharedTrace, RepeatedRunsWithOtherInputsReuseNothingStale) {

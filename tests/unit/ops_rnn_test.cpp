@@ -4,6 +4,8 @@
 // sequence_lens (with reverse directions and zero lengths), initial states, peepholes,
 // layout 1, linear_before_reset, input_forget, every activation function with its alpha/beta,
 // clip, float32/float64/float16, omitted outputs, older opsets, and error messages.
+#include <omp.h>
+
 #include <cmath>
 #include <optional>
 #include <random>
@@ -317,6 +319,32 @@ TEST(Lstm, BatchOneRunsRowByRowAndMatchesTheReference) {
              attr("activation_beta", std::vector<float>{0.4f, 0.5f})};
   p.acts = {{"HardSigmoid", 0.3f, 0.4f}, {"Softsign"}, {"ScaledTanh", 1.5f, 0.5f}};
   expect_matches_reference(p, 5);
+}
+
+// From 16 batch entries on two threads, a float32 LSTM runs as rnn.cpp's lstm_batch_split (each
+// thread the whole sequence of its half of the batch, sgemm per thread, no barrier): ragged
+// sequence_lens (entries ending early, one of length 0, the longest on either thread), both
+// layouts, both directions, peepholes, initial states; and the same problem on one thread (the
+// general path) agrees to float32 rounding (the sgemm calls cover other rows, so their sums may
+// round differently: 2.4e-7 at most seen here).
+TEST(Lstm, LargeBatchesSplitBetweenThreadsAndMatchTheReference) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (bool batch_first : {false, true}) {
+    SCOPED_TRACE(batch_first ? "layout 1" : "layout 0");
+    Problem p{.op = "LSTM", .direction = "bidirectional", .S = 6, .N = 19, .I = 4, .H = 24};
+    p.batch_first = batch_first;
+    p.initial_h = p.initial_c = p.peepholes = true;
+    p.lens = {6, 3, 0, 5, 6, 1, 2, 4, 6, 5, 3, 2, 1, 4, 4, 5, 6, 2, 3};
+    expect_matches_reference(p, 23);
+    const auto in = cast_floats(p.inputs(23), DataType::Float32);
+    const auto split = p.run(in);
+    omp_set_num_threads(1);
+    const auto general = p.run(in);
+    omp_set_num_threads(2);
+    for (size_t i = 0; i < split.size(); ++i) expect_close(split[i], general[i], 1e-5, 1e-6);
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(Lstm, ZeroLengthEntriesKeepTheInitialStateAndZeroOutputs) {
