@@ -298,8 +298,8 @@ dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
 // is read as a plain NCHW tensor asks for it instead of leaving the choice to oneDNN, which
 // picks channels-last (brgconv) for inference on AVX-512: reordering a channels-last output to
 // NCHW costs several times the blocked one (Fashion-MNIST CNN conv1, 128x32x28x28 on two
-// Xeon cores: convolution + reorder 0.6 + 1.5 ms channels-last, 0.4 + 0.5 ms blocked; no shape
-// measured ran slower blocked).
+// Xeon cores: convolution + reorder 0.6 + 1.5 ms channels-last, 0.4 + 0.5 ms blocked), except
+// on small outputs (kSmallOutput).
 // The channel block of that layout: 16, 8, or 0 for none.
 int channel_block() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
@@ -317,6 +317,16 @@ dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
   if (block == 8) t = dims.size() == 3 ? tag::aBc8b : dims.size() == 4 ? tag::aBcd8b : tag::aBcde8b;
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, t);
 }
+
+// Up to this many output positions (N x output spatial size) oneDNN chooses the destination
+// layout too: on small maps its own choice (channels-last, brgemm-based brgconv on AVX-512) runs
+// several times faster than its direct convolution into the channel-blocked layout, which pays
+// off only on larger outputs. bench/workloads.py's ResNet-18 at 32x32, batch 1, two AMD EPYC
+// cores, alternating runs: 0.53-0.57 ms blocked everywhere, 0.39-0.41 with oneDNN's choice up
+// to 64, 256, 1024 positions or everywhere alike; at batch 128 oneDNN's choice everywhere was
+// 5-10 % slower; the layer-4 3x3 convolution on a 1x1 map (512 channels) alone: 25-30 us blocked,
+// 7 us oneDNN's choice (bench/conv_peak.py).
+constexpr int64_t kSmallOutput = 64;
 
 // `channels_last_dst`: y is written channels-last, for max_pool_channels_last to read.
 // `weights_constant`: the reordered weights are kept between runs (ConvKernel::weights_constant_);
@@ -355,6 +365,8 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
       P::primitive_desc pd;
       if (channels_last_dst) {
         pd = make_pd(dst);
+      } else if (g.N * dims_product(d.dst_dims) <= kSmallOutput) {
+        pd = make_pd(any_dst);
       } else {
         try {
           pd = make_pd(blocked_channels_f32(dst.dims()));

@@ -534,6 +534,32 @@ TEST(ConvTest, Random2dMatchesDirectLoops) {
   }
 }
 
+// Outputs of at most 64 positions (N x output spatial size) run in the layout oneDNN chooses
+// (conv.cpp kSmallOutput), larger ones channel-blocked: the small maps a 32x32 ResNet ends
+// with (3x3 on 1x1 and 2x2 maps, where most kernel taps read padding; a strided 1x1), with 16+
+// and partial channel blocks, on either side of the limit, each against the ONNX definition.
+TEST(ConvTest, SmallMapsOnEitherSideOfTheOutputSizeLimit) {
+  const std::vector<Conv2dCase> cases = {
+      {1, 40, 24, 1, 1, 1, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false},  // 1 position: the centre tap
+      {1, 20, 36, 1, 2, 2, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, true},   // 1 position, 4 taps
+      {3, 20, 19, 1, 2, 2, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, true},   // 12 positions
+      {1, 17, 33, 1, 4, 4, 1, 1, {2, 2}, {0, 0, 0, 0}, {1, 1}, false},  // strided 1x1
+      {1, 16, 16, 1, 8, 8, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false},  // 64 positions: oneDNN's layout
+      {1, 16, 16, 1, 9, 8, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false},  // 72: channel-blocked
+      {2, 24, 20, 1, 6, 6, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, true},   // 72: channel-blocked
+  };
+  uint32_t seed = 300;
+  for (const auto& k : cases) {
+    SCOPED_TRACE("case n " + std::to_string(k.n) + " c " + std::to_string(k.c) + " h " + std::to_string(k.h));
+    const Tensor x = random({k.n, k.c, k.h, k.w}, seed++);
+    const Tensor w = random({k.m, k.c, k.kh, k.kw}, seed++);
+    const Tensor b = k.bias ? random({k.m}, seed++) : Tensor();
+    std::vector<Tensor> in = {x, w};
+    if (k.bias) in.push_back(b);
+    expect_both_paths("Conv", in, conv_attrs(k), naive_conv2d(k, x, w, b));
+  }
+}
+
 TEST(ConvTest, OneAndThreeSpatialDimsFloat32MatchesFloat64) {
   struct Case {
     Shape x, w;
