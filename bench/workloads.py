@@ -22,6 +22,8 @@ For each workload, in one run:
 - inference: the eval-mode model at batch 1 and a large batch, onnxtrain (onnxtrain-bench-infer,
   or onnxtrain's Python binding where the inputs are not float: BERT's int64 token ids) against
   ONNX Runtime (bench/workload_infer.py); best thread count of each.
+- the convolution-bound workload (ResNet-18) against oneDNN's convolutions at its own shapes,
+  timed alone (bench/conv_peak.py, bench/bench_conv.cpp), for the training step and inference.
 A step that fails is reported in the tables with its error message, and the run goes on.
 
 Usage: .venv/bin/python bench/workloads.py [--workloads resnet18,bert,lstm] [--threads 1,2]
@@ -46,6 +48,7 @@ WORK = os.path.join(ROOT, "build", "bench-workloads")
 SECTION = "workloads"
 SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
 sys.path.insert(0, BENCH)
+import conv_peak  # noqa: E402
 import workload_models  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
@@ -53,6 +56,7 @@ WARMUP = {"resnet18": 2, "bert": 2, "lstm": 2}  # step 2 is the first on the mem
 STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
 INFER_BATCHES = {"resnet18": (1, 128), "bert": (1, 32), "lstm": (1, 64)}
 INFER_ITERS = {"resnet18": 20, "bert": 5, "lstm": 10}  # Python-timed runs; bench-infer takes --iters too
+CONV_BOUND = ("resnet18",)  # measured against oneDNN's convolutions at their shapes too (conv_section)
 
 
 class Failed(Exception):
@@ -171,6 +175,7 @@ def train_section(names, prepared, tools, args, errors):
                     except Failed as e:
                         errors[(name, "torch")] = f"--threads {t}: {e}"
         o, p = best(mine), best(theirs)
+        args.best_train[name] = o
         compiled = "not tried (--no-compile)"
         if not args.no_compile and p:
             try:
@@ -225,6 +230,7 @@ def infer_section(names, prepared, tools, args, errors):
                         except Failed as e:
                             errors[key] = f"--threads {t}: {e}"
                 cells.append(min(timings) if timings else None)
+            args.best_infer[(name, batch)] = cells
             fmt = lambda c, e: f"{c[0]:.3f} ({c[1]})" if c else "failed: " + errors[(name, f"infer-{e}-{batch}")]
             ratio = f"{cells[1][0] / cells[0][0]:.2f}" if all(cells) else "-"
             via = " (Python binding)" if name == "bert" else ""
@@ -232,6 +238,39 @@ def infer_section(names, prepared, tools, args, errors):
             print(rows[-1], file=sys.stderr, flush=True)
     return ["| workload | batch | onnxtrain ms (threads) | ONNX Runtime ms (threads) | ratio (ORT / onnxtrain) |",
             "|---|---|---|---|---|"] + rows
+
+
+def conv_section(names, prepared, tools, args, errors):
+    """The convolution-bound workloads against oneDNN's convolutions at their own shapes, timed alone
+    (bench/conv_peak.py): the yardstick issue 18 names beside the sgemm peak. Training: every
+    Conv's forward, backward-data (not the first one's) and backward-weights primitives at batch
+    BATCH; inference: forward_inference at each INFER_BATCHES size. Each at the thread count that
+    was onnxtrain's best."""
+    rows = []
+    for name in (n for n in names if n in CONV_BOUND and prepared.get(n)):
+        try:
+            o = args.best_train.get(name)
+            if o:
+                shapes = conv_peak.conv_shapes(prepared[name]["train_export"], workload_models.BATCH[name])
+                alone = conv_peak.measure(tools["bench_conv"], shapes, o[1])["total_ms"]
+                step = 1e3 / o[0]
+                rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {len(shapes)} | "
+                            f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | - |")
+            for batch in INFER_BATCHES[name]:
+                cells = args.best_infer.get((name, batch))
+                if not cells or not cells[0]:
+                    continue
+                shapes = conv_peak.conv_shapes(prepared[name]["infer"], batch)
+                alone = conv_peak.measure(tools["bench_conv"], shapes, cells[0][1], inference=True)["total_ms"]
+                ort = f"{cells[1][0]:.3f}" if cells[1] else "-"
+                rows.append(f"| {name} | inference, batch {batch} | {len(shapes)} | {alone:.3f} ({cells[0][1]}) | "
+                            f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | {ort} |")
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+            errors[(name, "convolutions alone")] = str(e)[:400]
+        for row in rows[-3:]:
+            print(row, file=sys.stderr, flush=True)
+    return ["| workload | what | convolutions | oneDNN's convolutions alone, ms (threads) | onnxtrain ms | "
+            "fraction (alone / onnxtrain) | ONNX Runtime ms |", "|---|---|---|---|---|---|---|"] + rows
 
 
 def sgemm_peak(tools, threads):
@@ -247,6 +286,7 @@ def find_tools(build):
             return {"onnxtrain": os.path.join(folder, "src", "onnxtrain"),
                     "bench_infer": os.path.join(folder, "bench", "onnxtrain-bench-infer"),
                     "bench_sgemm": os.path.join(folder, "bench", "onnxtrain-bench-sgemm"),
+                    "bench_conv": os.path.join(folder, "bench", "onnxtrain-bench-conv"),
                     "python": os.path.join(folder, "python")}
     sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
 
@@ -291,6 +331,7 @@ def main():
     prepared = {name: prepare(name, tools, errors, WARMUP[name] + args.steps[name] + 1) for name in names}
     args.flops = {name: workload_models.train_flops(name) for name in names}
     args.sgemm = sgemm_peak(tools, args.threads)
+    args.best_train, args.best_infer = {}, {}
     lines += [f"Training (steps/s without start-up; best thread count of each side). The machine's peak: oneDNN's "
               f"sgemm (2048^3, bench/bench_sgemm.cpp) at {args.sgemm:.0f} GFLOP/s in this run; GFLOP per step counts "
               "the matrix products and convolutions of the forward and backward passes "
@@ -298,6 +339,11 @@ def main():
     lines += train_section(names, prepared, tools, args, errors)
     lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
     lines += infer_section(names, prepared, tools, args, errors)
+    lines += ["", "Convolution-bound workloads against oneDNN's convolutions at their own shapes, timed alone "
+              "(bench/conv_peak.py: each Conv's forward, backward-data and backward-weights primitives, or "
+              "forward_inference, in the memory formats oneDNN prefers, the fastest of 10 runs; no reorders, no "
+              "other op): the fraction is the share of onnxtrain's time that oneDNN's convolutions alone need.", ""]
+    lines += conv_section(names, prepared, tools, args, errors)
     lines += ["", "Errors (exact messages):", ""]
     lines += [f"- {name}, {stage}: `{message}`" for (name, stage), message in errors.items()] or ["- none"]
     lines += ["", f"(the run took {time.perf_counter() - started:.0f} s)"]
