@@ -256,6 +256,7 @@ def conv_section(names, prepared, tools, args, errors):
                 step = 1e3 / o[0]
                 rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {len(shapes)} | "
                             f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | - |")
+                print(rows[-1], file=sys.stderr, flush=True)
             for batch in INFER_BATCHES[name]:
                 cells = args.best_infer.get((name, batch))
                 if not cells or not cells[0]:
@@ -265,10 +266,9 @@ def conv_section(names, prepared, tools, args, errors):
                 ort = f"{cells[1][0]:.3f}" if cells[1] else "-"
                 rows.append(f"| {name} | inference, batch {batch} | {len(shapes)} | {alone:.3f} ({cells[0][1]}) | "
                             f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | {ort} |")
+                print(rows[-1], file=sys.stderr, flush=True)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
             errors[(name, "convolutions alone")] = str(e)[:400]
-        for row in rows[-3:]:
-            print(row, file=sys.stderr, flush=True)
     return ["| workload | what | convolutions | oneDNN's convolutions alone, ms (threads) | onnxtrain ms | "
             "fraction (alone / onnxtrain) | ONNX Runtime ms |", "|---|---|---|---|---|---|---|"] + rows
 

@@ -34,6 +34,13 @@ std::string error_of(const onnx::GraphProto& g) {
   return "";
 }
 
+// The node names in the order the graph runs them.
+std::vector<std::string> node_order(const Graph& graph) {
+  std::vector<std::string> order;
+  for (NodeId id : graph.topological_order()) order.push_back(graph.node(id).name);
+  return order;
+}
+
 TEST(Graph, SortsUnsortedNodesTopologically) {
   onnx::GraphProto g;
   g.set_name("main");
@@ -43,9 +50,7 @@ TEST(Graph, SortsUnsortedNodesTopologically) {
   add_node(g, "Abs", {"a"}, {"b"}, "middle");
   g.add_output()->set_name("c");
   Graph graph = Graph::from_proto(g, "m.onnx", {});
-  std::vector<std::string> order;
-  for (NodeId id : graph.topological_order()) order.push_back(graph.node(id).name);
-  EXPECT_EQ(order, (std::vector<std::string>{"first", "middle", "second"}));
+  EXPECT_EQ(node_order(graph), (std::vector<std::string>{"first", "middle", "second"}));
   EXPECT_EQ(graph.value(graph.find("x")).type.to_string(), "float32[N]");
 }
 
@@ -65,9 +70,7 @@ TEST(Graph, RunsShapeAndSizeNodesRightAfterTheirInput) {
   g.add_output()->set_name("d");
   g.add_output()->set_name("size_x");
   Graph graph = Graph::from_proto(g, "m.onnx", {});
-  std::vector<std::string> order;
-  for (NodeId id : graph.topological_order()) order.push_back(graph.node(id).name);
-  EXPECT_EQ(order, (std::vector<std::string>{"size_of_x", "forward1", "shape_of_a", "forward2", "backward1",
+  EXPECT_EQ(node_order(graph), (std::vector<std::string>{"size_of_x", "forward1", "shape_of_a", "forward2", "backward1",
                                              "backward2"}));
 }
 

@@ -104,19 +104,20 @@ TEST(MemoryPlan, LargeRecordedBlocksAreMappedAndGivenBack) {
   if (kSanitized) GTEST_SKIP() << "AddressSanitizer build: no arena";
   const Shape large{int64_t{1} << 17};  // 512 KiB of float32
   MemoryPlan plan;
+  // A large float32 tensor of the plan at `step`, every element `value`.
+  const auto filled = [&](int64_t step, float value) {
+    plan.set_step(step);
+    Tensor t = plan.allocate(DataType::Float32, large);
+    std::fill_n(t.data<float>(), t.numel(), value);
+    return t;
+  };
   const uint64_t system = memory_stats().system_allocations.load();
   plan.begin_run();
-  plan.set_step(0);
-  Tensor a = plan.allocate(DataType::Float32, large);
-  std::fill_n(a.data<float>(), a.numel(), 1.0f);
-  plan.set_step(1);
-  Tensor b = plan.allocate(DataType::Float32, large);
-  std::fill_n(b.data<float>(), b.numel(), 2.0f);
+  Tensor a = filled(0, 1.0f);
+  Tensor b = filled(1, 2.0f);
   EXPECT_EQ(a.data<float>()[a.numel() - 1], 1.0f);
   a = Tensor();  // dies within the run: unmapped, placed in the arena
-  plan.set_step(2);
-  Tensor escaped = plan.allocate(DataType::Float32, large);  // outlives the run
-  std::fill_n(escaped.data<float>(), escaped.numel(), 3.0f);
+  Tensor escaped = filled(2, 3.0f);  // outlives the run
   b = Tensor();
   EXPECT_EQ(memory_stats().system_allocations.load() - system, 3u);
   plan.end_run();
@@ -125,12 +126,8 @@ TEST(MemoryPlan, LargeRecordedBlocksAreMappedAndGivenBack) {
   escaped = Tensor();  // unmapped after the run
 
   plan.begin_run();
-  plan.set_step(0);
-  Tensor a2 = plan.allocate(DataType::Float32, large);
-  std::fill_n(a2.data<float>(), a2.numel(), 4.0f);
-  plan.set_step(1);
-  Tensor b2 = plan.allocate(DataType::Float32, large);
-  std::fill_n(b2.data<float>(), b2.numel(), 5.0f);
+  Tensor a2 = filled(0, 4.0f);
+  Tensor b2 = filled(1, 5.0f);
   EXPECT_FALSE(a2.shares_storage_with(b2));
   EXPECT_EQ(a2.data<float>()[0], 4.0f);
   plan.end_run();

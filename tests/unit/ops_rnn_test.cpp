@@ -276,18 +276,24 @@ TEST(Lstm, ForwardAndReverseDefaults) {
   }
 }
 
-TEST(Lstm, InputForgetClipAndCustomActivations) {
-  Problem p{.op = "LSTM", .direction = "reverse", .S = 4, .N = 3, .I = 3, .H = 3};
+// A reverse LSTM over 4 steps of 3 inputs with input_forget, peepholes, initial_c, clip 0.7 and
+// f = HardSigmoid(0.3, 0.4), g = Softsign, h = ScaledTanh(1.5, 0.5): alpha and beta are
+// consumed in order by the functions that take them.
+Problem reverse_lstm_with_input_forget_clip_and_activations(int64_t batch, int64_t hidden) {
+  Problem p{.op = "LSTM", .direction = "reverse", .S = 4, .N = batch, .I = 3, .H = hidden};
   p.input_forget = true;
   p.peepholes = p.initial_c = true;
   p.clip = 0.7f;
-  p.lens = {3, 4, 2};
-  // f = HardSigmoid(0.3, 0.4), g = Softsign, h = ScaledTanh(1.5, 0.5): alpha and beta are
-  // consumed in order by the functions that take them.
   p.extra = {strings_attr("activations", {"HardSigmoid", "Softsign", "ScaledTanh"}),
              attr("activation_alpha", std::vector<float>{0.3f, 1.5f}),
              attr("activation_beta", std::vector<float>{0.4f, 0.5f})};
   p.acts = {{"HardSigmoid", 0.3f, 0.4f}, {"Softsign"}, {"ScaledTanh", 1.5f, 0.5f}};
+  return p;
+}
+
+TEST(Lstm, InputForgetClipAndCustomActivations) {
+  Problem p = reverse_lstm_with_input_forget_clip_and_activations(3, 3);
+  p.lens = {3, 4, 2};
   expect_matches_reference(p, 3);
 }
 
@@ -310,15 +316,7 @@ TEST(Lstm, BatchOneRunsRowByRowAndMatchesTheReference) {
       }
     }
   }
-  Problem p{.op = "LSTM", .direction = "reverse", .S = 4, .N = 1, .I = 3, .H = 16};
-  p.input_forget = true;
-  p.peepholes = p.initial_c = true;
-  p.clip = 0.7f;
-  p.extra = {strings_attr("activations", {"HardSigmoid", "Softsign", "ScaledTanh"}),
-             attr("activation_alpha", std::vector<float>{0.3f, 1.5f}),
-             attr("activation_beta", std::vector<float>{0.4f, 0.5f})};
-  p.acts = {{"HardSigmoid", 0.3f, 0.4f}, {"Softsign"}, {"ScaledTanh", 1.5f, 0.5f}};
-  expect_matches_reference(p, 5);
+  expect_matches_reference(reverse_lstm_with_input_forget_clip_and_activations(1, 16), 5);
 }
 
 // From 16 batch entries on two threads, a float32 LSTM runs as rnn.cpp's lstm_batch_split (each
