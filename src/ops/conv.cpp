@@ -23,6 +23,12 @@
 // channels-last into a scratch block and max_pool_channels_last (pool.cpp) reads it, so the
 // largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
 //
+// ai.onnxtrain.ConvChannelsLast (made by runtime/fusion.h use_channels_last, never saved) is a
+// Conv, with FusedConv's optional activation = "Relu", on channels-last tensors: X [N, D..., C],
+// W [M, C/group, k...] and B [M] as Conv's, Y [N, O..., M]. float32 runs through oneDNN reading
+// and writing that layout (its brgemm convolutions' own on AVX-512), so chains of convolutions
+// and element-wise ops pass no reorders.
+//
 // Attribute parsing, shape resolution and the oneDNN view of a geometry are declared in
 // conv_geometry.h: ConvGrad / ConvTransposeGrad (conv_grad.cpp) resolve them the same way.
 #include <cstring>
@@ -30,7 +36,9 @@
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/broadcast.h"
 #include "ops/conv_geometry.h"
+#include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
 #include "ops/pool_plan.h"
@@ -328,11 +336,29 @@ dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
 // 7 us oneDNN's choice (bench/conv_peak.py).
 constexpr int64_t kSmallOutput = 64;
 
-// `channels_last_dst`: y is written channels-last, for max_pool_channels_last to read.
+// Whether a convolution between channels-last tensors (ai.onnxtrain.ConvChannelsLast) runs
+// faster as oneDNN's direct convolution in the channel-blocked layout, reordering its input and
+// output, than as the brgemm convolution on the channels-last tensors themselves: on outputs of
+// more than kSmallOutput positions whose input map is smaller than the kernel in some dim (most
+// taps fall in the padding). ResNet-18 at 32x32, two AMD EPYC cores, oneDNN 2.6 (ms over 30
+// runs, brgemm / blocked): batch 128, layer 3's 3x3 convolutions on 2x2 maps 63 / 37, layer 4's
+// first (2x2 input) 47 / 28, layer 1 and 2 (8x8, 4x4) 27-35 / 37-42, layer 4's on 1x1 maps
+// 25-28 / 26-28; at batch 1 (<= 64 positions everywhere) brgemm is 1.6-4x faster in every layer.
+// The whole network at batch 128: 22.5-23.5 ms with brgemm everywhere, 19.8-20.7 with this rule.
+bool blocked_for_channels_last(const ConvGeometry& g, const DnnlConvDims& d) {
+  if (g.N * dims_product(d.dst_dims) <= kSmallOutput) return false;
+  for (size_t k = 0; k < g.rank(); ++k) {
+    if (g.in[k] < g.kernel[k]) return true;
+  }
+  return false;
+}
+
+// `channels_last_dst`: y is written channels-last (for max_pool_channels_last to read, or by
+// ai.onnxtrain.ConvChannelsLast); `channels_last_src`: x is read channels-last.
 // `weights_constant`: the reordered weights are kept between runs (ConvKernel::weights_constant_);
 // otherwise they are reordered at every run into thread_scratch memory.
 ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weights_constant,
-               bool channels_last_dst = false) {
+               bool channels_last_dst = false, bool channels_last_src = false) {
   using dnnl::memory;
   ConvEntry e;
   e.dims = dnnl_conv_dims(g);
@@ -341,7 +367,8 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
     e.use_reference = true;  // only outputs no input reaches
     return e;
   }
-  const memory::desc src = du::plain_f32(dims_of(g.N, g.C, g.in));
+  const memory::desc src = channels_last_src ? channels_last_f32(dims_of(g.N, g.C, g.in))
+                                             : du::plain_f32(dims_of(g.N, g.C, g.in));
   const memory::desc dst = channels_last_dst ? channels_last_f32(dims_of(g.N, g.M, d.dst_dims))
                                              : du::plain_f32(dims_of(g.N, g.M, d.dst_dims));
   const memory::desc any_src(src.dims(), memory::data_type::f32, memory::format_tag::any);
@@ -363,7 +390,9 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
         return P::primitive_desc(desc, du::user_scratchpad(), engine);
       };
       P::primitive_desc pd;
-      if (channels_last_dst) {
+      if (channels_last_src && blocked_for_channels_last(g, d)) {
+        pd = make_pd(blocked_channels_f32(dst.dims()));  // src and dst reordered around it
+      } else if (channels_last_dst) {
         pd = make_pd(dst);
       } else if (g.N * dims_product(d.dst_dims) <= kSmallOutput) {
         pd = make_pd(any_dst);
@@ -459,6 +488,8 @@ struct ConvEpilogue {
   std::optional<PoolAttrs> pool;
 };
 
+bool is_half(DataType t) { return t == DataType::Float16 || t == DataType::BFloat16; }
+
 // Whether input i of the node is an initializer that no run can replace.
 bool constant_input(const KernelInit& init, size_t i) {
   const auto& inputs = init.node().inputs;
@@ -469,11 +500,43 @@ bool constant_input(const KernelInit& init, size_t i) {
 
 class ConvKernel final : public Kernel {
  public:
-  ConvKernel(const KernelInit& init, ConvAttrs attrs, ConvEpilogue epilogue = {})
-      : attrs_(std::move(attrs)), epilogue_(std::move(epilogue)), weights_constant_(constant_input(init, 1)) {}
+  ConvKernel(const KernelInit& init, ConvAttrs attrs, ConvEpilogue epilogue = {}, bool channels_last = false)
+      : attrs_(std::move(attrs)),
+        epilogue_(std::move(epilogue)),
+        weights_constant_(constant_input(init, 1)),
+        channels_last_(channels_last) {}
 
   void run(KernelContext& ctx) override {
+    if (channels_last_) {
+      run_channels_last(ctx);
+      return;
+    }
     const Tensor& x = ctx.input(0);
+    const ConvGeometry g = geometry(ctx, x);
+    Shape out = conv_output_shape(g);
+    const PoolPlan* pool = nullptr;
+    if (epilogue_.pool) {
+      if (!pool_plan_ || !(pool_shape_ == out)) {
+        pool_plan_ = make_pool_plan(*epilogue_.pool, out, "(the convolution's output)");
+        pool_shape_ = out;
+      }
+      pool = &*pool_plan_;
+      out = Shape{g.N, g.M};
+      for (int64_t d : pool->out) out.push_back(d);
+    }
+    if (is_half(x.dtype())) {  // through float32
+      Tensor y(DataType::Float32, out);
+      forward(ctx, g, pool, x, y, epilogue_.relu);
+      ctx.set_output(0, y.cast(x.dtype()));
+    } else {
+      forward(ctx, g, pool, x, ctx.allocate_output(0, x.dtype(), out), epilogue_.relu);
+    }
+  }
+
+ private:
+  // The geometry of the node's convolution of x [N, C, D...] (ctx's input 0, or its
+  // channels-first view) with input 1, after checking input 2 (the bias) against it.
+  ConvGeometry geometry(KernelContext& ctx, const Tensor& x) const {
     const ConvGeometry g =
         resolve_conv_geometry(attrs_, {x, ctx.input_name(0)}, {ctx.input(1), ctx.input_name(1)});
     if (ctx.has_input(2)) {
@@ -487,17 +550,13 @@ class ConvKernel final : public Kernel {
              std::to_string(g.M) + "] (one bias per output channel)");
       }
     }
-    Shape out = conv_output_shape(g);
-    const PoolPlan* pool = nullptr;
-    if (epilogue_.pool) {
-      if (!pool_plan_ || !(pool_shape_ == out)) {
-        pool_plan_ = make_pool_plan(*epilogue_.pool, out, "(the convolution's output)");
-        pool_shape_ = out;
-      }
-      pool = &*pool_plan_;
-      out = Shape{g.N, g.M};
-      for (int64_t d : pool->out) out.push_back(d);
-    }
+    return g;
+  }
+
+  // y = the convolution of x (channels-first) and the epilogue, all in the layout of the
+  // channels-first ops; y is float32 when x is float16 or bfloat16 (converted to it and back).
+  void forward(KernelContext& ctx, const ConvGeometry& g, const PoolPlan* pool, const Tensor& x, Tensor& y,
+               bool relu) {
     const std::string what = ctx.node().op_type + " input " + ctx.input_name(0);
     visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
       const Tensor& w = ctx.input(1);
@@ -506,28 +565,136 @@ class ConvKernel final : public Kernel {
         const auto f32 = [](const Tensor& t) {
           return t.defined() ? t.cast(DataType::Float32) : Tensor();
         };
-        Tensor y(DataType::Float32, out);
-        compute<float>(g, pool, f32(x), f32(w), f32(b), y);
-        ctx.set_output(0, y.cast(x.dtype()));
+        compute<float>(g, pool, f32(x), f32(w), f32(b), y, relu);
       } else {
-        compute<T>(g, pool, x, w, b, ctx.allocate_output(0, x.dtype(), out));
+        compute<T>(g, pool, x, w, b, y, relu);
       }
     });
   }
 
- private:
-  // y = the convolution, then the epilogue (`pool` planned for the convolution's output shape).
+  // ai.onnxtrain.ConvChannelsLast: x [N, D..., C] -> y [N, O..., M] (the node's Conv on the
+  // tensors permuted channels-first, then permuted back); with input 3, z, y = the convolution +
+  // z (broadcast as Add), then the activation. float32 runs through oneDNN reading and writing
+  // that layout; anything else through the channels-first path between two permutations.
+  void run_channels_last(KernelContext& ctx) {
+    const Tensor& x = ctx.input(0);
+    if (x.rank() < 3) {
+      fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() +
+           ", expected rank >= 3 ([N, spatial..., C], channels-last)");
+    }
+    // The geometry from x's shape read channels-first (a view for its shape only: the data stays).
+    const ConvGeometry g = geometry(ctx, x.view(permuted(x.shape(), channels_first_order(x.rank()))));
+    const Shape out = conv_output_shape(g);
+    const Shape conv_shape = permuted(out, channels_last_order(out.size()));
+    const bool has_sum = ctx.has_input(3);
+    if (has_sum && ctx.input(3).dtype() != x.dtype()) {
+      fail("input " + ctx.input_name(3) + " is " + ctx.input(3).description() + ", expected " +
+           std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(0) + " (it is added to the convolution)");
+    }
+    const Shape y_shape = has_sum ? broadcast_shapes(conv_shape, ctx.input(3).shape()) : conv_shape;
+    Tensor& y = ctx.allocate_output(0, x.dtype(), y_shape);
+    // The convolution's result: y itself, unless z broadcasts it to a larger shape.
+    Tensor conv = y_shape == conv_shape ? y : Tensor(x.dtype(), conv_shape);
+    const bool relu_now = epilogue_.relu && !has_sum;
+    convolve_channels_last(ctx, g, x, conv, relu_now);
+    if (has_sum && y.numel() > 0) add_then_activation(conv, ctx.input(3), y);
+  }
+
+  // conv [N, O..., M] = the convolution of x [N, D..., C] (then Relu when `relu`).
+  void convolve_channels_last(KernelContext& ctx, const ConvGeometry& g, const Tensor& x, Tensor& conv, bool relu) {
+    if (conv.numel() == 0) return;
+    const Tensor& w = ctx.input(1);
+    if (x.dtype() == DataType::Float32 && w.dtype() == DataType::Float32 && g.rank() <= 3 && x.numel() > 0 &&
+        w.numel() > 0) {
+      const bool has_bias = ctx.has_input(2);
+      ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(2),
+                                [&] { return plan(g, false, has_bias, weights_constant_, true, true); });
+      if (!e.use_reference && !e.dims.embed) {
+        const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
+        execute(e, g, x.data<float>(), w.data<float>(), bias, conv.data<float>(), weights_constant_);
+        if (relu) relu_in_place<float>(conv);
+        return;
+      }
+    }
+    const Tensor x_first = permute(x, channels_first_order(x.rank()));
+    Tensor conv_first(is_half(x.dtype()) ? DataType::Float32 : x.dtype(), conv_output_shape(g));
+    forward(ctx, g, nullptr, x_first, conv_first, relu);
+    const Tensor conv_last = permute(conv_first, channels_last_order(conv_first.rank()));
+    const Tensor cast = conv_last.dtype() == conv.dtype() ? conv_last : conv_last.cast(conv.dtype());
+    std::memcpy(conv.raw_data(), cast.raw_data(), static_cast<size_t>(conv.numel()) * dtype_size(conv.dtype()));
+  }
+
+  // y = conv + z (broadcast as Add; y may be conv itself), then the activation. Sums in z's
+  // type; float16 and bfloat16 through float32, as the Add op does.
+  void add_then_activation(const Tensor& conv, const Tensor& z, Tensor& y) const {
+    const bool relu = epilogue_.relu;
+    if (y.dtype() == DataType::Float32 && conv.shape() == z.shape()) {  // the residual connection
+      const float* a = conv.data<float>();  // may be y's own data
+      const float* b = z.data<float>();
+      float* out = y.data<float>();
+      parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float v = a[i] + b[i];
+          out[i] = relu ? ConvKernel::relu(v) : v;
+        }
+      });
+      return;
+    }
+    visit_dtype<FloatTypes>(y.dtype(), "the sum of a convolution", [&]<class T>() {
+      using C = std::conditional_t<is_half_v<T>, float, T>;  // the type the sum is made in
+      const Broadcast<2> bc({&conv.shape(), &z.shape()});
+      const T* a = conv.data<T>();
+      const T* b = z.data<T>();
+      T* out = y.data<T>();
+      bc.for_each_run([&](int64_t o, const auto& in, int64_t len, const auto& step) {
+        for (int64_t i = 0; i < len; ++i) {
+          const C v = static_cast<C>(a[in[0] + i * step[0]]) + static_cast<C>(b[in[1] + i * step[1]]);
+          out[o + i] = static_cast<T>(relu ? ConvKernel::relu(v) : v);
+        }
+      });
+    });
+  }
+
+  // The dim orders that move the channel dim (1) of a rank-`rank` tensor last, and back.
+  static std::vector<size_t> channels_last_order(size_t rank) {
+    std::vector<size_t> order{0};
+    for (size_t d = 2; d < rank; ++d) order.push_back(d);
+    order.push_back(1);
+    return order;
+  }
+  static std::vector<size_t> channels_first_order(size_t rank) {
+    std::vector<size_t> order{0, rank - 1};
+    for (size_t d = 1; d + 1 < rank; ++d) order.push_back(d);
+    return order;
+  }
+  static Shape permuted(const Shape& shape, const std::vector<size_t>& order) {
+    Shape out;
+    for (size_t d : order) out.push_back(shape[d]);
+    return out;
+  }
+  // A contiguous copy of t with dim i of the result = dim order[i] of t.
+  static Tensor permute(const Tensor& t, const std::vector<size_t>& order) {
+    const Shape strides = contiguous_strides(t.shape());
+    std::vector<int64_t> src_strides;
+    for (size_t d : order) src_strides.push_back(strides[d]);
+    Tensor out(t.dtype(), permuted(t.shape(), order));
+    copy_strided(t.raw_data(), out.raw_data(), dtype_size(t.dtype()), out.shape(), src_strides);
+    return out;
+  }
+
+  // y = the convolution, then Relu when `relu`, then the pool (`pool` planned for the
+  // convolution's output shape).
   template <class T>
   void compute(const ConvGeometry& g, const PoolPlan* pool, const Tensor& x, const Tensor& w,
-               const Tensor& b, Tensor& y) {
+               const Tensor& b, Tensor& y, bool relu) {
     if (y.numel() == 0) return;
     const T* bias = b.defined() ? b.data<T>() : nullptr;
     if (!pool) {
       if constexpr (std::is_same_v<T, float>) {
-        if (epilogue_.relu && convolve_relu(g, x, w, bias, y.data<float>())) return;
+        if (relu && convolve_relu(g, x, w, bias, y.data<float>())) return;
       }
       convolve<T>(g, x, w, bias, y.data<T>());
-      if (epilogue_.relu) relu_in_place<T>(y);
+      if (relu) relu_in_place<T>(y);
       return;
     }
     // The convolution's output lives for this run only (a block of the tensor block cache).
@@ -540,14 +707,14 @@ class ConvKernel final : public Kernel {
                                   [&] { return plan(g, attrs_.transpose, b.defined(), weights_constant_, true); });
         if (!e.use_reference && !e.dims.embed) {
           execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out.data<float>(), weights_constant_);
-          max_pool_channels_last(*pool, g.M, epilogue_.relu, conv_out.data<float>(), y.data<float>());
+          max_pool_channels_last(*pool, g.M, relu, conv_out.data<float>(), y.data<float>());
           return;
         }
       }
     }
     convolve<T>(g, x, w, bias, conv_out.data<T>());
     max_pool_forward(*pool, conv_out, y);
-    if (epilogue_.relu) relu_in_place<T>(y);
+    if (relu) relu_in_place<T>(y);
   }
 
   // y [N, M, O...] (plain) = the convolution of x with w, plus bias.
@@ -625,6 +792,7 @@ class ConvKernel final : public Kernel {
   // override), so their data is the same at every run: in an inference graph; not in a
   // training step, where they are variables fed from the session's state.
   const bool weights_constant_;
+  const bool channels_last_;  // ai.onnxtrain.ConvChannelsLast
   du::PrimitiveCache<ConvEntry> cache_;
   Shape pool_shape_;  // the convolution output shape pool_plan_ was made for
   std::optional<PoolPlan> pool_plan_;
@@ -670,13 +838,26 @@ std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init) {
   return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, true));
 }
 
-std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
-  ConvEpilogue epilogue;
+namespace {
+// The `activation` attribute of the internal convolutions: true for "Relu", false when absent.
+bool relu_activation(const KernelInit& init) {
   const std::string activation = init.attr_string("activation", "");
   if (!activation.empty() && activation != "Relu") {
     throw Error("attribute 'activation' is '" + activation + "', expected Relu or none");
   }
-  epilogue.relu = activation == "Relu";
+  return activation == "Relu";
+}
+}  // namespace
+
+std::unique_ptr<Kernel> make_conv_channels_last(const KernelInit& init) {
+  ConvEpilogue epilogue;
+  epilogue.relu = relu_activation(init);
+  return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, false), std::move(epilogue), true);
+}
+
+std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
+  ConvEpilogue epilogue;
+  epilogue.relu = relu_activation(init);
   if (init.has_attr("pool_kernel_shape")) {  // MaxPool's attributes, named pool_<name>
     ir::Node pool_node;
     pool_node.name = init.node().name;

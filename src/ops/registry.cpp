@@ -391,6 +391,7 @@ const KernelDef kKernels[] = {
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)
+  {kInternal, "ConvChannelsLast",   1, 1,    kFloat,            make_conv_channels_last},  // Conv on [N, D..., C] (conv.cpp)
   {kInternal, "MatMulAdd",          1, 1,    DTypeSet{DataType::Float32}, make_matmul_add},  // MatMul -> Add of a bias
 
   // --- vision and neural-network ops (lrn.cpp, lp.cpp, grid_sample.cpp, roi_align.cpp, unpool.cpp,

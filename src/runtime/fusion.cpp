@@ -3,6 +3,7 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numbers>
@@ -82,6 +83,15 @@ class Matcher {
     if (it == readers_.end() || it->second.size() != 1) return std::nullopt;
     return it->second[0];
   }
+
+  // The indices of the nodes reading `name` (a node reading it twice appears twice).
+  const std::vector<int>& readers(const std::string& name) const {
+    static const std::vector<int> kNone;
+    auto it = readers_.find(name);
+    return it == readers_.end() ? kNone : it->second;
+  }
+  // True when `name` is a graph output or read by a subgraph.
+  bool pinned(const std::string& name) const { return pinned_.contains(name); }
 
   // True when `name` provably holds one element.
   bool is_scalar(const std::string& name) {
@@ -438,6 +448,8 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
   for (Fold& fold : folds) {
     onnx::NodeProto& conv = *graph.mutable_node(fold.conv);
     old_weights.insert(conv.input(1));
+    if (conv.input_size() > 2) old_weights.insert(conv.input(2));
+    for (int k = 1; k < graph.node(fold.bn).input_size(); ++k) old_weights.insert(graph.node(fold.bn).input(k));
     conv.set_input(1, fold.w.name());
     if (conv.input_size() > 2) {
       conv.set_input(2, fold.b.name());
@@ -449,53 +461,74 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
     graph.add_initializer()->Swap(&fold.w);
     graph.add_initializer()->Swap(&fold.b);
   }
-  drop_nodes(graph, drop);
-  // The old weights, where nothing reads them any more (initializers only: a graph output or a
-  // subgraph could read one, so every name read anywhere counts).
+  // The old weights, bias and BatchNormalization inputs where nothing reads them any more
+  // (initializers and Constant nodes: a graph output or a subgraph could read one, so every name
+  // read anywhere counts).
   std::unordered_set<std::string> read;
-  for (const auto& node : graph.node()) {
+  for (const auto& out : graph.output()) read.insert(out.name());
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    if (drop[static_cast<size_t>(i)]) continue;  // a folded BatchNormalization
     for (const auto& in : node.input()) read.insert(in);
     for (const auto& attr : node.attribute()) {
       if (attr.has_g()) ir::collect_free_names(attr.g(), read);
       for (const auto& g : attr.graphs()) ir::collect_free_names(g, read);
     }
   }
-  for (const auto& out : graph.output()) read.insert(out.name());
+  const auto unread = [&](const std::string& name) { return old_weights.contains(name) && !read.contains(name); };
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    if (is_onnx_op(node, "Constant") && node.output_size() == 1 && unread(node.output(0))) {
+      drop[static_cast<size_t>(i)] = true;
+    }
+  }
+  drop_nodes(graph, drop);
   google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
   for (auto& init : *graph.mutable_initializer()) {
-    if (!(old_weights.contains(init.name()) && !read.contains(init.name()))) kept.Add()->Swap(&init);
+    if (!unread(init.name())) kept.Add()->Swap(&init);
   }
   graph.mutable_initializer()->Swap(&kept);
   return static_cast<int>(folds.size());
 }
+
+namespace {
+// Calls f(add, y, other, producer) for each two-operand Add node (index `add`) and each of its
+// operands y (first, then second) made by a node (`producer`) that the Add alone reads, with
+// `other` the Add's other operand, until f returns true (a match) for that Add.
+template <class F>
+void for_each_add_of_a_sole_output(const onnx::GraphProto& graph, const Matcher& m, F&& f) {
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& add = graph.node(i);
+    if (!is_onnx_op(add, "Add") || add.input_size() != 2 || add.output_size() != 1) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string& y = add.input(side);
+      const onnx::NodeProto* producer = m.producer(y);
+      if (producer && producer->output_size() == 1 && m.sole_reader(y) == i && f(i, y, add.input(1 - side), *producer)) {
+        break;
+      }
+    }
+  }
+}
+}  // namespace
 
 int fuse_matmul_add(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (MatMul, Add)
   std::vector<std::string> biases;         // the Add's other operand
   {
     Matcher m(graph);
-    for (int i = 0; i < graph.node_size(); ++i) {
-      const onnx::NodeProto& add = graph.node(i);
-      if (!is_onnx_op(add, "Add") || add.input_size() != 2 || add.output_size() != 1) continue;
-      for (int side = 0; side < 2; ++side) {
-        const std::string& y = add.input(side);
-        const std::string& c = add.input(1 - side);
-        const onnx::NodeProto* matmul = m.producer(y);
-        if (!matmul || !is_onnx_op(*matmul, "MatMul") || matmul->input_size() != 2 || matmul->output_size() != 1 ||
-            m.sole_reader(y) != i || y == c) {
-          continue;
-        }
-        const auto b = constant_type(graph, m, matmul->input(1));
-        const auto bias = constant_type(graph, m, c);
-        if (!b || !bias || b->first != onnx::TensorProto::FLOAT || bias->first != onnx::TensorProto::FLOAT ||
-            b->second.size() != 2 || bias->second.size() != 1 || bias->second[0] != b->second[1]) {
-          continue;
-        }
-        pairs.emplace_back(m.producer_index(y), i);
-        biases.push_back(c);
-        break;
+    for_each_add_of_a_sole_output(graph, m, [&](int add, const std::string& y, const std::string& c,
+                                                const onnx::NodeProto& matmul) {
+      if (!is_onnx_op(matmul, "MatMul") || matmul.input_size() != 2 || y == c) return false;
+      const auto b = constant_type(graph, m, matmul.input(1));
+      const auto bias = constant_type(graph, m, c);
+      if (!b || !bias || b->first != onnx::TensorProto::FLOAT || bias->first != onnx::TensorProto::FLOAT ||
+          b->second.size() != 2 || bias->second.size() != 1 || bias->second[0] != b->second[1]) {
+        return false;
       }
-    }
+      pairs.emplace_back(m.producer_index(y), add);
+      biases.push_back(c);
+      return true;
+    });
   }
   if (pairs.empty()) return 0;
   std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
@@ -744,6 +777,235 @@ int share_rnn_trace(onnx::GraphProto& graph) {
     ++rewritten;
   }
   return rewritten;
+}
+
+namespace {
+// Element-wise ops whose result, permuted, is their result on permuted operands, when every
+// operand that is not one element is permuted alike (ONNX broadcasting pairs dims from the back;
+// operands of one rank pair them position by position, so any common permutation commutes).
+bool layout_free(const onnx::NodeProto& node) {
+  static const std::set<std::string> kOnnx = {"Relu",  "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
+                                              "Elu",   "Selu",      "Softplus", "Softsign", "Clip", "Identity",
+                                              "Abs",   "Neg",       "Exp",     "Sqrt", "Erf",  "Gelu",
+                                              "Add",   "Sub",       "Mul",     "Div",  "Max",  "Min",
+                                              "Sum",   "Mean",      "Pow"};
+  if (node.output_size() != 1) return false;
+  if (node.domain() == kInternalDomain) return node.op_type() == "Gelu";
+  return (node.domain().empty() || node.domain() == "ai.onnx") && kOnnx.contains(node.op_type());
+}
+
+// The rank of a Conv or ai.onnxtrain.FusedConv without a pool whose weights are a float32
+// constant of rank 3 to 5 (1 to 3 spatial dims: what the oneDNN path takes), else 0.
+int channels_last_conv_rank(const onnx::GraphProto& graph, const Matcher& m, const onnx::NodeProto& node) {
+  const bool conv = is_onnx_op(node, "Conv");
+  const bool fused = node.domain() == kInternalDomain && node.op_type() == "FusedConv";
+  if ((!conv && !fused) || node.input_size() < 2 || node.input_size() > 3 || node.output_size() != 1) return 0;
+  for (const auto& attr : node.attribute()) {
+    if (attr.name().starts_with("pool_")) return 0;  // FusedConv's MaxPool writes the plain layout
+  }
+  if (node.input(0).empty()) return 0;
+  const auto w = constant_type(graph, m, node.input(1));
+  if (!w || w->first != onnx::TensorProto::FLOAT || w->second.size() < 3 || w->second.size() > 5) return 0;
+  return static_cast<int>(w->second.size());
+}
+
+// Transpose `from` -> `to` with the permutation that moves the channel dim (1) of a rank-`rank`
+// tensor last, or back (`to_channels_last` false).
+onnx::NodeProto channels_transpose(const std::string& name, const std::string& from, const std::string& to,
+                                   int rank, bool to_channels_last) {
+  onnx::NodeProto t;
+  t.set_name(name);
+  t.set_op_type("Transpose");
+  t.add_input(from);
+  t.add_output(to);
+  auto* perm = t.add_attribute();
+  perm->set_name("perm");
+  perm->set_type(onnx::AttributeProto::INTS);
+  perm->add_ints(0);
+  if (to_channels_last) {
+    for (int d = 2; d < rank; ++d) perm->add_ints(d);
+    perm->add_ints(1);
+  } else {
+    perm->add_ints(rank - 1);
+    for (int d = 1; d < rank - 1; ++d) perm->add_ints(d);
+  }
+  return t;
+}
+}  // namespace
+
+int use_channels_last(onnx::GraphProto& graph) {
+  const int count = graph.node_size();
+  Matcher m(graph);
+  // Which nodes run channels-last, in node order: a convolution always (its input is
+  // transposed when no converted node made it), an element-wise op when each operand is
+  // channels-last of one rank or a one-element constant of no higher rank.
+  std::vector<int> rank(static_cast<size_t>(count), 0);  // of a converted node's output; 0: not converted
+  std::vector<bool> is_conv(static_cast<size_t>(count), false);
+  std::unordered_map<std::string, std::pair<int, int>> twin;  // value -> (rank, the node that makes its twin)
+  std::vector<int> parent(static_cast<size_t>(count));        // components of converted nodes
+  for (int i = 0; i < count; ++i) parent[static_cast<size_t>(i)] = i;
+  const auto up = [&](int i) -> int& { return parent[static_cast<size_t>(i)]; };
+  const auto root = [&](int i) {
+    while (up(i) != i) i = up(i) = up(up(i));  // path halving
+    return i;
+  };
+  const auto join = [&](int a, int b) { up(root(a)) = root(b); };
+  for (int i = 0; i < count; ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    if (const int r = channels_last_conv_rank(graph, m, node)) {
+      auto it = twin.find(node.input(0));
+      if (it != twin.end() && it->second.first != r) continue;  // a rank mismatch the run reports
+      if (it != twin.end()) {
+        join(i, it->second.second);
+      } else {
+        twin[node.input(0)] = {r, i};
+      }
+      rank[static_cast<size_t>(i)] = r;
+      is_conv[static_cast<size_t>(i)] = true;
+    } else if (layout_free(node)) {
+      int r = 0;
+      bool ok = true;
+      std::vector<int> joined;
+      std::vector<size_t> constant_ranks;
+      for (const auto& in : node.input()) {
+        if (in.empty()) continue;
+        if (auto it = twin.find(in); it != twin.end()) {
+          ok = ok && (r == 0 || r == it->second.first);
+          r = it->second.first;
+          joined.push_back(it->second.second);
+        } else if (const auto c = constant_type(graph, m, in);
+                   c && std::all_of(c->second.begin(), c->second.end(), [](int64_t d) { return d == 1; })) {
+          constant_ranks.push_back(c->second.size());
+        } else {
+          ok = false;
+        }
+      }
+      for (size_t cr : constant_ranks) ok = ok && static_cast<int>(cr) <= r;
+      if (!ok || r == 0) continue;
+      for (int j : joined) join(i, j);
+      rank[static_cast<size_t>(i)] = r;
+    } else {
+      continue;
+    }
+    twin[node.output(0)] = {rank[static_cast<size_t>(i)], i};
+  }
+  // Components with fewer than two convolutions stay as they are: one convolution gains nothing
+  // over the reorders oneDNN does inside it.
+  std::unordered_map<int, int> convs;
+  for (int i = 0; i < count; ++i) {
+    if (is_conv[static_cast<size_t>(i)]) ++convs[root(i)];
+  }
+  std::vector<bool> converted(static_cast<size_t>(count), false);
+  int converted_convs = 0;
+  for (int i = 0; i < count; ++i) {
+    converted[static_cast<size_t>(i)] = rank[static_cast<size_t>(i)] > 0 && convs[root(i)] >= 2;
+    if (converted[static_cast<size_t>(i)] && is_conv[static_cast<size_t>(i)]) ++converted_convs;
+  }
+  if (converted_convs == 0) return 0;
+
+  std::unordered_set<std::string> names;  // every value name, to make the twins' unique
+  for (const auto& v : graph.input()) names.insert(v.name());
+  for (const auto& v : graph.initializer()) names.insert(v.name());
+  for (const auto& node : graph.node()) {
+    for (const auto& in : node.input()) names.insert(in);
+    for (const auto& out : node.output()) names.insert(out);
+  }
+  std::unordered_map<std::string, std::string> twin_name;  // made so far
+  const auto make_twin_name = [&](const std::string& value) {
+    const std::string base = value + "/channels_last";
+    std::string name = base;
+    for (int k = 1; names.contains(name); ++k) name = base + "." + std::to_string(k);
+    names.insert(name);
+    return twin_name[value] = name;
+  };
+  // Whether a converted node reads input k in the channels-last layout (a convolution: X only).
+  const auto reads_twin = [&](int node, int k) { return !is_conv[static_cast<size_t>(node)] || k == 0; };
+
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (int i = 0; i < count; ++i) {
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    if (!converted[static_cast<size_t>(i)]) {
+      nodes.Add()->Swap(&node);
+      continue;
+    }
+    const int r = rank[static_cast<size_t>(i)];
+    for (int k = 0; k < node.input_size(); ++k) {
+      const std::string& in = node.input(k);
+      if (in.empty() || !reads_twin(i, k) || !twin.contains(in)) continue;
+      auto it = twin_name.find(in);
+      if (it == twin_name.end()) {  // a convolution's input no converted node makes
+        const std::string name = make_twin_name(in);
+        *nodes.Add() = channels_transpose((node.name().empty() ? node.output(0) : node.name()) + "/to_channels_last",
+                                          in, name, r, true);
+        it = twin_name.find(in);
+      }
+      node.set_input(k, it->second);
+    }
+    const std::string y = node.output(0);
+    bool plain_wanted = m.pinned(y);
+    for (int reader : m.readers(y)) {
+      const onnx::NodeProto& rn = graph.node(reader);
+      for (int k = 0; k < rn.input_size(); ++k) {
+        if (rn.input(k) == y && (!converted[static_cast<size_t>(reader)] || !reads_twin(reader, k))) {
+          plain_wanted = true;
+        }
+      }
+    }
+    node.set_output(0, make_twin_name(y));
+    if (is_conv[static_cast<size_t>(i)]) {
+      node.set_domain(kInternalDomain);
+      node.set_op_type("ConvChannelsLast");
+    }
+    const std::string name = node.name().empty() ? y : node.name();
+    const std::string twin_of_y = node.output(0);
+    nodes.Add()->Swap(&node);
+    if (plain_wanted) *nodes.Add() = channels_transpose(name + "/to_channels_first", twin_of_y, y, r, false);
+  }
+  graph.mutable_node()->Swap(&nodes);
+  return converted_convs;
+}
+
+int fuse_conv_add(onnx::GraphProto& graph) {
+  struct Match {
+    int conv = -1, add = -1, relu = -1;
+    std::string z;
+  };
+  std::vector<Match> matches;
+  {
+    Matcher m(graph);
+    for_each_add_of_a_sole_output(graph, m, [&](int add, const std::string& y, const std::string& z,
+                                                const onnx::NodeProto& conv) {
+      if (conv.domain() != kInternalDomain || conv.op_type() != "ConvChannelsLast" || conv.input_size() > 3) {
+        return false;
+      }
+      for (const auto& attr : conv.attribute()) {
+        if (attr.name() == "activation") return false;  // Relu before the sum
+      }
+      Match match{m.producer_index(y), add, -1, z};
+      if (const auto reader = m.sole_reader(graph.node(add).output(0))) {
+        const onnx::NodeProto& relu = graph.node(*reader);
+        if (is_onnx_op(relu, "Relu") && relu.input_size() == 1 && relu.output_size() == 1) match.relu = *reader;
+      }
+      matches.push_back(std::move(match));
+      return true;
+    });
+  }
+  if (matches.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const Match& match : matches) {
+    onnx::NodeProto fused = graph.node(match.conv);
+    while (fused.input_size() < 3) fused.add_input("");
+    fused.add_input(match.z);
+    fused.set_output(0, graph.node(match.relu >= 0 ? match.relu : match.add).output(0));
+    if (match.relu >= 0) {
+      add_relu_activation(fused);
+      drop[static_cast<size_t>(match.relu)] = true;
+    }
+    drop[static_cast<size_t>(match.conv)] = true;
+    graph.mutable_node(match.add)->Swap(&fused);  // at the Add's place: z is ready there
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(matches.size());
 }
 
 }  // namespace onnxtrain::runtime

@@ -45,6 +45,32 @@ int fuse_conv_pool(onnx::GraphProto& graph);
 // of pairs fused.
 int fuse_conv_relu(onnx::GraphProto& graph);
 
+// Runs chains of convolutions in the channels-last layout ([N, D..., C], what oneDNN's
+// brgemm-based convolutions read and write on AVX-512) instead of converting every convolution's
+// input and output between NCHW and that layout: each Conv, and each ai.onnxtrain.FusedConv
+// without a pool, whose weights are a float32 constant of rank 3 to 5 (initializer that is not a
+// graph input, or Constant node) becomes an ai.onnxtrain.ConvChannelsLast (ops/conv.cpp) reading
+// and writing channels-last tensors; so does each element-wise op (Relu, Add, Mul, Clip, ... see
+// layout_free in fusion.cpp) whose operands are all channels-last of one rank or one-element
+// constants of no higher rank. A Transpose makes a convolution's channels-last input where no
+// converted node does, and one makes the original (channels-first) value for any reader that
+// is not converted, a graph output or a subgraph. Only groups of converted nodes (connected
+// through the values they pass) with at least two convolutions are rewritten. Results are the
+// original ops' (the convolutions may sum in another order, so values may differ in the last
+// bits). Run after fuse_conv_pool and fuse_conv_relu. Returns the number of convolutions
+// converted.
+int use_channels_last(onnx::GraphProto& graph);
+
+// Replaces each ai.onnxtrain.ConvChannelsLast without an activation whose output is read only by
+// an Add (either operand; not a graph output nor read by a subgraph) — a residual connection —
+// with one ConvChannelsLast taking the Add's other operand as input 3, z, and writing the Add's
+// output: the sum is made in the pass after the convolution instead of by a second kernel.
+// When the Add's output is read only by a Relu, the Relu goes in too (activation = "Relu",
+// applied after the sum) and the node writes the Relu's output. The node takes the Add's place
+// in the graph (z is ready there). Results are the ops' own. Run after use_channels_last.
+// Returns the number of Adds fused.
+int fuse_conv_add(onnx::GraphProto& graph);
+
 // Folds each inference-mode BatchNormalization (one output; ai.onnx opset 7 or later; spatial)
 // whose input is a Conv output read by nothing else into the Conv: W' = W s and B' = (B - mean)
 // s + bias per output channel, s = scale / sqrt(var + epsilon) (computed in float64, stored in

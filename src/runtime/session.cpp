@@ -41,6 +41,8 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fold_batch_norm_into_conv(graph, opsets);
     fuse_conv_pool(graph);
     fuse_conv_relu(graph);
+    use_channels_last(graph);
+    fuse_conv_add(graph);
     fuse_matmul_add(graph);
     fuse_max_pool_relu_grad(graph);
     share_rnn_trace(graph);

@@ -80,6 +80,7 @@ TEST(ConvBatchNormFusion, TheBatchNormalizationFoldsIntoTheConvWithTheSameValues
     EXPECT_EQ(count_op(g, "BatchNormalization"), 0);
     EXPECT_EQ(count_op(g, "Conv"), 1);
     for (const auto& init : g.initializer()) EXPECT_NE(init.name(), "W") << "the old weight is dropped";
+    EXPECT_EQ(count_op(g, "Constant"), 0) << "Constant nodes nothing reads any more are dropped";
     const runtime::NamedTensors feeds{{"x", testing::random_f64(Shape{2, kC, 7, 7}, 9).cast(DataType::Float32)}};
     runtime::Session fused(model), unfused(model, {.fuse = false});
     // The folded weights round once where the two ops round twice.

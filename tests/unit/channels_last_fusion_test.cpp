@@ -1,0 +1,226 @@
+// runtime/fusion.h use_channels_last and fuse_conv_add: chains of convolutions with constant
+// float32 weights and the element-wise ops between them run on channels-last tensors
+// (ai.onnxtrain.ConvChannelsLast), with a Transpose only where a value enters or leaves the
+// chain, and a residual Add (and its Relu) goes into the convolution before it. Every test
+// compares the rewritten session with the unrewritten one (SessionOptions::fuse = false).
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
+#include "runtime/fusion.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+using testing::count_op;
+using testing::expect_close;
+
+// A Conv node with constant weights [m, c, 3, ...] (one 3 per spatial dim) and, with `bias`, a
+// constant bias; `stride` in every spatial dim, pads 1.
+void add_conv(onnx::GraphProto& g, const std::string& x, const std::string& y, int64_t c, int64_t m,
+              size_t spatial, uint32_t seed, bool bias = true, int64_t stride = 1) {
+  Shape w_shape{m, c};
+  for (size_t d = 0; d < spatial; ++d) w_shape.push_back(3);
+  io::tensor_to_proto(testing::random_f64(w_shape, seed, 0.3).cast(DataType::Float32), y + ".W", *g.add_initializer());
+  std::vector<std::string> inputs{x, y + ".W"};
+  if (bias) {
+    io::tensor_to_proto(testing::random_f64(Shape{m}, seed + 100).cast(DataType::Float32), y + ".B",
+                        *g.add_initializer());
+    inputs.push_back(y + ".B");
+  }
+  auto* conv = testing::add_node(g, "Conv", inputs, {y});
+  conv->set_name(y);
+  *conv->add_attribute() = attr("pads", std::vector<int64_t>(2 * spatial, 1));
+  *conv->add_attribute() = attr("strides", std::vector<int64_t>(spatial, stride));
+}
+
+void add_scalar(onnx::GraphProto& g, const std::string& name, float value, size_t rank) {
+  io::tensor_to_proto(Tensor::from_vector<float>(Shape::filled(rank, 1), {value}), name, *g.add_initializer());
+}
+
+constexpr int64_t kC = 16, kM = 24;
+
+// An empty model with one float32 graph input, x.
+onnx::ModelProto model_with_x(const std::string& name) {
+  onnx::ModelProto m = testing::empty_model(name);
+  testing::typed_value(m.mutable_graph()->add_input(), "x", onnx::TensorProto::FLOAT, {});
+  return m;
+}
+
+// A residual block and a strided convolution after it, as in ResNet:
+//   x -> Conv -> Relu -> Conv -> Add(., x) -> Relu = r (a graph output too)
+//   r -> Conv (stride 2, no bias) -> Mul(., 0.5) -> GlobalAveragePool = y
+onnx::ModelProto residual_model(size_t spatial) {
+  onnx::ModelProto m = model_with_x("residual");
+  auto& g = *m.mutable_graph();
+  add_conv(g, "x", "c1", kC, kC, spatial, 1);
+  testing::add_node(g, "Relu", {"c1"}, {"a1"});
+  add_conv(g, "a1", "c2", kC, kC, spatial, 2);
+  testing::add_node(g, "Add", {"c2", "x"}, {"s"});
+  testing::add_node(g, "Relu", {"s"}, {"r"});
+  add_conv(g, "r", "c3", kC, kM, spatial, 3, false, 2);
+  add_scalar(g, "half", 0.5f, 1);
+  testing::add_node(g, "Mul", {"c3", "half"}, {"h"});
+  testing::add_node(g, "GlobalAveragePool", {"h"}, {"y"});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  testing::typed_value(g.add_output(), "r", onnx::TensorProto::FLOAT, {});
+  return m;
+}
+
+Shape input_shape(int64_t n, size_t spatial, int64_t size) {
+  Shape s{n, kC};
+  for (size_t d = 0; d < spatial; ++d) s.push_back(size);
+  return s;
+}
+
+// The rewritten and unrewritten sessions agree on every output, run after run.
+void expect_same_outputs(const onnx::ModelProto& model, const std::vector<runtime::NamedTensors>& feeds) {
+  runtime::Session fused(model), unfused(model, {.fuse = false});
+  for (const auto& f : feeds) {
+    const runtime::NamedTensors want = unfused.run(f);
+    for (int again = 0; again < 2; ++again) {  // the second run reuses the cached primitives
+      const runtime::NamedTensors got = fused.run(f);
+      ASSERT_EQ(got.size(), want.size());
+      for (const auto& [name, tensor] : want) {
+        SCOPED_TRACE("output " + name + " for x " + f.begin()->second.shape().to_string());
+        ASSERT_EQ(got.at(name).shape(), tensor.shape());
+        // The convolutions sum in another order (oneDNN's channels-last kernels).
+        expect_close(got.at(name), tensor, 1e-5, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(ChannelsLastFusion, AResidualBlockRunsChannelsLastWithTransposesOnlyAtItsEdges) {
+  onnx::GraphProto g = residual_model(2).graph();
+  ASSERT_EQ(runtime::fuse_conv_relu(g), 1);  // as a session does: Conv -> Relu first
+  ASSERT_EQ(runtime::use_channels_last(g), 3);
+  EXPECT_EQ(count_op(g, "ConvChannelsLast"), 3);
+  EXPECT_EQ(count_op(g, "Conv") + count_op(g, "FusedConv"), 0);
+  // x in; r out (a graph output); the Mul's output out (GlobalAveragePool is not element-wise).
+  EXPECT_EQ(count_op(g, "Transpose"), 3);
+  for (const auto& node : g.node()) {
+    if (node.op_type() == "Add" || node.op_type() == "Mul" || node.op_type() == "Relu") {
+      EXPECT_TRUE(node.input(0).ends_with("/channels_last")) << node.op_type() << " reads " << node.input(0);
+    }
+    if (node.op_type() == "GlobalAveragePool") {
+      EXPECT_EQ(node.input(0), "h");
+    }
+  }
+  ASSERT_EQ(runtime::fuse_conv_add(g), 1);  // c2 + x, then the Relu
+  EXPECT_EQ(count_op(g, "Add") + count_op(g, "Relu"), 0);
+  EXPECT_EQ(count_op(g, "ConvChannelsLast"), 3);
+}
+
+TEST(ChannelsLastFusion, ResidualBlocksGiveTheUnrewrittenResultsInOneTwoAndThreeSpatialDims) {
+  for (size_t spatial : {1u, 2u, 3u}) {
+    SCOPED_TRACE(std::to_string(spatial) + " spatial dims");
+    const int64_t size = spatial == 3 ? 5 : 9;
+    std::vector<runtime::NamedTensors> feeds;
+    for (int64_t n : {1, 3}) {
+      feeds.push_back({{"x", testing::random_f64(input_shape(n, spatial, size), 7).cast(DataType::Float32)}});
+    }
+    expect_same_outputs(residual_model(spatial), feeds);
+  }
+}
+
+TEST(ChannelsLastFusion, MapsSmallerThanTheKernelTakeTheBlockedConvolutionWithTheSameResults) {
+  // 2x2 maps under 3x3 kernels at a batch of more than 64 output positions: the blocked
+  // direct convolution between reorders (conv.cpp blocked_for_channels_last); 1x1 maps at
+  // batch 1: the channels-last one.
+  expect_same_outputs(residual_model(2), {{{"x", testing::random_f64(input_shape(40, 2, 2), 8).cast(DataType::Float32)}},
+                                          {{"x", testing::random_f64(input_shape(1, 2, 1), 9).cast(DataType::Float32)}}});
+}
+
+TEST(ChannelsLastFusion, AResidualOfAnotherBatchOrAScalarBroadcastsAsTheAddWould) {
+  // Add(conv, z) where z has the larger batch (the fused node's output takes z's shape), and
+  // Add(conv, 1.5) with a one-element constant: both fuse into the convolution.
+  onnx::ModelProto m = testing::empty_model("broadcast");
+  auto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "x1", onnx::TensorProto::FLOAT, {});
+  testing::typed_value(g.add_input(), "x2", onnx::TensorProto::FLOAT, {});
+  add_conv(g, "x1", "c1", kC, kC, 2, 11);
+  add_conv(g, "c1", "c2", kC, kC, 2, 12);
+  add_conv(g, "x2", "c3", kC, kC, 2, 13);
+  testing::add_node(g, "Add", {"c2", "c3"}, {"s"});
+  add_conv(g, "s", "c4", kC, kC, 2, 14);
+  add_scalar(g, "k", 1.5f, 4);
+  testing::add_node(g, "Add", {"k", "c4"}, {"y"});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  onnx::GraphProto rewritten = g;
+  ASSERT_EQ(runtime::use_channels_last(rewritten), 4);
+  EXPECT_EQ(runtime::fuse_conv_add(rewritten), 2);
+  EXPECT_EQ(count_op(rewritten, "Add"), 0);
+  const runtime::NamedTensors feeds{{"x1", testing::random_f64(input_shape(1, 2, 6), 15).cast(DataType::Float32)},
+                                    {"x2", testing::random_f64(input_shape(3, 2, 6), 16).cast(DataType::Float32)}};
+  expect_same_outputs(m, {feeds});
+}
+
+TEST(ChannelsLastFusion, LoneConvolutionsAndOtherOperandsKeepTheirLayout) {
+  // One convolution alone gains nothing: the graph stays.
+  onnx::ModelProto one = model_with_x("one");
+  auto& g1 = *one.mutable_graph();
+  add_conv(g1, "x", "c1", kC, kC, 2, 21);
+  testing::add_node(g1, "Relu", {"c1"}, {"y"});
+  testing::typed_value(g1.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  onnx::GraphProto copy = g1;
+  EXPECT_EQ(runtime::use_channels_last(copy), 0);
+  EXPECT_EQ(copy.SerializeAsString(), g1.SerializeAsString());
+
+  // A per-channel constant ([C, 1, 1]) is not permuted: the Add between two pairs of
+  // convolutions stays channels-first, and each pair is converted on its own.
+  onnx::ModelProto two = model_with_x("two");
+  auto& g2 = *two.mutable_graph();
+  add_conv(g2, "x", "c1", kC, kC, 2, 22);
+  add_conv(g2, "c1", "c2", kC, kC, 2, 23);
+  io::tensor_to_proto(testing::random_f64(Shape{kC, 1, 1}, 24).cast(DataType::Float32), "per_channel",
+                      *g2.add_initializer());
+  testing::add_node(g2, "Add", {"c2", "per_channel"}, {"s"});
+  add_conv(g2, "s", "c3", kC, kC, 2, 25);
+  add_conv(g2, "c3", "c4", kC, kC, 2, 26);
+  testing::typed_value(g2.add_output(), "c4", onnx::TensorProto::FLOAT, {});
+  onnx::GraphProto rewritten = g2;
+  EXPECT_EQ(runtime::use_channels_last(rewritten), 4);
+  EXPECT_EQ(count_op(rewritten, "Transpose"), 4);  // into and out of each pair
+  for (const auto& node : rewritten.node()) {
+    if (node.op_type() == "Add") {
+      EXPECT_EQ(node.input(0), "c2");
+    }
+  }
+  EXPECT_EQ(runtime::fuse_conv_add(rewritten), 0);
+  expect_same_outputs(two, {{{"x", testing::random_f64(input_shape(2, 2, 7), 27).cast(DataType::Float32)}}});
+
+  // Weights that a run may replace (a graph input) or of another type stay on the usual path.
+  for (const bool as_input : {true, false}) {
+    onnx::GraphProto g = two.graph();
+    for (auto& init : *g.mutable_initializer()) {
+      if (init.name() != "c1.W") continue;
+      if (as_input) {
+        testing::typed_value(g.add_input(), "c1.W", onnx::TensorProto::FLOAT, {});
+      } else {
+        io::tensor_to_proto(io::tensor_from_proto(init, {}, "c1.W").cast(DataType::Float64), "c1.W", init);
+      }
+    }
+    EXPECT_EQ(runtime::use_channels_last(g), 2) << (as_input ? "graph input" : "float64");  // c3 and c4
+  }
+}
+
+TEST(ChannelsLastFusion, ConvolutionsWhoseReluComesFirstKeepTheAddApart) {
+  // Relu(Conv) + Conv: the Relu comes before the sum, so the first convolution cannot take the
+  // Add; the second one (no activation) does, with the first one's output as z.
+  onnx::ModelProto m = model_with_x("relu_first");
+  auto& g = *m.mutable_graph();
+  add_conv(g, "x", "c1", kC, kC, 2, 31);
+  testing::add_node(g, "Relu", {"c1"}, {"a"});
+  add_conv(g, "x", "c2", kC, kC, 2, 32);
+  testing::add_node(g, "Add", {"a", "c2"}, {"y"});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  onnx::GraphProto rewritten = g;
+  ASSERT_EQ(runtime::fuse_conv_relu(rewritten), 1);
+  ASSERT_EQ(runtime::use_channels_last(rewritten), 2);
+  EXPECT_EQ(runtime::fuse_conv_add(rewritten), 1);  // c2 + Relu(c1): c2 takes the sum
+  expect_same_outputs(m, {{{"x", testing::random_f64(input_shape(2, 2, 5), 33).cast(DataType::Float32)}}});
+}
+
+}  // namespace
+}  // namespace onnxtrain
