@@ -11,6 +11,8 @@
 #include <random>
 
 #include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
 #include "test_util.h"
 
 namespace onnxtrain {
@@ -343,6 +345,68 @@ TEST(Lstm, LargeBatchesSplitBetweenThreadsAndMatchTheReference) {
     for (size_t i = 0; i < split.size(); ++i) expect_close(split[i], general[i], 1e-5, 1e-6);
   }
   omp_set_num_threads(saved);
+}
+
+// From 8 batch entries on, a float32 LSTM with default activations and none of clip,
+// input_forget, peepholes or shorter sequences runs oneDNN's LSTM primitive (rnn_onednn.h):
+// every direction, both layouts, with and without the bias, initial states and a
+// sequence_lens of full lengths.
+TEST(Lstm, DefaultLstmsFromEightEntriesRunOneDnnsPrimitiveAndMatchTheReference) {
+  uint32_t seed = 40;
+  for (const char* direction : {"forward", "reverse", "bidirectional"}) {
+    for (bool batch_first : {false, true}) {
+      for (bool plain : {true, false}) {
+        SCOPED_TRACE(std::string(direction) + (batch_first ? ", layout 1" : "") + (plain ? "" : ", states, lens"));
+        Problem p{.op = "LSTM", .direction = direction, .S = 5, .N = 9, .I = 6, .H = 16};
+        p.batch_first = batch_first;
+        p.bias = plain;
+        p.initial_h = p.initial_c = !plain;
+        if (!plain) p.lens.assign(9, 5);
+        expect_matches_reference(p, ++seed);
+      }
+    }
+  }
+}
+
+// The primitive's weights are prepared once while they are constant (initializers no run
+// replaces) and again at every run when they are graph inputs: two runs of one session, with
+// other inputs (and other weights where they are inputs), each match the reference; Y_h
+// alone requested (Y and Y_c omitted).
+TEST(Lstm, OneDnnsPrimitiveKeepsConstantWeightsAndRereadsFedOnes) {
+  Problem p{.op = "LSTM", .direction = "bidirectional", .S = 4, .N = 12, .I = 5, .H = 8};
+  for (bool constant : {true, false}) {
+    SCOPED_TRACE(constant ? "initializers" : "graph inputs");
+    const auto first = cast_floats(p.inputs(60), DataType::Float32);
+    onnx::ModelProto model = testing::node_model(NodeSpec{"LSTM", "", 17, p.attributes(), 3}, first);
+    auto* graph = model.mutable_graph();
+    auto* node = graph->mutable_node(0);
+    node->set_output(0, "");
+    node->set_output(2, "");
+    auto* outputs = graph->mutable_output();
+    outputs->erase(outputs->begin() + 2);
+    outputs->erase(outputs->begin());
+    if (constant) {  // W, R, B become initializers
+      for (int i : {1, 2, 3}) io::tensor_to_proto(first[static_cast<size_t>(i)], "in" + std::to_string(i), *graph->add_initializer());
+      auto* inputs = graph->mutable_input();
+      inputs->erase(inputs->begin() + 1, inputs->begin() + 4);
+    }
+    runtime::Session session(model);
+    for (uint32_t seed : {60u, 70u}) {
+      auto in = p.inputs(seed);
+      if (constant) {  // the weights stay the first run's
+        for (size_t i : {1u, 2u, 3u}) in[i] = p.inputs(60)[i];
+      }
+      const auto want = reference(p, in);
+      const auto in32 = cast_floats(in, DataType::Float32);
+      runtime::NamedTensors feeds{{"in0", in32[0]}};
+      if (!constant) {
+        for (size_t i : {1u, 2u, 3u}) feeds["in" + std::to_string(i)] = in32[i];
+      }
+      const runtime::NamedTensors got = session.run(feeds);
+      ASSERT_EQ(got.size(), 1u);
+      expect_close(got.at("out1").cast(DataType::Float64), want[1], 1e-4, 1e-5);
+    }
+  }
 }
 
 TEST(Lstm, ZeroLengthEntriesKeepTheInitialStateAndZeroOutputs) {
