@@ -863,10 +863,7 @@ class RnnKernel final : public Kernel {
       if constexpr (std::is_same_v<V, float>) onednn = !trace && OneDnnLstm::applies(a_, s, lens, in);
       for (int64_t d = 0; d < s.directions; ++d) {
         if constexpr (std::is_same_v<V, float>) {
-          if (onednn) {
-            onednn_.run(a_, s, in, d, ptr[kY], ptr[kYh], ptr[kYc], weights_constant_);
-            continue;
-          }
+          if (onednn && onednn_.run(a_, s, in, d, ptr[kY], ptr[kYh], ptr[kYc], weights_constant_)) continue;
         }
         Trace<V> view = trace ? layout.view(trace + d * layout.elements, 0) : Trace<V>{};
         run_direction<V>(a_, s, lens, in, d, ptr[kY], ptr[kYh], ptr[kYc], trace ? &view : nullptr, buffers_.template get<V>());

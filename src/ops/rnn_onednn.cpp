@@ -19,6 +19,7 @@ constexpr int64_t kOnnxGate[4] = {0, 2, 3, 1};
 
 // One direction's primitive for one problem size, with its memories (data bound per run).
 struct Entry {
+  bool usable = true;  // false: oneDNN has no implementation for this problem
   dnnl::lstm_forward primitive;
   du::Scratchpad scratchpad;
   memory src_layer, src_iter, src_iter_c, dst_layer, dst_iter, dst_iter_c;
@@ -49,7 +50,7 @@ Entry plan(const RnnShape& s, bool reverse, bool dense_y) {
   const memory::desc any_iter = desc({1, 1, H, 4, H}, Tag::any);
   const memory::desc bias = desc({1, 1, 4, H}, Tag::ldgo);
   Entry e;
-  du::checked("prepare an LSTM", [&] {
+  try {
     const dnnl::lstm_forward::desc d(dnnl::prop_kind::forward_inference,
                                      reverse ? dnnl::rnn_direction::unidirectional_right2left
                                              : dnnl::rnn_direction::unidirectional_left2right,
@@ -81,7 +82,10 @@ Entry plan(const RnnShape& s, bool reverse, bool dense_y) {
               {DNNL_ARG_DST_LAYER, e.dst_layer},       {DNNL_ARG_DST_ITER, e.dst_iter},
               {DNNL_ARG_DST_ITER_C, e.dst_iter_c}};
     e.scratchpad.add_to(e.args);
-  });
+  } catch (const dnnl::error&) {
+    e.usable = false;
+    return e;
+  }
   if (!dense_y) e.y_dense.resize(static_cast<size_t>(T * N * H));
   return e;
 }
@@ -117,7 +121,7 @@ bool OneDnnLstm::applies(const RnnAttrs& a, const RnnShape& s, const std::vector
   return std::all_of(lens.begin(), lens.end(), [&](int64_t len) { return len == s.seq; });
 }
 
-void OneDnnLstm::run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in, int64_t d, float* y, float* y_h,
+bool OneDnnLstm::run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in, int64_t d, float* y, float* y_h,
                      float* y_c, bool weights_constant) {
   const int64_t N = s.batch, H = s.hidden, I = s.input, D = s.directions;
   const bool reverse = a.reverse(d);
@@ -125,6 +129,7 @@ void OneDnnLstm::run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in,
   Entry& e = cache_->entries.get(
       du::CacheKey().add(s.seq).add(N).add(I).add(H).add(s.batch_first).add(d).add(reverse).add(dense_y),
       [&] { return plan(s, reverse, dense_y); });
+  if (!e.usable) return false;
   const float* w = RnnTensors::of_direction<float>(in.w, d, D);
   const float* r = RnnTensors::of_direction<float>(in.r, d, D);
   const float* b = in.b.defined() ? RnnTensors::of_direction<float>(in.b, d, D) : nullptr;
@@ -177,6 +182,7 @@ void OneDnnLstm::run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in,
       for (int64_t n = 0; n < N; ++n) std::copy_n(e.y_dense.data() + (t * N + n) * H, H, y + s.y_offset(t, d, n));
     }
   }
+  return true;
 }
 
 }  // namespace onnxtrain::ops::rnn

@@ -35,10 +35,11 @@ class OneDnnLstm {
   static bool applies(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in);
 
   // Runs direction d of a float32 LSTM that applies(): writes its part of y (Y), y_h (Y_h) and
-  // y_c (Y_c) where not null, in the layouts of rnn.cpp's header. `weights_constant`: W, R and B
-  // hold the same values at every run whose pointers are unchanged. Throws Error when oneDNN
-  // fails (never for shapes that applies()).
-  void run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in, int64_t d, float* y, float* y_h, float* y_c,
+  // y_c (Y_c) where not null, in the layouts of rnn.cpp's header, and returns true; returns
+  // false, having written nothing, when oneDNN has no implementation for the problem (the
+  // caller runs rnn.cpp's recurrence). `weights_constant`: W, R and B hold the same values at
+  // every run whose pointers are unchanged. Throws Error when a oneDNN call fails at run time.
+  bool run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in, int64_t d, float* y, float* y_h, float* y_c,
            bool weights_constant);
 
  private:
