@@ -490,20 +490,13 @@ struct ConvEpilogue {
 
 bool is_half(DataType t) { return t == DataType::Float16 || t == DataType::BFloat16; }
 
-// Whether input i of the node is an initializer that no run can replace.
-bool constant_input(const KernelInit& init, size_t i) {
-  const auto& inputs = init.node().inputs;
-  if (i >= inputs.size() || inputs[i] == ir::kNoValue) return false;
-  const ir::Value& v = init.graph().value(inputs[i]);
-  return v.is_initializer && !v.is_graph_input;
-}
 
 class ConvKernel final : public Kernel {
  public:
   ConvKernel(const KernelInit& init, ConvAttrs attrs, ConvEpilogue epilogue = {}, bool channels_last = false)
       : attrs_(std::move(attrs)),
         epilogue_(std::move(epilogue)),
-        weights_constant_(constant_input(init, 1)),
+        weights_constant_(init.input_is_constant(1)),
         channels_last_(channels_last) {}
 
   void run(KernelContext& ctx) override {
@@ -583,9 +576,9 @@ class ConvKernel final : public Kernel {
            ", expected rank >= 3 ([N, spatial..., C], channels-last)");
     }
     // The geometry from x's shape read channels-first (a view for its shape only: the data stays).
-    const ConvGeometry g = geometry(ctx, x.view(permuted(x.shape(), channels_first_order(x.rank()))));
+    const ConvGeometry g = geometry(ctx, x.view(permuted_shape(x.shape(), channels_first_order(x.rank()))));
     const Shape out = conv_output_shape(g);
-    const Shape conv_shape = permuted(out, channels_last_order(out.size()));
+    const Shape conv_shape = permuted_shape(out, channels_last_order(out.size()));
     const bool has_sum = ctx.has_input(3);
     if (has_sum && ctx.input(3).dtype() != x.dtype()) {
       fail("input " + ctx.input_name(3) + " is " + ctx.input(3).description() + ", expected " +
@@ -655,30 +648,23 @@ class ConvKernel final : public Kernel {
     });
   }
 
-  // The dim orders that move the channel dim (1) of a rank-`rank` tensor last, and back.
-  static std::vector<size_t> channels_last_order(size_t rank) {
-    std::vector<size_t> order{0};
-    for (size_t d = 2; d < rank; ++d) order.push_back(d);
+  // The permutations (Transpose's perm) that move the channel dim (1) of a rank-`rank` tensor
+  // last, and back.
+  static std::vector<int64_t> channels_last_order(size_t rank) {
+    std::vector<int64_t> order{0};
+    for (size_t d = 2; d < rank; ++d) order.push_back(static_cast<int64_t>(d));
     order.push_back(1);
     return order;
   }
-  static std::vector<size_t> channels_first_order(size_t rank) {
-    std::vector<size_t> order{0, rank - 1};
-    for (size_t d = 1; d + 1 < rank; ++d) order.push_back(d);
+  static std::vector<int64_t> channels_first_order(size_t rank) {
+    std::vector<int64_t> order{0, static_cast<int64_t>(rank) - 1};
+    for (size_t d = 1; d + 1 < rank; ++d) order.push_back(static_cast<int64_t>(d));
     return order;
   }
-  static Shape permuted(const Shape& shape, const std::vector<size_t>& order) {
-    Shape out;
-    for (size_t d : order) out.push_back(shape[d]);
-    return out;
-  }
-  // A contiguous copy of t with dim i of the result = dim order[i] of t.
-  static Tensor permute(const Tensor& t, const std::vector<size_t>& order) {
-    const Shape strides = contiguous_strides(t.shape());
-    std::vector<int64_t> src_strides;
-    for (size_t d : order) src_strides.push_back(strides[d]);
-    Tensor out(t.dtype(), permuted(t.shape(), order));
-    copy_strided(t.raw_data(), out.raw_data(), dtype_size(t.dtype()), out.shape(), src_strides);
+  // A contiguous copy of t with its dims permuted by `order`.
+  static Tensor permute(const Tensor& t, const std::vector<int64_t>& order) {
+    Tensor out(t.dtype(), permuted_shape(t.shape(), order));
+    copy_permuted(t, out, order);
     return out;
   }
 

@@ -235,4 +235,20 @@ inline void copy_strided(const void* src, void* dst, size_t elem_size, const Sha
 // Row-major strides of `t` in elements, as a vector.
 inline std::vector<int64_t> strides_of(const Shape& shape) { return contiguous_strides(shape).to_vector(); }
 
+// The shape of a tensor of `shape` with its dims permuted as Transpose does: dim i of the result
+// is dim perm[i] (perm a permutation of 0..rank-1, checked by the caller).
+inline Shape permuted_shape(const Shape& shape, std::span<const int64_t> perm) {
+  Shape out;
+  for (int64_t d : perm) out.push_back(shape[static_cast<size_t>(d)]);
+  return out;
+}
+
+// y (contiguous, permuted_shape(x.shape(), perm), x's dtype) = x with its dims permuted.
+inline void copy_permuted(const Tensor& x, Tensor& y, std::span<const int64_t> perm) {
+  const Shape in_strides = contiguous_strides(x.shape());
+  std::vector<int64_t> strides;
+  for (int64_t d : perm) strides.push_back(in_strides[static_cast<size_t>(d)]);
+  copy_strided(x.raw_data(), y.raw_data(), dtype_size(x.dtype()), y.shape(), strides);
+}
+
 }  // namespace onnxtrain::ops

@@ -38,6 +38,12 @@ const ir::TensorType& KernelInit::input_type(int i) const {
   return graph_.value(node_.inputs[static_cast<size_t>(i)]).type;
 }
 
+bool KernelInit::input_is_constant(int i) const {
+  if (!has_input(i)) return false;
+  const ir::Value& v = graph_.value(node_.inputs[static_cast<size_t>(i)]);
+  return v.is_initializer && !v.is_graph_input;
+}
+
 const ir::Attribute& KernelInit::typed(std::string_view name, ir::AttributeType type) const {
   const ir::Attribute* a = node_.find_attribute(name);
   if (!a) throw Error("required attribute '" + std::string(name) + "' is missing");

@@ -436,8 +436,8 @@ class Recurrence {
     if (trace_) trace_->steps = max_len_;
     const bool reverse = a_.reverse(d);
     project_inputs(d);
-    load_state(in_.initial_h, d, h_);
-    if (a_.cell == Cell::Lstm) load_state(in_.initial_c, d, c_);
+    load_state(s_, in_.initial_h, d, h_.data());
+    if (a_.cell == Cell::Lstm) load_state(s_, in_.initial_c, d, c_.data());
     if (rowwise()) {
       lstm_rowwise(d, reverse, y);
     } else if (const int threads = batch_split_threads(); threads > 1) {
@@ -453,8 +453,8 @@ class Recurrence {
       }
     }
     if (trace_) record_states(max_len_);
-    if (y_h) store_state(h_, d, y_h);
-    if (y_c) store_state(c_, d, y_c);
+    if (y_h) store_state(s_, h_.data(), d, y_h);
+    if (y_c) store_state(s_, c_.data(), d, y_c);
   }
 
  private:
@@ -501,26 +501,6 @@ class Recurrence {
         for (int64_t j = 0; j < GH; ++j) out[j] += bias[j];
       }
     });
-  }
-
-  void load_state(const Tensor& initial, int64_t d, std::vector<V>& state) const {
-    const int64_t H = s_.hidden;
-    for (int64_t b = 0; b < s_.batch; ++b) {
-      V* dst = state.data() + b * H;
-      if (initial.defined()) {
-        const V* src = initial.data<V>() + s_.state_offset(d, b);
-        std::copy(src, src + H, dst);
-      } else {
-        std::fill(dst, dst + H, V(0));
-      }
-    }
-  }
-
-  void store_state(const std::vector<V>& state, int64_t d, V* out) const {
-    const int64_t H = s_.hidden;
-    for (int64_t b = 0; b < s_.batch; ++b) {
-      std::copy(state.data() + b * H, state.data() + (b + 1) * H, out + s_.state_offset(d, b));
-    }
   }
 
   template <class F>
@@ -894,14 +874,8 @@ std::unique_ptr<Kernel> make_rnn(const KernelInit& init) {
     fail(init.op_type() + " has " + std::to_string(init.num_outputs()) + " outputs, expected " +
          std::to_string(outputs + 1) + " (the forward op's, then trace)");
   }
-  // W, R and B (when given) are initializers that are not graph inputs (a feed may override those).
-  const auto& inputs = init.node().inputs;
-  bool weights_constant = true;
-  for (size_t i : {size_t{kW}, size_t{kR}, size_t{kB}}) {
-    if (i >= inputs.size() || inputs[i] == ir::kNoValue) continue;
-    const ir::Value& v = init.graph().value(inputs[i]);
-    weights_constant = weights_constant && v.is_initializer && !v.is_graph_input;
-  }
+  const bool weights_constant =
+      init.input_is_constant(kW) && init.input_is_constant(kR) && (!init.has_input(kB) || init.input_is_constant(kB));
   return std::make_unique<RnnKernel>(parse_attrs(init), training, weights_constant);
 }
 

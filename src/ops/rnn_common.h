@@ -163,6 +163,26 @@ void for_active(const std::vector<int64_t>& lens, int64_t step, bool reverse, in
                });
 }
 
+// state [N, H] (dense) = direction d's rows of `initial` (initial_h or initial_c, in the layout
+// of s), zeros when it is omitted.
+template <class V>
+void load_state(const RnnShape& s, const Tensor& initial, int64_t d, V* state) {
+  for (int64_t b = 0; b < s.batch; ++b) {
+    V* row = state + b * s.hidden;
+    if (initial.defined()) {
+      std::copy_n(initial.data<V>() + s.state_offset(d, b), s.hidden, row);
+    } else {
+      std::fill_n(row, s.hidden, V(0));
+    }
+  }
+}
+
+// Direction d's rows of `out` (Y_h or Y_c, in the layout of s) = state [N, H] (dense).
+template <class V>
+void store_state(const RnnShape& s, const V* state, int64_t d, V* out) {
+  for (int64_t b = 0; b < s.batch; ++b) std::copy_n(state + b * s.hidden, s.hidden, out + s.state_offset(d, b));
+}
+
 // Fails unless input i has shape `want` ("input 'X' has shape ..., expected <meaning> = ...").
 void expect_shape(const KernelContext& ctx, int i, const Shape& want, const std::string& meaning);
 // Checks every forward input's dtype and shape; returns the problem's sizes.

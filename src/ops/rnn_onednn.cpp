@@ -152,18 +152,8 @@ bool OneDnnLstm::run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in,
       e.prepared_r = weights_constant ? r : nullptr;
       e.prepared_b = weights_constant ? b : nullptr;
     }
-    const auto load = [&](const Tensor& initial, std::vector<float>& to) {
-      for (int64_t n = 0; n < N; ++n) {
-        float* row = to.data() + n * H;
-        if (initial.defined()) {
-          std::copy_n(initial.data<float>() + s.state_offset(d, n), H, row);
-        } else {
-          std::fill_n(row, H, 0.0f);
-        }
-      }
-    };
-    load(in.initial_h, e.h0);
-    load(in.initial_c, e.c0);
+    load_state(s, in.initial_h, d, e.h0.data());
+    load_state(s, in.initial_c, d, e.c0.data());
     e.src_layer.set_data_handle(const_cast<float*>(in.x.data<float>()));
     e.dst_layer.set_data_handle(dense_y ? y : e.y_dense.data());
     char* scratch = du::thread_scratch(e.scratchpad.scratch_bytes());
@@ -171,12 +161,8 @@ bool OneDnnLstm::run(const RnnAttrs& a, const RnnShape& s, const RnnTensors& in,
     e.primitive.execute(stream, e.args);
     stream.wait();
   });
-  const auto store = [&](const std::vector<float>& from, float* to) {
-    if (!to) return;
-    for (int64_t n = 0; n < N; ++n) std::copy_n(from.data() + n * H, H, to + s.state_offset(d, n));
-  };
-  store(e.h_last, y_h);
-  store(e.c_last, y_c);
+  if (y_h) store_state(s, e.h_last.data(), d, y_h);
+  if (y_c) store_state(s, e.c_last.data(), d, y_c);
   if (y && !dense_y) {  // Y holds both directions: this one's [T, N, H] into its place
     for (int64_t t = 0; t < s.seq; ++t) {
       for (int64_t n = 0; n < N; ++n) std::copy_n(e.y_dense.data() + (t * N + n) * H, H, y + s.y_offset(t, d, n));

@@ -154,15 +154,8 @@ std::unique_ptr<Kernel> transpose_kernel(std::optional<std::vector<int64_t>> per
     } else {
       for (size_t i = 0; i < rank; ++i) p[i] = static_cast<int64_t>(rank - 1 - i);
     }
-    const Shape in_strides = contiguous_strides(x.shape());
-    Shape out_shape;
-    std::vector<int64_t> strides(rank);
-    for (size_t i = 0; i < rank; ++i) {
-      out_shape.push_back(x.dim(static_cast<size_t>(p[i])));
-      strides[i] = in_strides[static_cast<size_t>(p[i])];
-    }
-    Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
-    copy_strided(x.raw_data(), y.raw_data(), dtype_size(x.dtype()), out_shape, strides);
+    Tensor& y = ctx.allocate_output(0, x.dtype(), permuted_shape(x.shape(), p));
+    copy_permuted(x, y, p);
   });
 }
 

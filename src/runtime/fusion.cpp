@@ -202,6 +202,30 @@ void add_relu_activation(onnx::NodeProto& node) {
   attr->set_s("Relu");
 }
 
+// The value names of a graph (inputs, initializers, every node's inputs and outputs), to give
+// the values a rewrite adds names no other value has.
+class ValueNames {
+ public:
+  explicit ValueNames(const onnx::GraphProto& graph) {
+    for (const auto& v : graph.input()) names_.insert(v.name());
+    for (const auto& v : graph.initializer()) names_.insert(v.name());
+    for (const auto& node : graph.node()) {
+      names_.insert(node.input().begin(), node.input().end());
+      names_.insert(node.output().begin(), node.output().end());
+    }
+  }
+  // `base`, or base.1, base.2, ... the first no value has; taken from then on.
+  std::string fresh(const std::string& base) {
+    std::string name = base;
+    for (int k = 1; names_.contains(name); ++k) name = base + "." + std::to_string(k);
+    names_.insert(name);
+    return name;
+  }
+
+ private:
+  std::unordered_set<std::string> names_;
+};
+
 // Removes the nodes marked in `drop`, keeping the order of the others.
 void drop_nodes(onnx::GraphProto& graph, const std::vector<bool>& drop) {
   google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
@@ -375,14 +399,9 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
     onnx::TensorProto w, b;  // the new initializers
   };
   std::vector<Fold> folds;
-  std::unordered_set<std::string> claimed;  // initializer names taken by this pass
   {
     Matcher m(graph);
-    std::unordered_set<std::string> names;
-    for (const auto& init : graph.initializer()) names.insert(init.name());
-    for (const auto& node : graph.node()) {
-      for (const auto& out : node.output()) names.insert(out);
-    }
+    ValueNames names(graph);
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& bn = graph.node(i);
       if (!is_onnx_op(bn, "BatchNormalization") || bn.input_size() != 5 || bn.output_size() != 1) continue;
@@ -428,17 +447,11 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
         bd[c] = (bd[c] - mean[c]) * s + bias[c];
       }
       const DataType type = w_proto->data_type() == onnx::TensorProto::FLOAT ? DataType::Float32 : DataType::Float64;
-      auto fresh = [&](const std::string& base) {
-        std::string name = base;
-        for (int k = 1; names.contains(name) || claimed.contains(name); ++k) name = base + "." + std::to_string(k);
-        claimed.insert(name);
-        return name;
-      };
       Fold fold;
       fold.conv = m.producer_index(y);
       fold.bn = i;
-      io::tensor_to_proto(w_new.cast(type), fresh(bn.output(0) + ".conv_weight"), fold.w);
-      io::tensor_to_proto(b_new.cast(type), fresh(bn.output(0) + ".conv_bias"), fold.b);
+      io::tensor_to_proto(w_new.cast(type), names.fresh(bn.output(0) + ".conv_weight"), fold.w);
+      io::tensor_to_proto(b_new.cast(type), names.fresh(bn.output(0) + ".conv_bias"), fold.b);
       folds.push_back(std::move(fold));
     }
   }
@@ -739,12 +752,7 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
 }
 
 int share_rnn_trace(onnx::GraphProto& graph) {
-  std::unordered_set<std::string> names;  // every value name, to make the trace's unique
-  for (const auto& v : graph.input()) names.insert(v.name());
-  for (const auto& v : graph.initializer()) names.insert(v.name());
-  for (const auto& node : graph.node()) {
-    for (const auto& out : node.output()) names.insert(out);
-  }
+  ValueNames names(graph);  // to make the trace's name unique
   int rewritten = 0;
   for (int i = 0; i < graph.node_size(); ++i) {
     const onnx::NodeProto& forward = graph.node(i);
@@ -759,10 +767,7 @@ int share_rnn_trace(onnx::GraphProto& graph) {
       if (grad.input_size() <= inputs + outputs && is_gradient_of(grad, forward, inputs)) grads.push_back(j);
     }
     if (grads.empty()) continue;
-    const std::string base = (forward.name().empty() ? op : forward.name()) + "/onnxtrain.trace";
-    std::string trace = base;
-    for (int k = 1; names.contains(trace); ++k) trace = base + "." + std::to_string(k);
-    names.insert(trace);
+    const std::string trace = names.fresh((forward.name().empty() ? op : forward.name()) + "/onnxtrain.trace");
     onnx::NodeProto& node = *graph.mutable_node(i);
     node.set_domain(kInternalDomain);
     node.set_op_type(op + "Training");
@@ -903,20 +908,10 @@ int use_channels_last(onnx::GraphProto& graph) {
   }
   if (converted_convs == 0) return 0;
 
-  std::unordered_set<std::string> names;  // every value name, to make the twins' unique
-  for (const auto& v : graph.input()) names.insert(v.name());
-  for (const auto& v : graph.initializer()) names.insert(v.name());
-  for (const auto& node : graph.node()) {
-    for (const auto& in : node.input()) names.insert(in);
-    for (const auto& out : node.output()) names.insert(out);
-  }
+  ValueNames names(graph);
   std::unordered_map<std::string, std::string> twin_name;  // made so far
   const auto make_twin_name = [&](const std::string& value) {
-    const std::string base = value + "/channels_last";
-    std::string name = base;
-    for (int k = 1; names.contains(name); ++k) name = base + "." + std::to_string(k);
-    names.insert(name);
-    return twin_name[value] = name;
+    return twin_name[value] = names.fresh(value + "/channels_last");
   };
   // Whether a converted node reads input k in the channels-last layout (a convolution: X only).
   const auto reads_twin = [&](int node, int k) { return !is_conv[static_cast<size_t>(node)] || k == 0; };
