@@ -224,6 +224,19 @@ void matmul_rule(Builder& b) {
     if (b.needs(1)) b.set_GI(1, b.op("Gemm", {b.I(0), b.GO(0)}, {attr_int("transA", 1)}));
     return;
   }
+  if (ra >= 3 && rb == 2 && b.opset() >= 11) {
+    // A [..., M, K] times a matrix B [K, N] (a linear layer): A's batch dims fold into its rows,
+    // so dB = A2^T dY2 with A2 = A as [rows, K] and dY2 = dY as [rows, N] (Flatten keeps the
+    // data in place) is one Gemm summing over the batch as it multiplies, and dA = dY2 B^T
+    // reshaped to A's shape; no Transpose copies, no per-batch [K, N] products to sum after.
+    const auto flat = [&](const std::string& x) { return b.op("Flatten", {x}, {attr_int("axis", ra - 1)}); };
+    const std::string g2 = flat(b.GO(0));
+    if (b.needs(0)) {
+      b.set_GI(0, b.op("Reshape", {b.op("Gemm", {g2, b.I(1)}, {attr_int("transB", 1)}), b.op("Shape", {b.I(0)})}));
+    }
+    if (b.needs(1)) b.set_GI(1, b.op("Gemm", {flat(b.I(0)), g2}, {attr_int("transA", 1)}));
+    return;
+  }
   std::string a = b.I(0), bm = b.I(1), g = b.GO(0);
   if (ra == 1) a = b.unsqueeze(a, {0});                  // [K] -> [1, K]
   if (rb == 1) bm = b.unsqueeze(bm, {1});                // [K] -> [K, 1]
@@ -391,7 +404,7 @@ std::vector<Rule> math_rules() {
     {"", "Min",               kAllInputs, true, min_max_rule,     "dx_i = dy where x_i == y (ties each get dy)"},
     {"", "Max",               kAllInputs, true, min_max_rule,     "dx_i = dy where x_i == y (ties each get dy)"},
     {"", "Where",             inputs_mask({1, 2}), true, where_rule, "dx = dy where cond, dy' = dy where not cond"},
-    {"", "MatMul",            kIn01, true,  matmul_rule,          "dA = dY B^T, dB = A^T dY (batch dims summed)"},
+    {"", "MatMul",            kIn01, true,  matmul_rule,          "dA = dY B^T, dB = A^T dY (batch dims summed); A [..., K] by a matrix B: two Gemm on A and dY flattened to rows"},
     {"", "Gemm",              inputs_mask({0, 1, 2}), false, gemm_rule,
                                                                   "d op(A) = alpha dY op(B)^T, d op(B) = alpha op(A)^T dY, dC = beta dY"},
     // Piecewise constant or integer-valued: zero gradient.

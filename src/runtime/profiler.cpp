@@ -16,6 +16,11 @@ Profiler& Profiler::instance() {
 Profiler::Profiler() {
   const char* env = std::getenv("ONNXTRAIN_PROFILE");
   enabled_ = env && *env && std::string_view(env) != "0";
+  if (enabled_) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end && *end == '\0' && n > 1) nodes_listed_ = static_cast<size_t>(n);
+  }
 }
 
 void Profiler::record(const std::string& op_type, const std::string& node, int64_t ns) {
@@ -45,7 +50,7 @@ Profiler::~Profiler() {
   std::sort(nodes.begin(), nodes.end(),
             [](const auto& a, const auto& b) { return a.second.second.ns > b.second.second.ns; });
   std::fprintf(stderr, "most expensive nodes:\n");
-  for (size_t i = 0; i < std::min<size_t>(15, nodes.size()); ++i) {
+  for (size_t i = 0; i < std::min(nodes_listed_, nodes.size()); ++i) {
     const auto& [node, rest] = nodes[i];
     std::fprintf(stderr, "  %10.1f ms %10lld runs  %s\n", rest.second.ns / 1e6,
                  static_cast<long long>(rest.second.runs), node.c_str());  // the label names the op

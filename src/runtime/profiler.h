@@ -2,7 +2,8 @@
 //
 // ONNXTRAIN_PROFILE=1 makes every Plan time each kernel (std::chrono::steady_clock around
 // Kernel::run) and, at process exit, print to stderr the total milliseconds per op type and
-// the 15 most expensive nodes, with run counts. Off (the default), a Plan checks one bool per
+// the 15 most expensive nodes, with run counts; ONNXTRAIN_PROFILE=N with N > 1 lists the N most
+// expensive nodes instead. Off (the default), a Plan checks one bool per
 // step. Times are wall-clock on the calling thread and include the kernels' own parallelism.
 #pragma once
 
@@ -30,6 +31,7 @@ class Profiler {
     int64_t runs = 0;
   };
   bool enabled_ = false;
+  size_t nodes_listed_ = 15;
   std::mutex mutex_;
   std::unordered_map<std::string, Entry> by_op_;
   std::unordered_map<std::string, std::pair<std::string, Entry>> by_node_;  // node -> (op, times)

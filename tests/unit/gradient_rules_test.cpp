@@ -452,6 +452,10 @@ std::vector<Case> cases() {
   resize("nearest", "asymmetric", {x({2, 5}), omitted(), fixed(Tensor::from_vector<float>({2}, {1, 0.6f}))}, "nearest, downsampling");
   c.push_back({"MatMul", {}, {x({3, 4}), x({4, 2})}, 1, 17, "", "2-D"});
   c.push_back({"MatMul", {}, {x({2, 3, 4}), x({4, 2})}, 1, 17, "", "batched"});
+  c.push_back({"MatMul", {}, {x({2, 2, 3, 4}), x({4, 2})}, 1, 17, "", "rank 4 by a matrix"});
+  c.push_back({"MatMul", {}, {x({2, 3, 4}), x({4, 2})}, 1, 9, "", "opset 9 batched (Transpose and MatMul)"});
+  c.push_back({"MatMul", {}, {x({2, 3, 4}), x({2, 4, 2})}, 1, 17, "", "both batched"});
+  c.push_back({"MatMul", {}, {x({2, 1, 3, 4}), x({3, 4, 2})}, 1, 17, "", "broadcast batches"});
   c.push_back({"MatMul", {}, {x({4}), x({2, 4, 3})}, 1, 17, "", "1-D left"});
   c.push_back({"MatMul", {}, {x({2, 4}), x({4})}, 1, 17, "", "1-D right"});
   c.push_back({"Gemm", {attr("alpha", 0.5f), attr("beta", 2.0f)}, {x({2, 3}), x({3, 4}), x({4})}});

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
+#include "autodiff/gradient.h"
 #include "onnxtrain/training.h"
 #include "test_util.h"
 
@@ -333,6 +335,50 @@ TEST(Gradient, DrivesATrainingInfoAlgorithm) {
   session.step({{"x", x}, {"t", t}});
   // y = [1*0.5 - 2, 3*0.5 - 4] = [-1.5, -2.5]; r = [-2.5, -3.5]; dw = 2 x^T r = [-26, -38].
   expect_close(session.state().at("w"), vec({0.5 + 2.6, -1 + 3.8}));
+}
+
+// A linear layer (x [..., M, K] times a matrix w [K, N]) differentiates into two Gemm nodes on
+// x and dY with their batch dims flattened into rows (dw sums over the batch as it multiplies),
+// not into Transpose copies, per-batch products and a sum over their batch.
+TEST(Gradient, LinearLayerIsOneGemmPerInput) {
+  for (const int rank : {3, 4}) {
+    GraphBuilder b;
+    const std::vector<int64_t> x_dims = rank == 3 ? std::vector<int64_t>{2, 3, 4} : std::vector<int64_t>{2, 2, 3, 4};
+    b.input("x", x_dims);
+    b.input("w", {4, 5});
+    b.node("MatMul", {"x", "w"}, {"y"});
+    b.node("ReduceSum", {"y"}, {"loss"});
+    b.gradient({"x", "w"}, {"dx", "dw"}, {"x", "w"}, "loss");
+    b.output("dx");
+    b.output("dw");
+
+    onnx::GraphProto expanded = b.g;
+    autodiff::expand_gradients(expanded, {{"", 17}, {"ai.onnx.preview.training", 1}}, "test graph");
+    std::map<std::string, int> ops;
+    for (const auto& n : expanded.node()) ++ops[n.op_type()];
+    EXPECT_EQ(ops["Transpose"], 0) << "rank " << rank;
+    EXPECT_EQ(ops["MatMul"], 1) << "rank " << rank;  // the forward product
+    EXPECT_EQ(ops["Gemm"], 2) << "rank " << rank;
+
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < rank; ++d) rows *= x_dims[static_cast<size_t>(d)];
+    std::vector<double> x(static_cast<size_t>(rows * 4)), w(20);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25 * static_cast<double>(i % 7) - 0.5;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1 * static_cast<double>(i) - 1.0;
+    const auto out = b.run({{"x", Tensor::from_vector<double>(Shape(x_dims), x)}, {"w", Tensor::from_vector<double>({4, 5}, w)}});
+    // dY is all ones: dx[..., k] = sum_n w[k, n]; dw[k, n] = sum over the rows of x[..., k].
+    std::vector<double> dx(x.size()), dw(20);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (size_t k = 0; k < 4; ++k) {
+        for (size_t n = 0; n < 5; ++n) {
+          dx[static_cast<size_t>(r) * 4 + k] += w[k * 5 + n];
+          dw[k * 5 + n] += x[static_cast<size_t>(r) * 4 + k];
+        }
+      }
+    }
+    expect_close(out.at("dx"), Tensor::from_vector<double>(Shape(x_dims), dx));
+    expect_close(out.at("dw"), Tensor::from_vector<double>({4, 5}, dw));
+  }
 }
 
 // ReduceSumSquare-18 with noop_with_empty_axes = 1 and no axes reduces nothing and keeps the
