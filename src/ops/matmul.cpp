@@ -19,6 +19,7 @@
 
 #include "core/dispatch.h"
 #include "ops/broadcast.h"
+#include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
 #include "ops/matmul_shape.h"
@@ -106,8 +107,30 @@ void matmul_reference(const MatMulShape& s, const T* a, const T* b, T* y) {
   batched_matmul_ref<T>(a, a_off, b, b_off, y, s.M, s.K, s.N);
 }
 
+// The last two dims of `shape` swapped (the shape a transposed operand is read as).
+Shape swapped_last2(Shape shape) {
+  std::swap(shape[shape.size() - 2], shape[shape.size() - 1]);
+  return shape;
+}
+
+// x with its last two dims swapped, as a new contiguous tensor.
+Tensor transposed_last2(const Tensor& x) {
+  std::vector<int64_t> perm(x.rank());
+  for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+  std::swap(perm[perm.size() - 2], perm[perm.size() - 1]);
+  Tensor y(x.dtype(), permuted_shape(x.shape(), perm));
+  copy_permuted(x, y, perm);
+  return y;
+}
+
+// MatMul, and ai.onnxtrain.MatMulTransposed (runtime/fusion.h fuse_transpose_matmul): the
+// product of A' and B' by MatMul's rules, where A' is A with its last two dims swapped when
+// trans_a (B' likewise), read in place for float32 (sgemm's and the matmul primitive's strides)
+// and copied for the other element types.
 class MatMulKernel final : public Kernel {
  public:
+  MatMulKernel(bool trans_a, bool trans_b) : trans_a_(trans_a), trans_b_(trans_b) {}
+
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
@@ -115,63 +138,96 @@ class MatMulKernel final : public Kernel {
       fail("inputs " + ctx.input_name(0) + " (" + a.description() + ") and " + ctx.input_name(1) +
            " (" + b.description() + ") must have the same element type");
     }
-    const MatMulShape s = matmul_shape(ctx, 0, 1);
+    for (int i : {0, 1}) {
+      if ((i == 0 ? trans_a_ : trans_b_) && ctx.input(i).rank() < 2) {
+        fail("input " + ctx.input_name(i) + " has shape " + ctx.input(i).shape().to_string() + ", but trans" +
+             (i == 0 ? "A" : "B") + " = 1 needs rank >= 2");
+      }
+    }
+    if ((trans_a_ || trans_b_) && (a.dtype() != DataType::Float32 || a.rank() < 2 || b.rank() < 2)) {
+      product(ctx, trans_a_ ? transposed_last2(a) : a, trans_b_ ? transposed_last2(b) : b, false, false);
+    } else {
+      product(ctx, a, b, trans_a_, trans_b_);
+    }
+  }
+
+ private:
+  // Y = A' B' with A' = A^T (last two dims) when ta, B' likewise; ta and tb only for float32
+  // operands of rank >= 2.
+  void product(KernelContext& ctx, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+    const MatMulShape s = matmul_shape(ta ? swapped_last2(a.shape()) : a.shape(), tb ? swapped_last2(b.shape()) : b.shape(),
+                                       ctx.input_name(0), ctx.input_name(1));
     visit_dtype<NumericTypes>(a.dtype(), "MatMul input " + ctx.input_name(0), [&]<class T>() {
       if constexpr (is_half_v<T>) {
         Tensor y(DataType::Float32, s.out);
-        compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), y);
+        compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), y, false, false);
         ctx.set_output(0, y.cast(a.dtype()));
       } else {
-        compute<T>(s, a, b, ctx.allocate_output(0, a.dtype(), s.out));
+        compute<T>(s, a, b, ctx.allocate_output(0, a.dtype(), s.out), ta, tb);
       }
     });
   }
 
- private:
   template <class T>
-  void compute(const MatMulShape& s, const Tensor& a, const Tensor& b, Tensor& y) {
+  void compute(const MatMulShape& s, const Tensor& a, const Tensor& b, Tensor& y, bool ta, bool tb) {
     if (y.numel() == 0) return;
     if (s.K == 0) {
       std::memset(y.raw_data(), 0, y.nbytes());
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (s.b_batch.numel() == 1) {  // one 2-D product, A's batch folded into its rows (use_sgemm)
-        sgemm(false, false, s.batch.numel() * s.M, s.N, s.K, 1.0f, a.data<float>(), b.data<float>(),
-              0.0f, y.data<float>());
+      if (s.batch.numel() == 1 || (s.b_batch.numel() == 1 && !ta)) {
+        // one 2-D product, A's batch folded into its rows (use_sgemm)
+        sgemm(ta, tb, s.batch.numel() * s.M, s.N, s.K, 1.0f, a.data<float>(), b.data<float>(), 0.0f, y.data<float>());
         return;
       }
       MatMulEntry& entry =
-          cache_.get(du::CacheKey().add(a.shape()).add(b.shape()), [&] { return plan(s); });
+          cache_.get(du::CacheKey().add(a.shape()).add(b.shape()), [&] { return plan(s, ta, tb); });
       if (!entry.use_reference) {
         execute(entry, a.data<float>(), b.data<float>(), y.data<float>());
+        return;
+      }
+      if (ta || tb) {  // no oneDNN implementation: the reference on transposed copies
+        compute<float>(s, ta ? transposed_last2(a) : a, tb ? transposed_last2(b) : b, y, false, false);
         return;
       }
     }
     matmul_reference<T>(s, a.data<T>(), b.data<T>(), y.data<T>());
   }
 
+  // A float32 operand's matrices [batch..., rows, cols] (batch dims 1 where broadcast), stored
+  // row-major as [batch..., cols, rows] when `transposed`.
+  static dnnl::memory::desc operand(const Shape& batch, int64_t rows, int64_t cols, bool transposed) {
+    dnnl::memory::dims dims = du::to_dims(concat(batch, {rows, cols}));
+    dnnl::memory::dims strides(dims.size());
+    strides[dims.size() - 2] = transposed ? 1 : cols;
+    strides[dims.size() - 1] = transposed ? rows : 1;
+    int64_t running = rows * cols;
+    for (size_t d = batch.size(); d-- > 0;) {
+      strides[d] = running;
+      running *= batch[d];
+    }
+    return {dims, dnnl::memory::data_type::f32, strides};
+  }
+
   // The oneDNN problem for shapes where B has a batch (without one, sgemm runs it): a 3-D
   // batch when both batches are equal, else oneDNN's batch broadcasting.
-  static MatMulEntry plan(const MatMulShape& s) {
+  static MatMulEntry plan(const MatMulShape& s, bool ta, bool tb) {
     const int64_t batches = s.batch.numel();
-    dnnl::memory::dims src, weights, dst;
-    if (s.a_batch == s.b_batch) {
-      src = {batches, s.M, s.K};
-      weights = {batches, s.K, s.N};
-      dst = {batches, s.M, s.N};
-    } else if (s.batch.size() + 2 <= kDnnlMaxRank) {
-      src = du::to_dims(concat(s.a_batch, {s.M, s.K}));
-      weights = du::to_dims(concat(s.b_batch, {s.K, s.N}));
-      dst = du::to_dims(concat(s.batch, {s.M, s.N}));
-    } else {
+    const bool same = s.a_batch == s.b_batch;
+    if (!same && s.batch.size() + 2 > kDnnlMaxRank) {
       MatMulEntry entry;
       entry.use_reference = true;
       return entry;
     }
-    return make_entry(du::plain_f32(src), du::plain_f32(weights), du::plain_f32(dst), {});
+    const Shape a_batch = same ? Shape{batches} : s.a_batch, b_batch = same ? Shape{batches} : s.b_batch;
+    const Shape y_batch = same ? Shape{batches} : s.batch;
+    return make_entry(operand(a_batch, s.M, s.K, ta), operand(b_batch, s.K, s.N, tb),
+                      du::plain_f32(du::to_dims(concat(y_batch, {s.M, s.N}))), {});
   }
 
+  bool trans_a_ = false;
+  bool trans_b_ = false;
   du::PrimitiveCache<MatMulEntry> cache_;
 };
 
@@ -458,7 +514,11 @@ class GemmKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_matmul(const KernelInit&) { return std::make_unique<MatMulKernel>(); }
+std::unique_ptr<Kernel> make_matmul(const KernelInit&) { return std::make_unique<MatMulKernel>(false, false); }
+
+std::unique_ptr<Kernel> make_matmul_transposed(const KernelInit& init) {
+  return std::make_unique<MatMulKernel>(init.attr_int("transA", 0) != 0, init.attr_int("transB", 0) != 0);
+}
 
 std::unique_ptr<Kernel> make_matmul_add(const KernelInit&) { return std::make_unique<MatMulAddKernel>(); }
 

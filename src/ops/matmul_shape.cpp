@@ -17,18 +17,19 @@ Shape left_padded(const Shape& s, size_t rank) {
 }  // namespace
 
 MatMulShape matmul_shape(const KernelContext& ctx, int ia, int ib) {
-  const Shape& a = ctx.input(ia).shape();
-  const Shape& b = ctx.input(ib).shape();
-  for (int i : {ia, ib}) {
-    if (ctx.input(i).rank() == 0) fail("input " + ctx.input_name(i) + " is a scalar; a matrix product needs rank >= 1");
-  }
+  return matmul_shape(ctx.input(ia).shape(), ctx.input(ib).shape(), ctx.input_name(ia), ctx.input_name(ib));
+}
+
+MatMulShape matmul_shape(const Shape& a, const Shape& b, const std::string& a_name, const std::string& b_name) {
+  if (a.size() == 0) fail("input " + a_name + " is a scalar; a matrix product needs rank >= 1");
+  if (b.size() == 0) fail("input " + b_name + " is a scalar; a matrix product needs rank >= 1");
   MatMulShape s;
   s.M = a.size() == 1 ? 1 : a[a.size() - 2];
   s.K = a.back();
   const int64_t b_rows = b.size() == 1 ? b[0] : b[b.size() - 2];
   s.N = b.size() == 1 ? 1 : b.back();
   if (b_rows != s.K) {
-    fail("inputs " + ctx.input_name(ia) + " " + a.to_string() + " and " + ctx.input_name(ib) + " " +
+    fail("inputs " + a_name + " " + a.to_string() + " and " + b_name + " " +
          b.to_string() + " cannot be multiplied: " + std::to_string(s.K) + " columns against " +
          std::to_string(b_rows) + " rows");
   }
@@ -37,7 +38,7 @@ MatMulShape matmul_shape(const KernelContext& ctx, int ia, int ib) {
   try {
     s.batch = broadcast_shapes(a_batch, b_batch);
   } catch (const Error& e) {
-    fail("batch dims of " + ctx.input_name(ia) + " " + a.to_string() + " and " + ctx.input_name(ib) +
+    fail("batch dims of " + a_name + " " + a.to_string() + " and " + b_name +
          " " + b.to_string() + " do not broadcast: " + e.what());
   }
   s.a_batch = left_padded(a_batch, s.batch.size());

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ops/kernel.h"
@@ -22,6 +23,9 @@ struct MatMulShape {
 // The product of inputs `ia` and `ib` of the node. Throws Error naming both inputs for a
 // scalar operand, inner dims that differ or batch dims that do not broadcast.
 MatMulShape matmul_shape(const KernelContext& ctx, int ia, int ib);
+// The same for operand shapes `a` and `b` (the shapes a kernel reads its inputs as), named
+// `a_name` and `b_name` in its errors.
+MatMulShape matmul_shape(const Shape& a, const Shape& b, const std::string& a_name, const std::string& b_name);
 
 // For each output batch (row-major over `batch`): the element offset of an operand's matrix,
 // whose batch dims `operand` are those of `batch` or 1 (broadcast).

@@ -558,6 +558,66 @@ int fuse_matmul_add(onnx::GraphProto& graph) {
   return static_cast<int>(pairs.size());
 }
 
+namespace {
+// Whether `node` is a Transpose whose perm swaps the last two of r >= 2 dims and keeps the rest.
+bool swaps_last_two_dims(const onnx::NodeProto& node) {
+  if (!is_onnx_op(node, "Transpose") || node.input_size() != 1) return false;
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() != "perm") continue;
+    const int r = attr.ints_size();
+    if (r < 2 || attr.ints(r - 2) != r - 1 || attr.ints(r - 1) != r - 2) return false;
+    for (int d = 0; d + 2 < r; ++d) {
+      if (attr.ints(d) != d) return false;
+    }
+    return true;
+  }
+  return false;  // no perm: all dims reversed, the last two only at rank 2, which is not known here
+}
+}  // namespace
+
+int fuse_transpose_matmul(onnx::GraphProto& graph) {
+  struct Fold {
+    int matmul;
+    int transposes[2];  // the node index folded into operand 0 / 1, or -1
+  };
+  std::vector<Fold> folds;
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& node = graph.node(i);
+      if (!is_onnx_op(node, "MatMul") || node.input_size() != 2) continue;
+      Fold f{i, {-1, -1}};
+      for (int k = 0; k < 2; ++k) {
+        const onnx::NodeProto* t = m.producer(node.input(k));
+        if (t && swaps_last_two_dims(*t) && m.sole_reader(node.input(k)) == i && node.input(0) != node.input(1)) {
+          f.transposes[k] = m.producer_index(node.input(k));
+        }
+      }
+      if (f.transposes[0] >= 0 || f.transposes[1] >= 0) folds.push_back(f);
+    }
+  }
+  if (folds.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  int removed = 0;
+  for (const Fold& f : folds) {
+    onnx::NodeProto& node = *graph.mutable_node(f.matmul);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("MatMulTransposed");
+    for (int k = 0; k < 2; ++k) {
+      if (f.transposes[k] < 0) continue;
+      node.set_input(k, graph.node(f.transposes[k]).input(0));
+      auto* attr = node.add_attribute();
+      attr->set_name(k == 0 ? "transA" : "transB");
+      attr->set_type(onnx::AttributeProto::INT);
+      attr->set_i(1);
+      drop[static_cast<size_t>(f.transposes[k])] = true;
+      ++removed;
+    }
+  }
+  drop_nodes(graph, drop);
+  return removed;
+}
+
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (MaxPoolGrad, ReluGrad)
   {

@@ -91,6 +91,15 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
 // (the sum may round differently in the last bit). Returns the number of pairs fused.
 int fuse_matmul_add(onnx::GraphProto& graph);
 
+// Replaces each Transpose that swaps only the last two dims of a MatMul operand (perm
+// [0, ..., r-1, r-2], r >= 2) and whose output the MatMul alone reads (not a graph output nor
+// read by a subgraph) by attribute transA / transB = 1 of an ai.onnxtrain.MatMulTransposed node
+// (ops/matmul.cpp) that reads the Transpose's input: float32 operands are read in place through
+// sgemm's and oneDNN's strides instead of being copied first (the gradient of a batched MatMul,
+// dA = dY B^T and dB = A^T dY, writes two such Transposes; attention's Q K^T one). Results are
+// MatMul's. Run after fuse_matmul_add. Returns the number of Transpose nodes removed.
+int fuse_transpose_matmul(onnx::GraphProto& graph);
+
 
 // Replaces each ai.onnxtrain.ReluGrad(Y, dY) whose dY is the output of an
 // ai.onnxtrain.MaxPoolGrad(dP, Y) over the same Y, read by nothing else — the backward pass of

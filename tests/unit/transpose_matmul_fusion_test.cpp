@@ -1,0 +1,179 @@
+// runtime/fusion.h fuse_transpose_matmul: a Transpose that swaps the last two dims of a MatMul
+// operand, read by that MatMul alone, becomes transA / transB of one ai.onnxtrain.MatMulTransposed
+// reading the Transpose's input; its values equal Transpose -> MatMul's for every element type
+// (float32 through sgemm's or oneDNN's strides, the others through copies), batch layout and
+// broadcast. Transposes read elsewhere, pinned as graph outputs or permuting other dims stay.
+#include <map>
+
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/session.h"
+#include "runtime/fusion.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::count_op;
+using testing::expect_close;
+
+void input(onnx::GraphProto& g, const std::string& name, int elem_type) {
+  auto* v = g.add_input();
+  v->set_name(name);
+  v->mutable_type()->mutable_tensor_type()->set_elem_type(elem_type);
+}
+
+onnx::NodeProto* node(onnx::GraphProto& g, const std::string& op, std::vector<std::string> in, const std::string& out) {
+  auto* n = g.add_node();
+  n->set_op_type(op);
+  n->set_name(out);
+  for (auto& i : in) n->add_input(i);
+  n->add_output(out);
+  return n;
+}
+
+void transpose(onnx::GraphProto& g, const std::string& in, const std::string& out, std::vector<int64_t> perm) {
+  auto* a = node(g, "Transpose", {in}, out)->add_attribute();
+  a->set_name("perm");
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t p : perm) a->add_ints(p);
+}
+
+std::vector<int64_t> swap_last2(size_t rank) {
+  std::vector<int64_t> perm(rank);
+  for (size_t d = 0; d < rank; ++d) perm[d] = static_cast<int64_t>(d);
+  std::swap(perm[rank - 2], perm[rank - 1]);
+  return perm;
+}
+
+// y = MatMul(ta ? Transpose(a) : a, tb ? Transpose(b) : b), the Transposes swapping the last two dims.
+onnx::ModelProto product_model(size_t rank_a, size_t rank_b, bool ta, bool tb, int elem_type) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto& g = *m.mutable_graph();
+  g.set_name("product");
+  input(g, "a", elem_type);
+  input(g, "b", elem_type);
+  if (ta) transpose(g, "a", "a_t", swap_last2(rank_a));
+  if (tb) transpose(g, "b", "b_t", swap_last2(rank_b));
+  node(g, "MatMul", {ta ? "a_t" : "a", tb ? "b_t" : "b"}, "y");
+  g.add_output()->set_name("y");
+  return m;
+}
+
+struct Case {
+  Shape a, b;  // the MatMul operands' shapes (before the Transposes' swap)
+  const char* label;
+};
+
+TEST(TransposeMatMulFusion, FoldedTransposesGiveMatMulsValues) {
+  const std::vector<Case> cases = {
+      {{5, 7}, {7, 3}, "2-D"},
+      {{4, 5, 7}, {4, 7, 3}, "equal batches"},
+      {{2, 3, 5, 7}, {2, 3, 7, 6}, "rank 4"},
+      {{2, 1, 5, 7}, {3, 7, 6}, "broadcast batches"},
+      {{4, 5, 7}, {7, 3}, "B without a batch (A's batch in its rows)"},
+      {{5, 7}, {4, 7, 3}, "A without a batch"},
+      {{1, 5, 7}, {1, 7, 3}, "batch of one"},
+      {{4, 0, 7}, {4, 7, 3}, "no rows"},
+      {{4, 5, 0}, {4, 0, 3}, "K = 0"},
+  };
+  for (const auto& [ta, tb] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+    for (const Case& c : cases) {
+      for (const DataType dtype : {DataType::Float32, DataType::Float64}) {
+        SCOPED_TRACE(std::string(c.label) + (ta ? ", transA" : "") + (tb ? ", transB" : "") +
+                     (dtype == DataType::Float32 ? ", float32" : ", float64"));
+        const int elem = dtype == DataType::Float32 ? onnx::TensorProto::FLOAT : onnx::TensorProto::DOUBLE;
+        const onnx::ModelProto model = product_model(c.a.size(), c.b.size(), ta, tb, elem);
+        onnx::GraphProto g = model.graph();
+        ASSERT_EQ(runtime::fuse_transpose_matmul(g), int{ta} + int{tb});
+        EXPECT_EQ(count_op(g, "Transpose") + count_op(g, "MatMul"), 0);
+        EXPECT_EQ(count_op(g, "MatMulTransposed"), 1);
+        // The stored operands: the Transposes' inputs.
+        auto stored = [](const Shape& s, bool t) {
+          Shape r = s;
+          if (t) std::swap(r[r.size() - 2], r[r.size() - 1]);
+          return r;
+        };
+        const runtime::NamedTensors feeds{{"a", testing::random_f64(stored(c.a, ta), 1).cast(dtype)},
+                                          {"b", testing::random_f64(stored(c.b, tb), 2).cast(dtype)}};
+        runtime::Session fused(model), unfused(model, {.fuse = false});
+        const Tensor got = fused.run(feeds).at("y"), want = unfused.run(feeds).at("y");
+        ASSERT_EQ(got.shape(), want.shape());
+        if (dtype == DataType::Float32) {
+          expect_close(got, want, 1e-5, 1e-5);  // another summation order in the product
+        } else {
+          expect_close(got, want, 1e-12, 1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST(TransposeMatMulFusion, TransposesReadElsewherePinnedOrPermutingOtherDimsStay) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto& g = *m.mutable_graph();
+  g.set_name("kept");
+  input(g, "a", onnx::TensorProto::FLOAT);
+  input(g, "b", onnx::TensorProto::FLOAT);
+  transpose(g, "a", "a_twice", {0, 2, 1});  // read by two MatMuls
+  node(g, "MatMul", {"a_twice", "b"}, "y1");
+  node(g, "MatMul", {"a_twice", "b"}, "y2");
+  transpose(g, "a", "a_out", {0, 2, 1});  // also a graph output
+  node(g, "MatMul", {"a_out", "b"}, "y3");
+  transpose(g, "a", "a_batch", {1, 0, 2});  // permutes a batch dim
+  node(g, "MatMul", {"a_batch", "b"}, "y4");
+  transpose(g, "b", "b_t", {0, 2, 1});  // the one that folds
+  node(g, "MatMul", {"a", "b_t"}, "y5");
+  for (const char* out : {"y1", "y2", "y3", "y4", "y5", "a_out"}) g.add_output()->set_name(out);
+
+  onnx::GraphProto fused = g;
+  EXPECT_EQ(runtime::fuse_transpose_matmul(fused), 1);
+  EXPECT_EQ(count_op(fused, "Transpose"), 3);
+  EXPECT_EQ(count_op(fused, "MatMul"), 4);
+  EXPECT_EQ(count_op(fused, "MatMulTransposed"), 1);
+
+  const runtime::NamedTensors feeds{{"a", testing::random_f64(Shape{4, 4, 4}, 3).cast(DataType::Float32)},
+                                    {"b", testing::random_f64(Shape{4, 4, 4}, 4).cast(DataType::Float32)}};
+  const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+  for (const char* out : {"y1", "y2", "y3", "y4", "y5", "a_out"}) {
+    SCOPED_TRACE(out);
+    expect_close(got.at(out), want.at(out), 1e-5, 1e-5);
+  }
+}
+
+TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* internal = m.add_opset_import();
+  internal->set_domain("ai.onnxtrain");
+  internal->set_version(1);
+  auto& g = *m.mutable_graph();
+  g.set_name("direct");
+  input(g, "a", onnx::TensorProto::FLOAT);
+  input(g, "b", onnx::TensorProto::FLOAT);
+  auto* n = node(g, "MatMulTransposed", {"a", "b"}, "y");
+  n->set_domain("ai.onnxtrain");
+  auto* attr = n->add_attribute();
+  attr->set_name("transA");
+  attr->set_type(onnx::AttributeProto::INT);
+  attr->set_i(1);
+  g.add_output()->set_name("y");
+  runtime::Session session(m);
+  try {
+    session.run({{"a", testing::random_f64(Shape{4}, 1).cast(DataType::Float32)},
+                 {"b", testing::random_f64(Shape{4, 2}, 2).cast(DataType::Float32)}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("input 'a'"), std::string::npos) << message;
+    EXPECT_NE(message.find("transA = 1 needs rank >= 2"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
