@@ -5,7 +5,6 @@
 // broadcast. Transposes read elsewhere, pinned as graph outputs or permuting other dims stay.
 #include <map>
 
-#include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
 #include "runtime/fusion.h"
@@ -17,18 +16,16 @@ namespace {
 using testing::count_op;
 using testing::expect_close;
 
-void input(onnx::GraphProto& g, const std::string& name, int elem_type) {
-  auto* v = g.add_input();
-  v->set_name(name);
-  v->mutable_type()->mutable_tensor_type()->set_elem_type(elem_type);
+// A model named `name` with float inputs a and b of `elem_type` (shapes undeclared).
+onnx::ModelProto model_with_inputs(const std::string& name, int elem_type) {
+  onnx::ModelProto m = testing::empty_model(name);
+  for (const char* in : {"a", "b"}) testing::typed_value(m.mutable_graph()->add_input(), in, elem_type, {});
+  return m;
 }
 
 onnx::NodeProto* node(onnx::GraphProto& g, const std::string& op, std::vector<std::string> in, const std::string& out) {
-  auto* n = g.add_node();
-  n->set_op_type(op);
+  auto* n = testing::add_node(g, op, in, {out});
   n->set_name(out);
-  for (auto& i : in) n->add_input(i);
-  n->add_output(out);
   return n;
 }
 
@@ -48,13 +45,8 @@ std::vector<int64_t> swap_last2(size_t rank) {
 
 // y = MatMul(ta ? Transpose(a) : a, tb ? Transpose(b) : b), the Transposes swapping the last two dims.
 onnx::ModelProto product_model(size_t rank_a, size_t rank_b, bool ta, bool tb, int elem_type) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = model_with_inputs("product", elem_type);
   auto& g = *m.mutable_graph();
-  g.set_name("product");
-  input(g, "a", elem_type);
-  input(g, "b", elem_type);
   if (ta) transpose(g, "a", "a_t", swap_last2(rank_a));
   if (tb) transpose(g, "b", "b_t", swap_last2(rank_b));
   node(g, "MatMul", {ta ? "a_t" : "a", tb ? "b_t" : "b"}, "y");
@@ -112,13 +104,8 @@ TEST(TransposeMatMulFusion, FoldedTransposesGiveMatMulsValues) {
 }
 
 TEST(TransposeMatMulFusion, TransposesReadElsewherePinnedOrPermutingOtherDimsStay) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = model_with_inputs("kept", onnx::TensorProto::FLOAT);
   auto& g = *m.mutable_graph();
-  g.set_name("kept");
-  input(g, "a", onnx::TensorProto::FLOAT);
-  input(g, "b", onnx::TensorProto::FLOAT);
   transpose(g, "a", "a_twice", {0, 2, 1});  // read by two MatMuls
   node(g, "MatMul", {"a_twice", "b"}, "y1");
   node(g, "MatMul", {"a_twice", "b"}, "y2");
@@ -146,33 +133,22 @@ TEST(TransposeMatMulFusion, TransposesReadElsewherePinnedOrPermutingOtherDimsSta
 }
 
 TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = model_with_inputs("direct", onnx::TensorProto::FLOAT);
   auto* internal = m.add_opset_import();
   internal->set_domain("ai.onnxtrain");
   internal->set_version(1);
   auto& g = *m.mutable_graph();
-  g.set_name("direct");
-  input(g, "a", onnx::TensorProto::FLOAT);
-  input(g, "b", onnx::TensorProto::FLOAT);
   auto* n = node(g, "MatMulTransposed", {"a", "b"}, "y");
   n->set_domain("ai.onnxtrain");
-  auto* attr = n->add_attribute();
-  attr->set_name("transA");
-  attr->set_type(onnx::AttributeProto::INT);
-  attr->set_i(1);
+  *n->add_attribute() = testing::attr("transA", int64_t{1});
   g.add_output()->set_name("y");
   runtime::Session session(m);
-  try {
+  const std::string message = testing::error_of([&] {
     session.run({{"a", testing::random_f64(Shape{4}, 1).cast(DataType::Float32)},
                  {"b", testing::random_f64(Shape{4, 2}, 2).cast(DataType::Float32)}});
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("input 'a'"), std::string::npos) << message;
-    EXPECT_NE(message.find("transA = 1 needs rank >= 2"), std::string::npos) << message;
-  }
+  });
+  EXPECT_NE(message.find("input 'a'"), std::string::npos) << message;
+  EXPECT_NE(message.find("transA = 1 needs rank >= 2"), std::string::npos) << message;
 }
 
 }  // namespace
