@@ -188,7 +188,8 @@ class MatMulKernel final : public Kernel {
         return;
       }
       if (ta || tb) {  // no oneDNN implementation: the reference on transposed copies
-        compute<float>(s, ta ? transposed_last2(a) : a, tb ? transposed_last2(b) : b, y, false, false);
+        const Tensor a_copy = ta ? transposed_last2(a) : a, b_copy = tb ? transposed_last2(b) : b;
+        matmul_reference<float>(s, a_copy.data<float>(), b_copy.data<float>(), y.data<float>());
         return;
       }
     }
