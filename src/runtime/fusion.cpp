@@ -14,6 +14,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "autodiff/builder.h"
+#include "autodiff/gradient.h"
 #include "ir/graph.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -23,8 +25,8 @@ namespace onnxtrain::runtime {
 
 namespace {
 
-constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
-constexpr const char* kInternalDomain = "ai.onnxtrain";
+using autodiff::kInternalDomain;
+using autodiff::kTrainingDomain;
 
 bool one_element(const google::protobuf::RepeatedField<int64_t>& dims) {
   for (int64_t d : dims) {
@@ -589,7 +591,7 @@ int fuse_transpose_matmul(onnx::GraphProto& graph) {
       Fold f{i, {-1, -1}};
       for (int k = 0; k < 2; ++k) {
         const onnx::NodeProto* t = m.producer(node.input(k));
-        if (t && swaps_last_two_dims(*t) && m.sole_reader(node.input(k)) == i && node.input(0) != node.input(1)) {
+        if (t && swaps_last_two_dims(*t) && m.sole_reader(node.input(k)) == i) {  // A = B has two readers
           f.transposes[k] = m.producer_index(node.input(k));
         }
       }
@@ -606,10 +608,7 @@ int fuse_transpose_matmul(onnx::GraphProto& graph) {
     for (int k = 0; k < 2; ++k) {
       if (f.transposes[k] < 0) continue;
       node.set_input(k, graph.node(f.transposes[k]).input(0));
-      auto* attr = node.add_attribute();
-      attr->set_name(k == 0 ? "transA" : "transB");
-      attr->set_type(onnx::AttributeProto::INT);
-      attr->set_i(1);
+      *node.add_attribute() = autodiff::attr_int(k == 0 ? "transA" : "transB", 1);
       drop[static_cast<size_t>(f.transposes[k])] = true;
       ++removed;
     }
@@ -883,17 +882,15 @@ onnx::NodeProto channels_transpose(const std::string& name, const std::string& f
   t.set_op_type("Transpose");
   t.add_input(from);
   t.add_output(to);
-  auto* perm = t.add_attribute();
-  perm->set_name("perm");
-  perm->set_type(onnx::AttributeProto::INTS);
-  perm->add_ints(0);
+  std::vector<int64_t> perm{0};
   if (to_channels_last) {
-    for (int d = 2; d < rank; ++d) perm->add_ints(d);
-    perm->add_ints(1);
+    for (int d = 2; d < rank; ++d) perm.push_back(d);
+    perm.push_back(1);
   } else {
-    perm->add_ints(rank - 1);
-    for (int d = 1; d < rank - 1; ++d) perm->add_ints(d);
+    perm.push_back(rank - 1);
+    for (int d = 1; d < rank - 1; ++d) perm.push_back(d);
   }
+  *t.add_attribute() = autodiff::attr_ints("perm", perm);
   return t;
 }
 }  // namespace

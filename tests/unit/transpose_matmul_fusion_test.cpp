@@ -30,10 +30,7 @@ onnx::NodeProto* node(onnx::GraphProto& g, const std::string& op, std::vector<st
 }
 
 void transpose(onnx::GraphProto& g, const std::string& in, const std::string& out, std::vector<int64_t> perm) {
-  auto* a = node(g, "Transpose", {in}, out)->add_attribute();
-  a->set_name("perm");
-  a->set_type(onnx::AttributeProto::INTS);
-  for (int64_t p : perm) a->add_ints(p);
+  *node(g, "Transpose", {in}, out)->add_attribute() = testing::attr("perm", perm);
 }
 
 std::vector<int64_t> swap_last2(size_t rank) {
