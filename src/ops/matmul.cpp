@@ -8,6 +8,10 @@
 // broadcast to [M, N]. Opsets before 7 have a `broadcast` attribute; C broadcasts the same way
 // whatever its value. beta == 0 ignores C (as BLAS does).
 //
+// ai.onnxtrain.MatMulTransposed (runtime/fusion.h fuse_transpose_matmul) is MatMul of A' and B',
+// A' = A with its last two dims swapped when transA = 1 (B' likewise; an operand so flagged
+// must have rank >= 2, else an Error naming it).
+//
 // float32 runs through oneDNN: a 2-D product A' B' with B' = B^T and A' = A through its matmul
 // primitive, made once per input shape and cached in the kernel, every other 2-D product through
 // its sgemm, and batched MatMul through the matmul primitive (see use_sgemm); float16/bfloat16
@@ -155,8 +159,10 @@ class MatMulKernel final : public Kernel {
   // Y = A' B' with A' = A^T (last two dims) when ta, B' likewise; ta and tb only for float32
   // operands of rank >= 2.
   void product(KernelContext& ctx, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+    // Errors show the shapes the product reads, so a transposed operand is named as such.
     const MatMulShape s = matmul_shape(ta ? swapped_last2(a.shape()) : a.shape(), tb ? swapped_last2(b.shape()) : b.shape(),
-                                       ctx.input_name(0), ctx.input_name(1));
+                                       ctx.input_name(0) + (trans_a_ ? " transposed" : ""),
+                                       ctx.input_name(1) + (trans_b_ ? " transposed" : ""));
     visit_dtype<NumericTypes>(a.dtype(), "MatMul input " + ctx.input_name(0), [&]<class T>() {
       if constexpr (is_half_v<T>) {
         Tensor y(DataType::Float32, s.out);

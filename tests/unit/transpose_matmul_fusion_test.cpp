@@ -146,6 +146,13 @@ TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
   });
   EXPECT_NE(message.find("input 'a'"), std::string::npos) << message;
   EXPECT_NE(message.find("transA = 1 needs rank >= 2"), std::string::npos) << message;
+  // Inner dims that differ: the message shows the shape the product reads and says it is transposed.
+  const std::string mismatch = testing::error_of([&] {
+    session.run({{"a", testing::random_f64(Shape{2, 4, 3}, 1).cast(DataType::Float32)},
+                 {"b", testing::random_f64(Shape{2, 5, 2}, 2).cast(DataType::Float32)}});
+  });
+  EXPECT_NE(mismatch.find("node 'y'"), std::string::npos) << mismatch;
+  EXPECT_NE(mismatch.find("'a' transposed [2,3,4]"), std::string::npos) << mismatch;
 }
 
 }  // namespace
