@@ -1,145 +1,83 @@
-// The array functions of core/vector_math.h: range reduction and polynomials on Floats<8>, every
-// branch computed in every lane and the result selected by masks. NaN survives every step
-// because each clamp and selection is written as `compare ? constant : x`, false for NaN.
+// The array functions of core/vector_math.h: the 8-lane variant (vector_math_lanes.inl with
+// kW = 8, compiled like the rest of the project), the 16-lane variant where the build has
+// vector_math_avx512.cpp (ONNXTRAIN_VMATH_AVX512), and the choice between them.
 #include "core/vector_math.h"
 
-#include <algorithm>
-#include <bit>
+#include <atomic>
 #include <cstddef>
-
-#include "core/simd.h"
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace onnxtrain::vmath {
 
-// Vectors cross only the inlined helpers and lambdas of this file, never a real call. (For the
-// whole file: GCC reports these at the end of the translation unit, past any pop.)
+// Vectors cross only the inlined helpers and lambdas of the lane code, never a real call. (For
+// the whole file: GCC reports these at the end of the translation unit, past any pop.)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace {
-
 constexpr int kW = 8;
-using V = simd::Floats<kW>;
-typedef uint32_t U __attribute__((vector_size(4 * kW)));
+#include "core/vector_math_lanes.inl"
+}  // namespace
 
-inline V splat(float v) { return V{} + v; }
-inline V abs_of(V x) { return std::bit_cast<V>(std::bit_cast<U>(x) & 0x7fffffffu); }
-// |y| with the sign bit of x (y must be >= 0 or NaN).
-inline V with_sign_of(V x, V y) {
-  return std::bit_cast<V>(std::bit_cast<U>(y) | (std::bit_cast<U>(x) & 0x80000000u));
+#if defined(ONNXTRAIN_VMATH_AVX512)
+// vector_math_avx512.cpp (compiled for x86-64-v4): only ever called when avx512_runs().
+namespace avx512 {
+void exp(const float* x, float* y, int64_t n);
+void sigmoid(const float* x, float* y, int64_t n);
+void tanh(const float* x, float* y, int64_t n);
+void erf(const float* x, float* y, int64_t n);
+}  // namespace avx512
+#endif
+
+namespace {
+
+// Whether this CPU runs what x86-64-v4 code may use (AVX-512 F, BW, CD, DQ and VL).
+bool avx512_runs() {
+#if defined(ONNXTRAIN_VMATH_AVX512)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
 }
 
-// c[0] t^(N-1) + c[1] t^(N-2) + ... + c[N-1], by Horner's rule.
-template <size_t N>
-inline V horner(V t, const float (&c)[N]) {
-  V p = splat(c[0]);
-  for (size_t i = 1; i < N; ++i) p = p * t + c[i];
-  return p;
-}
-
-// 1.5 * 2^23: adding it to a float of magnitude below 2^22 rounds that float to an integer k and
-// leaves k + bits(kShift) in the sum's bit pattern.
-constexpr float kShift = 12582912.0f;
-
-// 2^k for integer-valued k in [-126, 127] (k is NaN only where the caller's result is NaN
-// anyway): k + 127 lands in the low bits of k + 127 + kShift, and shifting left by 23 drops
-// kShift's bits (all at positions >= 22) and makes k + 127 the exponent field.
-inline V pow2(V k) {
-  return std::bit_cast<V>(std::bit_cast<U>(k + (kShift + 127.0f)) << 23);
-}
-
-// e^x in every lane, to within 1 ulp (see vector_math.h).
-inline V exp_lanes(V x) {
-  // Beyond these e^x is inf (e^89 > FLT_MAX) or rounds to 0 (e^-104 < 2^-150); clamping keeps
-  // n below in [-150, 128] so that 2^n splits into two normal powers.
-  x = x > 89.0f ? splat(89.0f) : x;
-  x = x < -104.0f ? splat(-104.0f) : x;
-  // x = n ln2 + r, n = round(x / ln2), |r| <= ln2 / 2 (plus rounding); ln2 in two parts (Cody and
-  // Waite): the high part 0.693359375 has 9 significant bits, so n * it is exact (Cephes expf's
-  // C1 and C2).
-  const V n = (x * 1.44269504088896341f + kShift) - kShift;
-  const V r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  // e^r = 1 + r + r^2 P(r): Cephes expf's minimax coefficients (Stephen L. Moshier, Cephes Math
-  // Library, expf.c).
-  static constexpr float kP[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                                 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-  const V er = horner(r, kP) * (r * r) + r + 1.0f;
-  // e^x = e^r * 2^n1 * 2^n2 with n1 + n2 = n: the first product is exact, the second rounds once,
-  // also into the subnormals or to inf.
-  const V n1 = (n * 0.5f + kShift) - kShift;
-  return er * pow2(n1) * pow2(n - n1);
-}
-
-inline V sigmoid_lanes(V x) {
-  // e = e^-|x| <= 1 never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) = e^x / (1 + e^x)
-  // for x < 0, which stays accurate where the result is subnormal.
-  const V e = exp_lanes(-abs_of(x));
-  return (x >= 0.0f ? splat(1.0f) : e) / (1.0f + e);
-}
-
-inline V tanh_lanes(V x) {
-  const V a = abs_of(x);
-  // |x| < 0.625: tanh(a) = a + a^3 P(a^2), Cephes tanhf's coefficients (Moshier, tanhf.c).
-  static constexpr float kP[] = {-5.70498872745e-3f, 2.06390887954e-2f, -5.37397155531e-2f,
-                                 1.33314422036e-1f, -3.33332819422e-1f};
-  const V s = a * a;
-  const V small = horner(s, kP) * s * a + a;
-  // Otherwise tanh(a) = 1 - q, q = 2 / (e^2a + 1) <= 0.45: q's error of about an ulp of its
-  // own binade is at most half an ulp of the result's. e^2a = inf for large a gives exactly 1.
-  const V large = 1.0f - 2.0f / (exp_lanes(a + a) + 1.0f);
-  return with_sign_of(x, a < 0.625f ? small : large);
-}
-
-inline V erf_lanes(V x) {
-  // erf(a) rounds to 1 for a >= 3.92 (erfc(3.92) < 2^-25), so a is clamped to 4 (NaN stays).
-  V a = abs_of(x);
-  a = a > 4.0f ? splat(4.0f) : a;
-  const V s = a * a;
-  // a < 1: erf(a) = a + a Q(a^2), Q + 1 of degree 6 fitted to erf(a)/a on [0, 1] by iteratively
-  // reweighted least squares in float64 toward the minimax relative error (fit error 1.2e-9).
-  // Adding a last keeps a exact: the rounding errors of a Q, |Q| <= 0.16, shrink with it.
-  static constexpr float kQ[] = {7.85407756e-05f, -8.01025773e-04f, 5.18833473e-03f,
-                                 -2.68538147e-02f, 1.12835854e-01f,  -3.76126260e-01f,
-                                 1.28379166e-01f};
-  const V small = a * horner(s, kQ) + a;
-  // 1 <= a <= 4: erf(a) = 1 - e^(-a^2) R(a), R = erfc(a) e^(a^2) (the scaled complementary
-  // error function, smooth and entire), fitted the same way by a degree-11 polynomial in
-  // t = (2a - 5) / 3 on [1, 4] (relative fit error 2.8e-8). e^(-a^2) R(a) <= 0.16, so the
-  // subtraction adds at most 0.16 of its relative error.
-  static constexpr float kR[] = {-3.43548891e-05f, 9.59827739e-05f, -1.50963577e-04f,
-                                 3.68914509e-04f,  -1.01018057e-03f, 2.42497958e-03f,
-                                 -5.57032507e-03f, 1.24843549e-02f,  -2.70052012e-02f,
-                                 5.61109185e-02f,  -1.11521028e-01f, 2.10806355e-01f};
-  const V t = a * (2.0f / 3.0f) - 5.0f / 3.0f;
-  const V large = 1.0f - exp_lanes(-s) * horner(t, kR);
-  return with_sign_of(x, a < 1.0f ? small : large);
-}
-
-// y[i] = f(x[i]) kW lanes at a time; the last n % kW elements through a zero-padded buffer, so
-// that in-place calls never read an element already written.
-template <class F>
-inline void apply(const float* x, float* y, int64_t n, F f) {
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) simd::store<kW>(y + i, f(simd::load<kW>(x + i)));
-  if (i == n) return;
-  float buffer[kW] = {};
-  std::copy(x + i, x + n, buffer);
-  simd::store<kW>(buffer, f(simd::load<kW>(buffer)));
-  std::copy(buffer, buffer + (n - i), y + i);
+std::atomic<int>& active() {
+  static std::atomic<int> lanes{avx512_runs() ? 16 : 8};
+  return lanes;
 }
 
 }  // namespace
 
-void exp(const float* x, float* y, int64_t n) {
-  apply(x, y, n, [](V v) { return exp_lanes(v); });
+int lanes() { return active().load(std::memory_order_relaxed); }
+
+std::vector<int> available_lanes() {
+  if (avx512_runs()) return {8, 16};
+  return {8};
 }
-void sigmoid(const float* x, float* y, int64_t n) {
-  apply(x, y, n, [](V v) { return sigmoid_lanes(v); });
+
+void set_lanes(int lanes) {
+  if (lanes != 8 && !(lanes == 16 && avx512_runs())) {
+    throw std::invalid_argument("vmath::set_lanes(" + std::to_string(lanes) +
+                                "): this build and CPU run 8 lanes" + (avx512_runs() ? " or 16" : ""));
+  }
+  active().store(lanes, std::memory_order_relaxed);
 }
-void tanh(const float* x, float* y, int64_t n) {
-  apply(x, y, n, [](V v) { return tanh_lanes(v); });
-}
-void erf(const float* x, float* y, int64_t n) {
-  apply(x, y, n, [](V v) { return erf_lanes(v); });
-}
+
+#if defined(ONNXTRAIN_VMATH_AVX512)
+#define ONNXTRAIN_VMATH_DISPATCH(f) \
+  if (lanes() == 16) return avx512::f(x, y, n); \
+  f##_n(x, y, n)
+#else
+#define ONNXTRAIN_VMATH_DISPATCH(f) f##_n(x, y, n)
+#endif
+
+void exp(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(exp); }
+void sigmoid(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(sigmoid); }
+void tanh(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(tanh); }
+void erf(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(erf); }
+
+#undef ONNXTRAIN_VMATH_DISPATCH
 
 }  // namespace onnxtrain::vmath
