@@ -19,6 +19,7 @@
 // (integers wrap on overflow, as in numpy).
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 
 #include "core/dispatch.h"
@@ -103,8 +104,9 @@ void execute(MatMulEntry& entry, const float* a, const float* b, float* y) {
 // plain reads of B. Measured alone on this project's two EPYC cores (2 threads): 1.13 ms
 // against 1.23 for sgemm after the bias fill at [4096, 256] x [256, 256] (BERT's projections),
 // 4.63 against 5.20 at N = 1024, 218 against 245 us at the MLP's 128 x 784 x 512 (transB); the
-// MLP's forward pass at batch 128 on one thread 713 against 773 us. One kept copy of B per
-// cached shape of A (the primitive may want another layout for another row count).
+// MLP's forward pass at batch 128 on one thread 713 against 773 us. The primitives of all row
+// counts share one kept copy of B per layout they ask for (oneDNN 2.6 asked for the same layout
+// at every row count tried, 2 to 4096), so a session meeting many batch sizes keeps one copy.
 class ConstantWeightsProduct {
  public:
   // Whether oneDNN planned the problem; false leaves Y untouched for the caller's own path.
@@ -115,12 +117,13 @@ class ConstantWeightsProduct {
     if (!e.planned) return false;
     dnnl::stream& stream = du::cpu_stream();
     du::checked("run a matmul on constant weights", [&] {
-      if (e.packed_from != b) {  // first run (or B moved): reorder it into the kept copy
-        e.packed_from = nullptr;
+      Packed& packed = *e.packed;
+      if (packed.from != b) {  // first run (or B moved): reorder it into the kept copy
+        packed.from = nullptr;
         e.b.set_data_handle(const_cast<float*>(b));
-        e.reorder.execute(stream, e.b, e.packed);
+        e.reorder.execute(stream, e.b, packed.memory);
         stream.wait();
-        e.packed_from = b;
+        packed.from = b;
       }
       e.src.set_data_handle(const_cast<float*>(a));
       e.dst.set_data_handle(y);
@@ -132,16 +135,22 @@ class ConstantWeightsProduct {
   }
 
  private:
+  // B in one layout a primitive asked for, and the B it was made from (nullptr: not yet made).
+  struct Packed {
+    dnnl::memory memory;
+    const float* from = nullptr;
+  };
+
   struct Entry {
     bool planned = false;
     dnnl::matmul primitive;
-    dnnl::memory src, b, packed, bias, dst;  // b: B as stored; packed: the kept copy
-    dnnl::reorder reorder;
-    const float* packed_from = nullptr;  // the B that `packed` holds
+    dnnl::memory src, b, bias, dst;  // b: B as stored
+    std::shared_ptr<Packed> packed;  // shared with the other entries asking for its layout
+    dnnl::reorder reorder;           // b -> packed->memory
     std::unordered_map<int, dnnl::memory> args;
   };
 
-  static Entry plan(int64_t M, int64_t K, int64_t N, bool b_transposed, bool has_bias) {
+  Entry plan(int64_t M, int64_t K, int64_t N, bool b_transposed, bool has_bias) {
     Entry e;
     const dnnl::engine& engine = du::cpu_engine();
     const auto src = du::plain_f32({M, K}), dst = du::plain_f32({M, N}), bias = du::plain_f32({1, N});
@@ -159,9 +168,15 @@ class ConstantWeightsProduct {
       e.src = dnnl::memory(src, engine, nullptr);
       e.dst = dnnl::memory(dst, engine, nullptr);
       e.b = dnnl::memory(b, engine, nullptr);
-      e.packed = dnnl::memory(pd.weights_desc(), engine);  // owned
-      e.reorder = dnnl::reorder(e.b, e.packed);
-      e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.packed}, {DNNL_ARG_DST, e.dst}};
+      for (const auto& p : packed_) {
+        if (p->memory.get_desc() == pd.weights_desc()) e.packed = p;
+      }
+      if (!e.packed) {
+        e.packed = packed_.emplace_back(std::make_shared<Packed>());
+        e.packed->memory = dnnl::memory(pd.weights_desc(), engine);  // owned
+      }
+      e.reorder = dnnl::reorder(e.b, e.packed->memory);
+      e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.packed->memory}, {DNNL_ARG_DST, e.dst}};
       if (has_bias) {
         e.bias = dnnl::memory(bias, engine, nullptr);
         e.args[DNNL_ARG_BIAS] = e.bias;
@@ -172,6 +187,7 @@ class ConstantWeightsProduct {
   }
 
   du::PrimitiveCache<Entry> cache_;
+  std::vector<std::shared_ptr<Packed>> packed_;  // every layout asked for so far
 };
 
 Shape concat(const Shape& a, std::initializer_list<int64_t> tail) {
