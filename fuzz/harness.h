@@ -80,16 +80,18 @@ void expect_error_or_success(Read&& read) {
 inline volatile unsigned checksum = 0;
 
 // Aborts unless a tensor a reader returned holds all its elements: a shape whose element count
-// and byte size overflow no int64, and that many bytes (or strings) readable behind raw_data()
-// (every one is read, so ASan reports storage that is too short).
+// overflows no int64 at any dim (Shape::numel() multiplies the dims in order, so a product
+// overflowing before a zero dim is undefined behaviour there), a byte size (that count times the
+// element size) that overflows no int64, and that many bytes (or strings) readable behind
+// raw_data() (every one is read, so ASan reports storage that is too short).
 inline void check_tensor(const Tensor& t) {
   if (!t.defined()) return;
-  int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype()));
-  for (const int64_t d : t.shape()) {
-    if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) {
-      std::fprintf(stderr, "check_tensor: a reader returned the shape %s\n", t.shape().to_string().c_str());
-      std::abort();
-    }
+  int64_t elements = 1, bytes = 0;
+  bool fits = true;
+  for (const int64_t d : t.shape()) fits = fits && d >= 0 && !__builtin_mul_overflow(elements, d, &elements);
+  if (!fits || __builtin_mul_overflow(elements, static_cast<int64_t>(dtype_size(t.dtype())), &bytes)) {
+    std::fprintf(stderr, "check_tensor: a reader returned the shape %s\n", t.shape().to_string().c_str());
+    std::abort();
   }
   unsigned sum = 0;
   if (t.dtype() == DataType::String) {
