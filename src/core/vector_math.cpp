@@ -32,12 +32,14 @@ void erf(const float* x, float* y, int64_t n);
 
 namespace {
 
-// Whether this CPU runs what x86-64-v4 code may use (AVX-512 F, BW, CD, DQ and VL).
+// Whether this build has the 16-lane variant and this CPU runs what x86-64-v4 code may use
+// (AVX-512 F, BW, CD, DQ and VL); asked once.
 bool avx512_runs() {
 #if defined(ONNXTRAIN_VMATH_AVX512)
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl");
+  static const bool runs = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vl");
+  return runs;
 #else
   return false;
 #endif

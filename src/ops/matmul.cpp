@@ -120,8 +120,8 @@ class ConstantWeightsProduct {
       Packed& packed = *e.packed;
       if (packed.from != b) {  // first run (or B moved): reorder it into the kept copy
         packed.from = nullptr;
-        e.b.set_data_handle(const_cast<float*>(b));
-        e.reorder.execute(stream, e.b, packed.memory);
+        packed.source.set_data_handle(const_cast<float*>(b));
+        packed.reorder.execute(stream, packed.source, packed.memory);
         stream.wait();
         packed.from = b;
       }
@@ -135,18 +135,19 @@ class ConstantWeightsProduct {
   }
 
  private:
-  // B in one layout a primitive asked for, and the B it was made from (nullptr: not yet made).
+  // B in one layout a primitive asked for (`memory`, owned), the reorder that makes it from B as
+  // stored (`source`, bound per reorder), and the B it was made from (nullptr: not yet made).
   struct Packed {
-    dnnl::memory memory;
+    dnnl::memory source, memory;
+    dnnl::reorder reorder;
     const float* from = nullptr;
   };
 
   struct Entry {
     bool planned = false;
     dnnl::matmul primitive;
-    dnnl::memory src, b, bias, dst;  // b: B as stored
+    dnnl::memory src, bias, dst;
     std::shared_ptr<Packed> packed;  // shared with the other entries asking for its layout
-    dnnl::reorder reorder;           // b -> packed->memory
     std::unordered_map<int, dnnl::memory> args;
   };
 
@@ -167,15 +168,15 @@ class ConstantWeightsProduct {
       e.primitive = dnnl::matmul(pd);
       e.src = dnnl::memory(src, engine, nullptr);
       e.dst = dnnl::memory(dst, engine, nullptr);
-      e.b = dnnl::memory(b, engine, nullptr);
       for (const auto& p : packed_) {
-        if (p->memory.get_desc() == pd.weights_desc()) e.packed = p;
+        if (p->source.get_desc() == b && p->memory.get_desc() == pd.weights_desc()) e.packed = p;
       }
       if (!e.packed) {
-        e.packed = packed_.emplace_back(std::make_shared<Packed>());
-        e.packed->memory = dnnl::memory(pd.weights_desc(), engine);  // owned
+        Packed& p = *(e.packed = packed_.emplace_back(std::make_shared<Packed>()));
+        p.source = dnnl::memory(b, engine, nullptr);
+        p.memory = dnnl::memory(pd.weights_desc(), engine);
+        p.reorder = dnnl::reorder(p.source, p.memory);
       }
-      e.reorder = dnnl::reorder(e.b, e.packed->memory);
       e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.packed->memory}, {DNNL_ARG_DST, e.dst}};
       if (has_bias) {
         e.bias = dnnl::memory(bias, engine, nullptr);
@@ -285,7 +286,7 @@ class MatMulKernel final : public Kernel {
       }
       if (s.batch.numel() == 1 || (s.b_batch.numel() == 1 && !ta)) {
         // one 2-D product, A's batch folded into its rows (use_sgemm)
-        sgemm(ta, tb, s.batch.numel() * s.M, s.N, s.K, 1.0f, a.data<float>(), b.data<float>(), 0.0f, y.data<float>());
+        sgemm(ta, tb, rows, s.N, s.K, 1.0f, a.data<float>(), b.data<float>(), 0.0f, y.data<float>());
         return;
       }
       MatMulEntry& entry =
