@@ -14,7 +14,9 @@
 // float32 with 1 to 3 spatial dims runs through oneDNN (convolution_forward /
 // deconvolution_forward, plain layouts, oneDNN dilation = ONNX dilation - 1), one primitive per
 // input shape, cached in the kernel; float16/bfloat16 are converted to float32 and back;
-// float64 and other ranks use the im2col reference of conv_ref.h.
+// float64 and other ranks use the im2col reference of conv_ref.h. A Conv on weights fed at
+// every run whose outer kernel taps read only padding convolves over the others
+// (conv_geometry.h crop_unreached_taps).
 //
 // ai.onnxtrain.FusedConv (made by runtime/fusion.h, never saved) is a Conv followed by Relu
 // (attribute activation = "Relu") and/or MaxPool without Indices (MaxPool's attributes as
@@ -262,6 +264,81 @@ void copy_conv_block(const ConvGeometry& g, const DnnlConvDims& d, const float* 
       }
     }
   }
+}
+
+std::optional<TapCrop> crop_unreached_taps(const ConvGeometry& g) {
+  TapCrop crop{g, std::vector<int64_t>(g.rank(), 0)};
+  bool cropped = false;
+  for (size_t i = 0; i < g.rank(); ++i) {
+    const int64_t k = g.kernel[i], s = g.stride[i], d = g.dilation[i], p = g.pad_begin[i];
+    // Tap t reaches the input when some output o in [0, out) has o * s in [p - t d, p - t d + in).
+    const auto reached = [&](int64_t t) {
+      const int64_t lo = p - t * d, hi = lo + g.in[i] - 1;
+      const int64_t o = lo <= 0 ? 0 : (lo + s - 1) / s;  // the first output at or after lo
+      return o < g.out[i] && o * s <= hi;
+    };
+    int64_t first = 0, end = k;
+    while (first < k && !reached(first)) ++first;
+    if (first == k) return std::nullopt;  // no tap reaches the input
+    while (!reached(end - 1)) --end;
+    const int64_t pad_begin = p - first * d, pad_end = g.pad_end[i] - (k - end) * d;
+    if (pad_begin < 0 || pad_end < 0) return std::nullopt;
+    cropped = cropped || first > 0 || end < k;
+    crop.first[i] = first;
+    crop.geometry.kernel[i] = end - first;
+    crop.geometry.pad_begin[i] = pad_begin;
+    crop.geometry.pad_end[i] = pad_end;
+  }
+  if (!cropped) return std::nullopt;
+  return crop;
+}
+
+namespace {
+
+// The offsets in one [kernel...] block of W of the taps `crop` keeps, in the cropped block's
+// row-major order.
+std::vector<int64_t> kept_tap_offsets(const ConvGeometry& g, const TapCrop& crop) {
+  const ConvGeometry& c = crop.geometry;
+  const size_t nd = g.rank();
+  std::vector<int64_t> offsets(static_cast<size_t>(c.kernel_size()));
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t& offset : offsets) {
+    offset = 0;
+    for (size_t i = 0; i < nd; ++i) offset = offset * g.kernel[i] + crop.first[i] + idx[i];
+    for (size_t i = nd; i-- > 0;) {
+      if (++idx[i] < c.kernel[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return offsets;
+}
+
+// f(full, cropped) for each [kernel...] block of W, in parallel: `full` its first element's
+// index in W, `cropped` in the cropped W, offsets = kept_tap_offsets.
+template <class F>
+void for_each_weight_block(const ConvGeometry& g, const std::vector<int64_t>& offsets, F f) {
+  const int64_t k = g.kernel_size(), kept = static_cast<int64_t>(offsets.size());
+  parallel_for(g.M * (g.C / g.G), std::max<int64_t>(1, kParallelGrain / k), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) f(b * k, b * kept);
+  });
+}
+
+}  // namespace
+
+void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, float* wc) {
+  const std::vector<int64_t> offsets = kept_tap_offsets(g, crop);
+  for_each_weight_block(g, offsets, [&](int64_t full, int64_t cropped) {
+    for (size_t j = 0; j < offsets.size(); ++j) wc[cropped + static_cast<int64_t>(j)] = w[full + offsets[j]];
+  });
+}
+
+void scatter_taps(const ConvGeometry& g, const TapCrop& crop, const float* dwc, float* dw) {
+  const std::vector<int64_t> offsets = kept_tap_offsets(g, crop);
+  const int64_t k = g.kernel_size();
+  for_each_weight_block(g, offsets, [&](int64_t full, int64_t cropped) {
+    std::fill(dw + full, dw + full + k, 0.0f);
+    for (size_t j = 0; j < offsets.size(); ++j) dw[full + offsets[j]] = dwc[cropped + static_cast<int64_t>(j)];
+  });
 }
 
 namespace {
@@ -712,9 +789,10 @@ class ConvKernel final : public Kernel {
     }
     if constexpr (std::is_same_v<T, float>) {
       if (g.rank() <= 3) {
-        ConvEntry& e = plain_entry(g, x, w, bias != nullptr);
+        const DnnlView v = dnnl_view(g, w);
+        ConvEntry& e = plain_entry(v.g, x, w, bias != nullptr);
         if (!e.use_reference) {
-          execute(e, g, x.data<float>(), w.data<float>(), bias, y, weights_constant_);
+          execute(e, v.g, x.data<float>(), v.weights(w), bias, y, weights_constant_);
           return;
         }
       }
@@ -732,10 +810,11 @@ class ConvKernel final : public Kernel {
   // Returns false, having done nothing, for any other layout or path.
   bool convolve_relu(const ConvGeometry& g, const Tensor& x, const Tensor& w, const float* bias, float* y) {
     if (g.rank() > 3 || attrs_.transpose || x.numel() == 0 || w.numel() == 0) return false;
-    ConvEntry& e = plain_entry(g, x, w, bias != nullptr);
+    const DnnlView v = dnnl_view(g, w);
+    ConvEntry& e = plain_entry(v.g, x, w, bias != nullptr);
     const int64_t block = e.dst_channel_block;
     if (e.use_reference || e.dims.embed || block == 0) return false;
-    execute(e, g, x.data<float>(), w.data<float>(), bias, y, weights_constant_, false);
+    execute(e, v.g, x.data<float>(), v.weights(w), bias, y, weights_constant_, false);
     const auto* in = static_cast<const float*>(e.dst.arg().get_data_handle());
     const int64_t size = g.out_size(), blocks = (g.M + block - 1) / block;
     // Task (n, channel block): `block` channel planes, read interleaved, written one by one.
@@ -753,7 +832,31 @@ class ConvKernel final : public Kernel {
     return true;
   }
 
-  // The plain-output entry for these shapes (made on first use).
+  // What the plain-output oneDNN path convolves: the node's geometry and w, or, for weights fed
+  // at every run (a training step's variables), the taps that reach the input
+  // (crop_unreached_taps) gathered into a smaller W. Constant weights keep their kept copy in
+  // oneDNN's layout, made once, so cropping them would save nothing per run.
+  struct DnnlView {
+    ConvGeometry g;
+    Tensor cropped;  // defined when cropped: the taps of w that g keeps
+    const float* weights(const Tensor& w) const { return cropped.defined() ? cropped.data<float>() : w.data<float>(); }
+  };
+  DnnlView dnnl_view(const ConvGeometry& g, const Tensor& w) const {
+    if (!weights_constant_ && !attrs_.transpose) {
+      if (std::optional<TapCrop> crop = crop_unreached_taps(g)) {
+        const ConvGeometry& c = crop->geometry;
+        Shape shape{c.M, c.C / c.G};
+        for (int64_t k : c.kernel) shape.push_back(k);
+        Tensor cropped(DataType::Float32, shape);
+        gather_taps(g, *crop, w.data<float>(), cropped.data<float>());
+        return {c, std::move(cropped)};
+      }
+    }
+    return {g, Tensor()};
+  }
+
+  // The plain-output entry for these shapes (made on first use): g is the geometry oneDNN runs
+  // (dnnl_view's), which the shapes of x and w determine.
   ConvEntry& plain_entry(const ConvGeometry& g, const Tensor& x, const Tensor& w, bool has_bias) {
     return cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(0),
                       [&] { return plan(g, attrs_.transpose, has_bias, weights_constant_); });

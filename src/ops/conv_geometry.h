@@ -67,4 +67,37 @@ dnnl::memory::desc conv_weights_desc(const ConvGeometry& g, bool transpose);
 void copy_conv_block(const ConvGeometry& g, const DnnlConvDims& d, const float* from, float* to,
                      bool into_y);
 
+// ---------------------------------------------------------------------------------------------
+// Kernel taps that read only padding
+//
+// Along a spatial dim, tap t of a Conv reads input position o * stride - pad_begin + t * dilation
+// for the outputs o in [0, out). A tap for which no output lands inside [0, in) multiplies only
+// padding: it adds nothing to Y or dX, and its weights' gradient is 0. On maps smaller than the
+// kernel's reach most taps are such (a 3x3 kernel with pads 1 on a 1x1 map reads only its
+// centre), and the convolution over the taps that remain is the same one with a smaller kernel:
+// kernel t1 - t0, pad_begin - t0 * dilation, pad_end - (kernel - t1) * dilation, the same
+// output. oneDNN skips padded taps in its arithmetic but not in the reorders of the weights to
+// and from its layouts, which cost more than such a convolution itself (ResNet-18 at 32x32,
+// batch 32, two cores, DNNL_VERBOSE: the three reorders of a layer-4 convolution's 512x512x3x3
+// weights took 1.9 ms of a training step, its forward and backward primitives 1.3 ms). The
+// Conv kernel crops for weights fed at every run, ConvGrad always (conv.cpp, conv_grad.cpp).
+
+struct TapCrop {
+  ConvGeometry geometry;       // the same convolution over taps [first, first + kernel) of each dim
+  std::vector<int64_t> first;  // per spatial dim, the first tap that reaches the input
+};
+
+// The crop of a Conv (not ConvTranspose) geometry to the outermost taps that reach the input,
+// or nullopt when there is nothing to crop: every tap reaches the input, none does (the output
+// is the bias alone), or the cropped padding would be negative (possible with dilation > 1).
+// Taps between two that reach the input stay, reached or not.
+std::optional<TapCrop> crop_unreached_taps(const ConvGeometry& g);
+
+// wc [M, C/G, cropped kernel...] = the taps of w [M, C/G, kernel...] that `crop` keeps.
+void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, float* wc);
+
+// dw [M, C/G, kernel...] = dwc [M, C/G, cropped kernel...] at the taps `crop` keeps, 0 at the
+// others (whose products were all with padding).
+void scatter_taps(const ConvGeometry& g, const TapCrop& crop, const float* dwc, float* dw);
+
 }  // namespace onnxtrain::ops

@@ -18,6 +18,8 @@
 // outputs, cached in the kernel; float16/bfloat16 are converted to float32 and back; float64,
 // other ranks and shapes oneDNN rejects use the reference loops below. dB comes from oneDNN's
 // backward-weights pass when dW is requested too (one pass over dY), else from a plain sum.
+// A Conv whose outer kernel taps read only padding runs over the others (conv_geometry.h
+// crop_unreached_taps): their W gathered for dX, their dW scattered into zeros.
 #include <algorithm>
 #include <unordered_map>
 
@@ -338,11 +340,33 @@ class ConvGradKernel final : public Kernel {
         du::CacheKey key;
         key.add(dy.shape()).add(x.shape()).add(w.shape()).add(dx != nullptr).add(dw != nullptr);
         key.add(db != nullptr);
+        // oneDNN runs over the taps that reach the input (conv_geometry.h crop_unreached_taps):
+        // W's taps gathered for dX, dW's scattered back with zeros at the others.
+        const std::optional<TapCrop> crop =
+            attrs_.transpose ? std::nullopt : crop_unreached_taps(g);
+        const ConvGeometry& run_g = crop ? crop->geometry : g;
         GradEntry& e = cache_.get(key, [&] {
-          return plan(g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
+          return plan(run_g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
         });
         if (!e.use_reference) {
-          execute(e, g, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db);
+          const float* w_run = w.data<float>();
+          float* dw_run = dw;
+          Tensor w_cropped, dw_cropped;
+          if (crop) {
+            Shape shape{run_g.M, run_g.C / run_g.G};
+            for (int64_t k : run_g.kernel) shape.push_back(k);
+            if (dx) {
+              w_cropped = Tensor(DataType::Float32, shape);
+              gather_taps(g, *crop, w_run, w_cropped.data<float>());
+              w_run = w_cropped.data<float>();
+            }
+            if (dw) {
+              dw_cropped = Tensor(DataType::Float32, shape);
+              dw_run = dw_cropped.data<float>();
+            }
+          }
+          execute(e, run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run, db);
+          if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
           if (db && !e.bias) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }

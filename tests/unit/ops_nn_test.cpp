@@ -10,6 +10,7 @@
 #include <random>
 
 #include "onnxtrain/error.h"
+#include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
 #include "runtime/fusion.h"
 #include "test_util.h"
@@ -585,6 +586,98 @@ TEST(ConvTest, OneAndThreeSpatialDimsFloat32MatchesFloat64) {
     const Tensor x = random(c.x, seed++), w = random(c.w, seed++), b = random({c.w[0]}, seed++);
     const Tensor want = run1("Conv", {x, w, b}, c.attrs);
     expect_both_paths("Conv", {x, w, b}, c.attrs, want);
+  }
+}
+
+// ConvGeometry of one spatial dim: in, kernel, stride, dilation, pads; out by the ONNX formula.
+ops::ConvGeometry geometry_1d(int64_t in, int64_t k, int64_t s, int64_t d, int64_t p0, int64_t p1) {
+  ops::ConvGeometry g;
+  g.N = 1;
+  g.C = g.M = 2;
+  g.in = {in};
+  g.kernel = {k};
+  g.stride = {s};
+  g.dilation = {d};
+  g.pad_begin = {p0};
+  g.pad_end = {p1};
+  g.out = {(in + p0 + p1 - ((k - 1) * d + 1)) / s + 1};
+  return g;
+}
+
+// Which taps crop_unreached_taps keeps, counted by hand from o * s - p0 + t * d in [0, in).
+TEST(ConvTest, TapsThatReadOnlyPaddingAreFoundByHand) {
+  struct Case {
+    const char* name;
+    ops::ConvGeometry g;
+    bool crops;
+    int64_t first, kernel, pad_begin, pad_end;
+  };
+  const Case cases[] = {
+      {"3 taps, pads 1, a 1-wide map: the centre", geometry_1d(1, 3, 1, 1, 1, 1), true, 1, 1, 0, 0},
+      {"stride 2 on a 2-wide map: o = 0 reads taps 1 and 2", geometry_1d(2, 3, 2, 1, 1, 1), true, 1, 2, 0, 1},
+      {"stride 1 on a 2-wide map: every tap", geometry_1d(2, 3, 1, 1, 1, 1), false, 0, 0, 0, 0},
+      {"stride 3: taps 1 and 4, 2 and 3 between them kept", geometry_1d(1, 5, 3, 1, 4, 4), true, 1, 4, 3, 4},
+      {"dilation 2: the centre", geometry_1d(1, 3, 1, 2, 2, 2), true, 1, 1, 0, 0},
+      {"end taps beyond the map", geometry_1d(3, 5, 1, 1, 0, 2), true, 0, 3, 0, 0},
+      {"dilation 3 would need pad_begin -1", geometry_1d(2, 2, 1, 3, 2, 0), false, 0, 0, 0, 0},
+      {"no tap reaches the map", geometry_1d(1, 1, 10, 1, 5, 5), false, 0, 0, 0, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::optional<ops::TapCrop> crop = ops::crop_unreached_taps(c.g);
+    ASSERT_EQ(crop.has_value(), c.crops);
+    if (!crop) continue;
+    EXPECT_EQ(crop->first, Ints{c.first});
+    EXPECT_EQ(crop->geometry.kernel, Ints{c.kernel});
+    EXPECT_EQ(crop->geometry.pad_begin, Ints{c.pad_begin});
+    EXPECT_EQ(crop->geometry.pad_end, Ints{c.pad_end});
+    EXPECT_EQ(crop->geometry.out, c.g.out);
+    // The cropped convolution has the same output length by the ONNX formula.
+    const ops::ConvGeometry& k = crop->geometry;
+    EXPECT_EQ((k.in[0] + k.pad_begin[0] + k.pad_end[0] - ((k.kernel[0] - 1) * k.dilation[0] + 1)) / k.stride[0] + 1,
+              c.g.out[0]);
+  }
+  // gather_taps / scatter_taps on a 2-D kernel: [2, 2, 3, 3] cropped to its centre row's right
+  // two taps and back.
+  ops::ConvGeometry g2;
+  g2.N = 1;
+  g2.C = g2.M = 2;
+  g2.in = g2.out = g2.kernel = {3, 3};
+  g2.stride = g2.dilation = {1, 1};
+  g2.pad_begin = g2.pad_end = {1, 1};
+  ops::TapCrop crop{g2, {1, 1}};
+  crop.geometry.kernel = {1, 2};
+  std::vector<float> w(36), wc(8), back(36, -1.0f);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  ops::gather_taps(g2, crop, w.data(), wc.data());
+  EXPECT_EQ(wc, (std::vector<float>{4, 5, 13, 14, 22, 23, 31, 32}));
+  ops::scatter_taps(g2, crop, wc.data(), back.data());
+  for (size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], i % 9 == 4 || i % 9 == 5 ? w[i] : 0.0f) << i;
+}
+
+// Convolutions whose outer taps read only padding run (fed weights, float32) over the other
+// taps (conv_geometry.h crop_unreached_taps); each against the float64 reference, which
+// convolves every tap.
+TEST(ConvTest, TapsThatReadOnlyPaddingAreCroppedAway) {
+  struct Case {
+    Shape x, w;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {{3, 20, 1, 1}, {24, 20, 3, 3}, {attr("pads", Ints{1, 1, 1, 1})}},
+      {{2, 17, 2, 2}, {33, 17, 3, 3}, {attr("pads", Ints{1, 1, 1, 1}), attr("strides", Ints{2, 2})}},
+      {{2, 6, 1, 3}, {4, 3, 3, 3}, {attr("pads", Ints{1, 1, 1, 1}), attr("group", int64_t{2})}},
+      {{1, 4, 1, 2}, {5, 4, 5, 5}, {attr("pads", Ints{4, 2, 4, 2}), attr("strides", Ints{3, 1})}},
+      {{2, 3, 1}, {4, 3, 3}, {attr("pads", Ints{2, 2}), attr("dilations", Ints{2})}},
+      {{1, 2, 1, 2, 3}, {3, 2, 3, 3, 3}, {attr("pads", Ints{1, 1, 1, 1, 1, 1})}},
+      {{2, 4, 2, 2}, {8, 4, 2, 2}, {attr("pads", Ints{2, 0, 0, 1}), attr("dilations", Ints{3, 1})}},
+  };
+  uint32_t seed = 700;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("X " + c.x.to_string() + " W " + c.w.to_string());
+    const Tensor x = random(c.x, seed++), w = random(c.w, seed++), b = random({c.w[0]}, seed++);
+    expect_both_paths("Conv", {x, w, b}, c.attrs, run1("Conv", {x, w, b}, c.attrs));
+    expect_both_paths("Conv", {x, w}, c.attrs, run1("Conv", {x, w}, c.attrs));
   }
 }
 
