@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/kernel.h"
 
 namespace onnxtrain::ops::batch_norm {
@@ -53,6 +54,60 @@ inline Tensor channel_tensor(DataType dtype, const std::vector<double>& values) 
     for (size_t i = 0; i < values.size(); ++i) t.data<T>()[i] = convert<T>(values[i]);
   });
   return t;
+}
+
+// ---- column by column: X as rows [batch, width = channels size], column j in channel j / size ----
+//
+// Summing channel by channel runs a vectorized loop over each plane of `size` elements: on
+// small planes (ResNet's late layers, 4x4 to 1x1; [N, C] input) its set-up costs more than its
+// work (BatchNormalization of [32, 512, 1, 1] took 0.13 ms, one of [32, 64, 16, 16] 0.07 ms).
+// Planes smaller than kColumnPlanes are summed column by column instead: each column over the
+// rows, vectorized across the columns, then the columns of each channel added.
+inline constexpr int64_t kColumnPlanes = 64;
+
+inline int64_t column_grain(const Layout& l) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, l.batch));
+}
+
+// Per channel, the sum of its columns.
+inline std::vector<double> add_columns(const std::vector<double>& columns, const Layout& l) {
+  std::vector<double> sums(static_cast<size_t>(l.channels), 0.0);
+  for (size_t j = 0; j < columns.size(); ++j) sums[j / static_cast<size_t>(l.size)] += columns[j];
+  return sums;
+}
+
+// A per-channel value repeated for each column of its channel.
+template <class V>
+std::vector<V> per_column(const Layout& l, auto value) {
+  std::vector<V> v(static_cast<size_t>(l.channels * l.size));
+  for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<V>(value(j / static_cast<size_t>(l.size)));
+  return v;
+}
+
+// Per channel c, the sum in double of x, or with `center`, of (x - center[c])^2, column by column.
+template <class T>
+std::vector<double> column_channel_sums(const T* x, const Layout& l, const std::vector<double>* center = nullptr) {
+  const int64_t width = l.channels * l.size;
+  std::vector<double> columns(static_cast<size_t>(width), 0.0);
+  const std::vector<double> m = center ? per_column<double>(l, [&](size_t c) { return (*center)[c]; }) : std::vector<double>();
+  parallel_for(width, column_grain(l), [&](int64_t begin, int64_t end) {
+    double* __restrict acc = columns.data();
+    for (int64_t n = 0; n < l.batch; ++n) {
+      const T* __restrict row = x + n * width;
+      if (center) {
+        const double* __restrict pm = m.data();
+#pragma omp simd
+        for (int64_t j = begin; j < end; ++j) {
+          const double d = convert<double>(row[j]) - pm[j];
+          acc[j] += d * d;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = begin; j < end; ++j) acc[j] += convert<double>(row[j]);
+      }
+    }
+  });
+  return add_columns(columns, l);
 }
 
 }  // namespace onnxtrain::ops::batch_norm

@@ -37,11 +37,7 @@ namespace {
 
 using namespace batch_norm;
 
-// Planes of at least this many elements are run channel by channel, smaller ones column by column.
-constexpr int64_t kColumnPlanes = 64;
-
 int64_t channel_grain(const Layout& l) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, l.batch * l.size)); }
-int64_t column_grain(const Layout& l) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, l.batch)); }
 
 // ---- channel by channel ----
 
@@ -156,36 +152,6 @@ void grad_local(GradPass<T>& p) {
 
 // ---- column by column: X as rows [N, width = C size], column j in channel j / size ----
 
-// Per channel, the sum of its columns.
-std::vector<double> add_columns(const std::vector<double>& columns, const Layout& l) {
-  std::vector<double> sums(static_cast<size_t>(l.channels), 0.0);
-  for (size_t j = 0; j < columns.size(); ++j) sums[j / static_cast<size_t>(l.size)] += columns[j];
-  return sums;
-}
-
-// A per-channel value repeated for each column of its channel.
-template <class V>
-std::vector<V> per_column(const Layout& l, auto value) {
-  std::vector<V> v(static_cast<size_t>(l.channels * l.size));
-  for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<V>(value(j / static_cast<size_t>(l.size)));
-  return v;
-}
-
-template <class T>
-std::vector<double> column_sums_of_x(const T* x, const Layout& l) {
-  const int64_t width = l.channels * l.size;
-  std::vector<double> columns(static_cast<size_t>(width), 0.0);
-  parallel_for(width, column_grain(l), [&](int64_t begin, int64_t end) {
-    double* __restrict acc = columns.data();
-    for (int64_t n = 0; n < l.batch; ++n) {
-      const T* __restrict row = x + n * width;
-#pragma omp simd
-      for (int64_t j = begin; j < end; ++j) acc[j] += convert<double>(row[j]);
-    }
-  });
-  return add_columns(columns, l);
-}
-
 template <class T>
 std::vector<GradSums> column_grad_sums(const T* x, const T* g, const Layout& l, const std::vector<double>& mean, bool squares) {
   const int64_t width = l.channels * l.size;
@@ -234,7 +200,7 @@ void column_dx(const T* x, const T* g, T* dx, const Layout& l, const std::vector
 
 template <class T>
 std::vector<double> sums_of_x(const T* x, const Layout& l) {
-  if (l.size < kColumnPlanes) return column_sums_of_x(x, l);
+  if (l.size < kColumnPlanes) return column_channel_sums(x, l);
   std::vector<double> sums(static_cast<size_t>(l.channels));
   parallel_for(l.channels, channel_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) sums[static_cast<size_t>(c)] = channel_sum(x, l, c);

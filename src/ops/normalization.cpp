@@ -10,6 +10,9 @@
 //   1-4 (mean, var: running; saved_mean, saved_var: current_mean, current_var) asked for;
 //   opset 14+ training_mode = 1, outputs running_mean, running_var (typed like input_mean;
 //   asking for them with training_mode = 0 is an error, as the spec calls them invalid).
+//   The batch statistics take two passes (the mean, then the squared deviations from it), over
+//   each channel's planes, or for planes smaller than batch_norm::kColumnPlanes column by column
+//   (batch_norm_channels.h).
 //   Deliberate limit: spatial = 0 (opset 1-8, per-activation statistics) is rejected; the spec
 //   itself deprecated it in opset 9 in favour of flattening X to [N, C * D1 * .. * Dn].
 // InstanceNormalization: per (n, c) plane, Y = (X - mean) / sqrt(var + epsilon) * scale[c] + B[c].
@@ -37,6 +40,7 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/batch_norm_channels.h"
 #include "ops/batch_norm_mode.h"
 #include "ops/factories.h"
 
@@ -164,6 +168,14 @@ void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
     current_var.resize(static_cast<size_t>(channels));
     visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
       const T* px = x.data<T>();
+      if (size < batch_norm::kColumnPlanes) {  // small planes: column by column, two passes
+        const batch_norm::Layout l{batch, channels, size};
+        current_mean = batch_norm::column_channel_sums(px, l);
+        for (double& m : current_mean) m /= l.count();
+        current_var = batch_norm::column_channel_sums(px, l, &current_mean);
+        for (double& v : current_var) v /= l.count();
+        return;
+      }
       parallel_for(channels, std::max<int64_t>(1, kParallelGrain / (batch * size)), [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
           const Moments m = moments(px + c * size, batch, channels * size, size);

@@ -3,6 +3,7 @@
 // (SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss): hand-computed values, the opset
 // variants the backend tests miss, Dropout's random mask, and error cases.
 #include <cmath>
+#include <span>
 #include <limits>
 #include <random>
 
@@ -139,6 +140,48 @@ TEST(BatchNorm, TrainingUsesBatchStatisticsAndUpdatesTheRunningOnes) {
   // A 1-D input of size N has one channel.
   expect_close(run("BatchNormalization", {f64({4}, {1, 2, 3, 6}), in[1], in[2], in[3], in[4]}, train, 15, 3)[0],
                f64({4}, {-2 * inv * 2 + 1, -1 * inv * 2 + 1, 1, 3 * inv * 2 + 1}));
+}
+
+// Batch statistics of many channels against a per-channel loop in double, on both sides of the
+// plane size below which they are summed column by column (batch_norm_channels.h kColumnPlanes:
+// 64), with values far from 0 (1000 + noise), where a one-pass variance would lose digits.
+TEST(BatchNorm, TrainingStatisticsOfSmallAndLargePlanes) {
+  for (const Shape& shape : {Shape{5, 7, 3, 2}, Shape{4, 33, 1, 1}, Shape{6, 5}, Shape{3, 4, 9, 9}, Shape{2, 3, 70}}) {
+    SCOPED_TRACE(shape.to_string());
+    Tensor x = random(shape, 11);
+    for (double& v : std::span(x.data<double>(), static_cast<size_t>(x.numel()))) v += 1000;
+    const int64_t n = shape[0], c = shape[1], size = x.numel() / (n * c);
+    std::vector<double> mean(static_cast<size_t>(c), 0.0), var(static_cast<size_t>(c), 0.0);
+    const auto at = [&](int64_t i, int64_t ch, int64_t e) { return x.data<double>()[(i * c + ch) * size + e]; };
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t e = 0; e < size; ++e) mean[static_cast<size_t>(ch)] += at(i, ch, e) / static_cast<double>(n * size);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t e = 0; e < size; ++e) {
+          const double d = at(i, ch, e) - mean[static_cast<size_t>(ch)];
+          var[static_cast<size_t>(ch)] += d * d / static_cast<double>(n * size);
+        }
+    }
+    std::vector<double> want_y;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t e = 0; e < size; ++e) {
+          const auto k = static_cast<size_t>(ch);
+          want_y.push_back((at(i, ch, e) - mean[k]) / std::sqrt(var[k] + 1e-5) * 0.5 + 0.25);
+        }
+    const Tensor ones = f64({c}, std::vector<double>(static_cast<size_t>(c), 1.0));
+    const std::vector<Tensor> in{x, f64({c}, std::vector<double>(static_cast<size_t>(c), 0.5)),
+                                 f64({c}, std::vector<double>(static_cast<size_t>(c), 0.25)), ones, ones};
+    const auto out = run("BatchNormalization", in, {attr("momentum", 0.0f)}, 9, 5);
+    expect_close(out[3], f64({c}, mean), 1e-13, 1e-13);
+    expect_close(out[4], f64({c}, var), 1e-9, 1e-12);
+    expect_close(out[0], f64(shape, want_y), 1e-9, 1e-9);
+    std::vector<Tensor> in32;
+    for (const Tensor& t : in) in32.push_back(t.cast(DataType::Float32));
+    const auto out32 = run("BatchNormalization", in32, {attr("momentum", 0.0f)}, 9, 5);
+    expect_close(out32[3].cast(DataType::Float64), f64({c}, mean), 1e-6, 1e-6);
+    expect_close(out32[4].cast(DataType::Float64), f64({c}, var), 1e-3, 1e-4);
+  }
 }
 
 TEST(BatchNorm, RejectsWhatItCannotDo) {
