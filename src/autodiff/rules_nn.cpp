@@ -244,6 +244,14 @@ void gather_grad_rule(Builder& b) {
                    {attr_int("axis", b.get_int("axis", 0))}));
 }
 
+void slice_grad_rule(Builder& b) {
+  // SliceGrad(dy, shape, starts, ends[, axes, steps]) is linear in dy: its transpose is the Slice.
+  if (b.opset() < 10) throw Error("the gradient of ai.onnxtrain.SliceGrad needs opset 10 or later (Slice with inputs)");
+  std::vector<std::string> inputs{b.GO(0)};
+  for (int i = 2; i < b.num_inputs(); ++i) inputs.push_back(b.has_input(i) ? b.I(i) : "");
+  b.set_GI(0, b.op("Slice", inputs));
+}
+
 }  // namespace
 
 std::vector<Rule> nn_rules() {
@@ -267,6 +275,7 @@ std::vector<Rule> nn_rules() {
     {"", "NegativeLogLikelihoodLoss", kIn0, false, nll_loss_rule,        "dx = -onehot(target) w dy"},
     {kInternalDomain, "SumToShape",         kIn0, false, sum_to_shape_rule, "dg = expand(dy, shape(g))"},
     {kInternalDomain, "GatherGrad",         kIn0, false, gather_grad_rule,  "dg = Gather(dy)"},
+    {kInternalDomain, "SliceGrad",          kIn0, false, slice_grad_rule,   "dg = Slice(dy)"},
     {kInternalDomain, "GatherElementsGrad", kIn0, false, gather_grad_rule,  "dg = GatherElements(dy)"},
     {kInternalDomain, "GatherNDGrad",       kIn0, false, gather_grad_rule,  "dg = GatherND(dy)"},
     {kInternalDomain, "SyncBatchNormalization", inputs_mask({0, 1, 2}), false, sync_batch_norm_rule,

@@ -147,19 +147,17 @@ void pad_rule(Builder& b) {
 
 // ---- indexing ----
 void slice_rule(Builder& b) {
-  // Slice the flat positions of x the same way, then scatter dy into zeros at them.
-  if (b.opset() < 11) throw Error("the gradient of Slice needs opset 11 or later (Range, ScatterElements)");
-  const std::string x = b.I(0);
-  const std::string n = b.op("Size", {x});
-  const std::string positions =
-      b.op("Reshape", {b.op("Range", {b.scalar(0, n), n, b.scalar(1, n)}), b.op("Shape", {x})});
-  std::vector<std::string> inputs{positions};
-  for (int i = 1; i < b.num_inputs(); ++i) inputs.push_back(b.I(i));
-  const std::string picked = b.op("Reshape", {b.op("Slice", inputs), b.ints({-1})});
-  const std::string flat_zeros = b.zeros_like(b.op("Reshape", {x, b.ints({-1})}));
-  const std::string scattered = b.op("ScatterElements", {flat_zeros, picked, b.op("Reshape", {b.GO(0), b.ints({-1})})},
-                                     {attr_int("axis", 0)});
-  b.set_GI(0, b.op("Reshape", {scattered, b.op("Shape", {x})}));
+  // dx = zeros shaped like x with dy written where the slice took its elements
+  // (ai.onnxtrain.SliceGrad; Slice-1's attributes become its constant inputs).
+  std::vector<std::string> inputs{b.GO(0), b.op("Shape", {b.I(0)})};
+  if (b.opset() >= 10) {
+    for (int i = 1; i < b.num_inputs(); ++i) inputs.push_back(b.has_input(i) ? b.I(i) : "");
+  } else {
+    inputs.push_back(b.ints(b.get_ints("starts").value_or(std::vector<int64_t>{})));
+    inputs.push_back(b.ints(b.get_ints("ends").value_or(std::vector<int64_t>{})));
+    if (const auto axes = b.get_ints("axes")) inputs.push_back(b.ints(*axes));
+  }
+  b.set_GI(0, b.op("SliceGrad", inputs, {}, kInternalDomain));
 }
 void gather_rule(Builder& b) {
   b.set_GI(0, b.op("GatherGrad", {b.GO(0), b.I(1), b.op("Shape", {b.I(0)})}, {attr_int("axis", b.get_int("axis", 0))},
@@ -263,7 +261,7 @@ std::vector<Rule> shape_rules() {
     {"", "Expand",             kIn0, true,  expand_rule,             "dx = dy summed to shape(x)"},
     {"", "Tile",               kIn0, false, tile_rule,               "dx = dy summed over the tiles"},
     {"", "Pad",                kIn0, false, pad_rule,                "dx = Pad(dy, -pads) (constant mode): dy without the padding, zeros where it cropped"},
-    {"", "Slice",              kIn0, false, slice_rule,              "dx = dy scattered into zeros at the sliced positions"},
+    {"", "Slice",              kIn0, false, slice_rule,              "dx = zeros with dy written at the sliced positions (ai.onnxtrain.SliceGrad)"},
     {"", "Gather",             kIn0, false, gather_rule,             "dx = scatter-add of dy at indices (ai.onnxtrain.GatherGrad)"},
     {"", "GatherElements",     kIn0, false, gather_elements_rule,    "dx = scatter-add of dy (ai.onnxtrain.GatherElementsGrad)"},
     {"", "GatherND",           kIn0, false, gather_nd_rule,          "dx = scatter-add of dy (ai.onnxtrain.GatherNDGrad)"},

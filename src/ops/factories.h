@@ -92,6 +92,7 @@ std::unique_ptr<Kernel> make_space_to_depth(const KernelInit& init);
 
 // indexing.cpp
 std::unique_ptr<Kernel> make_slice(const KernelInit& init);
+std::unique_ptr<Kernel> make_slice_grad(const KernelInit& init);  // ai.onnxtrain.SliceGrad
 std::unique_ptr<Kernel> make_gather(const KernelInit& init);
 std::unique_ptr<Kernel> make_gather_elements(const KernelInit& init);
 std::unique_ptr<Kernel> make_gather_nd(const KernelInit& init);

@@ -58,9 +58,17 @@ struct SliceParams {
   std::string what;  // names the source of starts/ends in messages
 };
 
-void slice_copy(KernelContext& ctx, const SliceParams& p, [[maybe_unused]] int opset) {
-  const Tensor& x = ctx.input(0);
-  const auto rank = static_cast<int64_t>(x.rank());
+// The part of a tensor of `shape` that Slice takes: its shape, the element strides of `shape`'s
+// contiguous layout along it (0 along dims of size <= 1) and the offset of its first element.
+// `input` names the sliced tensor in messages.
+struct SliceView {
+  Shape shape;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+};
+
+SliceView resolve_slice(const Shape& shape, const SliceParams& p, const std::string& input) {
+  const auto rank = static_cast<int64_t>(shape.size());
   const size_t n = p.starts.size();
   if (p.ends.size() != n || (!p.axes.empty() && p.axes.size() != n) ||
       (!p.steps.empty() && p.steps.size() != n)) {
@@ -68,14 +76,11 @@ void slice_copy(KernelContext& ctx, const SliceParams& p, [[maybe_unused]] int o
                 list_string(p.axes) + " and steps " + list_string(p.steps) + " differ in length");
   }
   if (static_cast<int64_t>(n) > rank && p.axes.empty()) {
-    throw Error(p.what + ": " + std::to_string(n) + " starts for input " + ctx.input_name(0) + " " +
-                x.description());
+    throw Error(p.what + ": " + std::to_string(n) + " starts for " + input);
   }
-  const Shape in_strides = contiguous_strides(x.shape());
-  Shape out_shape = x.shape();
-  std::vector<int64_t> strides = in_strides.to_vector();
+  const Shape in_strides = contiguous_strides(shape);
+  SliceView v{shape, in_strides.to_vector(), 0};
   std::vector<bool> seen(static_cast<size_t>(rank), false);
-  int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t raw_axis = p.axes.empty() ? static_cast<int64_t>(i) : p.axes[i];
     const auto axis = static_cast<size_t>(op_axis(raw_axis, rank, p.what + " axes"));
@@ -85,7 +90,7 @@ void slice_copy(KernelContext& ctx, const SliceParams& p, [[maybe_unused]] int o
     int64_t step = p.steps.empty() ? 1 : p.steps[i];
     if (step == 0) throw Error(p.what + ": steps " + list_string(p.steps) + " has a 0 step");
     step = std::max(step, -std::numeric_limits<int64_t>::max());
-    const int64_t dim = x.dim(axis);
+    const int64_t dim = shape[axis];
     int64_t start = p.starts[i] < 0 ? p.starts[i] + dim : p.starts[i];
     int64_t end = p.ends[i] < 0 ? p.ends[i] + dim : p.ends[i];
     int64_t size = 0;
@@ -98,15 +103,32 @@ void slice_copy(KernelContext& ctx, const SliceParams& p, [[maybe_unused]] int o
       end = std::clamp<int64_t>(end, -1, dim - 1);
       if (start > end) size = 1 + (start - end - 1) / -step;
     }
-    out_shape[axis] = size;
-    if (size > 0) offset += start * in_strides[axis];
-    strides[axis] = size > 1 ? in_strides[axis] * step : 0;
+    v.shape[axis] = size;
+    if (size > 0) v.offset += start * in_strides[axis];
+    v.strides[axis] = size > 1 ? in_strides[axis] * step : 0;
   }
-  Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
+  return v;
+}
+
+void slice_copy(KernelContext& ctx, const SliceParams& p) {
+  const Tensor& x = ctx.input(0);
+  const SliceView v = resolve_slice(x.shape(), p, "input " + ctx.input_name(0) + " " + x.description());
+  Tensor& y = ctx.allocate_output(0, x.dtype(), v.shape);
   if (y.numel() == 0) return;
   const size_t elem = dtype_size(x.dtype());
-  copy_strided(static_cast<const char*>(x.raw_data()) + offset * static_cast<int64_t>(elem), y.raw_data(),
-               elem, out_shape, strides);
+  copy_strided(static_cast<const char*>(x.raw_data()) + v.offset * static_cast<int64_t>(elem), y.raw_data(),
+               elem, v.shape, v.strides);
+}
+
+// Slice's inputs 1-4 from `first` on (starts, ends, axes, steps; the last two optional).
+SliceParams slice_inputs(const KernelContext& ctx, int first) {
+  SliceParams p;
+  p.what = "Slice inputs " + ctx.input_name(first) + "/" + ctx.input_name(first + 1);
+  p.starts = index_values(ctx.input(first), "input " + ctx.input_name(first) + " (starts)");
+  p.ends = index_values(ctx.input(first + 1), "input " + ctx.input_name(first + 1) + " (ends)");
+  if (ctx.has_input(first + 2)) p.axes = index_values(ctx.input(first + 2), "input " + ctx.input_name(first + 2) + " (axes)");
+  if (ctx.has_input(first + 3)) p.steps = index_values(ctx.input(first + 3), "input " + ctx.input_name(first + 3) + " (steps)");
+  return p;
 }
 
 class Slice final : public Kernel {
@@ -122,20 +144,62 @@ class Slice final : public Kernel {
       attrs_.what = "Slice attributes";
     }
   }
-  void run(KernelContext& ctx) override {
-    if (opset_ < 10) return slice_copy(ctx, attrs_, opset_);
-    SliceParams p;
-    p.what = "Slice inputs " + ctx.input_name(1) + "/" + ctx.input_name(2);
-    p.starts = index_values(ctx.input(1), "input " + ctx.input_name(1) + " (starts)");
-    p.ends = index_values(ctx.input(2), "input " + ctx.input_name(2) + " (ends)");
-    if (ctx.has_input(3)) p.axes = index_values(ctx.input(3), "input " + ctx.input_name(3) + " (axes)");
-    if (ctx.has_input(4)) p.steps = index_values(ctx.input(4), "input " + ctx.input_name(4) + " (steps)");
-    slice_copy(ctx, p, opset_);
-  }
+  void run(KernelContext& ctx) override { slice_copy(ctx, opset_ < 10 ? attrs_ : slice_inputs(ctx, 1)); }
 
  private:
   int opset_;
   SliceParams attrs_;
+};
+
+// ai.onnxtrain.SliceGrad(dY, shape, starts, ends[, axes, steps]) -> dX: the gradient of
+// Y = Slice(X, starts, ends, axes, steps) for X of `shape` (int64 [rank]): zeros of that shape
+// with dY, which must have Y's shape, written where Slice took its elements. Slice's gradient
+// rule emits it (the inputs of Slice-10+; for Slice-1 the rule passes its attributes as
+// constants). Any element type.
+class SliceGrad final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const std::vector<int64_t> dims = index_values(ctx.input(1), "input " + ctx.input_name(1) + " (the shape of X)");
+    for (int64_t d : dims) {
+      if (d < 0) throw Error("input " + ctx.input_name(1) + " is the shape " + list_string(dims) + ", expected dims >= 0");
+    }
+    const Shape x_shape(dims);
+    const SliceView v = resolve_slice(x_shape, slice_inputs(ctx, 2), "X of shape " + x_shape.to_string());
+    if (!(dy.shape() == v.shape)) {
+      throw Error("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
+                  v.shape.to_string() + " (Slice's output for X of shape " + x_shape.to_string() + ")");
+    }
+    Tensor& dx = ctx.allocate_output(0, dy.dtype(), x_shape);
+    const size_t elem = dtype_size(dy.dtype());
+    std::memset(dx.raw_data(), 0, static_cast<size_t>(dx.numel()) * elem);
+    if (dy.numel() == 0) return;
+    // Row by row along the last dim of dY: contiguous in dY, strided (or contiguous) in dX.
+    const size_t rank = x_shape.size();
+    const int64_t len = rank == 0 ? 1 : v.shape[rank - 1];
+    const int64_t step = rank == 0 ? 1 : (len > 1 ? v.strides[rank - 1] : 1);
+    std::vector<detail::CopyDim> outer;
+    const Shape dy_strides = contiguous_strides(v.shape);
+    for (size_t d = 0; d + 1 < rank; ++d) outer.push_back({v.shape[d], dy_strides[d], v.strides[d]});
+    int64_t rows = 1;
+    for (const detail::CopyDim& d : outer) rows *= d.size;
+    visit_elem_size(elem, [&]<class U>() {
+      const U* src = static_cast<const U*>(dy.raw_data());
+      U* dst = static_cast<U*>(dx.raw_data()) + v.offset;
+      parallel_for(rows, std::max<int64_t>(1, kParallelGrain / len), [&](int64_t begin, int64_t end) {
+        detail::Odometer od(outer, begin);
+        for (int64_t r = begin; r < end; ++r, od.next()) {
+          const U* s = src + od.src();
+          U* d = dst + od.dst();
+          if (step == 1) {
+            std::memcpy(d, s, static_cast<size_t>(len) * sizeof(U));
+          } else {
+            for (int64_t j = 0; j < len; ++j) d[j * step] = s[j];
+          }
+        }
+      });
+    });
+  }
 };
 
 // --- Gather (Gather-1/11/13): output[j.., i.., k..] = data[j.., indices[i..], k..], where the
@@ -470,6 +534,7 @@ void trilu(KernelContext& ctx, bool upper) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_slice(const KernelInit& init) { return std::make_unique<Slice>(init); }
+std::unique_ptr<Kernel> make_slice_grad(const KernelInit&) { return std::make_unique<SliceGrad>(); }
 
 std::unique_ptr<Kernel> make_gather(const KernelInit& init) {
   const int64_t axis = init.attr_int("axis", 0);

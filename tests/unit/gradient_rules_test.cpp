@@ -489,6 +489,13 @@ std::vector<Case> cases() {
   c.push_back({"Tile", {}, {x({2, 3}), fixed(i64({2, 2}))}});
   c.push_back({"Pad", {}, {x({2, 3}), fixed(i64({0, 1, 1, 2}))}});
   c.push_back({"Slice", {}, {x({3, 4}), fixed(i64({0, 3})), fixed(i64({3, 0})), fixed(i64({0, 1})), fixed(i64({2, -1}))}});
+  c.push_back({"Slice", {}, {x({2, 5, 3}), fixed(i64({1, -1})), fixed(i64({4, 100}))}, 1, 17, "", "axes and steps omitted, end clamped"});
+  c.push_back({"Slice", {}, {x({4, 3, 2}), fixed(i64({-1, 0})), fixed(i64({-5, 2})), fixed(i64({0, 2})), fixed(i64({-2, 1}))},
+               1, 17, "", "negative steps and a contiguous last dim"});
+  c.push_back({"Slice", {}, {x({3, 4}), fixed(i64({2})), fixed(i64({2})), fixed(i64({1}))}, 1, 17, "", "empty"});
+  c.push_back({"Slice", {attr("starts", std::vector<int64_t>{1, 0}), attr("ends", std::vector<int64_t>{3, 2}),
+                         attr("axes", std::vector<int64_t>{1, 0})},
+               {x({3, 4})}, 1, 9, "", "Slice-1 attributes"});
   c.push_back({"Gather", {attr("axis", int64_t{0})}, {x({4, 3}), fixed(i64({2, 2}, {1, 3, 1, 0}))}});
   c.push_back({"GatherElements", {attr("axis", int64_t{1})}, {x({2, 3}), fixed(i64({2, 2}, {0, 0, 2, 1}))}});
   c.push_back({"GatherND", {}, {x({2, 3}), fixed(i64({2, 2}, {0, 1, 1, 2}))}});
@@ -681,6 +688,9 @@ std::vector<Case> cases() {
   c.push_back({"GatherElementsGrad", {attr("axis", int64_t{1})},
                {x({2, 2}), fixed(i64({2, 2}, {0, 0, 2, 1})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
   c.push_back({"GatherNDGrad", {}, {x({2}), fixed(i64({2, 2}, {0, 1, 1, 2})), fixed(i64({2, 3}))}, 1, 1, "ai.onnxtrain"});
+  c.push_back({"SliceGrad", {}, {x({2, 2}), fixed(i64({3, 4})), fixed(i64({0, 3})), fixed(i64({3, 0})), fixed(i64({0, 1})),
+                                fixed(i64({2, -2}))},
+               1, 1, "ai.onnxtrain"});
   // train --sync-batch-norm's BatchNormalization (one process: no sums across ranks); its Grad
   // computes the statistics again when the forward's current_mean and current_var are not named.
   c.push_back({"SyncBatchNormalization", {attr("epsilon", 0.01f)},

@@ -591,6 +591,35 @@ TEST(Slice, Errors) {
   EXPECT_THROW(run1("Slice", 13, {}, {x, f32({1}, {0}), i64({1})}), Error);       // float starts
 }
 
+// ai.onnxtrain.SliceGrad (Slice's gradient): dY written into zeros where Slice took its
+// elements, by hand for the NegativeStepsAndClamping slice; then its errors.
+TEST(SliceGrad, WritesDyWhereSliceTookItsElements) {
+  const int64_t lo = std::numeric_limits<int64_t>::min();
+  const Tensor dy = f32({2, 1, 2}, {1, 2, 3, 4});
+  const NodeSpec grad{"SliceGrad", "ai.onnxtrain", 1, {}};
+  const std::vector<Tensor> params{i64({-1, 2, -1}), i64({lo, 0, -5}), i64({0, 1, 2}), i64({-1, -2, -3})};
+  std::vector<Tensor> in{dy, i64({2, 3, 4})};
+  in.insert(in.end(), params.begin(), params.end());
+  const Tensor dx = run_node(grad, in)[0];
+  std::vector<double> want(24, 0.0);  // Slice took x[1, 2, 3], x[1, 2, 0], x[0, 2, 3], x[0, 2, 0]
+  want[23] = 1;
+  want[20] = 2;
+  want[11] = 3;
+  want[8] = 4;
+  expect_values(dx, {2, 3, 4}, want);
+  // dY's shape must be Slice's output shape; the shape must be a list of dims >= 0.
+  in[0] = f32({2, 1, 1}, {1, 2});
+  EXPECT_THROW(run_node(grad, in), Error);
+  in[0] = dy;
+  in[1] = i64({2, -3, 4});
+  EXPECT_THROW(run_node(grad, in), Error);
+  // Starts and ends alone slice the first axes; an empty slice gives zeros.
+  const Tensor first = run_node(grad, {f32({1, 2}, {5, 6}), i64({2, 3}), i64({1, 1}), i64({2, 3})})[0];
+  expect_values(first, {2, 3}, {0, 0, 0, 0, 5, 6});
+  const Tensor none = run_node(grad, {f32({0, 3}, {}), i64({2, 3}), i64({1}), i64({1})})[0];
+  expect_values(none, {2, 3}, {0, 0, 0, 0, 0, 0});
+}
+
 TEST(Gather, AxesNegativeIndicesAndErrors) {
   const Tensor x = iota({3, 3});
   expect_values(run1("Gather", 13, {attr("axis", int64_t{1})}, {x, i64({2, -3})}), {3, 2},
