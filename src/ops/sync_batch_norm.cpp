@@ -15,7 +15,8 @@
 //   running = input * momentum + current * (1 - momentum) (ONNX BatchNormalization-15).
 //   The four statistics are typed like input_mean.
 // The gradients, SyncBatchNormalizationGrad and BatchNormalizationGrad, are in batch_norm_grad.cpp.
-// Sums accumulate in double; Y is computed in double and rounded once.
+// Sums accumulate in double (planes under kColumnPlanes elements column by column,
+// batch_norm_channels.h); Y is computed in double and rounded once.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -60,14 +61,16 @@ Statistics global_statistics(const KernelContext& ctx, int xi, const Layout& l) 
   Statistics s;
   visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(xi), [&]<class T>() {
     const T* px = x.data<T>();
-    std::vector<double> sums = channel_sums(px, l, [](double v, int64_t, int64_t) { return v; });
+    const bool columns = l.size < kColumnPlanes;  // small planes: column by column
+    std::vector<double> sums =
+        columns ? column_channel_sums(px, l) : channel_sums(px, l, [](double v, int64_t, int64_t) { return v; });
     sums.push_back(l.count());
     sum_across_ranks(ctx, sums);
     const double count = sums.back();
     if (count == 0) fail("input " + ctx.input_name(xi) + " is " + x.description() + ": no batch statistics on any rank");
     s.mean.assign(sums.begin(), sums.end() - 1);
     for (double& m : s.mean) m /= count;
-    s.var = channel_sums(px, l, [&](double v, int64_t c, int64_t) {
+    s.var = columns ? column_channel_sums(px, l, &s.mean) : channel_sums(px, l, [&](double v, int64_t c, int64_t) {
       const double d = v - s.mean[static_cast<size_t>(c)];
       return d * d;
     });
