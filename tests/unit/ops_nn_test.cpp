@@ -965,6 +965,47 @@ TEST(MaxPoolTest, IntegersHalfAndNaN) {
                f32({1, 1, 3}, {nan, nan, 3}));
 }
 
+// MaxPool without Indices takes the maximum over a window's input rows first, then along the
+// last dim (pool.cpp max_pool); with Indices it walks each window tap by tap. Both must give the
+// same Y: 2-D and 3-D windows with strides, pads, dilations and ceil_mode, NaNs, in float32,
+// float16 and int8.
+TEST(MaxPoolTest, RowsFirstAgreesWithTheIndicesPath) {
+  struct Case {
+    Shape x;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 16, 16}, {attr("kernel_shape", Ints{3, 3}), attr("strides", Ints{2, 2}), attr("pads", Ints{1, 1, 1, 1})}},
+      {{1, 2, 7, 9}, {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 3}), attr("pads", Ints{1, 0, 2, 1}),
+                      attr("ceil_mode", int64_t{1})}},
+      {{1, 2, 9, 8}, {attr("kernel_shape", Ints{2, 3}), attr("dilations", Ints{3, 2}), attr("pads", Ints{2, 1, 2, 2})}},
+      {{1, 1, 5, 6, 7}, {attr("kernel_shape", Ints{2, 3, 2}), attr("strides", Ints{1, 2, 2}), attr("pads", Ints{1, 1, 0, 0, 1, 1})}},
+      {{1, 3, 1, 9}, {attr("kernel_shape", Ints{1, 3}), attr("strides", Ints{1, 2})}},
+  };
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("X " + c.x.to_string());
+    Tensor x = random(c.x, seed++).cast(DataType::Float32);
+    x.data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+    for (const DataType t : {DataType::Float32, DataType::Float16, DataType::Int8}) {
+      SCOPED_TRACE(dtype_name(t));
+      const Tensor xt = t == DataType::Int8 ? Tensor::from_vector<int8_t>(c.x, [&] {
+        std::vector<int8_t> v;
+        for (int64_t i = 0; i < x.numel(); ++i) v.push_back(static_cast<int8_t>(i * 37 % 251 - 125));
+        return v;
+      }())
+                                            : x.cast(t);
+      const Tensor alone = run_node(NodeSpec{"MaxPool", "", 12, c.attrs, 1}, {xt})[0];
+      const Tensor with_indices = run_node(NodeSpec{"MaxPool", "", 12, c.attrs, 2}, {xt})[0];
+      ASSERT_EQ(alone.shape(), with_indices.shape());
+      const auto a = alone.to_double_vector(), b = with_indices.to_double_vector();
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_TRUE(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) << i << ": " << a[i] << " vs " << b[i];
+      }
+    }
+  }
+}
+
 TEST(AveragePoolTest, CeilModeDivisors) {
   const Tensor x = f32({1, 1, 6}, {1, 2, 3, 4, 5, 6});
   Attrs attrs = {attr("kernel_shape", Ints{3}), attr("strides", Ints{2}), attr("pads", Ints{1, 1}),
