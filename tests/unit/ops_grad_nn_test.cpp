@@ -216,22 +216,38 @@ TEST(MaxPoolGradTest, TiesGoToTheFirstMaximumAndPaddingNeverWins) {
   }
 }
 
-// With many ties, the gradient goes where MaxPool's Indices output points.
+// With many ties, the gradient goes where MaxPool's Indices output points: values repeating
+// along the rows (ties within a column), and values of 0-2 scattered by a hash, where a
+// window's maximum also appears in an earlier row at a later column (the first in row-major
+// order must win over the first column's). Two windows: dilated 3x2, and ResNet's 3x3 stride 2.
 TEST(MaxPoolGradTest, AgreesWithTheForwardIndices) {
-  std::vector<double> v(2 * 2 * 7 * 6);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i * 7 % 3);
-  const Tensor x = Tensor::from_vector<double>({2, 2, 7, 6}, v);
-  const Attrs a = {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 1}),
-                   attr("pads", Ints{1, 0, 1, 1}), attr("dilations", Ints{1, 2}),
-                   attr("ceil_mode", int64_t{1})};
-  const auto forward = run_node(NodeSpec{"MaxPool", "", 17, a, 2}, {x});
-  const Tensor dy = random(forward[0].shape(), 7);
-  Tensor want = Tensor::zeros(DataType::Float64, x.shape());
-  const auto indices = forward[1].to_int64_vector("Indices");
-  for (size_t j = 0; j < indices.size(); ++j) {
-    want.data<double>()[indices[j]] += dy.data<double>()[j];
+  const std::vector<Attrs> windows = {
+      {attr("kernel_shape", Ints{3, 2}), attr("strides", Ints{2, 1}), attr("pads", Ints{1, 0, 1, 1}),
+       attr("dilations", Ints{1, 2}), attr("ceil_mode", int64_t{1})},
+      {attr("kernel_shape", Ints{3, 3}), attr("strides", Ints{2, 2}), attr("pads", Ints{1, 1, 1, 1})},
+  };
+  for (int pattern = 0; pattern < 2; ++pattern) {
+    std::vector<double> v(2 * 2 * 7 * 6);
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<double>(pattern == 0 ? i * 7 % 3 : (i * 2654435761u >> 9) % 3);
+    }
+    const Tensor x = Tensor::from_vector<double>({2, 2, 7, 6}, v);
+    for (const Attrs& a : windows) {
+      SCOPED_TRACE("pattern " + std::to_string(pattern) + ", kernel " + std::to_string(a[0].ints(1)));
+      const auto forward = run_node(NodeSpec{"MaxPool", "", 17, a, 2}, {x});
+      const Tensor dy = random(forward[0].shape(), 7);
+      Tensor want = Tensor::zeros(DataType::Float64, x.shape());
+      Tensor want32 = Tensor::zeros(DataType::Float32, x.shape());  // summed in float32, in output order
+      const auto indices = forward[1].to_int64_vector("Indices");
+      for (size_t j = 0; j < indices.size(); ++j) {
+        want.data<double>()[indices[j]] += dy.data<double>()[j];
+        want32.data<float>()[indices[j]] += static_cast<float>(dy.data<double>()[j]);
+      }
+      expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy, x})[0], want, 0, 0);
+      expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy.cast(DataType::Float32), x.cast(DataType::Float32)})[0],
+                   want32, 0, 0);
+    }
   }
-  expect_close(run_node(NodeSpec{"MaxPoolGrad", kInternal, 1, a, 1}, {dy, x})[0], want, 0, 0);
 }
 
 // 2x2 windows at stride 2 run dedicated loops (vectors of 8 or 4 float32 outputs, the last
