@@ -325,11 +325,20 @@ void for_each_weight_block(const ConvGeometry& g, const std::vector<int64_t>& of
 
 }  // namespace
 
-void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, float* wc) {
+Shape TapCrop::weights_shape() const {
+  Shape shape{geometry.M, geometry.C / geometry.G};
+  for (int64_t k : geometry.kernel) shape.push_back(k);
+  return shape;
+}
+
+Tensor gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w) {
+  Tensor cropped(DataType::Float32, crop.weights_shape());
+  float* wc = cropped.data<float>();
   const std::vector<int64_t> offsets = kept_tap_offsets(g, crop);
   for_each_weight_block(g, offsets, [&](int64_t full, int64_t cropped) {
     for (size_t j = 0; j < offsets.size(); ++j) wc[cropped + static_cast<int64_t>(j)] = w[full + offsets[j]];
   });
+  return cropped;
 }
 
 void scatter_taps(const ConvGeometry& g, const TapCrop& crop, const float* dwc, float* dw) {
@@ -789,10 +798,12 @@ class ConvKernel final : public Kernel {
     }
     if constexpr (std::is_same_v<T, float>) {
       if (g.rank() <= 3) {
-        const DnnlView v = dnnl_view(g, w);
-        ConvEntry& e = plain_entry(v.g, x, w, bias != nullptr);
+        const std::optional<TapCrop> crop = tap_crop(g);
+        const ConvGeometry& run_g = crop ? crop->geometry : g;
+        ConvEntry& e = plain_entry(run_g, x, w, bias != nullptr);
         if (!e.use_reference) {
-          execute(e, v.g, x.data<float>(), v.weights(w), bias, y, weights_constant_);
+          const Tensor cropped = crop ? gather_taps(g, *crop, w.data<float>()) : Tensor();
+          execute(e, run_g, x.data<float>(), (crop ? cropped : w).data<float>(), bias, y, weights_constant_);
           return;
         }
       }
@@ -810,11 +821,13 @@ class ConvKernel final : public Kernel {
   // Returns false, having done nothing, for any other layout or path.
   bool convolve_relu(const ConvGeometry& g, const Tensor& x, const Tensor& w, const float* bias, float* y) {
     if (g.rank() > 3 || attrs_.transpose || x.numel() == 0 || w.numel() == 0) return false;
-    const DnnlView v = dnnl_view(g, w);
-    ConvEntry& e = plain_entry(v.g, x, w, bias != nullptr);
+    const std::optional<TapCrop> crop = tap_crop(g);
+    const ConvGeometry& run_g = crop ? crop->geometry : g;
+    ConvEntry& e = plain_entry(run_g, x, w, bias != nullptr);
     const int64_t block = e.dst_channel_block;
     if (e.use_reference || e.dims.embed || block == 0) return false;
-    execute(e, v.g, x.data<float>(), v.weights(w), bias, y, weights_constant_, false);
+    const Tensor cropped = crop ? gather_taps(g, *crop, w.data<float>()) : Tensor();
+    execute(e, run_g, x.data<float>(), (crop ? cropped : w).data<float>(), bias, y, weights_constant_, false);
     const auto* in = static_cast<const float*>(e.dst.arg().get_data_handle());
     const int64_t size = g.out_size(), blocks = (g.M + block - 1) / block;
     // Task (n, channel block): `block` channel planes, read interleaved, written one by one.
@@ -832,31 +845,16 @@ class ConvKernel final : public Kernel {
     return true;
   }
 
-  // What the plain-output oneDNN path convolves: the node's geometry and w, or, for weights fed
-  // at every run (a training step's variables), the taps that reach the input
-  // (crop_unreached_taps) gathered into a smaller W. Constant weights keep their kept copy in
-  // oneDNN's layout, made once, so cropping them would save nothing per run.
-  struct DnnlView {
-    ConvGeometry g;
-    Tensor cropped;  // defined when cropped: the taps of w that g keeps
-    const float* weights(const Tensor& w) const { return cropped.defined() ? cropped.data<float>() : w.data<float>(); }
-  };
-  DnnlView dnnl_view(const ConvGeometry& g, const Tensor& w) const {
-    if (!weights_constant_ && !attrs_.transpose) {
-      if (std::optional<TapCrop> crop = crop_unreached_taps(g)) {
-        const ConvGeometry& c = crop->geometry;
-        Shape shape{c.M, c.C / c.G};
-        for (int64_t k : c.kernel) shape.push_back(k);
-        Tensor cropped(DataType::Float32, shape);
-        gather_taps(g, *crop, w.data<float>(), cropped.data<float>());
-        return {c, std::move(cropped)};
-      }
-    }
-    return {g, Tensor()};
+  // The crop the plain-output oneDNN path runs with (crop_unreached_taps), for weights fed at
+  // every run (a training step's variables) only: constant weights keep their copy in oneDNN's
+  // layout, made once, so cropping them would save nothing per run (measured: no change).
+  std::optional<TapCrop> tap_crop(const ConvGeometry& g) const {
+    if (weights_constant_ || attrs_.transpose) return std::nullopt;
+    return crop_unreached_taps(g);
   }
 
   // The plain-output entry for these shapes (made on first use): g is the geometry oneDNN runs
-  // (dnnl_view's), which the shapes of x and w determine.
+  // (tap_crop's), which the shapes of x and w determine.
   ConvEntry& plain_entry(const ConvGeometry& g, const Tensor& x, const Tensor& w, bool has_bias) {
     return cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(0),
                       [&] { return plan(g, attrs_.transpose, has_bias, weights_constant_); });

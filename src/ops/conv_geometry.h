@@ -85,6 +85,9 @@ void copy_conv_block(const ConvGeometry& g, const DnnlConvDims& d, const float* 
 struct TapCrop {
   ConvGeometry geometry;       // the same convolution over taps [first, first + kernel) of each dim
   std::vector<int64_t> first;  // per spatial dim, the first tap that reaches the input
+
+  // The cropped W's shape, [M, C/G, cropped kernel...].
+  Shape weights_shape() const;
 };
 
 // The crop of a Conv (not ConvTranspose) geometry to the outermost taps that reach the input,
@@ -93,8 +96,9 @@ struct TapCrop {
 // Taps between two that reach the input stay, reached or not.
 std::optional<TapCrop> crop_unreached_taps(const ConvGeometry& g);
 
-// wc [M, C/G, cropped kernel...] = the taps of w [M, C/G, kernel...] that `crop` keeps.
-void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, float* wc);
+// The taps of float32 w [M, C/G, kernel...] that `crop` keeps: a new float32 tensor of
+// crop.weights_shape().
+Tensor gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w);
 
 // dw [M, C/G, kernel...] = dwc [M, C/G, cropped kernel...] at the taps `crop` keeps, 0 at the
 // others (whose products were all with padding).

@@ -352,18 +352,13 @@ class ConvGradKernel final : public Kernel {
           const float* w_run = w.data<float>();
           float* dw_run = dw;
           Tensor w_cropped, dw_cropped;
-          if (crop) {
-            Shape shape{run_g.M, run_g.C / run_g.G};
-            for (int64_t k : run_g.kernel) shape.push_back(k);
-            if (dx) {
-              w_cropped = Tensor(DataType::Float32, shape);
-              gather_taps(g, *crop, w_run, w_cropped.data<float>());
-              w_run = w_cropped.data<float>();
-            }
-            if (dw) {
-              dw_cropped = Tensor(DataType::Float32, shape);
-              dw_run = dw_cropped.data<float>();
-            }
+          if (crop && dx) {
+            w_cropped = gather_taps(g, *crop, w_run);
+            w_run = w_cropped.data<float>();
+          }
+          if (crop && dw) {
+            dw_cropped = Tensor(DataType::Float32, crop->weights_shape());
+            dw_run = dw_cropped.data<float>();
           }
           execute(e, run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run, db);
           if (crop && dw) scatter_taps(g, *crop, dw_run, dw);

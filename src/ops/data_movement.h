@@ -90,7 +90,7 @@ class Odometer {
   int64_t dst_ = 0;
 };
 
-// Rows along the innermost dim: contiguous (memcpy), repeated (fill) or strided.
+// Rows along the innermost dim: contiguous (memcpy), repeated (fill) or strided on either side.
 template <class U>
 void copy_rows(const U* src, U* dst, std::span<const CopyDim> dims) {
   const CopyDim in = dims.back();
@@ -102,12 +102,12 @@ void copy_rows(const U* src, U* dst, std::span<const CopyDim> dims) {
     for (int64_t r = begin; r < end; ++r, od.next()) {
       const U* s = src + od.src();
       U* d = dst + od.dst();
-      if (in.src_stride == 1) {
+      if (in.src_stride == 1 && in.dst_stride == 1) {
         std::memcpy(d, s, static_cast<size_t>(in.size) * sizeof(U));
-      } else if (in.src_stride == 0) {
+      } else if (in.src_stride == 0 && in.dst_stride == 1) {
         std::fill(d, d + in.size, *s);
       } else {
-        for (int64_t j = 0; j < in.size; ++j) d[j] = s[j * in.src_stride];
+        for (int64_t j = 0; j < in.size; ++j) d[j * in.dst_stride] = s[j * in.src_stride];
       }
     }
   });
@@ -229,6 +229,24 @@ inline void copy_strided(const void* src, void* dst, size_t elem_size, const Sha
     } else {
       detail::copy_rows(s, d, dims);
     }
+  });
+}
+
+// The inverse of copy_strided: the strided view of dst (`dst` pointing at its first element,
+// strides in elements, none 0 along a dim of size > 1, no element reached twice) receives the
+// contiguous, row-major src of `shape`: dst[sum_d i_d * dst_strides[d]] = src[i_0, ..., i_n-1].
+// Slice's gradient writes dY into its slice of dX with it.
+inline void copy_to_strided(const void* src, void* dst, size_t elem_size, const Shape& shape,
+                            std::span<const int64_t> dst_strides) {
+  if (shape.numel() == 0) return;
+  const Shape src_strides = contiguous_strides(shape);
+  std::vector<detail::CopyDim> dims;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] != 1) dims.push_back({shape[d], src_strides[d], dst_strides[d]});
+  }
+  if (dims.empty()) dims.push_back({1, 1, 1});
+  visit_elem_size(elem_size, [&]<class U>() {
+    detail::copy_rows(static_cast<const U*>(src), static_cast<U*>(dst), dims);
   });
 }
 

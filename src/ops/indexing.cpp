@@ -60,14 +60,15 @@ struct SliceParams {
 
 // The part of a tensor of `shape` that Slice takes: its shape, the element strides of `shape`'s
 // contiguous layout along it (0 along dims of size <= 1) and the offset of its first element.
-// `input` names the sliced tensor in messages.
+// input() names the sliced tensor in messages (called only for one).
 struct SliceView {
   Shape shape;
   std::vector<int64_t> strides;
   int64_t offset = 0;
 };
 
-SliceView resolve_slice(const Shape& shape, const SliceParams& p, const std::string& input) {
+template <class Describe>
+SliceView resolve_slice(const Shape& shape, const SliceParams& p, Describe input) {
   const auto rank = static_cast<int64_t>(shape.size());
   const size_t n = p.starts.size();
   if (p.ends.size() != n || (!p.axes.empty() && p.axes.size() != n) ||
@@ -76,7 +77,7 @@ SliceView resolve_slice(const Shape& shape, const SliceParams& p, const std::str
                 list_string(p.axes) + " and steps " + list_string(p.steps) + " differ in length");
   }
   if (static_cast<int64_t>(n) > rank && p.axes.empty()) {
-    throw Error(p.what + ": " + std::to_string(n) + " starts for " + input);
+    throw Error(p.what + ": " + std::to_string(n) + " starts for " + input());
   }
   const Shape in_strides = contiguous_strides(shape);
   SliceView v{shape, in_strides.to_vector(), 0};
@@ -112,7 +113,7 @@ SliceView resolve_slice(const Shape& shape, const SliceParams& p, const std::str
 
 void slice_copy(KernelContext& ctx, const SliceParams& p) {
   const Tensor& x = ctx.input(0);
-  const SliceView v = resolve_slice(x.shape(), p, "input " + ctx.input_name(0) + " " + x.description());
+  const SliceView v = resolve_slice(x.shape(), p, [&] { return "input " + ctx.input_name(0) + " " + x.description(); });
   Tensor& y = ctx.allocate_output(0, x.dtype(), v.shape);
   if (y.numel() == 0) return;
   const size_t elem = dtype_size(x.dtype());
@@ -165,7 +166,7 @@ class SliceGrad final : public Kernel {
       if (d < 0) throw Error("input " + ctx.input_name(1) + " is the shape " + list_string(dims) + ", expected dims >= 0");
     }
     const Shape x_shape(dims);
-    const SliceView v = resolve_slice(x_shape, slice_inputs(ctx, 2), "X of shape " + x_shape.to_string());
+    const SliceView v = resolve_slice(x_shape, slice_inputs(ctx, 2), [&] { return "X of shape " + x_shape.to_string(); });
     if (!(dy.shape() == v.shape)) {
       throw Error("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
                   v.shape.to_string() + " (Slice's output for X of shape " + x_shape.to_string() + ")");
@@ -173,32 +174,8 @@ class SliceGrad final : public Kernel {
     Tensor& dx = ctx.allocate_output(0, dy.dtype(), x_shape);
     const size_t elem = dtype_size(dy.dtype());
     std::memset(dx.raw_data(), 0, static_cast<size_t>(dx.numel()) * elem);
-    if (dy.numel() == 0) return;
-    // Row by row along the last dim of dY: contiguous in dY, strided (or contiguous) in dX.
-    const size_t rank = x_shape.size();
-    const int64_t len = rank == 0 ? 1 : v.shape[rank - 1];
-    const int64_t step = rank == 0 ? 1 : (len > 1 ? v.strides[rank - 1] : 1);
-    std::vector<detail::CopyDim> outer;
-    const Shape dy_strides = contiguous_strides(v.shape);
-    for (size_t d = 0; d + 1 < rank; ++d) outer.push_back({v.shape[d], dy_strides[d], v.strides[d]});
-    int64_t rows = 1;
-    for (const detail::CopyDim& d : outer) rows *= d.size;
-    visit_elem_size(elem, [&]<class U>() {
-      const U* src = static_cast<const U*>(dy.raw_data());
-      U* dst = static_cast<U*>(dx.raw_data()) + v.offset;
-      parallel_for(rows, std::max<int64_t>(1, kParallelGrain / len), [&](int64_t begin, int64_t end) {
-        detail::Odometer od(outer, begin);
-        for (int64_t r = begin; r < end; ++r, od.next()) {
-          const U* s = src + od.src();
-          U* d = dst + od.dst();
-          if (step == 1) {
-            std::memcpy(d, s, static_cast<size_t>(len) * sizeof(U));
-          } else {
-            for (int64_t j = 0; j < len; ++j) d[j * step] = s[j];
-          }
-        }
-      });
-    });
+    copy_to_strided(dy.raw_data(), static_cast<char*>(dx.raw_data()) + v.offset * static_cast<int64_t>(elem), elem,
+                    v.shape, v.strides);
   }
 };
 

@@ -210,82 +210,96 @@ void max_pool_2x2(const PoolPlan& p, const T* x, T* y) {
   });
 }
 
-// y = max over each window; indices (when kIndices) = the flattened position of the first maximum.
-template <class T, bool kIndices>
-void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, T* y,
-              int64_t* indices) {
-  if constexpr (!kIndices) {
-    if (p.windows_2x2) return max_pool_2x2(p, x, y);
-  }
+// y = max over each window, without indices: the maximum over the window's input rows first,
+// element by element along whole rows (contiguous), then over the taps along the last dim:
+// rows + taps strided passes instead of rows x taps (the maximum, NaN if any, does not depend
+// on the order). ResNet-18's 3x3 stride-2 stem pool on [32, 64, 16, 16], one thread: 0.908 ->
+// 0.324 ms against a pass per tap and row.
+template <class T>
+void max_pool_values(const PoolPlan& p, int64_t window, const T* x, T* y) {
+  if (p.windows_2x2) return max_pool_2x2(p, x, y);
   using V = compute_t<T>;
-  const int64_t out_last = p.out.back();
+  const int64_t out_last = p.out.back(), in_last = p.in.back();
   const V lowest = std::numeric_limits<V>::has_infinity ? -std::numeric_limits<V>::infinity()
                                                         : std::numeric_limits<V>::lowest();
-  const int64_t in_last = p.in.back();
   parallel_for(p.channels, grain_for(p, window), [&](int64_t begin, int64_t end) {
-    std::vector<V> best(static_cast<size_t>(out_last));
-    std::vector<int64_t> best_b(kIndices ? static_cast<size_t>(out_last) : 0);
-    std::vector<int64_t> best_i(best_b.size());
-    std::vector<V> rows_max(kIndices ? 0 : static_cast<size_t>(in_last));
+    std::vector<V> best(static_cast<size_t>(out_last)), rows_max(static_cast<size_t>(in_last));
     for (int64_t c = begin; c < end; ++c) {
       const T* xc = x + c * p.in_size;
       for (size_t l = 0; l + 1 < p.line_begin.size(); ++l) {
         std::fill(best.begin(), best.end(), lowest);
-        std::fill(best_b.begin(), best_b.end(), -1);
-        if constexpr (!kIndices) {
-          // The maximum over the window's input rows first, element by element along whole rows
-          // (contiguous), then over the taps along the last dim: rows + taps strided passes
-          // instead of rows x taps (the maximum, NaN if any, does not depend on the order).
-          const int64_t b0 = p.line_begin[l], b1 = p.line_begin[l + 1];
-          if (b0 < b1) {  // else no input row: the window lies in the padding
-            const T* __restrict first = xc + p.row_base[static_cast<size_t>(b0)];
-            const V* rows = nullptr;  // the maximum over the rows, element by element
-            if constexpr (std::is_same_v<T, V>) {
-              if (b1 - b0 == 1) rows = first;  // one row: read in place
-            }
-            if (!rows) {
-              V* __restrict m = rows_max.data();
-              for (int64_t w = 0; w < in_last; ++w) m[w] = static_cast<V>(first[w]);
-              for (int64_t b = b0 + 1; b < b1; ++b) {
-                const T* __restrict row = xc + p.row_base[static_cast<size_t>(b)];
-#pragma omp simd
-                for (int64_t w = 0; w < in_last; ++w) m[w] = pool_detail::max_or_nan(static_cast<V>(row[w]), m[w]);
-              }
-              rows = m;
-            }
-            for (size_t k = 0; k < p.last_shift.size(); ++k) {
-              const V* __restrict in = rows + p.last_shift[k];
-              V* __restrict out = best.data();
-              const int64_t stride = p.last_stride;
-#pragma omp simd
-              for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
-                out[o] = pool_detail::max_or_nan(in[o * stride], out[o]);
-              }
-            }
+        const int64_t b0 = p.line_begin[l], b1 = p.line_begin[l + 1];
+        if (b0 < b1) {  // else no input row: the window lies in the padding
+          const T* __restrict first = xc + p.row_base[static_cast<size_t>(b0)];
+          const V* rows = nullptr;  // the maximum over the rows, element by element
+          if constexpr (std::is_same_v<T, V>) {
+            if (b1 - b0 == 1) rows = first;  // one row: read in place
           }
-          T* yl = y + c * p.out_size + static_cast<int64_t>(l) * out_last;
-          for (int64_t o = 0; o < out_last; ++o) yl[o] = static_cast<T>(best[static_cast<size_t>(o)]);
-          continue;
-        }
-        for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
-          const T* row = xc + p.row_base[static_cast<size_t>(b)];
+          if (!rows) {
+            V* __restrict m = rows_max.data();
+            for (int64_t w = 0; w < in_last; ++w) m[w] = static_cast<V>(first[w]);
+            for (int64_t b = b0 + 1; b < b1; ++b) {
+              const T* __restrict row = xc + p.row_base[static_cast<size_t>(b)];
+#pragma omp simd
+              for (int64_t w = 0; w < in_last; ++w) m[w] = pool_detail::max_or_nan(static_cast<V>(row[w]), m[w]);
+            }
+            rows = m;
+          }
           for (size_t k = 0; k < p.last_shift.size(); ++k) {
+            const V* __restrict in = rows + p.last_shift[k];
+            V* __restrict out = best.data();
+            const int64_t stride = p.last_stride;
+#pragma omp simd
             for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
-              const int64_t i = o * p.last_stride + p.last_shift[k];
-              const V v = static_cast<V>(row[i]);
-              V& m = best[static_cast<size_t>(o)];
-              auto& bb = best_b[static_cast<size_t>(o)];  // first maximum; the first NaN beats everything
-              if (v > m || bb < 0 || (is_nan(v) && !is_nan(m))) {
-                m = v;
-                bb = b;
-                best_i[static_cast<size_t>(o)] = i;
-              }
+              out[o] = pool_detail::max_or_nan(in[o * stride], out[o]);
             }
           }
         }
         T* yl = y + c * p.out_size + static_cast<int64_t>(l) * out_last;
         for (int64_t o = 0; o < out_last; ++o) yl[o] = static_cast<T>(best[static_cast<size_t>(o)]);
-        if constexpr (kIndices) {
+      }
+    }
+  });
+}
+
+// y = max over each window; indices (when kIndices) = the flattened position of the first
+// maximum, found by walking each window tap by tap in row-major order.
+template <class T, bool kIndices>
+void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, T* y,
+              int64_t* indices) {
+  if constexpr (!kIndices) {
+    return max_pool_values(p, window, x, y);
+  } else {
+    using V = compute_t<T>;
+    const int64_t out_last = p.out.back();
+    const V lowest = std::numeric_limits<V>::has_infinity ? -std::numeric_limits<V>::infinity()
+                                                          : std::numeric_limits<V>::lowest();
+    parallel_for(p.channels, grain_for(p, window), [&](int64_t begin, int64_t end) {
+      std::vector<V> best(static_cast<size_t>(out_last));
+      std::vector<int64_t> best_b(static_cast<size_t>(out_last)), best_i(best_b.size());
+      for (int64_t c = begin; c < end; ++c) {
+        const T* xc = x + c * p.in_size;
+        for (size_t l = 0; l + 1 < p.line_begin.size(); ++l) {
+          std::fill(best.begin(), best.end(), lowest);
+          std::fill(best_b.begin(), best_b.end(), -1);
+          for (int64_t b = p.line_begin[l]; b < p.line_begin[l + 1]; ++b) {
+            const T* row = xc + p.row_base[static_cast<size_t>(b)];
+            for (size_t k = 0; k < p.last_shift.size(); ++k) {
+              for (int64_t o = p.last_first[k]; o < p.last_last[k]; ++o) {
+                const int64_t i = o * p.last_stride + p.last_shift[k];
+                const V v = static_cast<V>(row[i]);
+                V& m = best[static_cast<size_t>(o)];
+                auto& bb = best_b[static_cast<size_t>(o)];  // first maximum; the first NaN beats everything
+                if (v > m || bb < 0 || (is_nan(v) && !is_nan(m))) {
+                  m = v;
+                  bb = b;
+                  best_i[static_cast<size_t>(o)] = i;
+                }
+              }
+            }
+          }
+          T* yl = y + c * p.out_size + static_cast<int64_t>(l) * out_last;
+          for (int64_t o = 0; o < out_last; ++o) yl[o] = static_cast<T>(best[static_cast<size_t>(o)]);
           int64_t* il = indices + c * p.out_size + static_cast<int64_t>(l) * out_last;
           for (size_t o = 0; o < best_b.size(); ++o) {
             const int64_t b = best_b[o];
@@ -297,8 +311,8 @@ void max_pool(const PoolPlan& p, int64_t window, bool column_major, const T* x, 
           }
         }
       }
-    }
-  });
+    });
+  }
 }
 
 template <class T>

@@ -647,9 +647,11 @@ TEST(ConvTest, TapsThatReadOnlyPaddingAreFoundByHand) {
   g2.pad_begin = g2.pad_end = {1, 1};
   ops::TapCrop crop{g2, {1, 1}};
   crop.geometry.kernel = {1, 2};
-  std::vector<float> w(36), wc(8), back(36, -1.0f);
+  std::vector<float> w(36), back(36, -1.0f);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
-  ops::gather_taps(g2, crop, w.data(), wc.data());
+  const Tensor cropped = ops::gather_taps(g2, crop, w.data());
+  ASSERT_EQ(cropped.shape(), Shape({2, 2, 1, 2}));
+  const std::vector<float> wc(cropped.data<float>(), cropped.data<float>() + cropped.numel());
   EXPECT_EQ(wc, (std::vector<float>{4, 5, 13, 14, 22, 23, 31, 32}));
   ops::scatter_taps(g2, crop, wc.data(), back.data());
   for (size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], i % 9 == 4 || i % 9 == 5 ? w[i] : 0.0f) << i;
