@@ -342,6 +342,11 @@ class Backward {
     const Activation& f = a_.act(d, 0);
     const Activation& h_act = a_.act(d, 2);
     const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
+    if (!p && !a_.clip && !a_.input_forget && f.kind == ActKind::Sigmoid && a_.act(d, 1).kind == ActKind::Tanh &&
+        h_act.kind == ActKind::Tanh) {
+      default_lstm_step(step, reverse, d);
+      return;
+    }
     for_active(lens_, step, reverse, 32 * H, [&](int64_t b, int64_t t) {
       V* __restrict dh = step_dh(d, b, t);
       V* __restrict dc = dc_.data() + b * H;
@@ -378,6 +383,36 @@ class Backward {
         dp[2 * H + j] += daf * c_prev[j];
       }
       std::fill(dh, dh + H, V(0));  // all of dH_prev comes through R
+      keep_row(step, b, t);
+    });
+  }
+
+  // lstm_step for ONNX's default LSTM (activations Sigmoid, Tanh, Tanh; no clip, peepholes or
+  // input_forget): the same arithmetic in one loop over the hidden units, each slope formed from
+  // the gate's value where it is used (sigmoid' = y (1 - y), tanh' = 1 - y^2) instead of a pass
+  // through the slope buffer; the loop vectorizes (the general one, with its peephole and
+  // input_forget terms, does not).
+  void default_lstm_step(int64_t step, bool reverse, int64_t d) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
+    for_active(lens_, step, reverse, 16 * H, [&](int64_t b, int64_t t) {
+      V* __restrict dh = step_dh(d, b, t);
+      V* __restrict dc = dc_.data() + b * H;
+      const V* __restrict y = at(trace_.gates, step, b, N, GH);  // gate blocks i o f c
+      const V* __restrict c_prev = at(trace_.c, step, b, N, H);
+      const V* __restrict hc = at(trace_.hc, step, b, N, H);      // tanh(C)
+      V* __restrict dg = dg_.data() + b * GH;
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) {
+        const V i = y[j], o = y[H + j], f = y[2 * H + j], c = y[3 * H + j], h = hc[j];
+        const V dao = dh[j] * h * (o * (V(1) - o));
+        const V dct = dc[j] + dh[j] * o * (V(1) - h * h);
+        dc[j] = dct * f;
+        dg[j] = dct * c * (i * (V(1) - i));
+        dg[H + j] = dao;
+        dg[2 * H + j] = dct * c_prev[j] * (f * (V(1) - f));
+        dg[3 * H + j] = dct * i * (V(1) - c * c);
+        dh[j] = V(0);  // all of dH_prev comes through R
+      }
       keep_row(step, b, t);
     });
   }

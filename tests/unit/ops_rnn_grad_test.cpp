@@ -226,6 +226,35 @@ TEST(RnnGradTest, LstmPeepholesAndInputForget) {
          .extra = {attr("input_forget", int64_t{1})}});
 }
 
+// ONNX's default LSTM (Sigmoid, Tanh, Tanh; no clip, peepholes or input_forget) takes a fused
+// step (rnn_grad.cpp default_lstm_step); with peepholes present, even all zero, the general step
+// runs. The two must give the same gradients. H = 19 spans a 16-lane vector and a remainder; the
+// lengths leave some entries inactive at some steps.
+TEST(RnnGradTest, DefaultLstmStepEqualsTheGeneralStep) {
+  const Config fused{.name = "default LSTM", .op = "LSTM", .direction = "bidirectional", .initial_h = true,
+                     .initial_c = true, .lens = {4, 2, 0, 3, 4}, .N = 5, .H = 19};
+  check(fused);
+  Config general = fused;
+  general.peepholes = true;
+  Loss loss(fused, fused.inputs(11));
+  const std::vector<Tensor> r64 = output_gradients(loss, fused.inputs(11), 91);
+  for (DataType dtype : {DataType::Float64, DataType::Float32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::vector<Tensor> inputs = cast_all(fused.inputs(11), dtype), r = cast_all(r64, dtype);
+    std::vector<Tensor> with_p = inputs;
+    with_p[7] = Tensor::zeros(dtype, {fused.D(), 3 * fused.H});
+    const std::vector<Tensor> a = run_grad(fused, inputs, r), b = run_grad(general, with_p, r);
+    for (int i : {0, 1, 2, 3, 5, 6}) {
+      SCOPED_TRACE("gradient of input " + std::to_string(i));
+      ASSERT_TRUE(a[static_cast<size_t>(i)].defined());
+      // The same products and sums in the same order; only the fused loop's rounding of each
+      // slope product may differ (float32: a few ulps carried through 4 steps).
+      const double tol = dtype == DataType::Float64 ? 1e-13 : 1e-6;
+      expect_close(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], tol, tol);
+    }
+  }
+}
+
 TEST(RnnGradTest, GruLinearBeforeReset) {
   check({.name = "forward", .op = "GRU", .initial_h = true, .extra = {attr("linear_before_reset", int64_t{1})}});
   check({.name = "bidirectional, lens", .op = "GRU", .direction = "bidirectional", .lens = {1, 4, 3},
