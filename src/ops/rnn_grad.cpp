@@ -26,12 +26,15 @@
 //         di = dC c, df = dC C_prev, dc = dC i (input_forget: di -= df, no f gate);
 //         dai = di s_i, daf = df s_f, dac = dc s_c;
 //         dC_prev = dC f + dai P_i + daf P_f,  dH_prev = [dai, dao, daf, dac] R
-// Each step's products with R are one GEMM over the batch; an entry past its sequence length
+// Each step's products with R are one GEMM over the batch (a float32 default LSTM on several
+// threads: one per thread's share of the batch, default_lstm_batch_split); an entry past its sequence length
 // keeps dH and dC unchanged (its rows of the step's gradients are zero). The gate gradients of
 // all steps, kept in X's row order, give the weight gradients in one GEMM each:
 //   dX = dG W,  dW = dG^T X,  dR = dG_rec^T H_in,  dWb = colsum(dG),  dRb = colsum(dG_rec)
 // where dG_rec equals dG except for GRU's h gate (dah' above) and H_in is H_prev except for
 // GRU's h gate without linear_before_reset (r . H_prev).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -230,6 +233,10 @@ class Backward {
     load_final_gradients(d);
     const bool reverse = a_.reverse(d);
     const V* r = weights(in_.r, d);
+    if (const int threads = batch_split_threads(d); threads > 1) {
+      default_lstm_batch_split(d, reverse, threads);
+      return;
+    }
     for (int64_t step = trace_.steps - 1; step >= 0; --step) {
       // Entries past their length contribute zero rows to the step's GEMMs.
       for (int64_t b = 0; b < N; ++b) {
@@ -342,9 +349,8 @@ class Backward {
     const Activation& f = a_.act(d, 0);
     const Activation& h_act = a_.act(d, 2);
     const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
-    if (!p && !a_.clip && !a_.input_forget && f.kind == ActKind::Sigmoid && a_.act(d, 1).kind == ActKind::Tanh &&
-        h_act.kind == ActKind::Tanh) {
-      default_lstm_step(step, reverse, d);
+    if (default_lstm(d)) {
+      for_active(lens_, step, reverse, 16 * H, [&](int64_t b, int64_t t) { default_lstm_entry(d, step, b, t); });
       return;
     }
     for_active(lens_, step, reverse, 32 * H, [&](int64_t b, int64_t t) {
@@ -387,34 +393,74 @@ class Backward {
     });
   }
 
-  // lstm_step for ONNX's default LSTM (activations Sigmoid, Tanh, Tanh; no clip, peepholes or
-  // input_forget): the same arithmetic in one loop over the hidden units, each slope formed from
-  // the gate's value where it is used (sigmoid' = y (1 - y), tanh' = 1 - y^2) instead of a pass
-  // through the slope buffer; the loop vectorizes (the general one, with its peephole and
-  // input_forget terms, does not).
-  void default_lstm_step(int64_t step, bool reverse, int64_t d) {
+  // Whether direction d is ONNX's default LSTM: activations Sigmoid, Tanh, Tanh; no clip,
+  // peepholes or input_forget.
+  bool default_lstm(int64_t d) const {
+    return a_.cell == Cell::Lstm && !in_.p.defined() && !a_.clip && !a_.input_forget &&
+           a_.act(d, 0).kind == ActKind::Sigmoid && a_.act(d, 1).kind == ActKind::Tanh &&
+           a_.act(d, 2).kind == ActKind::Tanh;
+  }
+
+  // lstm_step's arithmetic for entry b at time t of a default LSTM, in one loop over the hidden
+  // units, each slope formed from the gate's value where it is used (sigmoid' = y (1 - y), tanh'
+  // = 1 - y^2) instead of a pass through the slope buffer; the loop vectorizes (the general one,
+  // with its peephole and input_forget terms, does not).
+  void default_lstm_entry(int64_t d, int64_t step, int64_t b, int64_t t) {
     const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
-    for_active(lens_, step, reverse, 16 * H, [&](int64_t b, int64_t t) {
-      V* __restrict dh = step_dh(d, b, t);
-      V* __restrict dc = dc_.data() + b * H;
-      const V* __restrict y = at(trace_.gates, step, b, N, GH);  // gate blocks i o f c
-      const V* __restrict c_prev = at(trace_.c, step, b, N, H);
-      const V* __restrict hc = at(trace_.hc, step, b, N, H);      // tanh(C)
-      V* __restrict dg = dg_.data() + b * GH;
+    V* __restrict dh = step_dh(d, b, t);
+    V* __restrict dc = dc_.data() + b * H;
+    const V* __restrict y = at(trace_.gates, step, b, N, GH);  // gate blocks i o f c
+    const V* __restrict c_prev = at(trace_.c, step, b, N, H);
+    const V* __restrict hc = at(trace_.hc, step, b, N, H);      // tanh(C)
+    V* __restrict dg = dg_.data() + b * GH;
 #pragma omp simd
-      for (int64_t j = 0; j < H; ++j) {
-        const V i = y[j], o = y[H + j], f = y[2 * H + j], c = y[3 * H + j], h = hc[j];
-        const V dao = dh[j] * h * (o * (V(1) - o));
-        const V dct = dc[j] + dh[j] * o * (V(1) - h * h);
-        dc[j] = dct * f;
-        dg[j] = dct * c * (i * (V(1) - i));
-        dg[H + j] = dao;
-        dg[2 * H + j] = dct * c_prev[j] * (f * (V(1) - f));
-        dg[3 * H + j] = dct * i * (V(1) - c * c);
-        dh[j] = V(0);  // all of dH_prev comes through R
+    for (int64_t j = 0; j < H; ++j) {
+      const V i = y[j], o = y[H + j], f = y[2 * H + j], c = y[3 * H + j], h = hc[j];
+      const V dao = dh[j] * h * (o * (V(1) - o));
+      const V dct = dc[j] + dh[j] * o * (V(1) - h * h);
+      dc[j] = dct * f;
+      dg[j] = dct * c * (i * (V(1) - i));
+      dg[H + j] = dao;
+      dg[2 * H + j] = dct * c_prev[j] * (f * (V(1) - f));
+      dg[3 * H + j] = dct * i * (V(1) - c * c);
+      dh[j] = V(0);  // all of dH_prev comes through R
+    }
+    keep_row(step, b, t);
+  }
+
+  // Whether, and on how many threads, direction d's steps run as default_lstm_batch_split:
+  // a float32 default LSTM with at least kSplitRows batch entries per thread.
+  int batch_split_threads(int64_t d) const {
+    if (!std::is_same_v<V, float> || !default_lstm(d) || omp_in_parallel()) return 1;
+    return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), s_.batch / kSplitRows));
+  }
+  static constexpr int64_t kSplitRows = 8;
+
+  // backward()'s steps in one parallel region, the batch split between the threads as in the
+  // forward pass (rnn.cpp lstm_batch_split): an entry's gradients depend on no other entry's, so
+  // each thread walks the steps back for its rows [b0, b1) alone (default_lstm_entry, then dH_prev
+  // += dG R for its rows through a single-threaded sgemm), with no barrier between steps; the
+  // general path forks twice per step. The same arithmetic up to float32 rounding in sgemm (its
+  // sums over a thread's rows may be blocked otherwise than over the whole batch).
+  void default_lstm_batch_split(int64_t d, bool reverse, int threads) {
+    const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
+    const V* r = weights(in_.r, d);
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t b0 = N * id / count, b1 = N * (id + 1) / count;
+      for (int64_t step = trace_.steps - 1; step >= 0; --step) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
+          if (t >= 0) {
+            default_lstm_entry(d, step, b, t);
+          } else {  // past the entry's length: zero rows, dH and dC unchanged
+            std::fill(dg_.begin() + b * GH, dg_.begin() + (b + 1) * GH, V(0));
+          }
+        }
+        gemm<V>(false, false, b1 - b0, H, GH, dg_.data() + b0 * GH, GH, r, H, dh_.data() + b0 * H, H, true);
       }
-      keep_row(step, b, t);
-    });
+    }
   }
 
   void weight_gradients(int64_t d) {

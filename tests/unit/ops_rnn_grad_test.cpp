@@ -230,9 +230,7 @@ TEST(RnnGradTest, LstmPeepholesAndInputForget) {
 // step (rnn_grad.cpp default_lstm_step); with peepholes present, even all zero, the general step
 // runs. The two must give the same gradients. H = 19 spans a 16-lane vector and a remainder; the
 // lengths leave some entries inactive at some steps.
-TEST(RnnGradTest, DefaultLstmStepEqualsTheGeneralStep) {
-  const Config fused{.name = "default LSTM", .op = "LSTM", .direction = "bidirectional", .initial_h = true,
-                     .initial_c = true, .lens = {4, 2, 0, 3, 4}, .N = 5, .H = 19};
+void check_default_lstm_against_general(const Config& fused) {
   check(fused);
   Config general = fused;
   general.peepholes = true;
@@ -253,6 +251,24 @@ TEST(RnnGradTest, DefaultLstmStepEqualsTheGeneralStep) {
       expect_close(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)], tol, tol);
     }
   }
+}
+
+TEST(RnnGradTest, DefaultLstmStepEqualsTheGeneralStep) {
+  check_default_lstm_against_general({.name = "default LSTM", .op = "LSTM", .direction = "bidirectional",
+                                      .initial_h = true, .initial_c = true, .lens = {4, 2, 0, 3, 4}, .N = 5,
+                                      .H = 19});
+}
+
+// From 16 batch entries on two threads a float32 default LSTM's backward steps run with the batch
+// split between the threads (default_lstm_batch_split), the general step over the whole batch.
+TEST(RnnGradTest, DefaultLstmBatchSplitBetweenThreads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  std::vector<int32_t> lens(18);
+  for (size_t b = 0; b < lens.size(); ++b) lens[b] = static_cast<int32_t>((b * 7) % 5);  // 0 to 4, ragged
+  check_default_lstm_against_general({.name = "default LSTM, batch 18", .op = "LSTM", .direction = "bidirectional",
+                                      .initial_h = true, .initial_c = true, .lens = lens, .N = 18, .H = 19});
+  omp_set_num_threads(saved);
 }
 
 TEST(RnnGradTest, GruLinearBeforeReset) {
