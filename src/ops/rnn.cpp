@@ -226,6 +226,12 @@ bool slope_reads_input(ActKind kind) {
   return true;
 }
 
+bool is_default_lstm(const RnnAttrs& a, bool has_peepholes, int64_t d) {
+  return a.cell == Cell::Lstm && !has_peepholes && !a.clip && !a.input_forget &&
+         a.act(d, 0).kind == ActKind::Sigmoid && a.act(d, 1).kind == ActKind::Tanh &&
+         a.act(d, 2).kind == ActKind::Tanh;
+}
+
 bool keeps_pre_activations(const RnnAttrs& a) {
   if (a.clip) return true;
   for (int64_t d = 0; d < a.num_directions; ++d) {
@@ -736,9 +742,38 @@ class Recurrence {
     }
   }
 
+  // lstm_cell for a float32 default LSTM: the gates i, o, f (contiguous) through one sigmoid call
+  // and c through one tanh, written straight into the trace's row (or in place without a trace),
+  // and h(C[t]) likewise, instead of four gate passes each followed by a copy into the trace.
+  // The same functions on the same values: the results are lstm_cell's.
+  void default_lstm_cell(int64_t step, int64_t b, int64_t t, V* y, int64_t d) {
+    const int64_t H = s_.hidden, GH = 4 * H;
+    V* __restrict g = rec_.data() + b * GH;
+    const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
+    for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
+    V* __restrict gates = trace_ ? trace_->gates + (step * s_.batch + b) * GH : g;
+    vmath::sigmoid(g, gates, 3 * H);
+    vmath::tanh(g + 3 * H, gates + 3 * H, H);
+    const V *__restrict gi = gates, *__restrict go = gates + H, *__restrict gf = gates + 2 * H,
+                        *__restrict gc = gates + 3 * H;
+    V* __restrict c = c_.data() + b * H;
+    for (int64_t j = 0; j < H; ++j) c[j] = gf[j] * c[j] + gi[j] * gc[j];
+    V* __restrict hc = trace_ ? trace_->hc + (step * s_.batch + b) * H : scratch_.data() + b * H;
+    vmath::tanh(c, hc, H);
+    V* __restrict h = h_.data() + b * H;
+    for (int64_t j = 0; j < H; ++j) h[j] = go[j] * hc[j];
+    if (y) std::copy(h, h + H, y + s_.y_offset(t, d, b));
+  }
+
   // One LSTM step of batch entry b at time t: rec_'s row b holds H[t-1] R^T; adds X W^T + bias,
   // runs the gates and updates c_ and h_'s rows b (and y's, the trace's).
   void lstm_cell(int64_t d, int64_t step, int64_t b, int64_t t, V* y) {
+    if constexpr (std::is_same_v<V, float>) {
+      if (is_default_lstm(a_, in_.p.defined(), d)) {
+        default_lstm_cell(step, b, t, y, d);
+        return;
+      }
+    }
     const int64_t H = s_.hidden, GH = 4 * H;
     const Activation& f = a_.act(d, 0);
     const Activation& g_act = a_.act(d, 1);

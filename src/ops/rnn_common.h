@@ -241,6 +241,10 @@ bool slope_reads_input(ActKind kind);
 // Whether the backward pass reads the gates' pre-activations: under `clip` (its mask) or when an
 // activation's slope is a function of its input.
 bool keeps_pre_activations(const RnnAttrs& a);
+// Whether direction d of `a` is ONNX's default LSTM, which the float32 fast paths of rnn.cpp and
+// rnn_grad.cpp take: activations Sigmoid, Tanh, Tanh; no clip, input_forget or peepholes
+// (`has_peepholes`: input P is present). Its trace keeps no pre-activations.
+bool is_default_lstm(const RnnAttrs& a, bool has_peepholes, int64_t d);
 
 // Offsets of a Trace's parts in one direction's flat buffer of `elements` values, sized for
 // s.seq steps (the longest sequence a run can have); -1 for a part the cell does not keep.

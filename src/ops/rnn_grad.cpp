@@ -393,13 +393,7 @@ class Backward {
     });
   }
 
-  // Whether direction d is ONNX's default LSTM: activations Sigmoid, Tanh, Tanh; no clip,
-  // peepholes or input_forget.
-  bool default_lstm(int64_t d) const {
-    return a_.cell == Cell::Lstm && !in_.p.defined() && !a_.clip && !a_.input_forget &&
-           a_.act(d, 0).kind == ActKind::Sigmoid && a_.act(d, 1).kind == ActKind::Tanh &&
-           a_.act(d, 2).kind == ActKind::Tanh;
-  }
+  bool default_lstm(int64_t d) const { return is_default_lstm(a_, in_.p.defined(), d); }
 
   // lstm_step's arithmetic for entry b at time t of a default LSTM, in one loop over the hidden
   // units, each slope formed from the gate's value where it is used (sigmoid' = y (1 - y), tanh'
