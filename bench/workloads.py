@@ -12,9 +12,13 @@ For each workload, in one run:
 - training: `onnxtrain train` on the .npz (--no-shuffle; one epoch holds every timed step, so no
   epoch-end checkpoint lands inside the timing) against PyTorch eager (bench/workload_torch.py,
   the same module, optimizer and batches in memory), at each thread
-  count of --threads; each side's best. onnxtrain's steps/s leave out the start-up: it runs WARMUP
-  and WARMUP + STEPS steps, and the rate is STEPS over the difference of the wall times (as
-  bench/distributed.py does); PyTorch times STEPS steps after WARMUP in one process. Peak RSS is
+  count of --threads; each side's best. Both leave out the start-up and time STEPS steps after
+  WARMUP in one process: onnxtrain from the per-step records of `onnxtrain train --metrics`
+  (steps_per_s there is the steps so far over the seconds since the training loop began, so the
+  loop's time at step k is k / steps_per_s), PyTorch by its own clock. (Until 2026-11-25 onnxtrain's
+  rate was STEPS over the difference of the wall times of a WARMUP- and a WARMUP + STEPS-step
+  run; a slow start-up of the shorter run inflated it: BERT 5.82 steps/s in one run, 3.8-4.1 by
+  hand.) Peak RSS is
   the largest VmHWM of /proc/PID/status polled every 20 ms.
 - torch.compile (inductor) at PyTorch eager's best thread count, under --compile-timeout.
 - the loss of step 1 on each side (the same initial weights and batch): a check that both compute
@@ -120,20 +124,21 @@ def prepare(name, tools, errors, batches):
 
 
 def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
-    """(steps/s without start-up, peak MiB of the longer run, loss of step 1)."""
+    """(steps/s of the `steps` steps after WARMUP, peak MiB of the run, loss of step 1)."""
     metrics = os.path.join(WORK, f"{name}_metrics.jsonl")
-
-    def run(n, extra=()):
-        return measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
-                         str(workload_models.BATCH[name]), "--epochs", "1", "--max-steps", str(n), "--no-shuffle",
-                         "--threads", str(threads), "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx"), *extra],
-                        timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     if os.path.exists(metrics):
         os.remove(metrics)
-    _, short, _ = run(WARMUP[name], ("--metrics", metrics))
-    _, long, peak = run(WARMUP[name] + steps)
-    first = next(r for r in map(json.loads, open(metrics)) if r["type"] == "step")
-    return steps / max(long - short, 1e-9), peak, first["loss"]
+    _, _, peak = measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
+                           str(workload_models.BATCH[name]), "--epochs", "1", "--max-steps",
+                           str(WARMUP[name] + steps), "--no-shuffle", "--threads", str(threads), "-q", "-o",
+                           os.path.join(WORK, f"{name}_trained.onnx"), "--metrics", metrics],
+                          timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    records = [r for r in map(json.loads, open(metrics)) if r["type"] == "step"]
+    if len(records) != WARMUP[name] + steps:
+        raise Failed(f"onnxtrain train ran {len(records)} steps, expected {WARMUP[name] + steps}")
+    # The k-th record's steps_per_s is k steps over the loop's seconds so far.
+    seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
+    return steps / max(seconds[-1] - seconds[WARMUP[name] - 1], 1e-9), peak, records[0]["loss"]
 
 
 def torch_rate(name, threads, steps, timeout, compile_=False):
