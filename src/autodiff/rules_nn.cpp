@@ -169,16 +169,36 @@ void softmax_family(Builder& b, F f) {
   b.set_GI(0, b.op("Reshape", {f(g2, y2, 1), b.op("Shape", {b.I(0)})}));
 }
 void softmax_rule(Builder& b) {
-  // dx = y (dy - sum(dy y))
+  // dx = y (dy - sum(dy y)): ai.onnxtrain.SoftmaxGrad, one kernel (ops/softmax.cpp)
   softmax_family(b, [&](const std::string& g, const std::string& y, int64_t axis) {
-    return mul(b, y, sub(b, g, b.reduce_sum(mul(b, g, y), {axis}, true)));
+    return b.op("SoftmaxGrad", {g, y}, {attr_int("axis", axis)}, kInternalDomain);
   });
 }
 void log_softmax_rule(Builder& b) {
-  // dx = dy - e^y sum(dy)
+  // dx = dy - e^y sum(dy): ai.onnxtrain.LogSoftmaxGrad
   softmax_family(b, [&](const std::string& g, const std::string& y, int64_t axis) {
-    return sub(b, g, mul(b, b.op("Exp", {y}), b.reduce_sum(g, {axis}, true)));
+    return b.op("LogSoftmaxGrad", {g, y}, {attr_int("axis", axis)}, kInternalDomain);
   });
+}
+// The second-order rules: with v the gradient flowing into dx and s the line sums along axis,
+//   SoftmaxGrad(g, y) = y (g - s),  s = sum(g y):  dg = SoftmaxGrad(v, y) (it is linear in g),
+//                                                   dy = v (g - s) - g sum(v y)
+//   LogSoftmaxGrad(g, y) = g - e^y sum(g):        dg = v - sum(v e^y),  dy = -v e^y sum(g)
+void softmax_grad_rule(Builder& b) {
+  const int64_t axis = b.get_int("axis", -1);
+  const std::string g = b.I(0), y = b.I(1), v = b.GO(0);
+  if (b.needs(0)) b.set_GI(0, b.op("SoftmaxGrad", {v, y}, {attr_int("axis", axis)}, kInternalDomain));
+  if (b.needs(1)) {
+    const std::string s = b.reduce_sum(mul(b, g, y), {axis}, true);
+    b.set_GI(1, sub(b, mul(b, v, sub(b, g, s)), mul(b, g, b.reduce_sum(mul(b, v, y), {axis}, true))));
+  }
+}
+void log_softmax_grad_rule(Builder& b) {
+  const int64_t axis = b.get_int("axis", -1);
+  const std::string g = b.I(0), v = b.GO(0);
+  const std::string e = b.op("Exp", {b.I(1)});
+  if (b.needs(0)) b.set_GI(0, sub(b, v, b.reduce_sum(mul(b, v, e), {axis}, true)));
+  if (b.needs(1)) b.set_GI(1, neg(b, mul(b, mul(b, v, e), b.reduce_sum(g, {axis}, true))));
 }
 
 // ---- losses ----
@@ -269,13 +289,17 @@ std::vector<Rule> nn_rules() {
                                  "training: dx = scale invstd (dy - mean(dy) - xhat mean(dy xhat)) (ai.onnxtrain.BatchNormalizationGrad); inference: dx = dy scale invstd"},
     {"", "InstanceNormalization", inputs_mask({0, 1, 2}), false, instance_norm_rule, "as BatchNormalization in training, per instance"},
     {"", "Dropout",              kIn0, false, dropout_rule,              "training: dx = dy mask / (1 - ratio); inference: dx = dy"},
-    {"", "Softmax",              kIn0, false, softmax_rule,              "dx = y (dy - sum(dy y))"},
-    {"", "LogSoftmax",           kIn0, false, log_softmax_rule,          "dx = dy - e^y sum(dy)"},
+    {"", "Softmax",              kIn0, false, softmax_rule,              "dx = y (dy - sum(dy y)) (ai.onnxtrain.SoftmaxGrad)"},
+    {"", "LogSoftmax",           kIn0, false, log_softmax_rule,          "dx = dy - e^y sum(dy) (ai.onnxtrain.LogSoftmaxGrad)"},
     {"", "SoftmaxCrossEntropyLoss", kIn0, false, softmax_cross_entropy_rule, "dx = (softmax(x) - onehot(label)) w dy"},
     {"", "NegativeLogLikelihoodLoss", kIn0, false, nll_loss_rule,        "dx = -onehot(target) w dy"},
     {kInternalDomain, "SumToShape",         kIn0, false, sum_to_shape_rule, "dg = expand(dy, shape(g))"},
     {kInternalDomain, "GatherGrad",         kIn0, false, gather_grad_rule,  "dg = Gather(dy)"},
     {kInternalDomain, "SliceGrad",          kIn0, false, slice_grad_rule,   "dg = Slice(dy)"},
+    {kInternalDomain, "SoftmaxGrad",        inputs_mask({0, 1}), false, softmax_grad_rule,
+     "z = SoftmaxGrad(g, y): dg = SoftmaxGrad(dz, y), dy = dz (g - sum(g y)) - g sum(dz y)"},
+    {kInternalDomain, "LogSoftmaxGrad",     inputs_mask({0, 1}), false, log_softmax_grad_rule,
+     "z = LogSoftmaxGrad(g, y): dg = dz - sum(dz e^y), dy = -dz e^y sum(g)"},
     {kInternalDomain, "GatherElementsGrad", kIn0, false, gather_grad_rule,  "dg = GatherElements(dy)"},
     {kInternalDomain, "GatherNDGrad",       kIn0, false, gather_grad_rule,  "dg = GatherND(dy)"},
     {kInternalDomain, "SyncBatchNormalization", inputs_mask({0, 1, 2}), false, sync_batch_norm_rule,

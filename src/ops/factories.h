@@ -60,6 +60,7 @@ std::unique_ptr<Kernel> make_batch_norm_grad(const KernelInit& init);
 
 // softmax.cpp
 std::unique_ptr<Kernel> make_softmax(const KernelInit& init);  // Softmax, LogSoftmax, Hardmax
+std::unique_ptr<Kernel> make_softmax_grad(const KernelInit& init);  // ai.onnxtrain.SoftmaxGrad, LogSoftmaxGrad
 
 // reduce.cpp
 std::unique_ptr<Kernel> make_reduce(const KernelInit& init);      // Reduce*

@@ -371,6 +371,8 @@ const KernelDef kKernels[] = {
   {kInternal, "GatherElementsGrad", 1, 1,    kFloat,            make_gather_grad},
   {kInternal, "GatherNDGrad",       1, 1,    kFloat,            make_gather_grad},
   {kInternal, "SliceGrad",          1, 1,    kFloat,            make_slice_grad},  // indexing.cpp
+  {kInternal, "SoftmaxGrad",        1, 1,    kFloat,            make_softmax_grad},  // softmax.cpp
+  {kInternal, "LogSoftmaxGrad",     1, 1,    kFloat,            make_softmax_grad},
   {kInternal, "GatherElements",     1, 1,    kAll,              make_gather_elements},  // for Scatter-9/10 gradients
   {kInternal, "ConvGrad",           1, 1,    kFloat,            make_conv_grad},
   {kInternal, "ConvTransposeGrad",  1, 1,    kFloat,            make_conv_grad},

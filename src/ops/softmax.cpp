@@ -1,4 +1,5 @@
-// Softmax, LogSoftmax, Hardmax (ai.onnx opset 1+).
+// Softmax, LogSoftmax, Hardmax (ai.onnx opset 1+), and the gradients of the first two
+// (ai.onnxtrain.SoftmaxGrad, LogSoftmaxGrad: below, before the factories).
 //
 // Opset 13+: the op runs along `axis` (default -1, in [-r, r-1]): with X seen as
 // [outer, n, inner] (n = dims[axis]), each of the outer * inner lines of n elements is
@@ -167,6 +168,28 @@ void tile_op(Kind kind, const T* x, T* y, V* work, int64_t n, int64_t inner, int
   }
 }
 
+// The lines of a tensor seen as [outer, n, inner], each n elements along the middle dim, split
+// between the threads: with inner == 1 each line is a contiguous row and `row(offset)` gets the
+// offset of its first element; otherwise `tile(offset, w)` gets blocks of w <= kTile
+// neighbouring lines of one outer block (element k of line j at offset + k * inner + j).
+template <class Row, class Tile>
+void for_each_line(int64_t outer, int64_t n, int64_t inner, Row row, Tile tile) {
+  if (inner == 1) {
+    parallel_for(outer, std::max<int64_t>(1, kParallelGrain / n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) row(r * n);
+    });
+    return;
+  }
+  const int64_t tiles = (inner + kTile - 1) / kTile;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / (n * std::min(inner, kTile)));
+  parallel_for(outer * tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t o = t / tiles, j0 = (t % tiles) * kTile;
+      tile(o * n * inner + j0, std::min(kTile, inner - j0));
+    }
+  });
+}
+
 template <class T>
 void run_softmax(Kind kind, const Tensor& input, Tensor& output, int64_t outer, int64_t n, int64_t inner) {
   using V = compute_t<T>;
@@ -181,27 +204,92 @@ void run_softmax(Kind kind, const Tensor& input, Tensor& output, int64_t outer, 
     if (kind == Kind::Softmax) scratch.resize(static_cast<size_t>(output.numel()));
     work = scratch.data();
   }
-  if (inner == 1) {
-    parallel_for(outer, std::max<int64_t>(1, kParallelGrain / n), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        row_op<T>(kind, x + r * n, y + r * n, work + (kind == Kind::Softmax ? r * n : 0), n);
-      }
-    });
-    return;
+  const auto work_at = [&](int64_t offset) { return work + (kind == Kind::Softmax ? offset : 0); };
+  for_each_line(
+      outer, n, inner, [&](int64_t offset) { row_op<T>(kind, x + offset, y + offset, work_at(offset), n); },
+      [&](int64_t offset, int64_t w) { tile_op<T>(kind, x + offset, y + offset, work_at(offset), n, inner, w); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// ai.onnxtrain.SoftmaxGrad(dY, Y) and ai.onnxtrain.LogSoftmaxGrad(dY, Y), attribute axis
+// (default -1): the gradient of Softmax / LogSoftmax along one axis (opset-13 semantics; the
+// rules of autodiff/rules_nn.cpp flatten older opsets' inputs to 2-D and pass axis 1), given
+// the op's output Y and the gradient dY flowing into it, both of one shape; per line along axis:
+//   SoftmaxGrad:    dX = Y (dY - sum(dY Y))
+//   LogSoftmaxGrad: dX = dY - exp(Y) sum(dY)
+// One pass over the line for the sum and one for dX, instead of the four to five element-wise
+// ops (and their intermediate tensors) the formulas take as ONNX ops. Sums in the compute type
+// (float for float16 and bfloat16).
+
+// Line sums for one contiguous row of n elements, then its dX.
+template <class T, class V = compute_t<T>>
+void row_grad(bool log, const T* dy, const T* y, T* dx, int64_t n) {
+  V s = 0;
+  if (log) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += convert<V>(dy[i]);
+    for (int64_t i = 0; i < n; ++i) dx[i] = convert<T>(convert<V>(dy[i]) - std::exp(convert<V>(y[i])) * s);
+  } else {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += convert<V>(dy[i]) * convert<V>(y[i]);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = convert<T>(convert<V>(y[i]) * (convert<V>(dy[i]) - s));
   }
-  const int64_t tiles = (inner + kTile - 1) / kTile;
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / (n * std::min(inner, kTile)));
-  parallel_for(outer * tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t o = t / tiles, j0 = (t % tiles) * kTile;
-      const int64_t offset = o * n * inner + j0;
-      tile_op<T>(kind, x + offset, y + offset, work + (kind == Kind::Softmax ? offset : 0), n, inner,
-                 std::min(kTile, inner - j0));
+}
+
+// Lines j in [0, w) of one outer block, element k of line j at k * inner + j (as tile_op).
+template <class T, class V = compute_t<T>>
+void tile_grad(bool log, const T* dy, const T* y, T* dx, int64_t n, int64_t inner, int64_t w) {
+  V s[kTile] = {};
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t at = k * inner + j;
+      s[j] += log ? convert<V>(dy[at]) : convert<V>(dy[at]) * convert<V>(y[at]);
     }
-  });
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t at = k * inner + j;
+      const V g = convert<V>(dy[at]), v = convert<V>(y[at]);
+      dx[at] = convert<T>(log ? g - std::exp(v) * s[j] : v * (g - s[j]));
+    }
+  }
+}
+
+template <class T>
+void run_softmax_grad(bool log, const Tensor& dy, const Tensor& y, Tensor& dx, int64_t outer, int64_t n,
+                      int64_t inner) {
+  const T* g = dy.data<T>();
+  const T* v = y.data<T>();
+  T* out = dx.data<T>();
+  for_each_line(
+      outer, n, inner, [&](int64_t offset) { row_grad<T>(log, g + offset, v + offset, out + offset, n); },
+      [&](int64_t offset, int64_t w) { tile_grad<T>(log, g + offset, v + offset, out + offset, n, inner, w); });
 }
 
 }  // namespace
+
+std::unique_ptr<Kernel> make_softmax_grad(const KernelInit& init) {
+  const bool log = init.op_type() == "LogSoftmaxGrad";
+  const int64_t axis_attr = init.attr_int("axis", -1);
+  return make_kernel([log, axis_attr](KernelContext& ctx) {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& y = ctx.input(1);
+    if (dy.dtype() != y.dtype() || !(dy.shape() == y.shape())) {
+      fail("inputs " + ctx.input_name(0) + " " + dy.description() + " and " + ctx.input_name(1) + " " +
+           y.description() + " must have one type and shape (the gradient of the output, and the output)");
+    }
+    const int64_t rank = static_cast<int64_t>(y.rank());
+    const size_t axis = static_cast<size_t>(
+        normalize_axis(axis_attr, rank, "attribute 'axis' for input " + ctx.input_name(1) + " " + y.description()));
+    const Shape& s = y.shape();
+    Tensor& dx = ctx.allocate_output(0, y.dtype(), s);
+    if (y.numel() == 0) return;
+    visit_dtype<FloatTypes>(y.dtype(), "input " + ctx.input_name(1), [&]<class T>() {
+      run_softmax_grad<T>(log, dy, y, dx, s.numel(0, axis), s[axis], s.numel(axis + 1, s.size()));
+    });
+  });
+}
 
 std::unique_ptr<Kernel> make_softmax(const KernelInit& init) {
   const Kind kind = init.op_type() == "Softmax"      ? Kind::Softmax

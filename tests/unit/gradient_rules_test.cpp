@@ -691,6 +691,12 @@ std::vector<Case> cases() {
   c.push_back({"SliceGrad", {}, {x({2, 2}), fixed(i64({3, 4})), fixed(i64({0, 3})), fixed(i64({3, 0})), fixed(i64({0, 1})),
                                 fixed(i64({2, -2}))},
                1, 1, "ai.onnxtrain"});
+  // Softmax's and LogSoftmax's backward ops, along the last axis (contiguous lines) and a
+  // middle one (lines strided by the inner size); y need not be a softmax for the rules.
+  for (const char* op : {"SoftmaxGrad", "LogSoftmaxGrad"}) {
+    c.push_back({op, {}, {x({2, 3}), x({2, 3})}, 1, 1, "ai.onnxtrain"});
+    c.push_back({op, {attr("axis", int64_t{1})}, {x({2, 3, 2}), x({2, 3, 2})}, 1, 1, "ai.onnxtrain", "middle axis"});
+  }
   // train --sync-batch-norm's BatchNormalization (one process: no sums across ranks); its Grad
   // computes the statistics again when the forward's current_mean and current_var are not named.
   c.push_back({"SyncBatchNormalization", {attr("epsilon", 0.01f)},

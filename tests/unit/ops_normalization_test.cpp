@@ -1,5 +1,6 @@
 // Unit tests for normalization.cpp (BatchNormalization, InstanceNormalization,
-// LayerNormalization, Dropout), softmax.cpp (Softmax, LogSoftmax, Hardmax) and loss.cpp
+// LayerNormalization, Dropout), softmax.cpp (Softmax, LogSoftmax, Hardmax, and the backward ops
+// SoftmaxGrad, LogSoftmaxGrad) and loss.cpp
 // (SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss): hand-computed values, the opset
 // variants the backend tests miss, Dropout's random mask, and error cases.
 #include <cmath>
@@ -101,6 +102,64 @@ TEST(Softmax, HardmaxMarksTheFirstMaximum) {
 TEST(Softmax, RejectsABadAxis) {
   EXPECT_THROW(run("Softmax", {f32({2, 3}, {0, 0, 0, 0, 0, 0})}, {attr("axis", int64_t{2})}, 13), Error);
   EXPECT_THROW(run("Hardmax", {f32({2}, {0, 0})}, {}, 11), Error);  // default axis 1 of a 1-D input
+}
+
+// ai.onnxtrain.SoftmaxGrad / LogSoftmaxGrad (dY, Y) along the middle dim of [outer, n, inner],
+// written from their formulas: dX = Y (dY - sum(dY Y)), dX = dY - exp(Y) sum(dY).
+Tensor naive_softmax_grad(const Tensor& dy, const Tensor& y, int64_t outer, int64_t n, int64_t inner, bool log) {
+  const auto g = dy.to_double_vector(), v = y.to_double_vector();
+  std::vector<double> dx(v.size());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < inner; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const size_t i = static_cast<size_t>((o * n + k) * inner + j);
+        sum += log ? g[i] : g[i] * v[i];
+      }
+      for (int64_t k = 0; k < n; ++k) {
+        const size_t i = static_cast<size_t>((o * n + k) * inner + j);
+        dx[i] = log ? g[i] - std::exp(v[i]) * sum : v[i] * (g[i] - sum);
+      }
+    }
+  }
+  return f64(y.shape(), dx);
+}
+
+Tensor softmax_grad(const std::string& op, const Tensor& dy, const Tensor& y, Attrs attrs = {}) {
+  return run_node(NodeSpec{op, "ai.onnxtrain", 1, std::move(attrs), 1}, {dy, y})[0];
+}
+
+TEST(SoftmaxGrad, RowsTilesAndHalfPrecisionFollowTheFormulas) {
+  for (const bool log : {false, true}) {
+    const std::string op = log ? "LogSoftmaxGrad" : "SoftmaxGrad";
+    SCOPED_TRACE(op);
+    // The rows path (last axis, an odd width for the vectorized loops' tails) and the tiles path
+    // (a middle axis with 300 lines per outer block: more than one tile).
+    const Tensor dy = random({5, 1003}, 3), y = naive_softmax(random({5, 1003}, 4), 5, 1003, 1, log);
+    expect_close(softmax_grad(op, dy, y), naive_softmax_grad(dy, y, 5, 1003, 1, log), 1e-12, 1e-12);
+    expect_close(softmax_grad(op, dy.cast(DataType::Float32), y.cast(DataType::Float32)).cast(DataType::Float64),
+                 naive_softmax_grad(dy.cast(DataType::Float32).cast(DataType::Float64),
+                                    y.cast(DataType::Float32).cast(DataType::Float64), 5, 1003, 1, log),
+                 1e-5, 1e-5);
+    const Tensor dy3 = random({2, 3, 300}, 5), y3 = naive_softmax(random({2, 3, 300}, 6), 2, 3, 300, log);
+    expect_close(softmax_grad(op, dy3, y3, {attr("axis", int64_t{1})}), naive_softmax_grad(dy3, y3, 2, 3, 300, log),
+                 1e-12, 1e-12);
+    expect_close(softmax_grad(op, dy3, y3, {attr("axis", int64_t{-3})}), naive_softmax_grad(dy3, y3, 1, 2, 900, log),
+                 1e-12, 1e-12);
+    const Tensor half = softmax_grad(op, dy3.cast(DataType::Float16), y3.cast(DataType::Float16));
+    ASSERT_EQ(half.dtype(), DataType::Float16);
+    expect_close(half.cast(DataType::Float64),
+                 naive_softmax_grad(dy3.cast(DataType::Float16).cast(DataType::Float64),
+                                    y3.cast(DataType::Float16).cast(DataType::Float64), 6, 300, 1, log),
+                 1e-2, 1e-2);
+  }
+}
+
+TEST(SoftmaxGrad, RejectsMismatchedInputsAndABadAxis) {
+  const Tensor a = f32({2, 3}, {0, 0, 0, 0, 0, 0});
+  EXPECT_THROW(softmax_grad("SoftmaxGrad", a, f32({3, 2}, {0, 0, 0, 0, 0, 0})), Error);
+  EXPECT_THROW(softmax_grad("SoftmaxGrad", a, a.cast(DataType::Float64)), Error);
+  EXPECT_THROW(softmax_grad("LogSoftmaxGrad", a, a, {attr("axis", int64_t{2})}), Error);
 }
 
 // --- BatchNormalization -------------------------------------------------------------------
