@@ -744,6 +744,39 @@ std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& gr
   return types;
 }
 
+int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
+  const auto it = opsets.find("");
+  if (it == opsets.end() || it->second < 12) return 0;
+  std::unordered_set<std::string> inputs;  // a graph input's value is the caller's, not the file's
+  for (const auto& in : graph.input()) inputs.insert(in.name());
+  std::vector<int> found;
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& node = graph.node(i);
+      if (!is_onnx_op(node, "Dropout") || node.input_size() < 2 || node.input(0).empty()) continue;
+      const std::string& ratio = node.input(1);
+      if (ratio.empty() || inputs.contains(ratio) || scalar_constant(graph, m, ratio) != 0.0) continue;
+      if (node.output_size() > 1 && !node.output(1).empty()) {
+        const std::string& mask = node.output(1);
+        if (m.pinned(mask) || !m.readers(mask).empty()) continue;
+      }
+      found.push_back(i);
+    }
+  }
+  for (int i : found) {
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    const std::string x = node.input(0), y = node.output(0);
+    node.set_op_type("Identity");
+    node.clear_attribute();
+    node.clear_input();
+    node.add_input(x);
+    node.clear_output();
+    node.add_output(y);
+  }
+  return static_cast<int>(found.size());
+}
+
 int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
   struct Chain {
     std::vector<int> nodes;  // Div, Erf, Add, Mul, Mul

@@ -108,6 +108,16 @@ int fuse_transpose_matmul(onnx::GraphProto& graph);
 // two. Results are the two ops'. Returns the number of pairs fused.
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 
+// Replaces each Dropout (ai.onnx opset 12 or later) whose ratio is a constant 0 (an initializer
+// that is not a graph input, or a Constant node, of one element) and whose mask output is absent
+// or unread (not a graph output, not read by any node or subgraph) with an Identity of its data:
+// the ONNX Dropout doc's output is data / (1 - ratio) times a mask that keeps every element when
+// ratio is 0, so data itself, in training mode as in inference. Exporters write such nodes for
+// modules built with dropout 0 (PyTorch skips the op then, too). Run before the Gradient
+// expansion: the backward pass then gets dx = dy, not a Where over a mask of all true and a Mul
+// by 1 / (1 - ratio). Returns the number of nodes replaced.
+int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
+
 // Replaces each chain Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(., 0.5) (operands of
 // Add and Mul in either order), the erf formula of GELU that exporters write below opset 20
 // (torch.nn.GELU, Hugging Face's gelu), with one ai.onnxtrain.Gelu node (ops/activation.cpp, the

@@ -32,7 +32,10 @@ namespace {
 // fused (runtime/constant_folding.h, runtime/fusion.h).
 ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
                           const std::string& source, bool rewrite) {
-  if (rewrite) fuse_gelu(graph, opsets);  // before any Gradient expansion: its backward is one GeluGrad
+  if (rewrite) {  // before any Gradient expansion: their backward passes are the simpler ones
+    fuse_gelu(graph, opsets);
+    drop_zero_dropout(graph, opsets);
+  }
   if (autodiff::has_gradient_nodes(graph)) {
     autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
   }
