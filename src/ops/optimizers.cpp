@@ -242,6 +242,8 @@ class Momentum final : public Kernel {
 // M_H, and the op computes, in one pass per tensor, what this subgraph computes in six
 // (up to rounding, see update()):
 //   Adam(R, T, X..., G / S_G..., V / S_V..., H / S_H...) -> X_new..., V_new * M_V..., H_new * M_H...
+// With attribute x_scaled = 1 a sixth scalar S_X follows, and X... stand for X * S_X (AdamW's
+// decayed parameters; the same product the Mul nodes it replaces computed).
 // When the run's context has nan_guard (a TrainingSession with its NaN guard on), both check
 // every output for NaN and Inf while writing it and fail on any, naming the outputs.
 class Adam final : public Kernel {
@@ -252,7 +254,8 @@ class Adam final : public Kernel {
         epsilon_(init.attr_float("epsilon", 1e-6f)),
         norm_coefficient_(init.attr_float("norm_coefficient", 0.0f)),
         norm_coefficient_post_(init.attr_float("norm_coefficient_post", 0.0f)),
-        scaled_(scaled) {}
+        scaled_(scaled),
+        x_scaled_(scaled && init.attr_int("x_scaled", 0) != 0) {}
 
   // G_regularized = norm_coefficient * X + G
   // V_new = alpha * V + (1 - alpha) * G_regularized
@@ -263,15 +266,17 @@ class Adam final : public Kernel {
   // X_final = (1 - norm_coefficient_post) * X_new
   void run(KernelContext& ctx) override {
     int n = 0;
-    const Scalars s = read_scalars_and_check(ctx, 2, n, scaled_ ? 5 : 0);
+    const Scalars s = read_scalars_and_check(ctx, 2, n, scaled_ ? (x_scaled_ ? 6 : 5) : 0);
     const double t = static_cast<double>(s.t);
     const double r_adjusted =
         s.t > 0 ? s.r * std::sqrt(1.0 - std::pow(double{beta_}, t)) / (1.0 - std::pow(double{alpha_}, t)) : s.r;
     for (int i = 0; i < n; ++i) {
       visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Adam X", [&]<class T>() {
         if (scaled_) {
-          std::array<T, 5> k;
-          for (int j = 0; j < 5; ++j) k[static_cast<size_t>(j)] = scale_input<T>(ctx, 2 + 4 * n + j, ctx.input(2 + i));
+          std::array<T, 6> k{T(1), T(1), T(1), T(1), T(1), T(1)};
+          for (int j = 0; j < (x_scaled_ ? 6 : 5); ++j) {
+            k[static_cast<size_t>(j)] = scale_input<T>(ctx, 2 + 4 * n + j, ctx.input(2 + i));
+          }
           update<T, true>(ctx, n, i, r_adjusted, k);
         } else {
           update<T, false>(ctx, n, i, r_adjusted, {});
@@ -296,7 +301,7 @@ class Adam final : public Kernel {
   // variant multiplies by the reciprocals of S_G, S_V and S_H where the Div nodes it replaces
   // divide: each scaled input may differ from theirs in the last bit.
   template <class T, bool Scaled>
-  void update(KernelContext& ctx, int n, int i, double r_adjusted, std::array<T, 5> k) {
+  void update(KernelContext& ctx, int n, int i, double r_adjusted, std::array<T, 6> k) {
     const T r = static_cast<T>(r_adjusted), a = static_cast<T>(alpha_), b = static_cast<T>(beta_);
     const T eps = static_cast<T>(epsilon_), norm = static_cast<T>(norm_coefficient_);
     const T keep = static_cast<T>(1.0 - double{norm_coefficient_post_});
@@ -323,18 +328,19 @@ class Adam final : public Kernel {
       T* __restrict h1 = h_out;
       const T rr = r, aa = a, bb = b, ee = eps, nn = norm, kk = keep;
       // Reciprocals: three divisions per element would make this loop compute-bound.
-      const T sg = T(1) / k[0], sv = T(1) / k[1], sh = T(1) / k[2], mv = k[3], mh = k[4];
+      const T sg = T(1) / k[0], sv = T(1) / k[1], sh = T(1) / k[2], mv = k[3], mh = k[4], sx = k[5];
       const auto one = [&](int64_t e) {
-        T g = g0[e], vp = v0[e], hp = h0[e];
+        T g = g0[e], vp = v0[e], hp = h0[e], x = x0[e];
         if constexpr (Scaled) {
           g = g * sg;
           vp = vp * sv;
           hp = hp * sh;
+          x = x * sx;
         }
-        const T gr = nn * x0[e] + g;
+        const T gr = nn * x + g;
         const T v = aa * vp + (T(1) - aa) * gr;
         const T h = bb * hp + (T(1) - bb) * gr * gr;
-        x1[e] = kk * (x0[e] - rr * v / (std::sqrt(h) + ee));
+        x1[e] = kk * (x - rr * v / (std::sqrt(h) + ee));
         v1[e] = Scaled ? v * mv : v;
         h1[e] = Scaled ? h * mh : h;
       };
@@ -343,11 +349,12 @@ class Adam final : public Kernel {
         const __m256 vsg = _mm256_set1_ps(Scaled ? sg : 1.0f), vsv = _mm256_set1_ps(Scaled ? sv : 1.0f);
         const __m256 vsh = _mm256_set1_ps(Scaled ? sh : 1.0f), vmv = _mm256_set1_ps(Scaled ? mv : 1.0f);
         const __m256 vmh = _mm256_set1_ps(Scaled ? mh : 1.0f), va = _mm256_set1_ps(aa), va1 = _mm256_set1_ps(1.0f - aa);
+        const __m256 vsx = _mm256_set1_ps(Scaled ? sx : 1.0f);
         const __m256 vb = _mm256_set1_ps(bb), vb1 = _mm256_set1_ps(1.0f - bb), vr = _mm256_set1_ps(rr);
         const __m256 ve = _mm256_set1_ps(ee), vn = _mm256_set1_ps(nn), vk = _mm256_set1_ps(kk);
         const __m256 zero = _mm256_setzero_ps();
         const auto eight = [&](int64_t e, __m256& check) {
-          const __m256 x = _mm256_loadu_ps(x0 + e);
+          const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(x0 + e), vsx);
           const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(g0 + e), vsg);
           const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), g);
           const __m256 v = _mm256_add_ps(_mm256_mul_ps(va, _mm256_mul_ps(_mm256_loadu_ps(v0 + e), vsv)), _mm256_mul_ps(va1, gr));
@@ -387,6 +394,7 @@ class Adam final : public Kernel {
 
   float alpha_, beta_, epsilon_, norm_coefficient_, norm_coefficient_post_;
   bool scaled_;
+  bool x_scaled_;  // ScaledAdam with S_X (attribute x_scaled)
 };
 
 }  // namespace

@@ -67,6 +67,11 @@ class Matcher {
     for (const auto& vi : graph.value_info()) {
       if (one_element(vi.type())) scalar_.try_emplace(vi.name(), true);
     }
+    // Ranks the graph states: a graph input's or value_info's shape, else an initializer's dims
+    // (an initializer that is also an input keeps the input's declared shape).
+    for (const auto& init : graph.initializer()) rank_[init.name()] = init.dims_size();
+    for (const auto& v : graph.input()) set_rank(v);
+    for (const auto& v : graph.value_info()) set_rank(v);
   }
 
   // The index of the node producing `name`, -1 for a graph input, initializer or outer value.
@@ -111,6 +116,11 @@ class Matcher {
       } else if (node->domain().empty() && kElementwise.contains(node->op_type()) && node->input_size() > 0) {
         result = true;
         for (const auto& in : node->input()) result = result && !in.empty() && is_scalar(in);
+      } else if (node->domain().empty() && node->op_type() == "Gather" && node->input_size() == 2) {
+        // One element of a 1-D tensor (make-trainable's per-group learning rates): the output
+        // has as many elements as the indices.
+        const auto rank = rank_.find(node->input(0));
+        result = rank != rank_.end() && rank->second == 1 && is_scalar(node->input(1));
       }
     }
     return scalar_[name] = result;
@@ -124,6 +134,13 @@ class Matcher {
   std::unordered_map<std::string, std::vector<int>> readers_;
   std::unordered_set<std::string> pinned_;
   std::unordered_map<std::string, bool> scalar_;
+  std::unordered_map<std::string, int> rank_;
+
+  void set_rank(const onnx::ValueInfoProto& v) {
+    if (v.type().has_tensor_type() && v.type().tensor_type().has_shape()) {
+      rank_[v.name()] = v.type().tensor_type().shape().dim_size();
+    }
+  }
 };
 
 struct Fusion {
@@ -131,6 +148,7 @@ struct Fusion {
   std::vector<std::string> inputs;   // the ScaledAdam node's inputs
   std::vector<std::string> outputs;  // and outputs
   std::vector<int> removed;          // Div and Mul nodes it replaces
+  bool x_scaled = false;             // a sixth scalar S_X multiplies X (attribute x_scaled)
 };
 
 // The Div nodes feeding Adam input `name`: returns (dividend, divisor) when it matches.
@@ -141,6 +159,19 @@ std::optional<std::pair<std::string, std::string>> divided_input(Matcher& m, con
   if (m.sole_reader(name) != adam || !m.is_scalar(div->input(1))) return std::nullopt;
   div_node = m.producer_index(name);
   return std::make_pair(div->input(0), div->input(1));
+}
+
+// The Mul node making Adam input `name` from a tensor and a scalar (AdamW's decayed parameter,
+// p (1 - lr wd)), read by the Adam node alone: returns (the tensor, the scalar) on a match.
+std::optional<std::pair<std::string, std::string>> multiplied_input(Matcher& m, const std::string& name, int adam,
+                                                                    int& mul_node) {
+  const onnx::NodeProto* mul = m.producer(name);
+  if (!mul || !mul->domain().empty() || mul->op_type() != "Mul" || mul->input_size() != 2) return std::nullopt;
+  if (m.sole_reader(name) != adam) return std::nullopt;
+  const bool first_scalar = m.is_scalar(mul->input(0)), second_scalar = m.is_scalar(mul->input(1));
+  if (first_scalar == second_scalar) return std::nullopt;  // which one is the tensor must be clear
+  mul_node = m.producer_index(name);
+  return second_scalar ? std::make_pair(mul->input(0), mul->input(1)) : std::make_pair(mul->input(1), mul->input(0));
 }
 
 // The Mul node reading Adam output `name`: returns (its output, the scalar factor) on a match.
@@ -189,6 +220,27 @@ std::optional<Fusion> match(Matcher& m, int adam) {
   }
   f.inputs.insert(f.inputs.end(), divisors.begin(), divisors.end());
   f.inputs.insert(f.inputs.end(), factors.begin(), factors.end());
+  // AdamW: every X a Mul of its parameter by one scalar, read by Adam alone -> S_X.
+  std::string x_factor;
+  std::vector<std::string> params;
+  std::vector<int> x_muls;
+  for (int i = 0; i < n; ++i) {
+    int mul_node = -1;
+    auto mi = multiplied_input(m, node.input(2 + i), adam, mul_node);
+    if (!mi || (i > 0 && mi->second != x_factor)) {
+      x_muls.clear();
+      break;
+    }
+    x_factor = mi->second;
+    params.push_back(mi->first);
+    x_muls.push_back(mul_node);
+  }
+  if (static_cast<int>(x_muls.size()) == n) {
+    for (int i = 0; i < n; ++i) f.inputs[static_cast<size_t>(2 + i)] = params[static_cast<size_t>(i)];
+    f.removed.insert(f.removed.end(), x_muls.begin(), x_muls.end());
+    f.inputs.push_back(x_factor);
+    f.x_scaled = true;
+  }
   return f;
 }
 
@@ -260,6 +312,12 @@ int fuse_scaled_adam(onnx::GraphProto& graph) {
     for (const auto& in : f.inputs) node.add_input(in);
     node.clear_output();
     for (const auto& out : f.outputs) node.add_output(out);
+    if (f.x_scaled) {
+      auto* attr = node.add_attribute();
+      attr->set_name("x_scaled");
+      attr->set_type(onnx::AttributeProto::INT);
+      attr->set_i(1);
+    }
   }
   drop_nodes(graph, drop);
   return static_cast<int>(fusions.size());

@@ -24,7 +24,11 @@ namespace onnxtrain::runtime {
 // has the same pattern with the same five scalars, each Div output and Adam state output has
 // no other reader (and is neither a graph output nor read by a subgraph), and each scalar is
 // provably of one element (an initializer, Constant or graph input of one element, or
-// element-wise math on such values). Returns the number of Adam nodes fused.
+// element-wise math on such values). When every X input is, in turn, the product of a tensor
+// and one common scalar read by the Adam node alone (AdamW's decayed parameter p (1 - lr wd),
+// which make-trainable writes for --optimizer adamw), those Mul nodes go too: the node reads
+// the tensors as X and the scalar as a sixth input S_X (attribute x_scaled = 1), multiplying
+// X by it in the same pass, exactly as the Mul did. Returns the number of Adam nodes fused.
 int fuse_scaled_adam(onnx::GraphProto& graph);
 
 // Replaces each Conv -> [Relu ->] MaxPool chain whose intermediate values have no other reader

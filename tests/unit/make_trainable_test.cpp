@@ -331,8 +331,15 @@ TEST(Fusion, ScaledAdamReplacesTheDivAdamMulPattern) {
     EXPECT_EQ(runtime::fuse_scaled_adam(algorithm), 1);
     EXPECT_EQ(count_ops(algorithm, "Adam"), 0);
     EXPECT_EQ(count_ops(algorithm, "ScaledAdam"), 1);
-    // Two parameters: three Div nodes and two Mul nodes each are gone.
-    EXPECT_EQ(algorithm.node_size(), nodes - 2 * 5);
+    // Two parameters: three Div nodes and two Mul nodes each are gone, and with AdamW the Mul
+    // making each decayed parameter (ScaledAdam's S_X, attribute x_scaled).
+    const bool adamw = optimizer == Optimizer::AdamW;
+    EXPECT_EQ(algorithm.node_size(), nodes - 2 * (adamw ? 6 : 5));
+    for (const auto& node : algorithm.node()) {
+      if (node.op_type() != "ScaledAdam") continue;
+      EXPECT_EQ(node.input_size(), 2 + 4 * 2 + (adamw ? 6 : 5));
+      EXPECT_EQ(node.attribute_size() > 0 && node.attribute(node.attribute_size() - 1).name() == "x_scaled", adamw);
+    }
 
     TrainingOptions fused, unfused;
     unfused.fuse = false;
