@@ -192,6 +192,26 @@ void copy_transposed(const U* src, U* dst, std::span<const CopyDim> dims, size_t
   });
 }
 
+// The dims of a copy of `shape` between two strided layouts, for copy_rows / copy_transposed:
+// size-1 dims dropped, and each dim merged into its outer neighbour where both sides are
+// contiguous across the two (so long rows stay one run).
+inline std::vector<CopyDim> copy_dims(const Shape& shape, std::span<const int64_t> src_strides,
+                                      std::span<const int64_t> dst_strides) {
+  std::vector<CopyDim> dims;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    const CopyDim cur{shape[d], src_strides[d], dst_strides[d]};
+    if (!dims.empty() && dims.back().src_stride == cur.src_stride * cur.size &&
+        dims.back().dst_stride == cur.dst_stride * cur.size) {
+      dims.back() = {dims.back().size * cur.size, cur.src_stride, cur.dst_stride};
+    } else {
+      dims.push_back(cur);
+    }
+  }
+  if (dims.empty()) dims.push_back({1, 1, 1});
+  return dims;
+}
+
 }  // namespace detail
 
 // dst (contiguous, row-major, `shape`) receives the elements of the strided view of src:
@@ -200,20 +220,8 @@ void copy_transposed(const U* src, U* dst, std::span<const CopyDim> dims, size_t
 inline void copy_strided(const void* src, void* dst, size_t elem_size, const Shape& shape,
                          std::span<const int64_t> src_strides) {
   if (shape.numel() == 0) return;
-  // Drop size-1 dims, then merge each dim into its outer neighbour where the source is
-  // contiguous across them (the destination always is).
-  const Shape dst_strides = contiguous_strides(shape);
-  std::vector<detail::CopyDim> dims;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    const detail::CopyDim cur{shape[d], src_strides[d], dst_strides[d]};
-    if (!dims.empty() && dims.back().src_stride == cur.src_stride * cur.size) {
-      dims.back() = {dims.back().size * cur.size, cur.src_stride, cur.dst_stride};
-    } else {
-      dims.push_back(cur);
-    }
-  }
-  if (dims.empty()) dims.push_back({1, 1, 1});
+  const std::vector<int64_t> dst_strides = contiguous_strides(shape).to_vector();
+  const std::vector<detail::CopyDim> dims = detail::copy_dims(shape, src_strides, dst_strides);
   // A dim other than the innermost that reads the source contiguously: a transpose.
   size_t transposed = dims.size();
   if (dims.back().src_stride != 1 && dims.back().src_stride != 0) {
@@ -239,12 +247,8 @@ inline void copy_strided(const void* src, void* dst, size_t elem_size, const Sha
 inline void copy_to_strided(const void* src, void* dst, size_t elem_size, const Shape& shape,
                             std::span<const int64_t> dst_strides) {
   if (shape.numel() == 0) return;
-  const Shape src_strides = contiguous_strides(shape);
-  std::vector<detail::CopyDim> dims;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] != 1) dims.push_back({shape[d], src_strides[d], dst_strides[d]});
-  }
-  if (dims.empty()) dims.push_back({1, 1, 1});
+  const std::vector<int64_t> src_strides = contiguous_strides(shape).to_vector();
+  const std::vector<detail::CopyDim> dims = detail::copy_dims(shape, src_strides, dst_strides);
   visit_elem_size(elem_size, [&]<class U>() {
     detail::copy_rows(static_cast<const U*>(src), static_cast<U*>(dst), dims);
   });

@@ -440,6 +440,7 @@ class Recurrence {
     c_.resize(static_cast<size_t>(a_.cell == Cell::Lstm ? N * H : 0));
     scratch_.assign(static_cast<size_t>(N * H), V(0));
     if (trace_) trace_->steps = max_len_;
+    default_cell_ = is_default_lstm(a_, in_.p.defined(), d);
     const bool reverse = a_.reverse(d);
     project_inputs(d);
     load_state(s_, in_.initial_h, d, h_.data());
@@ -769,7 +770,7 @@ class Recurrence {
   // runs the gates and updates c_ and h_'s rows b (and y's, the trace's).
   void lstm_cell(int64_t d, int64_t step, int64_t b, int64_t t, V* y) {
     if constexpr (std::is_same_v<V, float>) {
-      if (is_default_lstm(a_, in_.p.defined(), d)) {
+      if (default_cell_) {
         default_lstm_cell(step, b, t, y, d);
         return;
       }
@@ -819,6 +820,7 @@ class Recurrence {
   const RnnTensors& in_;
   Trace<V>* trace_;
   int64_t max_len_ = 0;
+  bool default_cell_ = false;  // this direction is a default LSTM: float32 runs default_lstm_cell
   std::vector<V>& xw_;       // [S * N, G*H]: X W^T + bias
   std::vector<V>& rec_;      // [N, G*H]: H R^T, then the gates of the step in place
   std::vector<V>& h_;        // [N, H]: the state of the current direction

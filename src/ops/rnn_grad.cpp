@@ -346,13 +346,13 @@ class Backward {
 
   void lstm_step(int64_t d, int64_t step, bool reverse) {
     const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
-    const Activation& f = a_.act(d, 0);
-    const Activation& h_act = a_.act(d, 2);
-    const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
     if (default_lstm(d)) {
       for_active(lens_, step, reverse, 16 * H, [&](int64_t b, int64_t t) { default_lstm_entry(d, step, b, t); });
       return;
     }
+    const Activation& f = a_.act(d, 0);
+    const Activation& h_act = a_.act(d, 2);
+    const V* p = in_.p.defined() ? weights(in_.p, d) : nullptr;
     for_active(lens_, step, reverse, 32 * H, [&](int64_t b, int64_t t) {
       V* __restrict dh = step_dh(d, b, t);
       V* __restrict dc = dc_.data() + b * H;

@@ -835,6 +835,11 @@ int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::str
   return static_cast<int>(found.size());
 }
 
+void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
+  fuse_gelu(graph, opsets);
+  drop_zero_dropout(graph, opsets);
+}
+
 int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
   struct Chain {
     std::vector<int> nodes;  // Div, Erf, Add, Mul, Mul

@@ -122,6 +122,11 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 // by 1 / (1 - ratio). Returns the number of nodes replaced.
 int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
+// The rewrites that must see the forward ops before the Gradient expansion (so that the backward
+// pass is built from the fused ops): fuse_gelu, then drop_zero_dropout. Sessions call this on
+// every graph they plan, before expand_gradients where there is one.
+void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
+
 // Replaces each chain Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(., 0.5) (operands of
 // Add and Mul in either order), the erf formula of GELU that exporters write below opset 20
 // (torch.nn.GELU, Hugging Face's gelu), with one ai.onnxtrain.Gelu node (ops/activation.cpp, the

@@ -32,10 +32,7 @@ namespace {
 // fused (runtime/constant_folding.h, runtime/fusion.h).
 ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
                           const std::string& source, bool rewrite) {
-  if (rewrite) {  // before any Gradient expansion: their backward passes are the simpler ones
-    fuse_gelu(graph, opsets);
-    drop_zero_dropout(graph, opsets);
-  }
+  if (rewrite) fuse_before_expansion(graph, opsets);  // their backward passes are the simpler ones
   if (autodiff::has_gradient_nodes(graph)) {
     autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
   }

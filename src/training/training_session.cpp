@@ -235,10 +235,7 @@ struct TrainingSession::Impl {
       const std::map<std::string, std::string> parameters = distributed::gradient_parameters(graph);
       std::set<std::string> gradients;
       for (const auto& [gradient, parameter] : parameters) gradients.insert(gradient);
-      if (options.fuse) {  // before the expansion: their backward passes are the simpler ones
-        runtime::fuse_gelu(graph, opsets);
-        runtime::drop_zero_dropout(graph, opsets);
-      }
+      if (options.fuse) runtime::fuse_before_expansion(graph, opsets);  // their backward passes are the simpler ones
       autodiff::expand_gradients(graph, opsets, label);
       std::set<std::string> bound_values;
       for (const auto& [key, value] : update_bindings) bound_values.insert(value);
@@ -349,8 +346,7 @@ struct TrainingSession::Impl {
     if (options.fuse) {
       if (adam) runtime::fuse_scaled_adam(graph);
       runtime::fold_constants(graph, opsets, base_dir);
-      runtime::fuse_gelu(graph, opsets);  // graphs without Gradient nodes (evaluation); the others had theirs
-      runtime::drop_zero_dropout(graph, opsets);
+      runtime::fuse_before_expansion(graph, opsets);  // graphs without Gradient nodes (evaluation); the others had theirs
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
       runtime::fuse_matmul_add(graph);
