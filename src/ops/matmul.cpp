@@ -343,13 +343,20 @@ class MatMulKernel final : public Kernel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// ai.onnxtrain.MatMulAdd (runtime/fusion.h fuse_matmul_add): Y = MatMul(A, B) + C for float32 A,
-// B [K, N] and C [N]. The rows of Y (A's batch dims folded into its rows) start as C and sgemm
-// accumulates A B onto them (beta 1), so the bias costs no pass of its own.
-
+// ai.onnxtrain.MatMulAdd (runtime/fusion.h fuse_matmul_add): Y = MatMul(A, B') + C for float32 A,
+// B' = B [K, N], or B^T of B stored [N, K] when transB = 1, and C [N] or [1] (broadcast over Y's
+// rows, as Add broadcasts it). A's batch dims fold into its rows. Where B is an initializer and C
+// has N elements, oneDNN's matmul primitive runs on a kept copy of B in its own layout
+// (ConstantWeightsProduct); otherwise, with transB and N elements of C (a linear layer of a
+// training graph, whose weights change every step), the primitive reads B where it lies and adds
+// the bias in its epilogue; in the remaining cases Y's rows start as C and sgemm accumulates the
+// product onto them (beta 1). Either way the bias costs no pass of its own. Measured alone on
+// this project's two EPYC cores at [4096, 256] x [256, 1024] with W [1024, 256] read transposed:
+// 4.36-4.48 ms with the bias in the primitive against 4.84-4.95 for the product and a separate
+// bias pass (1.08-1.19 against 1.22-1.39 at N = 256).
 class MatMulAddKernel final : public Kernel {
  public:
-  explicit MatMulAddKernel(bool constant_b) : constant_b_(constant_b) {}
+  MatMulAddKernel(bool trans_b, bool constant_b) : trans_b_(trans_b), constant_b_(constant_b) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -360,28 +367,90 @@ class MatMulAddKernel final : public Kernel {
         fail("input " + ctx.input_name(i) + " is " + ctx.input(i).description() + ", expected float32");
       }
     }
-    if (b.rank() != 2 || c.rank() != 1 || c.dim(0) != b.dim(1)) {
+    if (b.rank() != 2 || c.rank() != 1) {
       fail("inputs " + ctx.input_name(1) + " " + b.shape().to_string() + " and " + ctx.input_name(2) + " " +
-           c.shape().to_string() + " must have shapes [K, N] and [N]");
+           c.shape().to_string() + " must have shapes " + (trans_b_ ? "[N, K]" : "[K, N]") + " and [N]");
     }
-    const MatMulShape s = matmul_shape(ctx, 0, 1);
+    const MatMulShape s = matmul_shape(a.shape(), trans_b_ ? swapped_last2(b.shape()) : b.shape(), ctx.input_name(0),
+                                       ctx.input_name(1) + (trans_b_ ? " transposed" : ""));
+    const int64_t rows = s.batch.numel() * s.M, N = s.N, K = s.K;
+    if (c.dim(0) != N && c.dim(0) != 1) {
+      fail("input " + ctx.input_name(2) + " " + c.shape().to_string() + " does not broadcast to the product's shape " +
+           s.out.to_string());
+    }
     Tensor& y = ctx.allocate_output(0, DataType::Float32, s.out);
-    const int64_t rows = s.batch.numel() * s.M, N = s.N;
     if (rows == 0 || N == 0) return;
-    const float* __restrict bias = c.data<float>();
+    const float* a_data = a.data<float>();
+    const float* b_data = b.data<float>();
+    const float* bias = c.data<float>();
     float* out = y.data<float>();
-    if (constant_b_ && s.K > 0 && constant_product_.run(a.data<float>(), rows, s.K, b.data<float>(), false, N, bias, out)) {
-      return;
+    const bool full_bias = c.dim(0) == N;
+    if (full_bias && K > 0) {
+      if (constant_b_ && constant_product_.run(a_data, rows, K, b_data, trans_b_, N, bias, out)) return;
+      if (!constant_b_ && trans_b_) {
+        BiasEntry& e = cache_.get(du::CacheKey().add(rows).add(K).add(N), [&] { return plan(rows, K, N); });
+        if (e.planned) {
+          du::checked("run a matmul with bias", [&] {
+            e.src.set_data_handle(const_cast<float*>(a_data));
+            e.weights.set_data_handle(const_cast<float*>(b_data));
+            e.bias.set_data_handle(const_cast<float*>(bias));
+            e.dst.set_data_handle(out);
+            dnnl::stream& stream = du::cpu_stream();
+            e.primitive.execute(stream, e.args);
+            stream.wait();
+          });
+          return;
+        }
+      }
     }
     parallel_for(rows, std::max<int64_t>(1, kParallelGrain / N), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) std::copy(bias, bias + N, out + r * N);
+      for (int64_t r = begin; r < end; ++r) {
+        if (full_bias) {
+          std::copy(bias, bias + N, out + r * N);
+        } else {
+          std::fill(out + r * N, out + (r + 1) * N, bias[0]);
+        }
+      }
     });
-    if (s.K > 0) sgemm(false, false, rows, N, s.K, 1.0f, a.data<float>(), b.data<float>(), 1.0f, out);
+    if (K > 0) sgemm(false, trans_b_, rows, N, K, 1.0f, a_data, b_data, 1.0f, out);
   }
 
  private:
+  // oneDNN's matmul of A [rows, K] by B^T (B stored [N, K], read in place) plus a bias [N].
+  struct BiasEntry {
+    bool planned = false;
+    dnnl::matmul primitive;
+    dnnl::memory src, weights, bias, dst;
+    std::unordered_map<int, dnnl::memory> args;
+  };
+
+  static BiasEntry plan(int64_t rows, int64_t K, int64_t N) {
+    BiasEntry e;
+    const dnnl::engine& engine = du::cpu_engine();
+    const auto src = du::plain_f32({rows, K}), weights = du::strided_f32({K, N}, {1, K});
+    const auto bias = du::plain_f32({1, N}), dst = du::plain_f32({rows, N});
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), engine);
+    } catch (const dnnl::error&) {  // no implementation: the bias fill and sgemm
+      return e;
+    }
+    du::checked("prepare a matmul with bias", [&] {
+      e.primitive = dnnl::matmul(pd);
+      e.src = dnnl::memory(src, engine, nullptr);
+      e.weights = dnnl::memory(weights, engine, nullptr);
+      e.bias = dnnl::memory(bias, engine, nullptr);
+      e.dst = dnnl::memory(dst, engine, nullptr);
+    });
+    e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.weights}, {DNNL_ARG_BIAS, e.bias}, {DNNL_ARG_DST, e.dst}};
+    e.planned = true;
+    return e;
+  }
+
+  bool trans_b_ = false;
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
   ConstantWeightsProduct constant_product_;
+  du::PrimitiveCache<BiasEntry> cache_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -653,7 +722,7 @@ std::unique_ptr<Kernel> make_matmul_transposed(const KernelInit& init) {
 }
 
 std::unique_ptr<Kernel> make_matmul_add(const KernelInit& init) {
-  return std::make_unique<MatMulAddKernel>(init.input_is_constant(1));
+  return std::make_unique<MatMulAddKernel>(init.attr_int("transB", 0) != 0, init.input_is_constant(1));
 }
 
 std::unique_ptr<Kernel> make_gemm(const KernelInit& init) {

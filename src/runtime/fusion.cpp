@@ -69,9 +69,21 @@ class Matcher {
     }
     // Ranks the graph states: a graph input's or value_info's shape, else an initializer's dims
     // (an initializer that is also an input keeps the input's declared shape).
-    for (const auto& init : graph.initializer()) rank_[init.name()] = init.dims_size();
+    for (const auto& init : graph.initializer()) {
+      rank_[init.name()] = init.dims_size();
+      elem_type_[init.name()] = init.data_type();
+    }
     for (const auto& v : graph.input()) set_rank(v);
     for (const auto& v : graph.value_info()) set_rank(v);
+  }
+
+  // The element type and rank the graph states for `name` (a graph input's or value_info's type,
+  // else an initializer's), if it states both.
+  std::optional<std::pair<int, int>> declared_type(const std::string& name) const {
+    const auto rank = rank_.find(name);
+    const auto elem = elem_type_.find(name);
+    if (rank == rank_.end() || elem == elem_type_.end()) return std::nullopt;
+    return std::make_pair(elem->second, rank->second);
   }
 
   // The index of the node producing `name`, -1 for a graph input, initializer or outer value.
@@ -135,11 +147,12 @@ class Matcher {
   std::unordered_set<std::string> pinned_;
   std::unordered_map<std::string, bool> scalar_;
   std::unordered_map<std::string, int> rank_;
+  std::unordered_map<std::string, int> elem_type_;
 
   void set_rank(const onnx::ValueInfoProto& v) {
-    if (v.type().has_tensor_type() && v.type().tensor_type().has_shape()) {
-      rank_[v.name()] = v.type().tensor_type().shape().dim_size();
-    }
+    if (!v.type().has_tensor_type()) return;
+    if (v.type().tensor_type().has_shape()) rank_[v.name()] = v.type().tensor_type().shape().dim_size();
+    if (v.type().tensor_type().elem_type() != 0) elem_type_[v.name()] = v.type().tensor_type().elem_type();
   }
 };
 
@@ -565,57 +578,128 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
 }
 
 namespace {
-// Calls f(add, y, other, producer) for each two-operand Add node (index `add`) and each of its
-// operands y (first, then second) made by a node (`producer`) that the Add alone reads, with
-// `other` the Add's other operand, until f returns true (a match) for that Add.
+// Calls f(add, y, other, producer, shapes) for each two-operand Add node (index `add`) and each
+// of its operands y (first, then second) made by a node (`producer`) whose output y is read by
+// that Add once and otherwise only by Shape nodes (`shapes`, which read only its shape), and is
+// neither a graph output nor read by a subgraph, with `other` the Add's other operand, until f
+// returns true (a match) for that Add.
 template <class F>
-void for_each_add_of_a_sole_output(const onnx::GraphProto& graph, const Matcher& m, F&& f) {
+void for_each_add_of_a_sole_output_or_shape(const onnx::GraphProto& graph, const Matcher& m, F&& f) {
   for (int i = 0; i < graph.node_size(); ++i) {
     const onnx::NodeProto& add = graph.node(i);
     if (!is_onnx_op(add, "Add") || add.input_size() != 2 || add.output_size() != 1) continue;
     for (int side = 0; side < 2; ++side) {
       const std::string& y = add.input(side);
       const onnx::NodeProto* producer = m.producer(y);
-      if (producer && producer->output_size() == 1 && m.sole_reader(y) == i && f(i, y, add.input(1 - side), *producer)) {
-        break;
+      if (!producer || producer->output_size() != 1 || m.pinned(y)) continue;
+      std::vector<int> shapes;
+      int adds = 0;
+      for (int reader : m.readers(y)) {
+        const onnx::NodeProto& r = graph.node(reader);
+        if (reader == i) {
+          ++adds;
+        } else if (is_onnx_op(r, "Shape") && r.input_size() == 1) {
+          shapes.push_back(reader);
+        } else {
+          adds = -1;
+          break;
+        }
       }
+      if (adds == 1 && f(i, y, add.input(1 - side), *producer, std::move(shapes))) break;
     }
   }
 }
+
+// The same where y has no reader but the Add: f(add, y, other, producer).
+template <class F>
+void for_each_add_of_a_sole_output(const onnx::GraphProto& graph, const Matcher& m, F&& f) {
+  for_each_add_of_a_sole_output_or_shape(
+      graph, m, [&](int add, const std::string& y, const std::string& other, const onnx::NodeProto& producer,
+                    const std::vector<int>& shapes) { return shapes.empty() && f(add, y, other, producer); });
+}
+}  // namespace
+
+namespace {
+// The rank of `name` when it is a float32 constant (constant_type) or the graph states it float32
+// (Matcher::declared_type).
+std::optional<int> float32_rank(const onnx::GraphProto& graph, const Matcher& m, const std::string& name) {
+  if (const auto c = constant_type(graph, m, name)) {
+    if (c->first != onnx::TensorProto::FLOAT) return std::nullopt;
+    return static_cast<int>(c->second.size());
+  }
+  if (m.producer(name)) return std::nullopt;
+  const auto d = m.declared_type(name);
+  if (!d || d->first != onnx::TensorProto::FLOAT) return std::nullopt;
+  return d->second;
+}
+
+// Whether `node` is a Transpose of a rank-2 value that swaps its dims (perm [1, 0], or none).
+bool transposes_matrix(const onnx::NodeProto& node, const onnx::GraphProto& graph, const Matcher& m) {
+  if (!is_onnx_op(node, "Transpose") || node.input_size() != 1 || node.input(0).empty() ||
+      float32_rank(graph, m, node.input(0)) != 2) {
+    return false;
+  }
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() == "perm") return attr.ints_size() == 2 && attr.ints(0) == 1 && attr.ints(1) == 0;
+  }
+  return true;  // no perm: the dims reversed
+}
+
 }  // namespace
 
 int fuse_matmul_add(onnx::GraphProto& graph) {
-  std::vector<std::pair<int, int>> pairs;  // (MatMul, Add)
-  std::vector<std::string> biases;         // the Add's other operand
+  struct Match {
+    int matmul = -1, add = -1;
+    std::string b, c;            // the MatMulAdd's B and C
+    bool trans_b = false;        // B is the Transpose's input
+    int transpose = -1;          // the Transpose node, when the MatMul alone read it
+    std::vector<int> shapes;     // Shape nodes reading the product
+  };
+  std::vector<Match> matches;
   {
     Matcher m(graph);
-    for_each_add_of_a_sole_output(graph, m, [&](int add, const std::string& y, const std::string& c,
-                                                const onnx::NodeProto& matmul) {
+    for_each_add_of_a_sole_output_or_shape(graph, m, [&](int add, const std::string& y, const std::string& c,
+                                                         const onnx::NodeProto& matmul, std::vector<int> shapes) {
       if (!is_onnx_op(matmul, "MatMul") || matmul.input_size() != 2 || y == c) return false;
-      const auto b = constant_type(graph, m, matmul.input(1));
-      const auto bias = constant_type(graph, m, c);
-      if (!b || !bias || b->first != onnx::TensorProto::FLOAT || bias->first != onnx::TensorProto::FLOAT ||
-          b->second.size() != 2 || bias->second.size() != 1 || bias->second[0] != b->second[1]) {
+      if (m.producer_index(c) > m.producer_index(y)) return false;  // the fused node takes the MatMul's place
+      Match match;
+      match.matmul = m.producer_index(y);
+      match.add = add;
+      match.b = matmul.input(1);
+      match.c = c;
+      match.shapes = std::move(shapes);
+      // The ranks decide the product's shape, and z's with it: [..., N] (the kernel checks that C
+      // has N or 1 elements, as Add's broadcasting would).
+      if (float32_rank(graph, m, c) != 1) return false;
+      const onnx::NodeProto* t = m.producer(match.b);
+      if (t && transposes_matrix(*t, graph, m)) {
+        if (m.sole_reader(match.b) == match.matmul) match.transpose = m.producer_index(match.b);
+        match.b = t->input(0);
+        match.trans_b = true;
+      } else if (float32_rank(graph, m, match.b) != 2) {
         return false;
       }
-      pairs.emplace_back(m.producer_index(y), add);
-      biases.push_back(c);
+      matches.push_back(std::move(match));
       return true;
     });
   }
-  if (pairs.empty()) return 0;
+  if (matches.empty()) return 0;
   std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (size_t k = 0; k < pairs.size(); ++k) {
-    const auto& [matmul, add] = pairs[k];
-    onnx::NodeProto& node = *graph.mutable_node(matmul);
+  for (const Match& match : matches) {
+    const std::string z = graph.node(match.add).output(0);
+    for (int shape : match.shapes) graph.mutable_node(shape)->set_input(0, z);  // the product's shape is z's
+    onnx::NodeProto& node = *graph.mutable_node(match.matmul);
     node.set_domain(kInternalDomain);
     node.set_op_type("MatMulAdd");
-    node.add_input(biases[k]);
-    node.set_output(0, graph.node(add).output(0));
-    drop[static_cast<size_t>(add)] = true;
+    node.set_input(1, match.b);
+    node.add_input(match.c);
+    if (match.trans_b) *node.add_attribute() = autodiff::attr_int("transB", 1);
+    node.set_output(0, z);
+    drop[static_cast<size_t>(match.add)] = true;
+    if (match.transpose >= 0) drop[static_cast<size_t>(match.transpose)] = true;
   }
   drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  return static_cast<int>(matches.size());
 }
 
 namespace {

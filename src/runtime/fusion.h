@@ -85,14 +85,19 @@ int fuse_conv_add(onnx::GraphProto& graph);
 // Results equal the two ops' up to rounding. Returns the number of pairs folded.
 int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
-// Replaces each MatMul(A, B) -> Add(., C) (C on either side) whose MatMul output has no other
-// reader (and is neither a graph output nor read by a subgraph), where B is a float32 constant
-// of shape [K, N] and C a float32 constant of shape [N] (initializers that are not graph inputs,
-// or Constant nodes) — a linear layer with bias as exporters write it when A is not 2-D (BERT's
-// projections of [batch, sequence, hidden]) — with one ai.onnxtrain.MatMulAdd(A, B, C) node
-// (ops/matmul.cpp) writing the Add's output: the output rows start as C and the product
-// accumulates onto them, instead of a second pass over the output. Results are the two ops'
-// (the sum may round differently in the last bit). Returns the number of pairs fused.
+// Replaces each MatMul(A, B) -> Add(., C) (C on either side) — a linear layer with bias as
+// exporters write it when A is not 2-D (BERT's projections of [batch, sequence, hidden]) — with
+// one ai.onnxtrain.MatMulAdd(A, B, C) node (ops/matmul.cpp) writing the Add's output, so the bias
+// costs no pass of its own. It applies where the MatMul output is read by the Add and otherwise
+// only by Shape nodes (which then read the Add's output: the shapes are equal), is neither a
+// graph output nor read by a subgraph, C is float32 of rank 1 and B float32 of rank 2, each a
+// constant (an initializer that is not a graph input, or a Constant node) or a value whose
+// element type and rank the graph states (a graph input, value_info). A B made by a Transpose
+// of such a rank-2 value (perm [1, 0]: the training graph's W^T of a PyTorch Linear, whose W
+// changes every step) is read in place with attribute transB = 1, and the Transpose goes when
+// nothing else reads it. The kernel checks that C has N elements or one, as Add's broadcasting
+// would. Results are the two ops' (the sum may round differently in the last bit). Returns the
+// number of pairs fused.
 int fuse_matmul_add(onnx::GraphProto& graph);
 
 // Replaces each Transpose that swaps only the last two dims of a MatMul operand (perm
