@@ -40,6 +40,7 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init);  // ai.onnxtrai
 std::unique_ptr<Kernel> make_conv_channels_last(const KernelInit& init);  // ai.onnxtrain.ConvChannelsLast
 std::unique_ptr<Kernel> make_matmul_add(const KernelInit& init);  // ai.onnxtrain.MatMulAdd (matmul.cpp)
 std::unique_ptr<Kernel> make_matmul_transposed(const KernelInit& init);  // ai.onnxtrain.MatMulTransposed (matmul.cpp)
+std::unique_ptr<Kernel> make_matmul_permuted(const KernelInit& init);  // ai.onnxtrain.MatMulPermuted (matmul.cpp)
 std::unique_ptr<Kernel> make_relu_grad(const KernelInit& init);   // ai.onnxtrain.ReluGrad
 
 // pool.cpp

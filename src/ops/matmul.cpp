@@ -28,6 +28,7 @@
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
 #include "ops/matmul_shape.h"
+#include "ops/spatial_attrs.h"
 #include "ops/gemm_ref.h"
 
 namespace onnxtrain::ops {
@@ -340,6 +341,104 @@ class MatMulKernel final : public Kernel {
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
   du::PrimitiveCache<MatMulEntry> cache_;
   ConstantWeightsProduct constant_product_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// ai.onnxtrain.MatMulPermuted (runtime/fusion.h fuse_permuted_matmul): MatMul(Transpose(A, perm_a),
+// Transpose(B, perm_b)) by MatMul's rules, a perm absent for an operand read as stored. float32
+// operands of one rank (3 or more) whose batch dims are equal are read in place: oneDNN's matmul
+// primitive takes each as a view with the stored strides permuted (attention's head split,
+// [batch, sequence, heads, head size] read as [batch, heads, sequence, head size]). Measured
+// alone on this project's two EPYC cores, [32, 4, 128, 64] by [32, 4, 64, 128] from the split
+// layout: 0.58 ms against 0.53-0.54 on contiguous copies, where each copy costs ~0.25 ms in
+// BERT's inference. Other cases copy the permuted operands and run the reference loops.
+class MatMulPermutedKernel final : public Kernel {
+ public:
+  MatMulPermutedKernel(std::vector<int64_t> perm_a, std::vector<int64_t> perm_b)
+      : perm_{std::move(perm_a), std::move(perm_b)} {}
+
+  void run(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    if (a.dtype() != b.dtype()) {
+      fail("inputs " + ctx.input_name(0) + " (" + a.description() + ") and " + ctx.input_name(1) + " (" +
+           b.description() + ") must have the same element type");
+    }
+    const Shape view_a = view_shape(ctx, 0), view_b = view_shape(ctx, 1);
+    const MatMulShape s = matmul_shape(view_a, view_b, ctx.input_name(0) + (perm_[0].empty() ? "" : " permuted"),
+                                       ctx.input_name(1) + (perm_[1].empty() ? "" : " permuted"));
+    if (a.dtype() == DataType::Float32 && view_a.size() == view_b.size() && view_a.size() >= 3 &&
+        view_a.size() <= kDnnlMaxRank && s.a_batch == s.b_batch) {
+      Tensor& y = ctx.allocate_output(0, DataType::Float32, s.out);
+      if (y.numel() == 0) return;
+      if (s.K == 0) {
+        std::memset(y.raw_data(), 0, y.nbytes());
+        return;
+      }
+      MatMulEntry& entry = cache_.get(du::CacheKey().add(a.shape()).add(b.shape()), [&] {
+        return make_entry(view(a.shape(), perm_[0]), view(b.shape(), perm_[1]),
+                          du::plain_f32(du::to_dims(s.out)), {});
+      });
+      if (!entry.use_reference) {
+        execute(entry, a.data<float>(), b.data<float>(), y.data<float>());
+        return;
+      }
+    }
+    // The permuted operands as contiguous copies, then MatMul's reference loops.
+    const Tensor a_copy = permuted(a, 0), b_copy = permuted(b, 1);
+    visit_dtype<NumericTypes>(a.dtype(), "MatMul input " + ctx.input_name(0), [&]<class T>() {
+      if constexpr (is_half_v<T>) {
+        Tensor y(DataType::Float32, s.out);
+        const Tensor a32 = a_copy.cast(DataType::Float32), b32 = b_copy.cast(DataType::Float32);
+        matmul_reference<float>(s, a32.data<float>(), b32.data<float>(), y.data<float>());
+        ctx.set_output(0, y.cast(a.dtype()));
+      } else {
+        Tensor& y = ctx.allocate_output(0, a.dtype(), s.out);
+        if (y.numel() > 0) matmul_reference<T>(s, a_copy.data<T>(), b_copy.data<T>(), y.data<T>());
+      }
+    });
+  }
+
+ private:
+  // Input i's shape as the product reads it, after checking its perm against its rank.
+  Shape view_shape(const KernelContext& ctx, int i) const {
+    const Tensor& t = ctx.input(i);
+    const std::vector<int64_t>& perm = perm_[i];
+    if (perm.empty()) return t.shape();
+    std::vector<bool> seen(perm.size(), false);
+    bool valid = perm.size() == t.rank();
+    for (int64_t d : perm) {
+      valid = valid && d >= 0 && d < static_cast<int64_t>(perm.size()) && !seen[static_cast<size_t>(d)];
+      if (valid) seen[static_cast<size_t>(d)] = true;
+    }
+    if (!valid) {
+      fail("attribute perm_" + std::string(i == 0 ? "a" : "b") + " " + ints_to_string(perm) +
+           " is not a permutation of the dims of input " + ctx.input_name(i) + " " + t.shape().to_string());
+    }
+    return permuted_shape(t.shape(), perm);
+  }
+
+  // A contiguous tensor of `stored` read with its dims permuted by `perm` (none when empty).
+  static dnnl::memory::desc view(const Shape& stored, const std::vector<int64_t>& perm) {
+    const std::vector<int64_t> strides = strides_of(stored);
+    dnnl::memory::dims dims, view_strides;
+    for (size_t i = 0; i < stored.size(); ++i) {
+      const auto d = static_cast<size_t>(perm.empty() ? static_cast<int64_t>(i) : perm[i]);
+      dims.push_back(stored[d]);
+      view_strides.push_back(strides[d]);
+    }
+    return {dims, dnnl::memory::data_type::f32, view_strides};
+  }
+
+  Tensor permuted(const Tensor& t, int i) const {
+    if (perm_[i].empty()) return t;
+    Tensor out(t.dtype(), permuted_shape(t.shape(), perm_[i]));
+    copy_permuted(t, out, perm_[i]);
+    return out;
+  }
+
+  std::vector<int64_t> perm_[2];
+  du::PrimitiveCache<MatMulEntry> cache_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -719,6 +818,10 @@ std::unique_ptr<Kernel> make_matmul(const KernelInit& init) {
 std::unique_ptr<Kernel> make_matmul_transposed(const KernelInit& init) {
   return std::make_unique<MatMulKernel>(init.attr_int("transA", 0) != 0, init.attr_int("transB", 0) != 0,
                                         init.input_is_constant(1));
+}
+
+std::unique_ptr<Kernel> make_matmul_permuted(const KernelInit& init) {
+  return std::make_unique<MatMulPermutedKernel>(init.attr_ints("perm_a"), init.attr_ints("perm_b"));
 }
 
 std::unique_ptr<Kernel> make_matmul_add(const KernelInit& init) {

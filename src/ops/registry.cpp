@@ -397,6 +397,7 @@ const KernelDef kKernels[] = {
   {kInternal, "ConvChannelsLast",   1, 1,    kFloat,            make_conv_channels_last},  // Conv on [N, D..., C] (conv.cpp)
   {kInternal, "MatMulAdd",          1, 1,    DTypeSet{DataType::Float32}, make_matmul_add},  // MatMul -> Add of a bias
   {kInternal, "MatMulTransposed",   1, 1,    kNumeric,          make_matmul_transposed},  // Transpose -> MatMul
+  {kInternal, "MatMulPermuted",     1, 1,    kNumeric,          make_matmul_permuted},    // Transpose (any perm) -> MatMul
 
   // --- vision and neural-network ops (lrn.cpp, lp.cpp, grid_sample.cpp, roi_align.cpp, unpool.cpp,
   // deform_conv.cpp, vision.cpp); `until` is the newest version ONNX 1.23 defines ---

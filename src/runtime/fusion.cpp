@@ -759,6 +759,185 @@ int fuse_transpose_matmul(onnx::GraphProto& graph) {
   return removed;
 }
 
+namespace {
+// The perm attribute of Transpose `node`, if it states one.
+std::optional<std::vector<int64_t>> stated_perm(const onnx::NodeProto& node) {
+  if (!is_onnx_op(node, "Transpose") || node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() == "perm") return std::vector<int64_t>(attr.ints().begin(), attr.ints().end());
+  }
+  return std::nullopt;
+}
+
+// Whether `node` is a Mul of `value` by a one-element constant of rank <= `rank` (the product
+// has value's shape); `side` is value's operand index.
+bool scales_by_a_constant(const onnx::GraphProto& graph, const Matcher& m, const onnx::NodeProto& node,
+                          const std::string& value, size_t rank, int& side) {
+  if (!is_onnx_op(node, "Mul") || node.input_size() != 2 || node.output_size() != 1) return false;
+  for (side = 0; side < 2; ++side) {
+    if (node.input(side) != value || node.input(1 - side) == value) continue;
+    const auto scale = constant_type(graph, m, node.input(1 - side));
+    return scale && scale->second.size() <= rank &&
+           std::all_of(scale->second.begin(), scale->second.end(), [](int64_t d) { return d == 1; });
+  }
+  return false;
+}
+
+// Whether `node` is a product whose operands fuse_permuted_matmul can permute: MatMul, or
+// ai.onnxtrain.MatMulTransposed (whose transA / transB compose with the perm).
+bool permutable_product(const onnx::NodeProto& node) {
+  return node.input_size() == 2 && node.output_size() == 1 &&
+         (is_onnx_op(node, "MatMul") || (node.domain() == kInternalDomain && node.op_type() == "MatMulTransposed"));
+}
+
+// Prepares the Transposes that fuse_permuted_matmul can fold: a Transpose with a stated perm of
+// rank >= 3 whose output one MatMul reads, or one Mul by a one-element constant, besides Shape
+// nodes. Each such Shape node becomes Gather(Shape(x), perm) (the shape the Transpose gives x),
+// and a Mul moves ahead of the Transpose: Mul(Transpose(x), s) = Transpose(Mul(x, s)), the same
+// products (the BERT export scales Q and K by d^-1/4 after the head split, and reads the split's
+// shapes for its Reshapes). Returns the number of nodes rewritten.
+int prepare_permuted_operands(onnx::GraphProto& graph) {
+  std::map<int, std::vector<onnx::NodeProto>> replace;  // node index -> the nodes in its place
+  std::set<int> dropped;
+  {
+    Matcher m(graph);
+    ValueNames names(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& t = graph.node(i);
+      const auto perm = stated_perm(t);
+      const std::string& y = t.output(0);
+      if (!perm || perm->size() < 3 || t.input(0).empty() || m.pinned(y)) continue;
+      std::vector<int> shapes, others;
+      for (int r : m.readers(y)) {
+        const onnx::NodeProto& reader = graph.node(r);
+        (is_onnx_op(reader, "Shape") && reader.input_size() == 1 ? shapes : others).push_back(r);
+      }
+      if (others.empty() || std::any_of(others.begin(), others.end(), [&](int r) { return replace.contains(r); })) continue;
+      const onnx::NodeProto& reader = graph.node(others[0]);
+      int side = 0;
+      const bool mul = others.size() == 1 && scales_by_a_constant(graph, m, reader, y, perm->size(), side);
+      if (!mul && !std::all_of(others.begin(), others.end(), [&](int r) { return permutable_product(graph.node(r)); })) {
+        continue;
+      }
+      if (!mul && shapes.empty()) continue;  // nothing to prepare: fuse_permuted_matmul folds it as is
+      const auto rank = static_cast<int64_t>(perm->size());
+      for (int sh : shapes) {  // Shape(Transpose(x)) = Gather(Shape(x), perm[start:end])
+        const onnx::NodeProto& shape = graph.node(sh);
+        int64_t begin = 0, end = rank;
+        for (const auto& attr : shape.attribute()) {
+          if (attr.name() == "start") begin = attr.i();
+          if (attr.name() == "end") end = attr.i();
+        }
+        begin = std::clamp<int64_t>(begin < 0 ? begin + rank : begin, 0, rank);
+        end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
+        std::vector<int64_t> picked(perm->begin() + begin, perm->begin() + std::max(begin, end));
+        const std::string of_x = names.fresh(shape.output(0) + "/of_transpose_input");
+        const std::string indices = names.fresh(shape.output(0) + "/perm");
+        io::tensor_to_proto(Tensor::from_vector<int64_t>({static_cast<int64_t>(picked.size())}, picked), indices,
+                            *graph.add_initializer());
+        onnx::NodeProto whole;
+        whole.set_name(shape.name());
+        whole.set_op_type("Shape");
+        whole.add_input(t.input(0));
+        whole.add_output(of_x);
+        onnx::NodeProto gather;
+        gather.set_name(shape.name() + "/permuted");
+        gather.set_op_type("Gather");
+        gather.add_input(of_x);
+        gather.add_input(indices);
+        gather.add_output(shape.output(0));
+        replace[sh] = {whole, gather};
+      }
+      if (mul) {  // at the Mul's place: Mul(x, s) -> scaled, Transpose(scaled) -> the Mul's output
+        onnx::NodeProto scaled_mul = reader, moved = t;
+        const std::string scaled = names.fresh(reader.output(0) + "/before_transpose");
+        scaled_mul.set_input(side, t.input(0));
+        scaled_mul.set_output(0, scaled);
+        moved.set_input(0, scaled);
+        moved.set_output(0, reader.output(0));
+        replace[others[0]] = {scaled_mul, moved};
+        dropped.insert(i);
+      }
+    }
+  }
+  if (replace.empty()) return 0;
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    if (dropped.contains(i)) continue;
+    if (auto it = replace.find(i); it != replace.end()) {
+      for (auto& node : it->second) nodes.Add()->Swap(&node);
+    } else {
+      nodes.Add()->Swap(graph.mutable_node(i));
+    }
+  }
+  graph.mutable_node()->Swap(&nodes);
+  return static_cast<int>(replace.size());
+}
+}  // namespace
+
+int fuse_permuted_matmul(onnx::GraphProto& graph) {
+  prepare_permuted_operands(graph);
+  // Candidates: Transposes with a stated perm of rank >= 3 whose every reader is a product
+  // (permutable_product) reading it as an operand; then those whose products flag (transA /
+  // transB) an operand that no candidate makes are dropped, until none is (such a flag stays
+  // a flag only on a MatMulTransposed).
+  Matcher m(graph);
+  std::map<std::string, int> candidates;  // output -> Transpose index
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& t = graph.node(i);
+    const auto perm = stated_perm(t);
+    if (!perm || perm->size() < 3 || t.input(0).empty() || m.pinned(t.output(0))) continue;
+    const auto& readers = m.readers(t.output(0));
+    if (!readers.empty() && std::all_of(readers.begin(), readers.end(), [&](int r) { return permutable_product(graph.node(r)); })) {
+      candidates[t.output(0)] = i;
+    }
+  }
+  const auto flagged = [](const onnx::NodeProto& node, int k) {
+    for (const auto& attr : node.attribute()) {
+      if (attr.name() == (k == 0 ? "transA" : "transB")) return attr.i() != 0;
+    }
+    return false;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto it = candidates.begin(); it != candidates.end();) {
+      bool keep = true;
+      for (int r : m.readers(it->first)) {
+        const onnx::NodeProto& node = graph.node(r);
+        for (int k = 0; k < 2; ++k) keep = keep && (!flagged(node, k) || candidates.contains(node.input(k)));
+      }
+      it = keep ? std::next(it) : candidates.erase(it);
+      changed = changed || !keep;
+    }
+  }
+  if (candidates.empty()) return 0;
+  std::set<int> products;
+  for (const auto& [value, t] : candidates) {
+    for (int r : m.readers(value)) products.insert(r);
+  }
+  for (int r : products) {
+    onnx::NodeProto& node = *graph.mutable_node(r);
+    onnx::NodeProto permuted = node;
+    permuted.set_domain(kInternalDomain);
+    permuted.set_op_type("MatMulPermuted");
+    permuted.clear_attribute();
+    for (int k = 0; k < 2; ++k) {
+      auto it = candidates.find(node.input(k));
+      if (it == candidates.end()) continue;
+      const onnx::NodeProto& t = graph.node(it->second);
+      std::vector<int64_t> perm = *stated_perm(t);
+      if (flagged(node, k)) std::swap(perm[perm.size() - 2], perm[perm.size() - 1]);  // then the last two swapped
+      permuted.set_input(k, t.input(0));
+      *permuted.add_attribute() = autodiff::attr_ints(k == 0 ? "perm_a" : "perm_b", perm);
+    }
+    node.Swap(&permuted);
+  }
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [value, t] : candidates) drop[static_cast<size_t>(t)] = true;
+  drop_nodes(graph, drop);
+  return static_cast<int>(candidates.size());
+}
+
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (MaxPoolGrad, ReluGrad)
   {

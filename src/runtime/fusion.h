@@ -109,6 +109,21 @@ int fuse_matmul_add(onnx::GraphProto& graph);
 // MatMul's. Run after fuse_matmul_add. Returns the number of Transpose nodes removed.
 int fuse_transpose_matmul(onnx::GraphProto& graph);
 
+// Replaces each Transpose with a stated perm of rank >= 3 whose every reader is a MatMul or an
+// ai.onnxtrain.MatMulTransposed reading it as an operand (not a graph output nor read by a
+// subgraph) by attribute perm_a / perm_b of ai.onnxtrain.MatMulPermuted nodes (ops/matmul.cpp)
+// that read the Transpose's input: float32 operands are read in place through oneDNN's strides
+// (attention's head split: Q, K and V as [batch, sequence, heads, head size] read as [batch,
+// heads, ...]) instead of being copied first. A MatMulTransposed's transA / transB on such an
+// operand composes with the perm (its last two entries swapped); one on an operand no such
+// Transpose makes keeps the Transposes it reads. First, a Mul of a Transpose's output (read by
+// it alone) by a one-element constant of no higher rank moves ahead of the Transpose (the
+// scaling of Q and K by d^-1/4 the BERT export writes after the split), and Shape nodes reading
+// a Transpose whose other readers are such products read Gather(Shape(x), perm) instead: the
+// same values. Results are MatMul's. Run after fuse_transpose_matmul. Returns the number of
+// Transpose nodes removed.
+int fuse_permuted_matmul(onnx::GraphProto& graph);
+
 
 // Replaces each ai.onnxtrain.ReluGrad(Y, dY) whose dY is the output of an
 // ai.onnxtrain.MaxPoolGrad(dP, Y) over the same Y, read by nothing else — the backward pass of

@@ -3,6 +3,9 @@
 // reading the Transpose's input; its values equal Transpose -> MatMul's for every element type
 // (float32 through sgemm's or oneDNN's strides, the others through copies), batch layout and
 // broadcast. Transposes read elsewhere, pinned as graph outputs or permuting other dims stay.
+// fuse_permuted_matmul: Transposes of any perm of rank >= 3 (attention's head split) become
+// perm_a / perm_b of one ai.onnxtrain.MatMulPermuted, after a Mul by a scalar constant moves
+// ahead of its Transpose and Shape nodes of the split read Gather(Shape(x), perm); values equal.
 #include <map>
 
 #include "onnxtrain/io.h"
@@ -153,6 +156,168 @@ TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
   });
   EXPECT_NE(mismatch.find("node 'y'"), std::string::npos) << mismatch;
   EXPECT_NE(mismatch.find("'a' transposed [2,3,4]"), std::string::npos) << mismatch;
+}
+
+// An attention block as the BERT export writes it: q, k and v [B, S, H * D] split into heads by
+// Reshape and Transpose, Q and K scaled after the split, the split's shape read by Shape nodes.
+constexpr int64_t kB = 2, kS = 5, kH = 3, kD = 4;
+
+onnx::ModelProto attention_model(bool pin_split) {
+  onnx::ModelProto m = testing::empty_model("attention");
+  auto& g = *m.mutable_graph();
+  for (const char* in : {"q", "k", "v"}) testing::typed_value(g.add_input(), in, onnx::TensorProto::FLOAT, {});
+  io::tensor_to_proto(Tensor::from_vector<int64_t>({4}, {0, 0, kH, kD}), "split", *g.add_initializer());
+  io::tensor_to_proto(Tensor::from_vector<float>({}, {0.5f}), "scale", *g.add_initializer());
+  for (const char* x : {"q", "k", "v"}) node(g, "Reshape", {x, "split"}, std::string(x) + "4");
+  transpose(g, "q4", "qt", {0, 2, 1, 3});
+  node(g, "Shape", {"qt"}, "qt_shape");
+  *node(g, "Shape", {"qt"}, "qt_tail")->add_attribute() = testing::attr("start", int64_t{-2});
+  node(g, "Mul", {"qt", "scale"}, "qs");
+  transpose(g, "k4", "kt", {0, 2, 3, 1});
+  node(g, "Mul", {"scale", "kt"}, "ks");
+  node(g, "MatMul", {"qs", "ks"}, "scores");
+  node(g, "Softmax", {"scores"}, "p");
+  transpose(g, "v4", "vt", {0, 2, 1, 3});
+  node(g, "MatMul", {"p", "vt"}, "context");
+  for (const char* out : {"context", "qt_shape", "qt_tail"}) g.add_output()->set_name(out);
+  if (pin_split) g.add_output()->set_name("vt");
+  return m;
+}
+
+runtime::NamedTensors attention_feeds() {
+  runtime::NamedTensors feeds;
+  int seed = 1;
+  for (const char* in : {"q", "k", "v"}) {
+    feeds[in] = testing::random_f64(Shape{kB, kS, kH * kD}, seed++).cast(DataType::Float32);
+  }
+  return feeds;
+}
+
+TEST(PermutedMatMulFusion, AttentionsHeadSplitIsReadInPlace) {
+  const onnx::ModelProto m = attention_model(false);
+  onnx::GraphProto g = m.graph();
+  EXPECT_EQ(runtime::fuse_permuted_matmul(g), 3);
+  EXPECT_EQ(count_op(g, "MatMulPermuted"), 2);
+  EXPECT_EQ(count_op(g, "Transpose") + count_op(g, "MatMul"), 0);
+  EXPECT_EQ(count_op(g, "Mul"), 2);     // now of the unsplit q4 and k4
+  EXPECT_EQ(count_op(g, "Gather"), 2);  // the split's shape from q4's
+  const auto feeds = attention_feeds();
+  const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+  EXPECT_EQ(got.at("context").shape(), (Shape{kB, kH, kS, kD}));
+  expect_close(got.at("context"), want.at("context"), 1e-6, 1e-6);
+  expect_close(got.at("qt_shape"), want.at("qt_shape"), 0, 0);
+  expect_close(got.at("qt_tail"), want.at("qt_tail"), 0, 0);
+}
+
+TEST(PermutedMatMulFusion, ATransposeReadElsewhereStays) {
+  onnx::GraphProto g = attention_model(true).graph();
+  EXPECT_EQ(runtime::fuse_permuted_matmul(g), 2);  // Q's and K's; V's split is a graph output
+  EXPECT_EQ(count_op(g, "Transpose"), 1);
+  EXPECT_EQ(count_op(g, "MatMul"), 1);
+}
+
+// A split read by several products, as in a training graph, where the backward pass reads it
+// too: y1 = t d, y2 = t^T e (a MatMulTransposed after fuse_transpose_matmul, whose transA composes
+// with the perm), and with `flagged_input` also y3 = t f^T with f a graph input (a flag on an
+// operand no Transpose makes: the split stays).
+onnx::ModelProto shared_split_model(bool flagged_input) {
+  onnx::ModelProto m = testing::empty_model("shared");
+  auto& g = *m.mutable_graph();
+  for (const char* in : {"a", "d", "e", "f"}) testing::typed_value(g.add_input(), in, onnx::TensorProto::FLOAT, {});
+  transpose(g, "a", "t", {1, 0, 2});
+  node(g, "MatMul", {"t", "d"}, "y1");
+  transpose(g, "t", "t_swapped", {0, 2, 1});
+  node(g, "MatMul", {"t_swapped", "e"}, "y2");
+  g.add_output()->set_name("y1");
+  g.add_output()->set_name("y2");
+  if (flagged_input) {
+    transpose(g, "f", "f_swapped", {0, 2, 1});
+    node(g, "MatMul", {"t", "f_swapped"}, "y3");
+    g.add_output()->set_name("y3");
+  }
+  return m;
+}
+
+TEST(PermutedMatMulFusion, ASplitReadBySeveralProductsIsReadInPlaceByEach) {
+  for (bool flagged_input : {false, true}) {
+    SCOPED_TRACE(flagged_input ? "with a flag on a graph input" : "products only");
+    const onnx::ModelProto m = shared_split_model(flagged_input);
+    onnx::GraphProto g = m.graph();
+    runtime::fuse_transpose_matmul(g);
+    EXPECT_EQ(count_op(g, "MatMulTransposed"), flagged_input ? 2 : 1);
+    EXPECT_EQ(runtime::fuse_permuted_matmul(g), flagged_input ? 0 : 1);
+    EXPECT_EQ(count_op(g, "Transpose"), flagged_input ? 1 : 0);
+    EXPECT_EQ(count_op(g, "MatMulPermuted"), flagged_input ? 0 : 2);
+    for (const auto& n : g.node()) {  // y2 reads a with the perm and then its last two dims swapped
+      if (n.op_type() == "MatMulPermuted" && n.output(0) == "y2") {
+        ASSERT_EQ(n.attribute_size(), 1);
+        EXPECT_EQ(std::vector<int64_t>(n.attribute(0).ints().begin(), n.attribute(0).ints().end()),
+                  (std::vector<int64_t>{1, 2, 0}));
+      }
+    }
+    const runtime::NamedTensors feeds{{"a", testing::random_f64(Shape{2, 3, 4}, 1).cast(DataType::Float32)},
+                                      {"d", testing::random_f64(Shape{3, 4, 5}, 2).cast(DataType::Float32)},
+                                      {"e", testing::random_f64(Shape{3, 2, 6}, 3).cast(DataType::Float32)},
+                                      {"f", testing::random_f64(Shape{3, 7, 4}, 4).cast(DataType::Float32)}};
+    const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+    for (const auto& [name, value] : want) {
+      SCOPED_TRACE(name);
+      expect_close(got.at(name), value, 1e-6, 1e-6);
+    }
+  }
+}
+
+TEST(PermutedMatMulFusion, OtherElementTypesRanksAndBroadcastBatchesGiveMatMulsValues) {
+  struct PermCase {
+    Shape a, b;
+    std::vector<int64_t> perm_a;
+    int elem_type;
+    const char* label;
+  };
+  const std::vector<PermCase> cases = {
+      {{3, 2, 4}, {2, 4, 5}, {1, 0, 2}, onnx::TensorProto::FLOAT, "float32, batches equal: in place"},
+      {{3, 2, 4}, {2, 4, 5}, {1, 0, 2}, onnx::TensorProto::DOUBLE, "float64: copies"},
+      {{3, 2, 4}, {4, 5}, {1, 0, 2}, onnx::TensorProto::FLOAT, "float32, B of rank 2: copies"},
+      {{3, 1, 4}, {2, 4, 5}, {1, 0, 2}, onnx::TensorProto::FLOAT, "float32, broadcast batch: copies"},
+      {{3, 2, 4}, {2, 4, 5}, {1, 0, 2}, onnx::TensorProto::INT32, "int32: copies"},
+  };
+  for (const PermCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    onnx::ModelProto m = model_with_inputs("permuted", c.elem_type);
+    auto& g = *m.mutable_graph();
+    transpose(g, "a", "a_t", c.perm_a);
+    node(g, "MatMul", {"a_t", "b"}, "y");
+    g.add_output()->set_name("y");
+    onnx::GraphProto fused = g;
+    ASSERT_EQ(runtime::fuse_permuted_matmul(fused), 1);
+    const DataType type = c.elem_type == onnx::TensorProto::FLOAT    ? DataType::Float32
+                          : c.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64
+                                                                     : DataType::Int32;
+    const runtime::NamedTensors feeds{{"a", testing::random_f64(c.a, 1).cast(type)},
+                                      {"b", testing::random_f64(c.b, 2).cast(type)}};
+    const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+    expect_close(got.at("y"), want.at("y"), 1e-6, 1e-6);
+  }
+}
+
+TEST(PermutedMatMulFusion, APermThatIsNotAPermutationIsAnErrorNamingTheInput) {
+  onnx::ModelProto m = model_with_inputs("direct", onnx::TensorProto::FLOAT);
+  auto* internal = m.add_opset_import();
+  internal->set_domain("ai.onnxtrain");
+  internal->set_version(1);
+  auto& g = *m.mutable_graph();
+  auto* n = node(g, "MatMulPermuted", {"a", "b"}, "y");
+  n->set_domain("ai.onnxtrain");
+  *n->add_attribute() = testing::attr("perm_a", std::vector<int64_t>{0, 0, 1});
+  g.add_output()->set_name("y");
+  runtime::Session session(m);
+  const std::string message = testing::error_of([&] {
+    session.run({{"a", testing::random_f64(Shape{2, 3, 4}, 1).cast(DataType::Float32)},
+                 {"b", testing::random_f64(Shape{2, 4, 2}, 2).cast(DataType::Float32)}});
+  });
+  EXPECT_NE(message.find("attribute perm_a [0,0,1] is not a permutation of the dims of input 'a' [2,3,4]"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace
