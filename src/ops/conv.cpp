@@ -20,7 +20,9 @@
 //
 // ai.onnxtrain.FusedConv (made by runtime/fusion.h, never saved) is a Conv followed by Relu
 // (attribute activation = "Relu") and/or MaxPool without Indices (MaxPool's attributes as
-// pool_kernel_shape, pool_strides, ...). Without the pool, float32 applies Relu while copying
+// pool_kernel_shape, pool_strides, ...; with the pool, attribute channels_last = 1 writes Y
+// channels-last, [N, O..., M], for a chain of ConvChannelsLast nodes after it: runtime/fusion.h
+// use_channels_last). Without the pool, float32 applies Relu while copying
 // oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
 // channels-last into a scratch block and max_pool_channels_last (pool.cpp) reads it, so the
 // largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
@@ -572,6 +574,7 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
 struct ConvEpilogue {
   bool relu = false;
   std::optional<PoolAttrs> pool;
+  bool channels_last_y = false;  // with the pool: y [N, O..., M] (attribute channels_last = 1)
 };
 
 bool is_half(DataType t) { return t == DataType::Float16 || t == DataType::BFloat16; }
@@ -600,8 +603,10 @@ class ConvKernel final : public Kernel {
         pool_shape_ = out;
       }
       pool = &*pool_plan_;
-      out = Shape{g.N, g.M};
+      out = Shape{g.N};
+      if (!epilogue_.channels_last_y) out.push_back(g.M);
       for (int64_t d : pool->out) out.push_back(d);
+      if (epilogue_.channels_last_y) out.push_back(g.M);
     }
     if (is_half(x.dtype())) {  // through float32
       Tensor y(DataType::Float32, out);
@@ -779,14 +784,26 @@ class ConvKernel final : public Kernel {
                                   [&] { return plan(g, attrs_.transpose, b.defined(), weights_constant_, true); });
         if (!e.use_reference && !e.dims.embed) {
           execute(e, g, x.data<float>(), w.data<float>(), bias, conv_out.data<float>(), weights_constant_);
-          max_pool_channels_last(*pool, g.M, relu, conv_out.data<float>(), y.data<float>());
+          max_pool_channels_last(*pool, g.M, relu, conv_out.data<float>(), y.data<float>(), epilogue_.channels_last_y);
           return;
         }
       }
     }
     convolve<T>(g, x, w, bias, conv_out.data<T>());
-    max_pool_forward(*pool, conv_out, y);
-    if (relu) relu_in_place<T>(y);
+    if (!epilogue_.channels_last_y) {
+      max_pool_forward(*pool, conv_out, y);
+      if (relu) relu_in_place<T>(y);
+      return;
+    }
+    Shape plain{g.N, g.M};  // pooled channels-first, then permuted into y
+    for (int64_t d : pool->out) plain.push_back(d);
+    Tensor pooled(y.dtype(), plain);
+    max_pool_forward(*pool, conv_out, pooled);
+    if (relu) relu_in_place<T>(pooled);
+    std::vector<int64_t> to_last{0};
+    for (size_t d = 2; d < plain.size(); ++d) to_last.push_back(static_cast<int64_t>(d));
+    to_last.push_back(1);
+    copy_permuted(pooled, y, to_last);
   }
 
   // y [N, M, O...] (plain) = the convolution of x with w, plus bias.
@@ -956,6 +973,7 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
       pool_node.attributes.back().name = attr.name.substr(kPrefix.size());
     }
     epilogue.pool = parse_pool_attrs(KernelInit(init.graph(), pool_node, init.opset()), true);
+    epilogue.channels_last_y = init.attr_int("channels_last", 0) != 0;
   }
   return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, false), std::move(epilogue));
 }

@@ -424,7 +424,8 @@ void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y) {
   });
 }
 
-void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, const float* x, float* y) {
+void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, const float* x, float* y,
+                            bool y_channels_last) {
   if (p.out_size == 0 || channels == 0) return;
   const int64_t C = channels, N = p.channels / C, out_last = p.out.back();
   const int64_t lines = static_cast<int64_t>(p.line_begin.size()) - 1;
@@ -449,6 +450,12 @@ void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, cons
             }
           }
         }
+      }
+      if (y_channels_last) {  // the line's [out_last, C] block as it is
+        float* __restrict yl = y + (n * p.out_size + static_cast<int64_t>(l) * out_last) * C;
+        const float* __restrict bl = best.data();
+        for (int64_t i = 0; i < out_last * C; ++i) yl[i] = relu && bl[i] < 0.0f ? 0.0f : bl[i];
+        continue;
       }
       float* yl = y + n * C * p.out_size + static_cast<int64_t>(l) * out_last;
       for (int64_t c = 0; c < C; ++c) {

@@ -1217,15 +1217,16 @@ bool layout_free(const onnx::NodeProto& node) {
   return (node.domain().empty() || node.domain() == "ai.onnx") && kOnnx.contains(node.op_type());
 }
 
-// The rank of a Conv or ai.onnxtrain.FusedConv without a pool whose weights are a float32
-// constant of rank 3 to 5 (1 to 3 spatial dims: what the oneDNN path takes), else 0.
-int channels_last_conv_rank(const onnx::GraphProto& graph, const Matcher& m, const onnx::NodeProto& node) {
+// The rank of a Conv or ai.onnxtrain.FusedConv whose weights are a float32 constant of rank 3
+// to 5 (1 to 3 spatial dims: what the oneDNN path takes), else 0. `pooled`: a FusedConv with a
+// MaxPool, which reads its input as it is and writes channels-last with attribute channels_last.
+int channels_last_conv_rank(const onnx::GraphProto& graph, const Matcher& m, const onnx::NodeProto& node,
+                            bool& pooled) {
   const bool conv = is_onnx_op(node, "Conv");
   const bool fused = node.domain() == kInternalDomain && node.op_type() == "FusedConv";
   if ((!conv && !fused) || node.input_size() < 2 || node.input_size() > 3 || node.output_size() != 1) return 0;
-  for (const auto& attr : node.attribute()) {
-    if (attr.name().starts_with("pool_")) return 0;  // FusedConv's MaxPool writes the plain layout
-  }
+  pooled = false;
+  for (const auto& attr : node.attribute()) pooled = pooled || attr.name().starts_with("pool_");
   if (node.input(0).empty()) return 0;
   const auto w = constant_type(graph, m, node.input(1));
   if (!w || w->first != onnx::TensorProto::FLOAT || w->second.size() < 3 || w->second.size() > 5) return 0;
@@ -1262,6 +1263,7 @@ int use_channels_last(onnx::GraphProto& graph) {
   // channels-last of one rank or a one-element constant of no higher rank.
   std::vector<int> rank(static_cast<size_t>(count), 0);  // of a converted node's output; 0: not converted
   std::vector<bool> is_conv(static_cast<size_t>(count), false);
+  std::vector<bool> pooled(static_cast<size_t>(count), false);  // reads its input plain (channels_last_conv_rank)
   std::unordered_map<std::string, std::pair<int, int>> twin;  // value -> (rank, the node that makes its twin)
   std::vector<int> parent(static_cast<size_t>(count));        // components of converted nodes
   for (int i = 0; i < count; ++i) parent[static_cast<size_t>(i)] = i;
@@ -1273,7 +1275,12 @@ int use_channels_last(onnx::GraphProto& graph) {
   const auto join = [&](int a, int b) { up(root(a)) = root(b); };
   for (int i = 0; i < count; ++i) {
     const onnx::NodeProto& node = graph.node(i);
-    if (const int r = channels_last_conv_rank(graph, m, node)) {
+    bool pool = false;
+    if (const int r = channels_last_conv_rank(graph, m, node, pool); r && pool) {
+      rank[static_cast<size_t>(i)] = r;  // a component starts here: nothing joins through its input
+      is_conv[static_cast<size_t>(i)] = true;
+      pooled[static_cast<size_t>(i)] = true;
+    } else if (r) {
       auto it = twin.find(node.input(0));
       if (it != twin.end() && it->second.first != r) continue;  // a rank mismatch the run reports
       if (it != twin.end()) {
@@ -1330,7 +1337,9 @@ int use_channels_last(onnx::GraphProto& graph) {
     return twin_name[value] = names.fresh(value + "/channels_last");
   };
   // Whether a converted node reads input k in the channels-last layout (a convolution: X only).
-  const auto reads_twin = [&](int node, int k) { return !is_conv[static_cast<size_t>(node)] || k == 0; };
+  const auto reads_twin = [&](int node, int k) {
+    return !is_conv[static_cast<size_t>(node)] || (k == 0 && !pooled[static_cast<size_t>(node)]);
+  };
 
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
   for (int i = 0; i < count; ++i) {
@@ -1363,7 +1372,9 @@ int use_channels_last(onnx::GraphProto& graph) {
       }
     }
     node.set_output(0, make_twin_name(y));
-    if (is_conv[static_cast<size_t>(i)]) {
+    if (pooled[static_cast<size_t>(i)]) {
+      *node.add_attribute() = autodiff::attr_int("channels_last", 1);
+    } else if (is_conv[static_cast<size_t>(i)]) {
       node.set_domain(kInternalDomain);
       node.set_op_type("ConvChannelsLast");
     }

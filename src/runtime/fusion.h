@@ -56,7 +56,10 @@ int fuse_conv_relu(onnx::GraphProto& graph);
 // graph input, or Constant node) becomes an ai.onnxtrain.ConvChannelsLast (ops/conv.cpp) reading
 // and writing channels-last tensors; so does each element-wise op (Relu, Add, Mul, Clip, ... see
 // layout_free in fusion.cpp) whose operands are all channels-last of one rank or one-element
-// constants of no higher rank. A Transpose makes a convolution's channels-last input where no
+// constants of no higher rank. A FusedConv with a pool (ResNet's stem: Conv -> Relu -> MaxPool)
+// and such weights starts a chain: it keeps reading its input as it is and writes its output
+// channels-last (attribute channels_last = 1), so the chain after it needs no Transpose at its
+// entry. A Transpose makes a convolution's channels-last input where no
 // converted node does, and one makes the original (channels-first) value for any reader that
 // is not converted, a graph output or a subgraph. Only groups of converted nodes (connected
 // through the values they pass) with at least two convolutions are rewritten. Results are the

@@ -112,6 +112,84 @@ TEST(ChannelsLastFusion, AResidualBlockRunsChannelsLastWithTransposesOnlyAtItsEd
   EXPECT_EQ(count_op(g, "ConvChannelsLast"), 3);
 }
 
+// ResNet's stem before a residual block: x -> Conv (stride 2) -> Relu -> MaxPool (3x3, stride 2,
+// pads 1) = p, then the block of residual_model on p.
+onnx::ModelProto stem_model() {
+  onnx::ModelProto m = model_with_x("stem");
+  auto& g = *m.mutable_graph();
+  add_conv(g, "x", "c0", 3, kC, 2, 11, true, 2);
+  testing::add_node(g, "Relu", {"c0"}, {"a0"});
+  auto* pool = testing::add_node(g, "MaxPool", {"a0"}, {"p"});
+  *pool->add_attribute() = attr("kernel_shape", std::vector<int64_t>{3, 3});
+  *pool->add_attribute() = attr("strides", std::vector<int64_t>{2, 2});
+  *pool->add_attribute() = attr("pads", std::vector<int64_t>{1, 1, 1, 1});
+  add_conv(g, "p", "c1", kC, kC, 2, 1);
+  testing::add_node(g, "Relu", {"c1"}, {"a1"});
+  add_conv(g, "a1", "c2", kC, kC, 2, 2);
+  testing::add_node(g, "Add", {"c2", "p"}, {"y"});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  return m;
+}
+
+TEST(ChannelsLastFusion, AStemsPooledConvolutionWritesTheChainsLayout) {
+  onnx::GraphProto g = stem_model().graph();
+  ASSERT_EQ(runtime::fuse_conv_pool(g), 1);
+  ASSERT_EQ(runtime::fuse_conv_relu(g), 1);
+  ASSERT_EQ(runtime::use_channels_last(g), 3);  // the stem counts as one of the chain's convolutions
+  EXPECT_EQ(count_op(g, "ConvChannelsLast"), 2);
+  EXPECT_EQ(count_op(g, "Transpose"), 1);  // y out; the stem reads x as it is and writes p channels-last
+  for (const auto& node : g.node()) {
+    if (node.op_type() != "FusedConv") continue;
+    EXPECT_EQ(node.input(0), "x");
+    EXPECT_TRUE(node.output(0).ends_with("/channels_last")) << node.output(0);
+    EXPECT_EQ(node.attribute(node.attribute_size() - 1).name(), "channels_last");
+  }
+  std::vector<runtime::NamedTensors> feeds;
+  for (int64_t n : {1, 2}) {
+    feeds.push_back({{"x", testing::random_f64(Shape{n, 3, 18, 18}, 12).cast(DataType::Float32)}});
+  }
+  expect_same_outputs(stem_model(), feeds);
+}
+
+// The pooled FusedConv with channels_last = 1 outside oneDNN's path (float64): the channels-first
+// result permuted, equal to Conv -> Relu -> MaxPool -> Transpose.
+onnx::ModelProto pooled_model(bool fused) {
+  onnx::ModelProto m = testing::empty_model(fused ? "fused" : "reference");
+  auto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "x", onnx::TensorProto::DOUBLE, {});
+  io::tensor_to_proto(testing::random_f64(Shape{4, 2, 3, 3}, 1), "W", *g.add_initializer());
+  const auto pool_attrs = [](onnx::NodeProto* n, const std::string& prefix) {
+    *n->add_attribute() = attr(prefix + "kernel_shape", std::vector<int64_t>{2, 2});
+    *n->add_attribute() = attr(prefix + "strides", std::vector<int64_t>{2, 2});
+  };
+  if (fused) {
+    auto* internal = m.add_opset_import();
+    internal->set_domain("ai.onnxtrain");
+    internal->set_version(1);
+    auto* n = testing::add_node(g, "FusedConv", {"x", "W"}, {"y"});
+    n->set_domain("ai.onnxtrain");
+    *n->add_attribute() = attr("pads", std::vector<int64_t>{1, 1, 1, 1});
+    *n->add_attribute() = attr("activation", std::string("Relu"));
+    pool_attrs(n, "pool_");
+    *n->add_attribute() = attr("channels_last", int64_t{1});
+  } else {
+    *testing::add_node(g, "Conv", {"x", "W"}, {"c"})->add_attribute() = attr("pads", std::vector<int64_t>{1, 1, 1, 1});
+    testing::add_node(g, "Relu", {"c"}, {"a"});
+    pool_attrs(testing::add_node(g, "MaxPool", {"a"}, {"p"}), "");
+    *testing::add_node(g, "Transpose", {"p"}, {"y"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 3, 1});
+  }
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::DOUBLE, {});
+  return m;
+}
+
+TEST(ChannelsLastFusion, APooledConvolutionWritesChannelsLastOnEveryPath) {
+  const runtime::NamedTensors feeds{{"x", testing::random_f64(Shape{2, 2, 6, 6}, 3)}};
+  const Tensor got = runtime::Session(pooled_model(true)).run(feeds).at("y");
+  const Tensor want = runtime::Session(pooled_model(false), {.fuse = false}).run(feeds).at("y");
+  EXPECT_EQ(got.shape(), (Shape{2, 3, 3, 4}));
+  expect_close(got, want, 1e-12, 1e-12);
+}
+
 TEST(ChannelsLastFusion, ResidualBlocksGiveTheUnrewrittenResultsInOneTwoAndThreeSpatialDims) {
   for (size_t spatial : {1u, 2u, 3u}) {
     SCOPED_TRACE(std::to_string(spatial) + " spatial dims");
