@@ -700,10 +700,10 @@ class ConvKernel final : public Kernel {
         return;
       }
     }
-    const Tensor x_first = permute(x, channels_first_order(x.rank()));
+    const Tensor x_first = permuted(x, channels_first_order(x.rank()));
     Tensor conv_first(is_half(x.dtype()) ? DataType::Float32 : x.dtype(), conv_output_shape(g));
     forward(ctx, g, nullptr, x_first, conv_first, relu);
-    const Tensor conv_last = permute(conv_first, channels_last_order(conv_first.rank()));
+    const Tensor conv_last = permuted(conv_first, channels_last_order(conv_first.rank()));
     const Tensor cast = conv_last.dtype() == conv.dtype() ? conv_last : conv_last.cast(conv.dtype());
     std::memcpy(conv.raw_data(), cast.raw_data(), static_cast<size_t>(conv.numel()) * dtype_size(conv.dtype()));
   }
@@ -752,12 +752,6 @@ class ConvKernel final : public Kernel {
     for (size_t d = 1; d + 1 < rank; ++d) order.push_back(static_cast<int64_t>(d));
     return order;
   }
-  // A contiguous copy of t with its dims permuted by `order`.
-  static Tensor permute(const Tensor& t, const std::vector<int64_t>& order) {
-    Tensor out(t.dtype(), permuted_shape(t.shape(), order));
-    copy_permuted(t, out, order);
-    return out;
-  }
 
   // y = the convolution, then Relu when `relu`, then the pool (`pool` planned for the
   // convolution's output shape).
@@ -800,10 +794,7 @@ class ConvKernel final : public Kernel {
     Tensor pooled(y.dtype(), plain);
     max_pool_forward(*pool, conv_out, pooled);
     if (relu) relu_in_place<T>(pooled);
-    std::vector<int64_t> to_last{0};
-    for (size_t d = 2; d < plain.size(); ++d) to_last.push_back(static_cast<int64_t>(d));
-    to_last.push_back(1);
-    copy_permuted(pooled, y, to_last);
+    copy_permuted(pooled, y, channels_last_order(plain.size()));
   }
 
   // y [N, M, O...] (plain) = the convolution of x with w, plus bias.

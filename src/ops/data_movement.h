@@ -257,6 +257,16 @@ inline void copy_to_strided(const void* src, void* dst, size_t elem_size, const 
 // Row-major strides of `t` in elements, as a vector.
 inline std::vector<int64_t> strides_of(const Shape& shape) { return contiguous_strides(shape).to_vector(); }
 
+// Whether perm holds each of 0 .. perm.size() - 1 once (a Transpose perm of that rank).
+inline bool is_permutation(std::span<const int64_t> perm) {
+  std::vector<bool> seen(perm.size(), false);
+  for (int64_t d : perm) {
+    if (d < 0 || d >= static_cast<int64_t>(perm.size()) || seen[static_cast<size_t>(d)]) return false;
+    seen[static_cast<size_t>(d)] = true;
+  }
+  return true;
+}
+
 // The shape of a tensor of `shape` with its dims permuted as Transpose does: dim i of the result
 // is dim perm[i] (perm a permutation of 0..rank-1, checked by the caller).
 inline Shape permuted_shape(const Shape& shape, std::span<const int64_t> perm) {
@@ -271,6 +281,13 @@ inline void copy_permuted(const Tensor& x, Tensor& y, std::span<const int64_t> p
   std::vector<int64_t> strides;
   for (int64_t d : perm) strides.push_back(in_strides[static_cast<size_t>(d)]);
   copy_strided(x.raw_data(), y.raw_data(), dtype_size(x.dtype()), y.shape(), strides);
+}
+
+// x with its dims permuted by `perm`, as a new contiguous tensor of x's dtype.
+inline Tensor permuted(const Tensor& x, std::span<const int64_t> perm) {
+  Tensor y(x.dtype(), permuted_shape(x.shape(), perm));
+  copy_permuted(x, y, perm);
+  return y;
 }
 
 }  // namespace onnxtrain::ops

@@ -44,16 +44,21 @@ constexpr size_t kDnnlMaxRank = DNNL_MAX_NDIMS;
 struct MatMulEntry {
   bool use_reference = false;  // oneDNN has no implementation for these shapes
   dnnl::matmul primitive;
-  dnnl::memory src, weights, dst;
+  dnnl::memory src, weights, bias, dst;        // bias: only when planned with one
   std::unordered_map<int, dnnl::memory> args;  // the memories above by role
 };
 
+// `bias`: a zero desc (the default) for none, else the bias the primitive adds in its epilogue.
 MatMulEntry make_entry(const dnnl::memory::desc& src, const dnnl::memory::desc& weights,
-                       const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr) {
+                       const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr,
+                       const dnnl::memory::desc& bias = {}) {
   MatMulEntry entry;
   const dnnl::engine& engine = du::cpu_engine();
+  const bool has_bias = !bias.is_zero();
   try {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, dst), attr, engine);
+    dnnl::matmul::primitive_desc pd(has_bias ? dnnl::matmul::desc(src, weights, bias, dst)
+                                             : dnnl::matmul::desc(src, weights, dst),
+                                    attr, engine);
     entry.primitive = dnnl::matmul(pd);
   } catch (const dnnl::error&) {  // no implementation for these shapes: use the reference
     entry.use_reference = true;
@@ -63,9 +68,11 @@ MatMulEntry make_entry(const dnnl::memory::desc& src, const dnnl::memory::desc& 
     entry.src = dnnl::memory(src, engine, nullptr);
     entry.weights = dnnl::memory(weights, engine, nullptr);
     entry.dst = dnnl::memory(dst, engine, nullptr);
+    if (has_bias) entry.bias = dnnl::memory(bias, engine, nullptr);
   });
   entry.args = {
       {DNNL_ARG_SRC, entry.src}, {DNNL_ARG_WEIGHTS, entry.weights}, {DNNL_ARG_DST, entry.dst}};
+  if (has_bias) entry.args[DNNL_ARG_BIAS] = entry.bias;
   return entry;
 }
 
@@ -86,12 +93,14 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   });
 }
 
-void execute(MatMulEntry& entry, const float* a, const float* b, float* y) {
+// `bias`: for an entry planned with one.
+void execute(MatMulEntry& entry, const float* a, const float* b, float* y, const float* bias = nullptr) {
   dnnl::stream& stream = du::cpu_stream();
   du::checked("run a matmul", [&] {
     entry.src.set_data_handle(const_cast<float*>(a));
     entry.weights.set_data_handle(const_cast<float*>(b));
     entry.dst.set_data_handle(y);
+    if (bias) entry.bias.set_data_handle(const_cast<float*>(bias));
     entry.primitive.execute(stream, entry.args);
     stream.wait();
   });
@@ -219,9 +228,7 @@ Tensor transposed_last2(const Tensor& x) {
   std::vector<int64_t> perm(x.rank());
   for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
   std::swap(perm[perm.size() - 2], perm[perm.size() - 1]);
-  Tensor y(x.dtype(), permuted_shape(x.shape(), perm));
-  copy_permuted(x, y, perm);
-  return y;
+  return permuted(x, perm);
 }
 
 // MatMul, and ai.onnxtrain.MatMulTransposed (runtime/fusion.h fuse_transpose_matmul): the
@@ -389,7 +396,7 @@ class MatMulPermutedKernel final : public Kernel {
       }
     }
     // The permuted operands as contiguous copies, then MatMul's own paths (sgemm for a 2-D B, ...).
-    plain_.run_on(ctx, permuted(a, 0), permuted(b, 1));
+    plain_.run_on(ctx, perm_[0].empty() ? a : permuted(a, perm_[0]), perm_[1].empty() ? b : permuted(b, perm_[1]));
   }
 
  private:
@@ -398,13 +405,7 @@ class MatMulPermutedKernel final : public Kernel {
     const Tensor& t = ctx.input(i);
     const std::vector<int64_t>& perm = perm_[i];
     if (perm.empty()) return t.shape();
-    std::vector<bool> seen(perm.size(), false);
-    bool valid = perm.size() == t.rank();
-    for (int64_t d : perm) {
-      valid = valid && d >= 0 && d < static_cast<int64_t>(perm.size()) && !seen[static_cast<size_t>(d)];
-      if (valid) seen[static_cast<size_t>(d)] = true;
-    }
-    if (!valid) {
+    if (perm.size() != t.rank() || !is_permutation(perm)) {
       fail("attribute perm_" + std::string(i == 0 ? "a" : "b") + " " + ints_to_string(perm) +
            " is not a permutation of the dims of input " + ctx.input_name(i) + " " + t.shape().to_string());
     }
@@ -421,13 +422,6 @@ class MatMulPermutedKernel final : public Kernel {
       view_strides.push_back(strides[d]);
     }
     return {dims, dnnl::memory::data_type::f32, view_strides};
-  }
-
-  Tensor permuted(const Tensor& t, int i) const {
-    if (perm_[i].empty()) return t;
-    Tensor out(t.dtype(), permuted_shape(t.shape(), perm_[i]));
-    copy_permuted(t, out, perm_[i]);
-    return out;
   }
 
   std::vector<int64_t> perm_[2];
@@ -480,18 +474,13 @@ class MatMulAddKernel final : public Kernel {
     const bool full_bias = c.dim(0) == N;
     if (full_bias && K > 0) {
       if (constant_b_ && constant_product_.run(a_data, rows, K, b_data, trans_b_, N, bias, out)) return;
-      if (!constant_b_ && trans_b_) {
-        BiasEntry& e = cache_.get(du::CacheKey().add(rows).add(K).add(N), [&] { return plan(rows, K, N); });
-        if (e.planned) {
-          du::checked("run a matmul with bias", [&] {
-            e.src.set_data_handle(const_cast<float*>(a_data));
-            e.weights.set_data_handle(const_cast<float*>(b_data));
-            e.bias.set_data_handle(const_cast<float*>(bias));
-            e.dst.set_data_handle(out);
-            dnnl::stream& stream = du::cpu_stream();
-            e.primitive.execute(stream, e.args);
-            stream.wait();
-          });
+      if (!constant_b_ && trans_b_) {  // B [N, K] read in place as [K, N], the bias in the epilogue
+        MatMulEntry& e = cache_.get(du::CacheKey().add(rows).add(K).add(N), [&] {
+          return make_entry(du::plain_f32({rows, K}), du::strided_f32({K, N}, {1, K}), du::plain_f32({rows, N}), {},
+                            du::plain_f32({1, N}));
+        });
+        if (!e.use_reference) {
+          execute(e, a_data, b_data, out, bias);
           return;
         }
       }
@@ -509,41 +498,10 @@ class MatMulAddKernel final : public Kernel {
   }
 
  private:
-  // oneDNN's matmul of A [rows, K] by B^T (B stored [N, K], read in place) plus a bias [N].
-  struct BiasEntry {
-    bool planned = false;
-    dnnl::matmul primitive;
-    dnnl::memory src, weights, bias, dst;
-    std::unordered_map<int, dnnl::memory> args;
-  };
-
-  static BiasEntry plan(int64_t rows, int64_t K, int64_t N) {
-    BiasEntry e;
-    const dnnl::engine& engine = du::cpu_engine();
-    const auto src = du::plain_f32({rows, K}), weights = du::strided_f32({K, N}, {1, K});
-    const auto bias = du::plain_f32({1, N}), dst = du::plain_f32({rows, N});
-    dnnl::matmul::primitive_desc pd;
-    try {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), engine);
-    } catch (const dnnl::error&) {  // no implementation: the bias fill and sgemm
-      return e;
-    }
-    du::checked("prepare a matmul with bias", [&] {
-      e.primitive = dnnl::matmul(pd);
-      e.src = dnnl::memory(src, engine, nullptr);
-      e.weights = dnnl::memory(weights, engine, nullptr);
-      e.bias = dnnl::memory(bias, engine, nullptr);
-      e.dst = dnnl::memory(dst, engine, nullptr);
-    });
-    e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.weights}, {DNNL_ARG_BIAS, e.bias}, {DNNL_ARG_DST, e.dst}};
-    e.planned = true;
-    return e;
-  }
-
   bool trans_b_ = false;
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
   ConstantWeightsProduct constant_product_;
-  du::PrimitiveCache<BiasEntry> cache_;
+  du::PrimitiveCache<MatMulEntry> cache_;
 };
 
 // ---------------------------------------------------------------------------------------------

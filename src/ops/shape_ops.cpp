@@ -715,15 +715,9 @@ std::unique_ptr<Kernel> make_unsqueeze(const KernelInit& init) {
 
 std::unique_ptr<Kernel> make_transpose(const KernelInit& init) {
   auto perm = init.optional_ints("perm");
-  if (perm) {
-    std::vector<bool> seen(perm->size(), false);
-    for (int64_t p : *perm) {
-      if (p < 0 || p >= static_cast<int64_t>(perm->size()) || seen[static_cast<size_t>(p)]) {
-        throw Error("attribute 'perm' " + list_string(*perm) + " is not a permutation of [0, " +
-                    std::to_string(perm->size()) + ")");
-      }
-      seen[static_cast<size_t>(p)] = true;
-    }
+  if (perm && !is_permutation(*perm)) {
+    throw Error("attribute 'perm' " + list_string(*perm) + " is not a permutation of [0, " +
+                std::to_string(perm->size()) + ")");
   }
   return transpose_kernel(std::move(perm));
 }

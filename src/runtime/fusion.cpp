@@ -73,8 +73,8 @@ class Matcher {
       rank_[init.name()] = init.dims_size();
       elem_type_[init.name()] = init.data_type();
     }
-    for (const auto& v : graph.input()) set_rank(v);
-    for (const auto& v : graph.value_info()) set_rank(v);
+    for (const auto& v : graph.input()) declare(v);
+    for (const auto& v : graph.value_info()) declare(v);
   }
 
   // The element type and rank the graph states for `name` (a graph input's or value_info's type,
@@ -149,7 +149,7 @@ class Matcher {
   std::unordered_map<std::string, int> rank_;
   std::unordered_map<std::string, int> elem_type_;
 
-  void set_rank(const onnx::ValueInfoProto& v) {
+  void declare(const onnx::ValueInfoProto& v) {
     if (!v.type().has_tensor_type()) return;
     if (v.type().tensor_type().has_shape()) rank_[v.name()] = v.type().tensor_type().shape().dim_size();
     if (v.type().tensor_type().elem_type() != 0) elem_type_[v.name()] = v.type().tensor_type().elem_type();
@@ -325,12 +325,7 @@ int fuse_scaled_adam(onnx::GraphProto& graph) {
     for (const auto& in : f.inputs) node.add_input(in);
     node.clear_output();
     for (const auto& out : f.outputs) node.add_output(out);
-    if (f.x_scaled) {
-      auto* attr = node.add_attribute();
-      attr->set_name("x_scaled");
-      attr->set_type(onnx::AttributeProto::INT);
-      attr->set_i(1);
-    }
+    if (f.x_scaled) *node.add_attribute() = autodiff::attr_int("x_scaled", 1);
   }
   drop_nodes(graph, drop);
   return static_cast<int>(fusions.size());
@@ -620,6 +615,15 @@ void for_each_add_of_a_sole_output(const onnx::GraphProto& graph, const Matcher&
 }  // namespace
 
 namespace {
+// The perm attribute of Transpose `node`, if it states one.
+std::optional<std::vector<int64_t>> stated_perm(const onnx::NodeProto& node) {
+  if (!is_onnx_op(node, "Transpose") || node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() == "perm") return std::vector<int64_t>(attr.ints().begin(), attr.ints().end());
+  }
+  return std::nullopt;
+}
+
 // The rank of `name` when it is a float32 constant (constant_type) or the graph states it float32
 // (Matcher::declared_type).
 std::optional<int> float32_rank(const onnx::GraphProto& graph, const Matcher& m, const std::string& name) {
@@ -639,10 +643,8 @@ bool transposes_matrix(const onnx::NodeProto& node, const onnx::GraphProto& grap
       float32_rank(graph, m, node.input(0)) != 2) {
     return false;
   }
-  for (const auto& attr : node.attribute()) {
-    if (attr.name() == "perm") return attr.ints_size() == 2 && attr.ints(0) == 1 && attr.ints(1) == 0;
-  }
-  return true;  // no perm: the dims reversed
+  const auto perm = stated_perm(node);
+  return !perm || *perm == std::vector<int64_t>{1, 0};  // no perm: the dims reversed
 }
 
 }  // namespace
@@ -662,15 +664,15 @@ int fuse_matmul_add(onnx::GraphProto& graph) {
                                                          const onnx::NodeProto& matmul, std::vector<int> shapes) {
       if (!is_onnx_op(matmul, "MatMul") || matmul.input_size() != 2 || y == c) return false;
       if (m.producer_index(c) > m.producer_index(y)) return false;  // the fused node takes the MatMul's place
+      // The ranks decide the product's shape, and z's with it: [..., N] (the kernel checks that C
+      // has N or 1 elements, as Add's broadcasting would).
+      if (float32_rank(graph, m, c) != 1) return false;
       Match match;
       match.matmul = m.producer_index(y);
       match.add = add;
       match.b = matmul.input(1);
       match.c = c;
       match.shapes = std::move(shapes);
-      // The ranks decide the product's shape, and z's with it: [..., N] (the kernel checks that C
-      // has N or 1 elements, as Add's broadcasting would).
-      if (float32_rank(graph, m, c) != 1) return false;
       const onnx::NodeProto* t = m.producer(match.b);
       if (t && transposes_matrix(*t, graph, m)) {
         if (m.sole_reader(match.b) == match.matmul) match.transpose = m.producer_index(match.b);
@@ -705,17 +707,13 @@ int fuse_matmul_add(onnx::GraphProto& graph) {
 namespace {
 // Whether `node` is a Transpose whose perm swaps the last two of r >= 2 dims and keeps the rest.
 bool swaps_last_two_dims(const onnx::NodeProto& node) {
-  if (!is_onnx_op(node, "Transpose") || node.input_size() != 1) return false;
-  for (const auto& attr : node.attribute()) {
-    if (attr.name() != "perm") continue;
-    const int r = attr.ints_size();
-    if (r < 2 || attr.ints(r - 2) != r - 1 || attr.ints(r - 1) != r - 2) return false;
-    for (int d = 0; d + 2 < r; ++d) {
-      if (attr.ints(d) != d) return false;
-    }
-    return true;
+  const auto perm = stated_perm(node);  // none: all dims reversed, the last two only at rank 2, not known here
+  if (!perm || perm->size() < 2) return false;
+  const auto r = static_cast<int64_t>(perm->size());
+  for (int64_t d = 0; d < r; ++d) {
+    if ((*perm)[static_cast<size_t>(d)] != (d < r - 2 ? d : (d == r - 2 ? r - 1 : r - 2))) return false;
   }
-  return false;  // no perm: all dims reversed, the last two only at rank 2, which is not known here
+  return true;
 }
 }  // namespace
 
@@ -760,14 +758,6 @@ int fuse_transpose_matmul(onnx::GraphProto& graph) {
 }
 
 namespace {
-// The perm attribute of Transpose `node`, if it states one.
-std::optional<std::vector<int64_t>> stated_perm(const onnx::NodeProto& node) {
-  if (!is_onnx_op(node, "Transpose") || node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
-  for (const auto& attr : node.attribute()) {
-    if (attr.name() == "perm") return std::vector<int64_t>(attr.ints().begin(), attr.ints().end());
-  }
-  return std::nullopt;
-}
 
 // Whether `node` is a Mul of `value` by a one-element constant of rank <= `rank` (the product
 // has value's shape); `side` is value's operand index.
@@ -936,6 +926,12 @@ int fuse_permuted_matmul(onnx::GraphProto& graph) {
   for (const auto& [value, t] : candidates) drop[static_cast<size_t>(t)] = true;
   drop_nodes(graph, drop);
   return static_cast<int>(candidates.size());
+}
+
+void fuse_matrix_products(onnx::GraphProto& graph) {
+  fuse_matmul_add(graph);
+  fuse_transpose_matmul(graph);
+  fuse_permuted_matmul(graph);
 }
 
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {

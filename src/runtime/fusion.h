@@ -127,6 +127,11 @@ int fuse_transpose_matmul(onnx::GraphProto& graph);
 // Transpose nodes removed.
 int fuse_permuted_matmul(onnx::GraphProto& graph);
 
+// The rewrites of matrix products, in the order they depend on: fuse_matmul_add,
+// fuse_transpose_matmul, then fuse_permuted_matmul. Sessions call this after the Gradient
+// expansion and constant folding.
+void fuse_matrix_products(onnx::GraphProto& graph);
+
 
 // Replaces each ai.onnxtrain.ReluGrad(Y, dY) whose dY is the output of an
 // ai.onnxtrain.MaxPoolGrad(dP, Y) over the same Y, read by nothing else — the backward pass of

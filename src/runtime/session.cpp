@@ -43,9 +43,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fuse_conv_relu(graph);
     use_channels_last(graph);
     fuse_conv_add(graph);
-    fuse_matmul_add(graph);
-    fuse_transpose_matmul(graph);
-    fuse_permuted_matmul(graph);
+    fuse_matrix_products(graph);
     fuse_max_pool_relu_grad(graph);
     share_rnn_trace(graph);
   }

@@ -349,9 +349,7 @@ struct TrainingSession::Impl {
       runtime::fuse_before_expansion(graph, opsets);  // graphs without Gradient nodes (evaluation); the others had theirs
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
-      runtime::fuse_matmul_add(graph);
-      runtime::fuse_transpose_matmul(graph);
-      runtime::fuse_permuted_matmul(graph);
+      runtime::fuse_matrix_products(graph);
       runtime::fuse_max_pool_relu_grad(graph);
       runtime::share_rnn_trace(graph);
     }

@@ -35,49 +35,28 @@ void add_tensor(onnx::GraphProto* g, const Tensor& t, const std::string& name, b
   }
 }
 
-// A float32 graph input; dims < 0 are dim_param "batch"; no shape unless `shaped`.
+// A float32 graph input; dims < 0 are symbolic; no shape unless `shaped`.
 void add_input(onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims, bool shaped = true) {
-  auto* in = g->add_input();
-  in->set_name(name);
-  auto* type = in->mutable_type()->mutable_tensor_type();
-  type->set_elem_type(onnx::TensorProto::FLOAT);
-  if (!shaped) return;
-  auto* shape = type->mutable_shape();
-  for (int64_t d : dims) {
-    if (d < 0) {
-      shape->add_dim()->set_dim_param("batch");
-    } else {
-      shape->add_dim()->set_dim_value(d);
-    }
-  }
+  testing::typed_value(g->add_input(), name, onnx::TensorProto::FLOAT, shaped ? dims : std::vector<int64_t>{});
+}
+
+onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, const std::vector<std::string>& inputs,
+                          const std::string& output) {
+  auto* n = testing::add_node(*g, op, inputs, {output});
+  n->set_name(output);
+  return n;
 }
 
 onnx::ModelProto pair_model(const PairOptions& o) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = testing::empty_model("linear");
   auto* g = m.mutable_graph();
-  g->set_name("linear");
   add_input(g, "x", {-1, 5, kK});
   add_tensor(g, testing::random_f64(Shape{kK, kN}, 1).cast(DataType::Float32), "W", o.constant_nodes);
   const int64_t c = o.bias_size > 0 ? o.bias_size : kN;
   add_tensor(g, testing::random_f64(Shape{c}, 2).cast(DataType::Float32), "bias", o.constant_nodes);
-  if (o.bias_is_input) {
-    auto* in = g->add_input();
-    in->set_name("bias");
-    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
-    in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(c);
-  }
-  auto* mm = g->add_node();
-  mm->set_op_type("MatMul");
-  mm->add_input("x");
-  mm->add_input("W");
-  mm->add_output("xw");
-  auto* add = g->add_node();
-  add->set_op_type("Add");
-  add->add_input(o.bias_first ? "bias" : "xw");
-  add->add_input(o.bias_first ? "xw" : "bias");
-  add->add_output("y");
+  if (o.bias_is_input) add_input(g, "bias", {c});
+  add_node(g, "MatMul", {"x", "W"}, "xw");
+  add_node(g, "Add", {o.bias_first ? "bias" : "xw", o.bias_first ? "xw" : "bias"}, "y");
   g->add_output()->set_name("y");
   if (o.expose_product) g->add_output()->set_name("xw");
   return m;
@@ -134,22 +113,9 @@ struct TrainingLinearOptions {
   bool bias_rank_two = false;             // b declared [1, N]
 };
 
-onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, const std::vector<std::string>& inputs,
-                          const std::string& output) {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  n->set_name(output);
-  for (const auto& in : inputs) n->add_input(in);
-  n->add_output(output);
-  return n;
-}
-
 onnx::ModelProto training_linear(const TrainingLinearOptions& o) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = testing::empty_model("training_linear");
   auto* g = m.mutable_graph();
-  g->set_name("training_linear");
   add_input(g, "x", {-1, 5, kK});
   add_input(g, "W", {kN, kK});
   add_input(g, "b", o.bias_rank_two ? std::vector<int64_t>{1, kN} : std::vector<int64_t>{kN}, o.bias_rank_stated);
@@ -198,11 +164,8 @@ TEST(MatMulAddFusion, ATrainingGraphsLinearLayerReadsItsWeightsTransposedInPlace
 // in the planned algorithm graph (W and b are typed graph inputs there, as in training_linear), and
 // training agrees with the unfused run (a MatMulAdd that drops the bias fails here).
 TEST(MatMulAddFusion, TrainingWithTheFusedLinearLayerAgreesWithoutIt) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = testing::empty_model("linear3d");
   auto* g = m.mutable_graph();
-  g->set_name("linear3d");
   add_input(g, "x", {-1, 3, kK});
   io::tensor_to_proto(testing::random_f64(Shape{kN, kK}, 1).cast(DataType::Float32), "W", *g->add_initializer());
   io::tensor_to_proto(testing::random_f64(Shape{kN}, 2).cast(DataType::Float32), "b", *g->add_initializer());
@@ -237,14 +200,11 @@ TEST(MatMulAddFusion, ABiasOfUnstatedOrOtherRankKeepsThePair) {
 }
 
 TEST(MatMulAddFusion, ABiasThatDoesNotBroadcastIsAnErrorNamingIt) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(17);
+  onnx::ModelProto m = testing::empty_model("direct");
   auto* internal = m.add_opset_import();
   internal->set_domain("ai.onnxtrain");
   internal->set_version(1);
   auto* g = m.mutable_graph();
-  g->set_name("direct");
   for (const char* name : {"x", "W", "b"}) add_input(g, name, {}, false);
   auto* n = add_node(g, "MatMulAdd", {"x", "W", "b"}, "y");
   n->set_domain("ai.onnxtrain");

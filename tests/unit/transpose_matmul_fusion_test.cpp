@@ -132,17 +132,22 @@ TEST(TransposeMatMulFusion, TransposesReadElsewherePinnedOrPermutingOtherDimsSta
   }
 }
 
-TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
+// y = the internal product `op`(a, b) with attribute `attribute`, as a model of its own.
+onnx::ModelProto direct_model(const std::string& op, const onnx::AttributeProto& attribute) {
   onnx::ModelProto m = model_with_inputs("direct", onnx::TensorProto::FLOAT);
   auto* internal = m.add_opset_import();
   internal->set_domain("ai.onnxtrain");
   internal->set_version(1);
   auto& g = *m.mutable_graph();
-  auto* n = node(g, "MatMulTransposed", {"a", "b"}, "y");
+  auto* n = node(g, op, {"a", "b"}, "y");
   n->set_domain("ai.onnxtrain");
-  *n->add_attribute() = testing::attr("transA", int64_t{1});
+  *n->add_attribute() = attribute;
   g.add_output()->set_name("y");
-  runtime::Session session(m);
+  return m;
+}
+
+TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
+  runtime::Session session(direct_model("MatMulTransposed", testing::attr("transA", int64_t{1})));
   const std::string message = testing::error_of([&] {
     session.run({{"a", testing::random_f64(Shape{4}, 1).cast(DataType::Float32)},
                  {"b", testing::random_f64(Shape{4, 2}, 2).cast(DataType::Float32)}});
@@ -301,16 +306,7 @@ TEST(PermutedMatMulFusion, OtherElementTypesRanksAndBroadcastBatchesGiveMatMulsV
 }
 
 TEST(PermutedMatMulFusion, APermThatIsNotAPermutationIsAnErrorNamingTheInput) {
-  onnx::ModelProto m = model_with_inputs("direct", onnx::TensorProto::FLOAT);
-  auto* internal = m.add_opset_import();
-  internal->set_domain("ai.onnxtrain");
-  internal->set_version(1);
-  auto& g = *m.mutable_graph();
-  auto* n = node(g, "MatMulPermuted", {"a", "b"}, "y");
-  n->set_domain("ai.onnxtrain");
-  *n->add_attribute() = testing::attr("perm_a", std::vector<int64_t>{0, 0, 1});
-  g.add_output()->set_name("y");
-  runtime::Session session(m);
+  runtime::Session session(direct_model("MatMulPermuted", testing::attr("perm_a", std::vector<int64_t>{0, 0, 1})));
   const std::string message = testing::error_of([&] {
     session.run({{"a", testing::random_f64(Shape{2, 3, 4}, 1).cast(DataType::Float32)},
                  {"b", testing::random_f64(Shape{2, 4, 2}, 2).cast(DataType::Float32)}});
