@@ -4,7 +4,12 @@
 Training: the MLP (784-512-512-10) and the CNN of examples/fashion_mnist, Adam, batch 128, the
 same Fashion-MNIST batches in memory, each implementation at 1 and 2 threads, runs alternating
 between onnxtrain (`onnxtrain train`) and PyTorch 2.13 (bench/torch_train.py, run with the
-Python that runs this script: the project's .venv). Reports the median steps/s at each one's best thread count, the ratio,
+Python that runs this script: the project's .venv). Each side leaves out the start-up and times
+STEPS steps after WARMUP untimed ones in one process, as bench/workloads.py does: onnxtrain from
+the per-step records of `onnxtrain train --metrics` (the loop's time at step k is k / steps_per_s),
+PyTorch by its own clock. (Until 2026-11-25 both timed every step from the first, whose one-time
+costs, the arena's page faults and oneDNN's JIT, took ~30 ms of the MLP's ~200 ms for 150 steps.)
+Reports the median steps/s at each one's best thread count, the ratio,
 the peak resident memory (VmHWM) of each process, and onnxtrain's achieved GFLOP/s as a
 fraction of the oneDNN sgemm peak measured in the same run.
 Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
@@ -28,6 +33,7 @@ ONNXTRAIN = os.path.join(BUILD, "src", "onnxtrain")
 WORK = os.path.join(ROOT, "build", "bench")
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
+WARMUP = 10  # untimed steps on each side before the timed ones
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from docs_section import write_section  # noqa: E402
 
@@ -69,16 +75,21 @@ def onnxtrain_train(model, threads, steps):
     if os.path.exists(metrics):
         os.remove(metrics)
     _, peak = run_measured([ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA,
-                            "--scale", "image=1/255", "--batch-size", str(BATCH), "--max-steps", str(steps),
+                            "--scale", "image=1/255", "--batch-size", str(BATCH), "--max-steps", str(WARMUP + steps),
                             "--threads", str(threads), "--no-shuffle", "-q", "--metrics", metrics,
                             "-o", os.path.join(WORK, f"{model}_trained.onnx")])
     records = [r for r in map(json.loads, open(metrics)) if r["type"] == "step"]
-    return records[-1]["steps_per_s"], peak
+    if len(records) != WARMUP + steps:
+        raise RuntimeError(f"onnxtrain train ran {len(records)} steps, expected {WARMUP + steps}")
+    # The k-th record's steps_per_s is k steps over the loop's seconds so far.
+    seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
+    return steps / max(seconds[-1] - seconds[WARMUP - 1], 1e-9), peak
 
 
 def torch_train(model, threads, steps):
     out, peak = run_measured([sys.executable, os.path.join(ROOT, "bench", "torch_train.py"), model,
-                              os.path.join(WORK, f"{model}.onnx"), "--threads", str(threads), "--steps", str(steps)])
+                              os.path.join(WORK, f"{model}.onnx"), "--threads", str(threads), "--warmup", str(WARMUP),
+                              "--steps", str(steps)])
     return json.loads(out.strip().splitlines()[-1])["steps_per_s"], peak
 
 
@@ -108,7 +119,8 @@ def main():
     lines = [f"{datetime.date.today()}, {cpu} ({os.cpu_count()} cores), load average before the run {load:.2f}, "
              f"commit {commit}; PyTorch {torch.__version__}; `bench/run_bench.py --reps {args.reps} --steps "
              f"{args.steps}`; oneDNN sgemm peak (2048^3) {sgemm:.0f} GFLOP/s in this run.", "",
-             "Training (median steps/s at each side's best thread count; onnxtrain's GFLOP/s counts the forward, "
+             f"Training (median steps/s of {args.steps} steps after {WARMUP} untimed ones, at each side's best thread "
+             "count; onnxtrain's GFLOP/s counts the forward, "
              "the weight gradients and the input gradients of every layer but the first):", ""]
 
     def emit(line):

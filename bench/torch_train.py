@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch side of bench/run_bench.py: trains the Fashion-MNIST MLP or CNN (weights read from the
 ONNX file examples/fashion_mnist/make_model.py wrote) with Adam, batch 128, on the first
-Fashion-MNIST batches held in memory, and prints {"steps_per_s": ...} over the whole loop.
+Fashion-MNIST batches held in memory, and prints {"steps_per_s": ...} of STEPS timed steps after
+WARMUP untimed ones.
 
-Usage: torch_train.py mlp|cnn MODEL.onnx [--threads T] [--steps N]
+Usage: torch_train.py mlp|cnn MODEL.onnx [--threads T] [--warmup W] [--steps N]
 """
 import argparse
 import gzip
@@ -53,6 +54,7 @@ def main():
     parser.add_argument("model", choices=["mlp", "cnn"])
     parser.add_argument("onnx")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -61,7 +63,7 @@ def main():
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.from_numpy(weights[name].copy()))
-    n = args.steps * 128
+    n = (args.warmup + args.steps) * 128
     images = read_idx(f"{DATA}/train-images-idx3-ubyte.gz")
     labels = read_idx(f"{DATA}/train-labels-idx1-ubyte.gz")
     reps = -(-n // len(images))
@@ -70,7 +72,9 @@ def main():
     y_all = torch.from_numpy(np.tile(labels, reps)[:n].astype(np.int64))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     start = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            start = time.perf_counter()
         x, y = x_all[step * 128:(step + 1) * 128], y_all[step * 128:(step + 1) * 128]
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)

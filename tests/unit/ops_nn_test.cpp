@@ -10,6 +10,7 @@
 #include <random>
 
 #include "onnxtrain/error.h"
+#include "onnxtrain/session.h"
 #include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
 #include "runtime/fusion.h"
@@ -425,6 +426,31 @@ TEST(GemmTest, BetaZeroIgnoresC) {
   const Tensor c = f64({1}, {std::numeric_limits<double>::infinity()});
   expect_both_paths("Gemm", {a, b, c}, {attr("beta", 0.0f)},
                     naive_gemm(a, b, Tensor(), false, false, 1, 0));
+}
+
+// A linear layer's Gemm on a B that is not an initializer (a training graph's weight): float32,
+// transB, alpha = beta = 1 runs oneDNN's matmul with a C of one row of N in its epilogue, and any
+// other C by filling the output first. One session meets the C shapes one after the other and
+// comes back to the first ones.
+TEST(GemmTest, LinearLayerBiasInTheEpilogueAndOtherCsInOneKernel) {
+  const int64_t M = 6, K = 9, N = 5;
+  onnx::ModelProto m = testing::empty_model("gemm");
+  onnx::GraphProto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "a", onnx::TensorProto::FLOAT, {M, K});
+  testing::typed_value(g.add_input(), "b", onnx::TensorProto::FLOAT, {N, K});
+  testing::typed_value(g.add_input(), "c", onnx::TensorProto::FLOAT, {});
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  testing::add_node(g, "Gemm", {"a", "b", "c"}, {"y"})->add_attribute()->CopyFrom(attr("transB", int64_t{1}));
+  runtime::Session session(m);
+  const Tensor a = random({M, K}, 7), b = random({N, K}, 8);
+  uint32_t seed = 20;
+  for (const Shape& cs : std::vector<Shape>{{N}, {M, N}, {1, N}, {M, 1}, {}, {N}, {1}, {1, N}}) {
+    SCOPED_TRACE("C " + cs.to_string());
+    const Tensor c = random(cs, seed++);
+    const Tensor got = session.run({{"a", a.cast(DataType::Float32)}, {"b", b.cast(DataType::Float32)},
+                                    {"c", c.cast(DataType::Float32)}}).at("y");
+    expect_close(got.cast(DataType::Float64), naive_gemm(a, b, c, false, true, 1.0, 1.0), 1e-4, 1e-5);
+  }
 }
 
 TEST(GemmTest, IntegersAndHalf) {
