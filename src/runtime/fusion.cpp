@@ -717,6 +717,145 @@ bool swaps_last_two_dims(const onnx::NodeProto& node) {
 }
 }  // namespace
 
+namespace {
+
+// The two nodes that compute what Shape node `shape` reads off Transpose(x) with `perm` from x:
+// Shape(x), then Gather by perm[start:end] (the start / end of `shape`), writing shape's output.
+// The indices become an initializer of `graph`.
+std::vector<onnx::NodeProto> shape_of_transpose_input(onnx::GraphProto& graph, ValueNames& names,
+                                                      const onnx::NodeProto& shape, const std::string& x,
+                                                      const std::vector<int64_t>& perm) {
+  const auto rank = static_cast<int64_t>(perm.size());
+  int64_t begin = 0, end = rank;
+  for (const auto& attr : shape.attribute()) {
+    if (attr.name() == "start") begin = attr.i();
+    if (attr.name() == "end") end = attr.i();
+  }
+  begin = std::clamp<int64_t>(begin < 0 ? begin + rank : begin, 0, rank);
+  end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
+  std::vector<int64_t> picked(perm.begin() + begin, perm.begin() + std::max(begin, end));
+  const std::string of_x = names.fresh(shape.output(0) + "/of_transpose_input");
+  const std::string indices = names.fresh(shape.output(0) + "/perm");
+  io::tensor_to_proto(Tensor::from_vector<int64_t>({static_cast<int64_t>(picked.size())}, picked), indices,
+                      *graph.add_initializer());
+  onnx::NodeProto whole;
+  whole.set_name(shape.name());
+  whole.set_op_type("Shape");
+  whole.add_input(x);
+  whole.add_output(of_x);
+  onnx::NodeProto gather;
+  gather.set_name(shape.name() + "/permuted");
+  gather.set_op_type("Gather");
+  gather.add_input(of_x);
+  gather.add_input(indices);
+  gather.add_output(shape.output(0));
+  return {whole, gather};
+}
+
+// Calls f(i, t, perm) for each Transpose node t (index i) of `graph` with a stated perm, an
+// input, and an output that is neither a graph output nor read by a subgraph.
+template <class F>
+void for_each_free_transpose(const onnx::GraphProto& graph, const Matcher& m, F&& f) {
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& t = graph.node(i);
+    const auto perm = stated_perm(t);
+    if (perm && !t.input(0).empty() && !m.pinned(t.output(0))) f(i, t, *perm);
+  }
+}
+
+// graph's nodes with each node index in `replace` replaced by its nodes (in order) and each in
+// `dropped` left out.
+void rebuild_nodes(onnx::GraphProto& graph, std::map<int, std::vector<onnx::NodeProto>>& replace,
+                   const std::set<int>& dropped) {
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    if (dropped.contains(i)) continue;
+    if (auto it = replace.find(i); it != replace.end()) {
+      for (auto& node : it->second) nodes.Add()->Swap(&node);
+    } else {
+      nodes.Add()->Swap(graph.mutable_node(i));
+    }
+  }
+  graph.mutable_node()->Swap(&nodes);
+}
+
+// A rewrite around some of a graph's Transposes: the nodes to put in place of node indices, and
+// the node indices to drop.
+struct TransposeRewrite {
+  std::map<int, std::vector<onnx::NodeProto>> replace;
+  std::set<int> dropped;
+};
+
+// One free Transpose (node index i, node t, its perm) as rewrite_free_transposes visits it, with
+// the graph's Matcher and names and the rewrite to fill.
+struct TransposeSite {
+  const Matcher& m;
+  ValueNames& names;
+  TransposeRewrite& rewrite;
+  int i;
+  const onnx::NodeProto& t;
+  const std::vector<int64_t>& perm;
+};
+
+// Calls visit(site) for each free Transpose of `graph` (for_each_free_transpose), which fills
+// site.rewrite, then rebuilds the graph's nodes by it.
+template <class F>
+TransposeRewrite rewrite_free_transposes(onnx::GraphProto& graph, F&& visit) {
+  TransposeRewrite rewrite;
+  {
+    Matcher m(graph);
+    ValueNames names(graph);
+    for_each_free_transpose(graph, m, [&](int i, const onnx::NodeProto& t, const std::vector<int64_t>& perm) {
+      visit(TransposeSite{m, names, rewrite, i, t, perm});
+    });
+  }
+  if (!rewrite.replace.empty() || !rewrite.dropped.empty()) rebuild_nodes(graph, rewrite.replace, rewrite.dropped);
+  return rewrite;
+}
+
+}  // namespace
+
+int fuse_transpose_gemm(onnx::GraphProto& graph) {
+  const TransposeRewrite done = rewrite_free_transposes(graph, [&](const TransposeSite& site) {
+    const auto& [m, names, rewrite, i, t, perm] = site;
+    auto& [replace, dropped] = rewrite;
+    const std::string& y = t.output(0);
+    if (perm != std::vector<int64_t>{1, 0}) return;
+    std::vector<int> shapes, gemms;
+    bool foldable = !m.readers(y).empty();
+    for (int r : m.readers(y)) {
+      const onnx::NodeProto& reader = graph.node(r);
+      if (is_onnx_op(reader, "Shape") && reader.input_size() == 1) {
+        shapes.push_back(r);
+      } else if (is_onnx_op(reader, "Gemm") && reader.input_size() >= 2 && !replace.contains(r) &&
+                 (reader.input(0) == y) != (reader.input(1) == y) &&
+                 (reader.input_size() < 3 || reader.input(2) != y)) {
+        gemms.push_back(r);
+      } else {
+        foldable = false;
+      }
+    }
+    if (!foldable || gemms.empty()) return;
+    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, names, graph.node(sh), t.input(0), perm);
+    for (int r : gemms) {  // Gemm(Transpose(x), B, transA) = Gemm(x, B, !transA); likewise for B
+      onnx::NodeProto gemm = graph.node(r);
+      const int k = gemm.input(0) == y ? 0 : 1;
+      const std::string flag = k == 0 ? "transA" : "transB";
+      gemm.set_input(k, t.input(0));
+      bool found = false;
+      for (auto& attr : *gemm.mutable_attribute()) {
+        if (attr.name() != flag) continue;
+        attr.set_i(attr.i() != 0 ? 0 : 1);
+        found = true;
+      }
+      if (!found) *gemm.add_attribute() = autodiff::attr_int(flag, 1);
+      replace[r] = {gemm};
+    }
+    dropped.insert(i);
+  });
+  return static_cast<int>(done.dropped.size());
+}
+
 int fuse_transpose_matmul(onnx::GraphProto& graph) {
   struct Fold {
     int matmul;
@@ -787,101 +926,62 @@ bool permutable_product(const onnx::NodeProto& node) {
 // products (the BERT export scales Q and K by d^-1/4 after the head split, and reads the split's
 // shapes for its Reshapes). Returns the number of nodes rewritten.
 int prepare_permuted_operands(onnx::GraphProto& graph) {
-  std::map<int, std::vector<onnx::NodeProto>> replace;  // node index -> the nodes in its place
-  std::set<int> dropped;
-  {
-    Matcher m(graph);
-    ValueNames names(graph);
-    for (int i = 0; i < graph.node_size(); ++i) {
-      const onnx::NodeProto& t = graph.node(i);
-      const auto perm = stated_perm(t);
-      const std::string& y = t.output(0);
-      if (!perm || perm->size() < 3 || t.input(0).empty() || m.pinned(y)) continue;
-      std::vector<int> shapes, others;
-      for (int r : m.readers(y)) {
-        const onnx::NodeProto& reader = graph.node(r);
-        (is_onnx_op(reader, "Shape") && reader.input_size() == 1 ? shapes : others).push_back(r);
-      }
-      if (others.empty() || std::any_of(others.begin(), others.end(), [&](int r) { return replace.contains(r); })) continue;
-      const onnx::NodeProto& reader = graph.node(others[0]);
-      int side = 0;
-      const bool mul = others.size() == 1 && scales_by_a_constant(graph, m, reader, y, perm->size(), side);
-      if (!mul && !std::all_of(others.begin(), others.end(), [&](int r) { return permutable_product(graph.node(r)); })) {
-        continue;
-      }
-      if (!mul && shapes.empty()) continue;  // nothing to prepare: fuse_permuted_matmul folds it as is
-      const auto rank = static_cast<int64_t>(perm->size());
-      for (int sh : shapes) {  // Shape(Transpose(x)) = Gather(Shape(x), perm[start:end])
-        const onnx::NodeProto& shape = graph.node(sh);
-        int64_t begin = 0, end = rank;
-        for (const auto& attr : shape.attribute()) {
-          if (attr.name() == "start") begin = attr.i();
-          if (attr.name() == "end") end = attr.i();
-        }
-        begin = std::clamp<int64_t>(begin < 0 ? begin + rank : begin, 0, rank);
-        end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
-        std::vector<int64_t> picked(perm->begin() + begin, perm->begin() + std::max(begin, end));
-        const std::string of_x = names.fresh(shape.output(0) + "/of_transpose_input");
-        const std::string indices = names.fresh(shape.output(0) + "/perm");
-        io::tensor_to_proto(Tensor::from_vector<int64_t>({static_cast<int64_t>(picked.size())}, picked), indices,
-                            *graph.add_initializer());
-        onnx::NodeProto whole;
-        whole.set_name(shape.name());
-        whole.set_op_type("Shape");
-        whole.add_input(t.input(0));
-        whole.add_output(of_x);
-        onnx::NodeProto gather;
-        gather.set_name(shape.name() + "/permuted");
-        gather.set_op_type("Gather");
-        gather.add_input(of_x);
-        gather.add_input(indices);
-        gather.add_output(shape.output(0));
-        replace[sh] = {whole, gather};
-      }
-      if (mul) {  // at the Mul's place: Mul(x, s) -> scaled, Transpose(scaled) -> the Mul's output
-        onnx::NodeProto scaled_mul = reader, moved = t;
-        const std::string scaled = names.fresh(reader.output(0) + "/before_transpose");
-        scaled_mul.set_input(side, t.input(0));
-        scaled_mul.set_output(0, scaled);
-        moved.set_input(0, scaled);
-        moved.set_output(0, reader.output(0));
-        replace[others[0]] = {scaled_mul, moved};
-        dropped.insert(i);
-      }
+  const TransposeRewrite done = rewrite_free_transposes(graph, [&](const TransposeSite& site) {
+    const auto& [m, names, rewrite, i, t, perm] = site;
+    auto& [replace, dropped] = rewrite;
+    const std::string& y = t.output(0);
+    if (perm.size() < 3) return;
+    std::vector<int> shapes, others;
+    for (int r : m.readers(y)) {
+      const onnx::NodeProto& reader = graph.node(r);
+      (is_onnx_op(reader, "Shape") && reader.input_size() == 1 ? shapes : others).push_back(r);
     }
-  }
-  if (replace.empty()) return 0;
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
-  for (int i = 0; i < graph.node_size(); ++i) {
-    if (dropped.contains(i)) continue;
-    if (auto it = replace.find(i); it != replace.end()) {
-      for (auto& node : it->second) nodes.Add()->Swap(&node);
-    } else {
-      nodes.Add()->Swap(graph.mutable_node(i));
+    if (others.empty() || std::any_of(others.begin(), others.end(), [&](int r) { return replace.contains(r); })) return;
+    const onnx::NodeProto& reader = graph.node(others[0]);
+    int side = 0;
+    const bool mul = others.size() == 1 && scales_by_a_constant(graph, m, reader, y, perm.size(), side);
+    if (!mul && !std::all_of(others.begin(), others.end(), [&](int r) { return permutable_product(graph.node(r)); })) {
+      return;
     }
-  }
-  graph.mutable_node()->Swap(&nodes);
-  return static_cast<int>(replace.size());
+    if (!mul && shapes.empty()) return;  // nothing to prepare: fuse_permuted_matmul folds it as is
+    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, names, graph.node(sh), t.input(0), perm);
+    if (mul) {  // at the Mul's place: Mul(x, s) -> scaled, Transpose(scaled) -> the Mul's output
+      onnx::NodeProto scaled_mul = reader, moved = t;
+      const std::string scaled = names.fresh(reader.output(0) + "/before_transpose");
+      scaled_mul.set_input(side, t.input(0));
+      scaled_mul.set_output(0, scaled);
+      moved.set_input(0, scaled);
+      moved.set_output(0, reader.output(0));
+      replace[others[0]] = {scaled_mul, moved};
+      dropped.insert(i);
+    }
+  });
+  return static_cast<int>(done.replace.size());
 }
 }  // namespace
 
 int fuse_permuted_matmul(onnx::GraphProto& graph) {
-  prepare_permuted_operands(graph);
+  // Until nothing changes: a Mul moved ahead of its Transpose hands the Transpose the Mul's
+  // readers, whose Shape nodes (in a training graph, those of the Mul's gradient) the next round
+  // takes. Each round drops a Shape reader of a Transpose or moves a Mul, so the rounds end.
+  // BERT's training step: the Q and K splits fold too (8 Transposes fewer per step), Transpose
+  // 86.6 -> 63.8 and 93.0 -> 72.2 ms over 6 steps, the attention's products 158.3 -> 154.2 and
+  // 157.7 -> 161.4 ms (two alternating pairs of profiles).
+  while (prepare_permuted_operands(graph) > 0) {
+  }
   // Candidates: Transposes with a stated perm of rank >= 3 whose every reader is a product
   // (permutable_product) reading it as an operand; then those whose products flag (transA /
   // transB) an operand that no candidate makes are dropped, until none is (such a flag stays
   // a flag only on a MatMulTransposed).
   Matcher m(graph);
   std::map<std::string, int> candidates;  // output -> Transpose index
-  for (int i = 0; i < graph.node_size(); ++i) {
-    const onnx::NodeProto& t = graph.node(i);
-    const auto perm = stated_perm(t);
-    if (!perm || perm->size() < 3 || t.input(0).empty() || m.pinned(t.output(0))) continue;
+  for_each_free_transpose(graph, m, [&](int i, const onnx::NodeProto& t, const std::vector<int64_t>& perm) {
     const auto& readers = m.readers(t.output(0));
-    if (!readers.empty() && std::all_of(readers.begin(), readers.end(), [&](int r) { return permutable_product(graph.node(r)); })) {
+    if (perm.size() >= 3 && !readers.empty() &&
+        std::all_of(readers.begin(), readers.end(), [&](int r) { return permutable_product(graph.node(r)); })) {
       candidates[t.output(0)] = i;
     }
-  }
+  });
   const auto flagged = [](const onnx::NodeProto& node, int k) {
     for (const auto& attr : node.attribute()) {
       if (attr.name() == (k == 0 ? "transA" : "transB")) return attr.i() != 0;
@@ -930,6 +1030,7 @@ int fuse_permuted_matmul(onnx::GraphProto& graph) {
 
 void fuse_matrix_products(onnx::GraphProto& graph) {
   fuse_matmul_add(graph);
+  fuse_transpose_gemm(graph);
   fuse_transpose_matmul(graph);
   fuse_permuted_matmul(graph);
 }

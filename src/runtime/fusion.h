@@ -103,6 +103,16 @@ int fold_batch_norm_into_conv(onnx::GraphProto& graph, const std::unordered_map<
 // number of pairs fused.
 int fuse_matmul_add(onnx::GraphProto& graph);
 
+// Replaces each Transpose of a rank-2 value (perm [1, 0]) whose readers are Gemm nodes reading
+// it as A or B (not C), besides Shape nodes, and which is neither a graph output nor read by a
+// subgraph: each Gemm reads the Transpose's input with its transA / transB flipped (the same
+// product), and each Shape node reads Gather(Shape(x), [1, 0]) as fuse_permuted_matmul does. The
+// training graph of a PyTorch Linear keeps W^T = Transpose(W) for the input gradient dY (W^T)^T
+// (a Gemm with transB = 1) and the weight gradient's shape once fuse_matmul_add reads W in place:
+// with this, nothing copies W. Results are the Gemm's. Run after fuse_matmul_add. Returns the
+// number of Transpose nodes removed.
+int fuse_transpose_gemm(onnx::GraphProto& graph);
+
 // Replaces each Transpose that swaps only the last two dims of a MatMul operand (perm
 // [0, ..., r-1, r-2], r >= 2) and whose output the MatMul alone reads (not a graph output nor
 // read by a subgraph) by attribute transA / transB = 1 of an ai.onnxtrain.MatMulTransposed node
@@ -128,7 +138,7 @@ int fuse_transpose_matmul(onnx::GraphProto& graph);
 int fuse_permuted_matmul(onnx::GraphProto& graph);
 
 // The rewrites of matrix products, in the order they depend on: fuse_matmul_add,
-// fuse_transpose_matmul, then fuse_permuted_matmul. Sessions call this after the Gradient
+// fuse_transpose_gemm, fuse_transpose_matmul, then fuse_permuted_matmul. Sessions call this after the Gradient
 // expansion and constant folding.
 void fuse_matrix_products(onnx::GraphProto& graph);
 

@@ -6,6 +6,8 @@
 // fuse_permuted_matmul: Transposes of any perm of rank >= 3 (attention's head split) become
 // perm_a / perm_b of one ai.onnxtrain.MatMulPermuted, after a Mul by a scalar constant moves
 // ahead of its Transpose and Shape nodes of the split read Gather(Shape(x), perm); values equal.
+// fuse_transpose_gemm: a weight's W^T read by Gemm operands and Shape nodes (a Linear's training
+// graph) is read in place with the Gemm's trans flag flipped; values equal.
 #include <map>
 
 #include "onnxtrain/io.h"
@@ -163,11 +165,83 @@ TEST(TransposeMatMulFusion, ATransposedOperandOfRankOneIsAnErrorNamingIt) {
   EXPECT_NE(mismatch.find("'a' transposed [2,3,4]"), std::string::npos) << mismatch;
 }
 
+// A training graph's W^T = Transpose(w) as the gradient of a Linear reads it: as B of the input
+// gradient's Gemm (transB = 1: (W^T)^T), with `as_a` also as A of a second Gemm (with a bias
+// and alpha), and by Shape nodes (the weight gradient's shape). `pinned`: W^T is a graph output.
+onnx::ModelProto weight_transpose_model(bool as_a, bool pinned) {
+  onnx::ModelProto m = testing::empty_model("linear_gradient");
+  auto& g = *m.mutable_graph();
+  for (const char* in : {"w", "dy", "c", "bias"}) testing::typed_value(g.add_input(), in, onnx::TensorProto::FLOAT, {});
+  transpose(g, "w", "wt", {1, 0});
+  *node(g, "Gemm", {"dy", "wt"}, "dx")->add_attribute() = testing::attr("transB", int64_t{1});
+  node(g, "Shape", {"wt"}, "wt_shape");
+  *node(g, "Shape", {"wt"}, "wt_rows")->add_attribute() = testing::attr("end", int64_t{1});
+  std::vector<std::string> outputs{"dx", "wt_shape", "wt_rows"};
+  if (as_a) {
+    auto* gemm = node(g, "Gemm", {"wt", "c", "bias"}, "z");
+    *gemm->add_attribute() = testing::attr("alpha", 0.5f);
+    outputs.push_back("z");
+  }
+  if (pinned) outputs.push_back("wt");
+  for (const auto& out : outputs) g.add_output()->set_name(out);
+  return m;
+}
+
+TEST(TransposeGemmFusion, AWeightsTransposeReadByGemmsAndShapesIsReadInPlace) {
+  for (bool as_a : {false, true}) {
+    SCOPED_TRACE(as_a ? "as B and as A" : "as B");
+    const onnx::ModelProto m = weight_transpose_model(as_a, false);
+    onnx::GraphProto g = m.graph();
+    EXPECT_EQ(runtime::fuse_transpose_gemm(g), 1);
+    EXPECT_EQ(count_op(g, "Transpose"), 0);
+    EXPECT_EQ(count_op(g, "Gather"), 2);
+    for (const auto& n : g.node()) {  // transB = 1 on W^T is transB = 0 on W; no transA on W^T is transA = 1 on W
+      if (n.op_type() != "Gemm") continue;
+      EXPECT_EQ(n.input(n.output(0) == "dx" ? 1 : 0), "w");
+      for (const auto& a : n.attribute()) {
+        if (a.name() == "transB") {
+          EXPECT_EQ(a.i(), 0);
+        }
+        if (a.name() == "transA") {
+          EXPECT_EQ(a.i(), 1);
+        }
+      }
+    }
+    const runtime::NamedTensors feeds{{"w", testing::random_f64(Shape{3, 4}, 1).cast(DataType::Float32)},
+                                      {"dy", testing::random_f64(Shape{5, 3}, 2).cast(DataType::Float32)},
+                                      {"c", testing::random_f64(Shape{3, 6}, 3).cast(DataType::Float32)},
+                                      {"bias", testing::random_f64(Shape{6}, 4).cast(DataType::Float32)}};
+    const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+    EXPECT_EQ(got.at("dx").shape(), (Shape{5, 4}));
+    for (const auto& [name, value] : want) {
+      SCOPED_TRACE(name);
+      expect_close(got.at(name), value, 1e-6, 1e-6);
+    }
+  }
+}
+
+TEST(TransposeGemmFusion, ATransposeReadOtherwiseOrPinnedStays) {
+  onnx::GraphProto pinned = weight_transpose_model(true, true).graph();
+  EXPECT_EQ(runtime::fuse_transpose_gemm(pinned), 0);
+  onnx::GraphProto as_c = weight_transpose_model(false, false).graph();  // W^T also as a Gemm's C
+  *node(as_c, "Gemm", {"dy", "w", "wt"}, "with_c")->add_attribute() = testing::attr("transB", int64_t{1});
+  EXPECT_EQ(runtime::fuse_transpose_gemm(as_c), 0);
+  onnx::GraphProto both = weight_transpose_model(false, false).graph();  // as A and B of one Gemm
+  node(both, "Gemm", {"wt", "wt"}, "square");
+  EXPECT_EQ(runtime::fuse_transpose_gemm(both), 0);
+  onnx::GraphProto by_matmul = weight_transpose_model(false, false).graph();
+  node(by_matmul, "MatMul", {"dy", "wt"}, "product");
+  EXPECT_EQ(runtime::fuse_transpose_gemm(by_matmul), 0);
+  for (const onnx::GraphProto* g : {&pinned, &as_c, &both, &by_matmul}) EXPECT_EQ(count_op(*g, "Transpose"), 1);
+}
+
 // An attention block as the BERT export writes it: q, k and v [B, S, H * D] split into heads by
 // Reshape and Transpose, Q and K scaled after the split, the split's shape read by Shape nodes.
 constexpr int64_t kB = 2, kS = 5, kH = 3, kD = 4;
 
-onnx::ModelProto attention_model(bool pin_split) {
+// With `shape_of_scaled`, a Shape node reads the scaled Q too (as a training graph's gradient
+// of that Mul does).
+onnx::ModelProto attention_model(bool pin_split, bool shape_of_scaled = false) {
   onnx::ModelProto m = testing::empty_model("attention");
   auto& g = *m.mutable_graph();
   for (const char* in : {"q", "k", "v"}) testing::typed_value(g.add_input(), in, onnx::TensorProto::FLOAT, {});
@@ -178,6 +252,10 @@ onnx::ModelProto attention_model(bool pin_split) {
   node(g, "Shape", {"qt"}, "qt_shape");
   *node(g, "Shape", {"qt"}, "qt_tail")->add_attribute() = testing::attr("start", int64_t{-2});
   node(g, "Mul", {"qt", "scale"}, "qs");
+  if (shape_of_scaled) {
+    node(g, "Shape", {"qs"}, "qs_shape");
+    g.add_output()->set_name("qs_shape");
+  }
   transpose(g, "k4", "kt", {0, 2, 3, 1});
   node(g, "Mul", {"scale", "kt"}, "ks");
   node(g, "MatMul", {"qs", "ks"}, "scores");
@@ -212,6 +290,23 @@ TEST(PermutedMatMulFusion, AttentionsHeadSplitIsReadInPlace) {
   expect_close(got.at("context"), want.at("context"), 1e-6, 1e-6);
   expect_close(got.at("qt_shape"), want.at("qt_shape"), 0, 0);
   expect_close(got.at("qt_tail"), want.at("qt_tail"), 0, 0);
+}
+
+// The Mul moved ahead of Q's split leaves the split with the Mul's Shape reader; a second round
+// of the preparation takes it, so the split still folds.
+TEST(PermutedMatMulFusion, ASplitWhoseScaledValueAShapeReadsFoldsToo) {
+  const onnx::ModelProto m = attention_model(false, true);
+  onnx::GraphProto g = m.graph();
+  EXPECT_EQ(runtime::fuse_permuted_matmul(g), 3);
+  EXPECT_EQ(count_op(g, "Transpose") + count_op(g, "MatMul"), 0);
+  EXPECT_EQ(count_op(g, "Gather"), 3);
+  const auto feeds = attention_feeds();
+  const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+  expect_close(got.at("context"), want.at("context"), 1e-6, 1e-6);
+  expect_close(got.at("qs_shape"), want.at("qs_shape"), 0, 0);
+  const Tensor& qs_shape = got.at("qs_shape");
+  EXPECT_EQ(std::vector<int64_t>(qs_shape.data<int64_t>(), qs_shape.data<int64_t>() + qs_shape.numel()),
+            (std::vector<int64_t>{kB, kH, kS, kD}));
 }
 
 TEST(PermutedMatMulFusion, ATransposeReadElsewhereStays) {
