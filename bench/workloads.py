@@ -25,7 +25,7 @@ For each workload, in one run:
   the same function.
 - inference: the eval-mode model at batch 1 and a large batch, onnxtrain (onnxtrain-bench-infer,
   or onnxtrain's Python binding where the inputs are not float: BERT's int64 token ids) against
-  ONNX Runtime (bench/workload_infer.py); best thread count of each.
+  ONNX Runtime (bench/workload_infer.py), the two alternating run by run; best thread count of each.
 - the convolution-bound workload (ResNet-18) against oneDNN's convolutions at its own shapes,
   timed alone (bench/conv_peak.py, bench/bench_conv.cpp), for the training step and inference.
 A step that fails is reported in the tables with its error message, and the run goes on.
@@ -222,19 +222,22 @@ def infer_section(names, prepared, tools, args, errors):
         if not prepared.get(name):
             continue
         for batch in INFER_BATCHES[name]:
-            cells = []
-            for engine in ("onnxtrain", "ort"):
-                timings, key = [], (name, f"infer-{engine}-{batch}")
-                for _ in range(args.reps):
-                    for t in args.threads:
+            # The two engines alternate run by run, so a change of the machine's speed between
+            # minutes (this VM has a fast and a slow mode) reaches both alike.
+            engines = ("onnxtrain", "ort")
+            timings = {engine: [] for engine in engines}
+            for _ in range(args.reps):
+                for t in args.threads:
+                    for engine in engines:
+                        key = (name, f"infer-{engine}-{batch}")
                         if key in errors:
-                            break
+                            continue
                         try:
-                            timings.append((infer_ms(engine, name, prepared[name]["infer"], batch, t, tools,
-                                                     args.timeout), t))
+                            timings[engine].append((infer_ms(engine, name, prepared[name]["infer"], batch, t, tools,
+                                                             args.timeout), t))
                         except Failed as e:
                             errors[key] = f"--threads {t}: {e}"
-                cells.append(min(timings) if timings else None)
+            cells = [min(timings[engine]) if timings[engine] else None for engine in engines]
             args.best_infer[(name, batch)] = cells
             fmt = lambda c, e: f"{c[0]:.3f} ({c[1]})" if c else "failed: " + errors[(name, f"infer-{e}-{batch}")]
             ratio = f"{cells[1][0] / cells[0][0]:.2f}" if all(cells) else "-"
