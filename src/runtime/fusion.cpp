@@ -719,6 +719,22 @@ bool swaps_last_two_dims(const onnx::NodeProto& node) {
 
 namespace {
 
+// A Gather node named `name` picking the elements `indices` of the 1-D `data` (a shape) into a
+// fresh value; the indices become an initializer of `graph`.
+onnx::NodeProto gather_node(onnx::GraphProto& graph, ValueNames& names, const std::string& data,
+                            const std::vector<int64_t>& indices, const std::string& name) {
+  const std::string constant = names.fresh(name + "/indices");
+  io::tensor_to_proto(Tensor::from_vector<int64_t>({static_cast<int64_t>(indices.size())}, indices), constant,
+                      *graph.add_initializer());
+  onnx::NodeProto gather;
+  gather.set_name(name);
+  gather.set_op_type("Gather");
+  gather.add_input(data);
+  gather.add_input(constant);
+  gather.add_output(names.fresh(name));
+  return gather;
+}
+
 // The two nodes that compute what Shape node `shape` reads off Transpose(x) with `perm` from x:
 // Shape(x), then Gather by perm[start:end] (the start / end of `shape`), writing shape's output.
 // The indices become an initializer of `graph`.
@@ -735,20 +751,13 @@ std::vector<onnx::NodeProto> shape_of_transpose_input(onnx::GraphProto& graph, V
   end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
   std::vector<int64_t> picked(perm.begin() + begin, perm.begin() + std::max(begin, end));
   const std::string of_x = names.fresh(shape.output(0) + "/of_transpose_input");
-  const std::string indices = names.fresh(shape.output(0) + "/perm");
-  io::tensor_to_proto(Tensor::from_vector<int64_t>({static_cast<int64_t>(picked.size())}, picked), indices,
-                      *graph.add_initializer());
   onnx::NodeProto whole;
   whole.set_name(shape.name());
   whole.set_op_type("Shape");
   whole.add_input(x);
   whole.add_output(of_x);
-  onnx::NodeProto gather;
-  gather.set_name(shape.name() + "/permuted");
-  gather.set_op_type("Gather");
-  gather.add_input(of_x);
-  gather.add_input(indices);
-  gather.add_output(shape.output(0));
+  onnx::NodeProto gather = gather_node(graph, names, of_x, picked, shape.name() + "/permuted");
+  gather.set_output(0, shape.output(0));
   return {whole, gather};
 }
 
@@ -813,17 +822,76 @@ TransposeRewrite rewrite_free_transposes(onnx::GraphProto& graph, F&& visit) {
   return rewrite;
 }
 
+// The value of Gemm node `node`'s attribute `name` (0 when absent).
+int64_t gemm_flag(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() == name) return attr.i();
+  }
+  return 0;
+}
+
+// The transposed product written directly: for site.t = Transpose(perm [1, 0]) of a Gemm's
+// product without C, read through a SumToShape or not, each value on the way read by the next
+// node alone and neither a graph output nor read by a subgraph, (A' B')^T = B'^T A'^T: the Gemm
+// takes its operands swapped with transA = !transB and transB = !transA, the SumToShape (a
+// training graph's gradient of a Linear's W^T, dW = Transpose(SumToShape(X^T dY))) takes its
+// target permuted by a Gather, and the last of them writes the Transpose's output. Adds to
+// site.rewrite; nothing when the pattern is not there.
+void transpose_gemm_output(onnx::GraphProto& graph, const TransposeSite& site) {
+  const Matcher& m = site.m;
+  const onnx::NodeProto& t = site.t;
+  auto& replace = site.rewrite.replace;
+  int sum = -1, gemm = m.producer_index(t.input(0));
+  if (gemm >= 0 && graph.node(gemm).domain() == kInternalDomain && graph.node(gemm).op_type() == "SumToShape") {
+    sum = gemm;
+    const onnx::NodeProto& s = graph.node(sum);
+    if (s.input_size() != 2 || m.sole_reader(s.output(0)) != site.i) return;
+    gemm = m.producer_index(s.input(0));
+  }
+  if (gemm < 0) return;
+  const onnx::NodeProto& g = graph.node(gemm);
+  const std::string& product = g.output(0);
+  if (!is_onnx_op(g, "Gemm") || g.input_size() < 2 || (g.input_size() > 2 && !g.input(2).empty()) ||
+      m.sole_reader(product) != (sum >= 0 ? sum : site.i) || replace.contains(gemm) || (sum >= 0 && replace.contains(sum))) {
+    return;
+  }
+  onnx::NodeProto swapped = g;
+  swapped.clear_attribute();
+  for (const auto& attr : g.attribute()) {
+    if (attr.name() != "transA" && attr.name() != "transB") *swapped.add_attribute() = attr;
+  }
+  swapped.set_input(0, g.input(1));
+  swapped.set_input(1, g.input(0));
+  if (!gemm_flag(g, "transB")) *swapped.add_attribute() = autodiff::attr_int("transA", 1);
+  if (!gemm_flag(g, "transA")) *swapped.add_attribute() = autodiff::attr_int("transB", 1);
+  if (sum < 0) {
+    swapped.set_output(0, t.output(0));
+    replace[gemm] = {swapped};
+  } else {
+    onnx::NodeProto target =
+        gather_node(graph, site.names, graph.node(sum).input(1), site.perm, graph.node(sum).name() + "/permuted");
+    onnx::NodeProto s = graph.node(sum);
+    s.set_input(1, target.output(0));
+    s.set_output(0, t.output(0));
+    replace[gemm] = {swapped};
+    replace[sum] = {target, s};
+  }
+  site.rewrite.dropped.insert(site.i);
+}
+
 }  // namespace
 
 int fuse_transpose_gemm(onnx::GraphProto& graph) {
   const TransposeRewrite done = rewrite_free_transposes(graph, [&](const TransposeSite& site) {
-    const auto& [m, names, rewrite, i, t, perm] = site;
-    auto& [replace, dropped] = rewrite;
+    // References, not a structured binding of site: clang before 16 cannot capture those.
+    const onnx::NodeProto& t = site.t;
     const std::string& y = t.output(0);
-    if (perm != std::vector<int64_t>{1, 0}) return;
+    auto& replace = site.rewrite.replace;
+    if (site.perm != std::vector<int64_t>{1, 0}) return;
     std::vector<int> shapes, gemms;
-    bool foldable = !m.readers(y).empty();
-    for (int r : m.readers(y)) {
+    const std::vector<int>& readers = site.m.readers(y);
+    bool foldable = !readers.empty();
+    for (int r : readers) {
       const onnx::NodeProto& reader = graph.node(r);
       if (is_onnx_op(reader, "Shape") && reader.input_size() == 1) {
         shapes.push_back(r);
@@ -835,8 +903,11 @@ int fuse_transpose_gemm(onnx::GraphProto& graph) {
         foldable = false;
       }
     }
-    if (!foldable || gemms.empty()) return;
-    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, names, graph.node(sh), t.input(0), perm);
+    if (!foldable || gemms.empty()) {
+      transpose_gemm_output(graph, site);
+      return;
+    }
+    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.input(0), site.perm);
     for (int r : gemms) {  // Gemm(Transpose(x), B, transA) = Gemm(x, B, !transA); likewise for B
       onnx::NodeProto gemm = graph.node(r);
       const int k = gemm.input(0) == y ? 0 : 1;
@@ -851,7 +922,7 @@ int fuse_transpose_gemm(onnx::GraphProto& graph) {
       if (!found) *gemm.add_attribute() = autodiff::attr_int(flag, 1);
       replace[r] = {gemm};
     }
-    dropped.insert(i);
+    site.rewrite.dropped.insert(site.i);
   });
   return static_cast<int>(done.dropped.size());
 }
@@ -927,9 +998,11 @@ bool permutable_product(const onnx::NodeProto& node) {
 // shapes for its Reshapes). Returns the number of nodes rewritten.
 int prepare_permuted_operands(onnx::GraphProto& graph) {
   const TransposeRewrite done = rewrite_free_transposes(graph, [&](const TransposeSite& site) {
-    const auto& [m, names, rewrite, i, t, perm] = site;
-    auto& [replace, dropped] = rewrite;
+    const Matcher& m = site.m;  // references, not a structured binding of site (see above)
+    const onnx::NodeProto& t = site.t;
+    const std::vector<int64_t>& perm = site.perm;
     const std::string& y = t.output(0);
+    auto& replace = site.rewrite.replace;
     if (perm.size() < 3) return;
     std::vector<int> shapes, others;
     for (int r : m.readers(y)) {
@@ -944,16 +1017,16 @@ int prepare_permuted_operands(onnx::GraphProto& graph) {
       return;
     }
     if (!mul && shapes.empty()) return;  // nothing to prepare: fuse_permuted_matmul folds it as is
-    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, names, graph.node(sh), t.input(0), perm);
+    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.input(0), perm);
     if (mul) {  // at the Mul's place: Mul(x, s) -> scaled, Transpose(scaled) -> the Mul's output
       onnx::NodeProto scaled_mul = reader, moved = t;
-      const std::string scaled = names.fresh(reader.output(0) + "/before_transpose");
+      const std::string scaled = site.names.fresh(reader.output(0) + "/before_transpose");
       scaled_mul.set_input(side, t.input(0));
       scaled_mul.set_output(0, scaled);
       moved.set_input(0, scaled);
       moved.set_output(0, reader.output(0));
       replace[others[0]] = {scaled_mul, moved};
-      dropped.insert(i);
+      site.rewrite.dropped.insert(site.i);
     }
   });
   return static_cast<int>(done.replace.size());

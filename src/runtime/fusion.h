@@ -109,8 +109,13 @@ int fuse_matmul_add(onnx::GraphProto& graph);
 // product), and each Shape node reads Gather(Shape(x), [1, 0]) as fuse_permuted_matmul does. The
 // training graph of a PyTorch Linear keeps W^T = Transpose(W) for the input gradient dY (W^T)^T
 // (a Gemm with transB = 1) and the weight gradient's shape once fuse_matmul_add reads W in place:
-// with this, nothing copies W. Results are the Gemm's. Run after fuse_matmul_add. Returns the
-// number of Transpose nodes removed.
+// with this, nothing copies W. And a Transpose (perm [1, 0], not a graph output) of a Gemm's
+// product without C, read directly or through an ai.onnxtrain.SumToShape, each of those values
+// read by the next alone: the Gemm writes the transposed product itself, (A' B')^T = B'^T A'^T
+// (operands swapped, transA = !transB, transB = !transA), and the SumToShape's target is
+// permuted by a Gather (the weight gradient of that W^T, dW = Transpose(SumToShape(X^T dY))).
+// Results are the Gemm's. Run after fuse_matmul_add. Returns the number of Transpose nodes
+// removed.
 int fuse_transpose_gemm(onnx::GraphProto& graph);
 
 // Replaces each Transpose that swaps only the last two dims of a MatMul operand (perm

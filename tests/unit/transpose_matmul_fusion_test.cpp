@@ -235,7 +235,64 @@ TEST(TransposeGemmFusion, ATransposeReadOtherwiseOrPinnedStays) {
   for (const onnx::GraphProto* g : {&pinned, &as_c, &both, &by_matmul}) EXPECT_EQ(count_op(*g, "Transpose"), 1);
 }
 
-// An attention block as the BERT export writes it: q, k and v [B, S, H * D] split into heads by
+// A training graph's weight gradient dW = Transpose(SumToShape(Gemm(x, dy, transA = 1), target))
+// (the gradient of W^T = Transpose(W) after the Gemm that sums x^T dy over the rows), with
+// `through_sum` false the Transpose reading the Gemm (alpha 2, transB) directly; an Identity
+// reads the Transpose. `target` is an
+// int64 input: [K, N] keeps the sum as it is, [1, N] sums over K. `extra_reader`: the product is
+// also a graph output.
+onnx::ModelProto weight_gradient_model(bool through_sum, bool extra_reader) {
+  onnx::ModelProto m = testing::empty_model("weight_gradient");
+  auto* internal = m.add_opset_import();
+  internal->set_domain("ai.onnxtrain");
+  internal->set_version(1);
+  auto& g = *m.mutable_graph();
+  for (const char* in : {"x", "dy"}) testing::typed_value(g.add_input(), in, onnx::TensorProto::FLOAT, {});
+  testing::typed_value(g.add_input(), "target", onnx::TensorProto::INT64, {2});
+  auto* gemm = node(g, "Gemm", {"x", "dy"}, "product");
+  *gemm->add_attribute() = testing::attr(through_sum ? "transA" : "transB", int64_t{1});
+  if (!through_sum) *gemm->add_attribute() = testing::attr("alpha", 2.0f);
+  if (through_sum) node(g, "SumToShape", {"product", "target"}, "summed")->set_domain("ai.onnxtrain");
+  transpose(g, through_sum ? "summed" : "product", "dw_t", {1, 0});
+  node(g, "Identity", {"dw_t"}, "dw");  // as the Gradient node's output reads it
+  g.add_output()->set_name("dw");
+  if (extra_reader) g.add_output()->set_name("product");
+  return m;
+}
+
+TEST(TransposeGemmFusion, ATransposedProductIsWrittenTransposed) {
+  for (bool through_sum : {true, false}) {
+    for (const std::vector<int64_t>& target : {std::vector<int64_t>{4, 3}, std::vector<int64_t>{1, 3}}) {
+      if (!through_sum && target[0] == 1) continue;
+      SCOPED_TRACE(std::string(through_sum ? "through SumToShape to " : "the Gemm's own output, ") +
+                   Shape(target).to_string());
+      const onnx::ModelProto m = weight_gradient_model(through_sum, false);
+      onnx::GraphProto g = m.graph();
+      EXPECT_EQ(runtime::fuse_transpose_gemm(g), 1);
+      EXPECT_EQ(count_op(g, "Transpose"), 0);
+      EXPECT_EQ(count_op(g, "Gather"), through_sum ? 1 : 0);
+      // x [5, 4], dy [5, 3]: x^T dy [4, 3]; without the sum, x [4, 5] and dy [3, 5]: 2 x dy^T [4, 3].
+      const runtime::NamedTensors feeds{
+          {"x", testing::random_f64(through_sum ? Shape{5, 4} : Shape{4, 5}, 1).cast(DataType::Float32)},
+          {"dy", testing::random_f64(through_sum ? Shape{5, 3} : Shape{3, 5}, 2).cast(DataType::Float32)},
+          {"target", Tensor::from_vector<int64_t>({2}, target)}};
+      const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+      EXPECT_EQ(got.at("dw").shape(), (Shape{3, target[0]}));
+      expect_close(got.at("dw"), want.at("dw"), 1e-6, 1e-6);
+    }
+  }
+}
+
+TEST(TransposeGemmFusion, AProductReadElsewhereOrWithCStays) {
+  onnx::GraphProto read_elsewhere = weight_gradient_model(true, true).graph();
+  EXPECT_EQ(runtime::fuse_transpose_gemm(read_elsewhere), 0);
+  onnx::GraphProto with_c = weight_gradient_model(false, false).graph();
+  with_c.mutable_node(0)->add_input("x");
+  EXPECT_EQ(runtime::fuse_transpose_gemm(with_c), 0);
+  EXPECT_EQ(count_op(read_elsewhere, "Transpose") + count_op(with_c, "Transpose"), 2);
+}
+
+// An attention block as the BERT export writes it:// An attention block as the BERT export writes it: q, k and v [B, S, H * D] split into heads by
 // Reshape and Transpose, Q and K scaled after the split, the split's shape read by Shape nodes.
 constexpr int64_t kB = 2, kS = 5, kH = 3, kD = 4;
 
