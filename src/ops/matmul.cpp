@@ -758,7 +758,8 @@ class GemmKernel final : public Kernel {
         attr.set_post_ops(ops);
       }
     });
-    return make_entry(a, b, du::plain_f32({s.M, s.N}), attr, epilogue_bias ? du::plain_f32({1, s.N}) : dnnl::memory::desc());
+    const dnnl::memory::desc bias = epilogue_bias ? du::plain_f32({1, s.N}) : dnnl::memory::desc();
+    return make_entry(a, b, du::plain_f32({s.M, s.N}), attr, bias);
   }
 
   GemmAttrs attrs_;

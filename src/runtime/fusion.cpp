@@ -822,8 +822,9 @@ TransposeRewrite rewrite_free_transposes(onnx::GraphProto& graph, F&& visit) {
   return rewrite;
 }
 
-// The value of Gemm node `node`'s attribute `name` (0 when absent).
-int64_t gemm_flag(const onnx::NodeProto& node, const std::string& name) {
+// The value of a product node's attribute `name` (transA or transB of a Gemm or a
+// MatMulTransposed; 0 when absent).
+int64_t trans_flag(const onnx::NodeProto& node, const std::string& name) {
   for (const auto& attr : node.attribute()) {
     if (attr.name() == name) return attr.i();
   }
@@ -852,7 +853,8 @@ void transpose_gemm_output(onnx::GraphProto& graph, const TransposeSite& site) {
   const onnx::NodeProto& g = graph.node(gemm);
   const std::string& product = g.output(0);
   if (!is_onnx_op(g, "Gemm") || g.input_size() < 2 || (g.input_size() > 2 && !g.input(2).empty()) ||
-      m.sole_reader(product) != (sum >= 0 ? sum : site.i) || replace.contains(gemm) || (sum >= 0 && replace.contains(sum))) {
+      m.sole_reader(product) != (sum >= 0 ? sum : site.i) || replace.contains(gemm) ||
+      (sum >= 0 && replace.contains(sum))) {
     return;
   }
   onnx::NodeProto swapped = g;
@@ -862,8 +864,8 @@ void transpose_gemm_output(onnx::GraphProto& graph, const TransposeSite& site) {
   }
   swapped.set_input(0, g.input(1));
   swapped.set_input(1, g.input(0));
-  if (!gemm_flag(g, "transB")) *swapped.add_attribute() = autodiff::attr_int("transA", 1);
-  if (!gemm_flag(g, "transA")) *swapped.add_attribute() = autodiff::attr_int("transB", 1);
+  if (!trans_flag(g, "transB")) *swapped.add_attribute() = autodiff::attr_int("transA", 1);
+  if (!trans_flag(g, "transA")) *swapped.add_attribute() = autodiff::attr_int("transB", 1);
   if (sum < 0) {
     swapped.set_output(0, t.output(0));
     replace[gemm] = {swapped};
@@ -907,7 +909,9 @@ int fuse_transpose_gemm(onnx::GraphProto& graph) {
       transpose_gemm_output(graph, site);
       return;
     }
-    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.input(0), site.perm);
+    for (int sh : shapes) {
+      replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.input(0), site.perm);
+    }
     for (int r : gemms) {  // Gemm(Transpose(x), B, transA) = Gemm(x, B, !transA); likewise for B
       onnx::NodeProto gemm = graph.node(r);
       const int k = gemm.input(0) == y ? 0 : 1;
@@ -1056,10 +1060,7 @@ int fuse_permuted_matmul(onnx::GraphProto& graph) {
     }
   });
   const auto flagged = [](const onnx::NodeProto& node, int k) {
-    for (const auto& attr : node.attribute()) {
-      if (attr.name() == (k == 0 ? "transA" : "transB")) return attr.i() != 0;
-    }
-    return false;
+    return trans_flag(node, k == 0 ? "transA" : "transB") != 0;
   };
   for (bool changed = true; changed;) {
     changed = false;

@@ -138,8 +138,9 @@ int fuse_transpose_matmul(onnx::GraphProto& graph);
 // it alone) by a one-element constant of no higher rank moves ahead of the Transpose (the
 // scaling of Q and K by d^-1/4 the BERT export writes after the split), and Shape nodes reading
 // a Transpose whose other readers are such products read Gather(Shape(x), perm) instead: the
-// same values. Results are MatMul's. Run after fuse_transpose_matmul. Returns the number of
-// Transpose nodes removed.
+// same values; repeated until nothing changes (a moved Mul hands its Shape readers, in a training
+// graph those of its gradient, to the Transpose). Results are MatMul's. Run after
+// fuse_transpose_matmul. Returns the number of Transpose nodes removed.
 int fuse_permuted_matmul(onnx::GraphProto& graph);
 
 // The rewrites of matrix products, in the order they depend on: fuse_matmul_add,

@@ -7,7 +7,8 @@
 // perm_a / perm_b of one ai.onnxtrain.MatMulPermuted, after a Mul by a scalar constant moves
 // ahead of its Transpose and Shape nodes of the split read Gather(Shape(x), perm); values equal.
 // fuse_transpose_gemm: a weight's W^T read by Gemm operands and Shape nodes (a Linear's training
-// graph) is read in place with the Gemm's trans flag flipped; values equal.
+// graph) is read in place with the Gemm's trans flag flipped, and a Transpose of a Gemm's product
+// (the weight gradient, through a SumToShape or not) becomes the Gemm writing it; values equal.
 #include <map>
 
 #include "onnxtrain/io.h"
@@ -292,7 +293,7 @@ TEST(TransposeGemmFusion, AProductReadElsewhereOrWithCStays) {
   EXPECT_EQ(count_op(read_elsewhere, "Transpose") + count_op(with_c, "Transpose"), 2);
 }
 
-// An attention block as the BERT export writes it:// An attention block as the BERT export writes it: q, k and v [B, S, H * D] split into heads by
+// An attention block as the BERT export writes it: q, k and v [B, S, H * D] split into heads by
 // Reshape and Transpose, Q and K scaled after the split, the split's shape read by Shape nodes.
 constexpr int64_t kB = 2, kS = 5, kH = 3, kD = 4;
 
