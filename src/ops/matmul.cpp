@@ -421,7 +421,7 @@ class MatMulPermutedKernel final : public Kernel {
       dims.push_back(stored[d]);
       view_strides.push_back(strides[d]);
     }
-    return {dims, dnnl::memory::data_type::f32, view_strides};
+    return du::strided_f32(dims, view_strides);
   }
 
   std::vector<int64_t> perm_[2];

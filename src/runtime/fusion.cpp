@@ -831,6 +831,53 @@ int64_t trans_flag(const onnx::NodeProto& node, const std::string& name) {
   return 0;
 }
 
+// Sets a product node's int attribute `name` (transA / transB) to `value`, adding it if absent.
+void set_trans_flag(onnx::NodeProto& node, const std::string& name, bool value) {
+  for (auto& attr : *node.mutable_attribute()) {
+    if (attr.name() != name) continue;
+    attr.set_i(value ? 1 : 0);
+    return;
+  }
+  *node.add_attribute() = autodiff::attr_int(name, value ? 1 : 0);
+}
+
+// For site.t = Transpose(perm [1, 0]) whose readers are Gemm nodes reading it as A or B (not C),
+// besides Shape nodes: each Gemm reads the Transpose's input with that operand's flag flipped,
+// Gemm(Transpose(x), B, transA) = Gemm(x, B, !transA) and likewise for B, and each Shape reads
+// Gather(Shape(x), [1, 0]). Adds to site.rewrite and returns true; false when the readers are
+// others.
+bool read_transpose_in_gemms(onnx::GraphProto& graph, const TransposeSite& site) {
+  const onnx::NodeProto& t = site.t;
+  const std::string& y = t.output(0);
+  auto& replace = site.rewrite.replace;
+  std::vector<int> shapes, gemms;
+  for (int r : site.m.readers(y)) {
+    const onnx::NodeProto& reader = graph.node(r);
+    if (is_onnx_op(reader, "Shape") && reader.input_size() == 1) {
+      shapes.push_back(r);
+    } else if (is_onnx_op(reader, "Gemm") && reader.input_size() >= 2 && !replace.contains(r) &&
+               (reader.input(0) == y) != (reader.input(1) == y) && (reader.input_size() < 3 || reader.input(2) != y)) {
+      gemms.push_back(r);
+    } else {
+      return false;
+    }
+  }
+  if (gemms.empty()) return false;
+  for (int sh : shapes) {
+    replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.input(0), site.perm);
+  }
+  for (int r : gemms) {
+    onnx::NodeProto gemm = graph.node(r);
+    const int k = gemm.input(0) == y ? 0 : 1;
+    const std::string flag = k == 0 ? "transA" : "transB";
+    gemm.set_input(k, t.input(0));
+    set_trans_flag(gemm, flag, trans_flag(gemm, flag) == 0);
+    replace[r] = {gemm};
+  }
+  site.rewrite.dropped.insert(site.i);
+  return true;
+}
+
 // The transposed product written directly: for site.t = Transpose(perm [1, 0]) of a Gemm's
 // product without C, read through a SumToShape or not, each value on the way read by the next
 // node alone and neither a graph output nor read by a subgraph, (A' B')^T = B'^T A'^T: the Gemm
@@ -858,14 +905,10 @@ void transpose_gemm_output(onnx::GraphProto& graph, const TransposeSite& site) {
     return;
   }
   onnx::NodeProto swapped = g;
-  swapped.clear_attribute();
-  for (const auto& attr : g.attribute()) {
-    if (attr.name() != "transA" && attr.name() != "transB") *swapped.add_attribute() = attr;
-  }
   swapped.set_input(0, g.input(1));
   swapped.set_input(1, g.input(0));
-  if (!trans_flag(g, "transB")) *swapped.add_attribute() = autodiff::attr_int("transA", 1);
-  if (!trans_flag(g, "transA")) *swapped.add_attribute() = autodiff::attr_int("transB", 1);
+  set_trans_flag(swapped, "transA", trans_flag(g, "transB") == 0);
+  set_trans_flag(swapped, "transB", trans_flag(g, "transA") == 0);
   if (sum < 0) {
     swapped.set_output(0, t.output(0));
     replace[gemm] = {swapped};
@@ -885,48 +928,9 @@ void transpose_gemm_output(onnx::GraphProto& graph, const TransposeSite& site) {
 
 int fuse_transpose_gemm(onnx::GraphProto& graph) {
   const TransposeRewrite done = rewrite_free_transposes(graph, [&](const TransposeSite& site) {
-    // References, not a structured binding of site: clang before 16 cannot capture those.
-    const onnx::NodeProto& t = site.t;
-    const std::string& y = t.output(0);
-    auto& replace = site.rewrite.replace;
-    if (site.perm != std::vector<int64_t>{1, 0}) return;
-    std::vector<int> shapes, gemms;
-    const std::vector<int>& readers = site.m.readers(y);
-    bool foldable = !readers.empty();
-    for (int r : readers) {
-      const onnx::NodeProto& reader = graph.node(r);
-      if (is_onnx_op(reader, "Shape") && reader.input_size() == 1) {
-        shapes.push_back(r);
-      } else if (is_onnx_op(reader, "Gemm") && reader.input_size() >= 2 && !replace.contains(r) &&
-                 (reader.input(0) == y) != (reader.input(1) == y) &&
-                 (reader.input_size() < 3 || reader.input(2) != y)) {
-        gemms.push_back(r);
-      } else {
-        foldable = false;
-      }
-    }
-    if (!foldable || gemms.empty()) {
+    if (site.perm == std::vector<int64_t>{1, 0} && !read_transpose_in_gemms(graph, site)) {
       transpose_gemm_output(graph, site);
-      return;
     }
-    for (int sh : shapes) {
-      replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.input(0), site.perm);
-    }
-    for (int r : gemms) {  // Gemm(Transpose(x), B, transA) = Gemm(x, B, !transA); likewise for B
-      onnx::NodeProto gemm = graph.node(r);
-      const int k = gemm.input(0) == y ? 0 : 1;
-      const std::string flag = k == 0 ? "transA" : "transB";
-      gemm.set_input(k, t.input(0));
-      bool found = false;
-      for (auto& attr : *gemm.mutable_attribute()) {
-        if (attr.name() != flag) continue;
-        attr.set_i(attr.i() != 0 ? 0 : 1);
-        found = true;
-      }
-      if (!found) *gemm.add_attribute() = autodiff::attr_int(flag, 1);
-      replace[r] = {gemm};
-    }
-    site.rewrite.dropped.insert(site.i);
   });
   return static_cast<int>(done.dropped.size());
 }
