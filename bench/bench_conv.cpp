@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -30,6 +29,8 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+
+#include "json_list.h"
 
 namespace {
 
@@ -172,10 +173,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) omp_set_num_threads(threads);
-    std::ifstream in(shapes_path);
-    if (!in) throw std::runtime_error("cannot read " + shapes_path);
-    const nlohmann::json shapes = nlohmann::json::parse(in);
-    if (!shapes.is_array()) throw std::runtime_error(shapes_path + ": not a JSON list");
+    const nlohmann::json shapes = read_json_list(shapes_path);
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
     nlohmann::json out{{"convolutions", nlohmann::json::array()}};

@@ -27,9 +27,11 @@ def _dims(value_info):
     return [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
 
 
-def conv_shapes(model_path, batch):
-    """[{n, c, h, w, m, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, group, bias, input_grad}] of every
-    2-D Conv, in graph order. Raises ValueError for a Conv whose shapes inference leaves open."""
+def inferred_shapes(model_path, batch):
+    """(model, {value name: dims}, names of the graph inputs that are not initializers) after ONNX
+    shape inference (with data propagation; where it leaves a dimension open, ONNX Runtime's
+    symbolic shape inference) over the model with every graph input's first dimension fixed to
+    batch; a dimension neither determines is None."""
     model = onnx.load(model_path, load_external_data=False)
     graph = model.graph
     initializers = {t.name: list(t.dims) for t in graph.initializer}
@@ -39,10 +41,32 @@ def conv_shapes(model_path, batch):
         if dims:
             dims[0].Clear()
             dims[0].dim_value = batch
+    # Shapes an exporter stored with the batch dimension symbolic would stay symbolic: infer anew.
+    del graph.value_info[:]
     inferred = shape_inference.infer_shapes(model, data_prop=True).graph
     shapes = {v.name: _dims(v) for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
+    if any(None in dims for dims in shapes.values()):
+        # ONNX's data propagation stops at a Slice whose starts are computed from Constant nodes
+        # (BERT's token_type_ids at batch 1); ONNX Runtime's symbolic shape inference folds them.
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        try:
+            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True).graph
+        except Exception:  # noqa: BLE001 - a model it cannot read keeps ONNX's shapes
+            symbolic = None
+        if symbolic is not None:
+            for v in list(symbolic.value_info) + list(symbolic.output):
+                dims = _dims(v)
+                if None in shapes.get(v.name, [None]) and dims and None not in dims:
+                    shapes[v.name] = dims
     shapes.update(initializers)
-    graph_inputs = {i.name for i in inputs}
+    return model, shapes, {i.name for i in inputs}
+
+
+def conv_shapes(model_path, batch):
+    """[{n, c, h, w, m, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, group, bias, input_grad}] of every
+    2-D Conv, in graph order. Raises ValueError for a Conv whose shapes inference leaves open."""
+    model, shapes, graph_inputs = inferred_shapes(model_path, batch)
+    graph = model.graph
     result = []
     for node in graph.node:
         if node.op_type != "Conv":
@@ -64,14 +88,12 @@ def conv_shapes(model_path, batch):
     return result
 
 
-def measure(tool, shapes, threads, inference=False, repeats=10):
-    """onnxtrain-bench-conv's JSON ({"total_ms", "gflop", "convolutions": [...]}) at one thread count."""
+def run_with_shapes(tool, shapes, threads, repeats, extra=()):
+    """Runs a bench tool that takes --shapes FILE (a JSON list) at one thread count; its JSON output."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(shapes, f)
     try:
-        cmd = [tool, "--shapes", f.name, "--threads", str(threads), "--repeats", str(repeats)]
-        if inference:
-            cmd.append("--inference")
+        cmd = [tool, "--shapes", f.name, "--threads", str(threads), "--repeats", str(repeats), *extra]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                              env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
         if out.returncode != 0:
@@ -79,6 +101,11 @@ def measure(tool, shapes, threads, inference=False, repeats=10):
         return json.loads(out.stdout)
     finally:
         os.remove(f.name)
+
+
+def measure(tool, shapes, threads, inference=False, repeats=10):
+    """onnxtrain-bench-conv's JSON ({"total_ms", "gflop", "convolutions": [...]}) at one thread count."""
+    return run_with_shapes(tool, shapes, threads, repeats, ["--inference"] if inference else [])
 
 
 def main():

@@ -10,8 +10,10 @@ the per-step records of `onnxtrain train --metrics` (the loop's time at step k i
 PyTorch by its own clock. (Until 2026-11-25 both timed every step from the first, whose one-time
 costs, the arena's page faults and oneDNN's JIT, took ~30 ms of the MLP's ~200 ms for 150 steps.)
 Reports the median steps/s at each one's best thread count, the ratio,
-the peak resident memory (VmHWM) of each process, and onnxtrain's achieved GFLOP/s as a
-fraction of the oneDNN sgemm peak measured in the same run.
+the peak resident memory (VmHWM) of each process, onnxtrain's achieved GFLOP/s as a
+fraction of the oneDNN sgemm peak measured in the same run, and the share of onnxtrain's step
+that oneDNN's own kernels at the model's shapes need when timed alone (bench/gemm_peak.py,
+bench/conv_peak.py).
 Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
 ONNX Runtime 1.30 (the onnxruntime wheel of the .venv, driven by bench/ort_infer.py).
 
@@ -35,6 +37,8 @@ DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
 WARMUP = 10  # untimed steps on each side before the timed ones
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import conv_peak  # noqa: E402
+import gemm_peak  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
 
@@ -68,6 +72,19 @@ def flops_per_step(model):
         forward = [2 * BATCH * 28 * 28 * 32 * 25, 2 * BATCH * 14 * 14 * 64 * 32 * 25,
                    2 * BATCH * 3136 * 1024, 2 * BATCH * 1024 * 10]
     return 2 * sum(forward) + sum(forward[1:])
+
+
+def kernels_alone_ms(model, threads):
+    """oneDNN's own kernels at the model's shapes, timed alone (warm, no reorders, no other op): its
+    convolutions (bench/conv_peak.py) and matrix products (bench/gemm_peak.py), forward and backward,
+    of one training step at batch BATCH."""
+    path = os.path.join(WORK, f"{model}.onnx")
+    ms = gemm_peak.measure(os.path.join(BUILD, "bench", "onnxtrain-bench-gemm"),
+                           gemm_peak.product_shapes(path, BATCH), threads)["total_ms"]
+    convolutions = conv_peak.conv_shapes(path, BATCH)
+    if convolutions:
+        ms += conv_peak.measure(os.path.join(BUILD, "bench", "onnxtrain-bench-conv"), convolutions, threads)["total_ms"]
+    return ms
 
 
 def onnxtrain_train(model, threads, steps):
@@ -121,14 +138,17 @@ def main():
              f"{args.steps}`; oneDNN sgemm peak (2048^3) {sgemm:.0f} GFLOP/s in this run.", "",
              f"Training (median steps/s of {args.steps} steps after {WARMUP} untimed ones, at each side's best thread "
              "count; onnxtrain's GFLOP/s counts the forward, "
-             "the weight gradients and the input gradients of every layer but the first):", ""]
+             "the weight gradients and the input gradients of every layer but the first; the last column is the "
+             "time oneDNN's own kernels at the model's shapes need, its matrix products (bench/gemm_peak.py) and "
+             "convolutions (bench/conv_peak.py) forward and backward, each timed alone, warm, the fastest of 10 "
+             "runs, at onnxtrain's best thread count, and its share of onnxtrain's step):", ""]
 
     def emit(line):
         print(line, flush=True)
         lines.append(line)
     emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch | "
-         "onnxtrain GFLOP/s (of peak) |")
-    emit("|---|---|---|---|---|---|")
+         "onnxtrain GFLOP/s (of peak) | oneDNN's kernels alone, ms (of the step) |")
+    emit("|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
         peaks = {"onnxtrain": 0.0, "pytorch": 0.0}
@@ -142,9 +162,11 @@ def main():
         for impl in ("onnxtrain", "pytorch"):
             best[impl] = max(((statistics.median(results[(impl, t)]), t) for t in (1, 2)))
         gflops = best["onnxtrain"][0] * flops_per_step(model) / 1e9
+        alone = kernels_alone_ms(model, best["onnxtrain"][1])
         emit(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
-              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB | {gflops:.0f} ({gflops / sgemm:.0%}) |")
+              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB | {gflops:.0f} ({gflops / sgemm:.0%}) | "
+              f"{alone:.3f} ({alone * best['onnxtrain'][0] / 1e3:.0%}) |")
 
     lines += ["", "Inference (the best of the runs at 1 and 2 threads, each side):", ""]
     emit("| model | batch | onnxtrain ms | ONNX Runtime ms | ratio (ORT / onnxtrain) |")

@@ -43,11 +43,15 @@ LSTM_INPUT = 32
 class BertLogits(torch.nn.Module):
     """BertForSequenceClassification returning the logits tensor alone (no attention mask: all ones)."""
 
-    def __init__(self):
+    def __init__(self, attn_implementation=None):
+        """attn_implementation: transformers' choice (None: its default, sdpa) or "eager" (the same
+        products as separate matmuls, which torch.utils.flop_counter counts; on the CPU it does not
+        count sdpa's kernel)."""
         super().__init__()
         from transformers import BertConfig, BertForSequenceClassification
         config = BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
-                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2)
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
+                            attn_implementation=attn_implementation)
         self.bert = BertForSequenceClassification(config)
 
     def forward(self, input_ids):
@@ -65,13 +69,13 @@ class LstmClassifier(torch.nn.Module):
         return self.fc(out[:, -1])
 
 
-def build(name):
-    """A freshly initialized module (seed 0)."""
+def build(name, attn_implementation=None):
+    """A freshly initialized module (seed 0); attn_implementation as BertLogits takes it."""
     torch.manual_seed(0)
     if name == "resnet18":
         return ResNet18(num_classes=10)
     if name == "bert":
-        return BertLogits()
+        return BertLogits(attn_implementation)
     return LstmClassifier()
 
 
@@ -113,7 +117,10 @@ def export(name, path, training=True):
 def train_flops(name):
     """FLOPs (2 per multiply-add) of the matrix products and convolutions of one training step on a
     batch: forward and backward, no gradient for the input itself. ResNet-18 and BERT: counted by
-    torch.utils.flop_counter.FlopCounterMode on the PyTorch module. The LSTM: from its equations
+    torch.utils.flop_counter.FlopCounterMode on the PyTorch module, BERT with transformers' eager
+    attention (the counter does not count the CPU kernel of scaled_dot_product_attention, the
+    default: until 2026-11-25 the attention's 6.4 of BERT's 83.8 GFLOP were left out; the same
+    products as bench/gemm_peak.py reads from the ONNX export). The LSTM: from its equations
     (PyTorch's CPU LSTM kernel is one op the counter does not see): per layer of input size I,
     hidden H, 4 gates, S steps and batch N, forward 2 S N 4H (I + H); backward the weight
     gradients (as many), dH through R (2 S N 4H H) and, above the first layer, dX (2 S N 4H I)."""
@@ -125,7 +132,7 @@ def train_flops(name):
             total += 2 * rows * (inputs + h) + rows * h + (rows * inputs if layer > 0 else 0)
         return total + 3 * 2 * batch * h * NUM_CLASSES["lstm"]
     from torch.utils.flop_counter import FlopCounterMode
-    model = build(name)
+    model = build(name, attn_implementation="eager")
     model.train()
     x = torch.from_numpy(sample_input(name, batch, np.random.default_rng(0)))
     with FlopCounterMode(display=False) as counter:

@@ -26,8 +26,10 @@ For each workload, in one run:
 - inference: the eval-mode model at batch 1 and a large batch, onnxtrain (onnxtrain-bench-infer,
   or onnxtrain's Python binding where the inputs are not float: BERT's int64 token ids) against
   ONNX Runtime (bench/workload_infer.py), the two alternating run by run; best thread count of each.
-- the convolution-bound workload (ResNet-18) against oneDNN's convolutions at its own shapes,
-  timed alone (bench/conv_peak.py, bench/bench_conv.cpp), for the training step and inference.
+- each workload against oneDNN's own kernels at its shapes, timed alone, for the training step and
+  inference: the convolution-bound one (ResNet-18) against its convolutions (bench/conv_peak.py,
+  bench/bench_conv.cpp), the GEMM-bound ones (BERT, the LSTM) against their matrix products
+  (bench/gemm_peak.py, bench/bench_gemm.cpp).
 A step that fails is reported in the tables with its error message, and the run goes on.
 
 Usage: .venv/bin/python bench/workloads.py [--workloads resnet18,bert,lstm] [--threads 1,2]
@@ -53,6 +55,7 @@ SECTION = "workloads"
 SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
 sys.path.insert(0, BENCH)
 import conv_peak  # noqa: E402
+import gemm_peak  # noqa: E402
 import workload_models  # noqa: E402
 from docs_section import write_section  # noqa: E402
 
@@ -60,7 +63,10 @@ WARMUP = {"resnet18": 2, "bert": 2, "lstm": 2}  # step 2 is the first on the mem
 STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
 INFER_BATCHES = {"resnet18": (1, 128), "bert": (1, 32), "lstm": (1, 64)}
 INFER_ITERS = {"resnet18": 20, "bert": 5, "lstm": 10}  # Python-timed runs; bench-infer takes --iters too
-CONV_BOUND = ("resnet18",)  # measured against oneDNN's convolutions at their shapes too (conv_section)
+# Measured against oneDNN's own kernels at their shapes too (alone_section): the convolutions, or
+# the matrix products.
+CONV_BOUND = ("resnet18",)
+GEMM_BOUND = ("bert", "lstm")
 
 
 class Failed(Exception):
@@ -248,36 +254,46 @@ def infer_section(names, prepared, tools, args, errors):
             "|---|---|---|---|---|"] + rows
 
 
-def conv_section(names, prepared, tools, args, errors):
-    """The convolution-bound workloads against oneDNN's convolutions at their own shapes, timed alone
-    (bench/conv_peak.py): the yardstick issue 18 names beside the sgemm peak. Training: every
-    Conv's forward, backward-data (not the first one's) and backward-weights primitives at batch
-    BATCH; inference: forward_inference at each INFER_BATCHES size. Each at the thread count that
-    was onnxtrain's best."""
+def kernels_alone(name, model, batch, tools, threads, inference):
+    """(number of kernels, ms) of the workload's convolutions or matrix products timed alone."""
+    if name in CONV_BOUND:
+        shapes = conv_peak.conv_shapes(model, batch)
+        return len(shapes), conv_peak.measure(tools["bench_conv"], shapes, threads, inference=inference)["total_ms"]
+    products = gemm_peak.product_shapes(model, batch, inference=inference)
+    return len(products), gemm_peak.measure(tools["bench_gemm"], products, threads)["total_ms"]
+
+
+def alone_section(names, prepared, tools, args, errors):
+    """Each workload against oneDNN's own kernels at its shapes, timed alone: the yardstick issue 18
+    names beside the sgemm peak. The convolution-bound workloads (bench/conv_peak.py): every Conv's
+    forward, backward-data (not the first one's) and backward-weights primitives at batch BATCH;
+    inference: forward_inference at each INFER_BATCHES size. The GEMM-bound ones
+    (bench/gemm_peak.py): every matrix product of the step, forward and backward (inference: the
+    forward ones). Each at the thread count that was onnxtrain's best."""
     rows = []
-    for name in (n for n in names if n in CONV_BOUND and prepared.get(n)):
+    for name in (n for n in names if (n in CONV_BOUND or n in GEMM_BOUND) and prepared.get(n)):
+        kind = "convolutions" if name in CONV_BOUND else "matrix products"
         try:
             o = args.best_train.get(name)
             if o:
-                shapes = conv_peak.conv_shapes(prepared[name]["train_export"], workload_models.BATCH[name])
-                alone = conv_peak.measure(tools["bench_conv"], shapes, o[1])["total_ms"]
+                count, alone = kernels_alone(name, prepared[name]["train_export"], workload_models.BATCH[name], tools,
+                                             o[1], inference=False)
                 step = 1e3 / o[0]
-                rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {len(shapes)} | "
+                rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {count} {kind} | "
                             f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | - |")
                 print(rows[-1], file=sys.stderr, flush=True)
             for batch in INFER_BATCHES[name]:
                 cells = args.best_infer.get((name, batch))
                 if not cells or not cells[0]:
                     continue
-                shapes = conv_peak.conv_shapes(prepared[name]["infer"], batch)
-                alone = conv_peak.measure(tools["bench_conv"], shapes, cells[0][1], inference=True)["total_ms"]
+                count, alone = kernels_alone(name, prepared[name]["infer"], batch, tools, cells[0][1], inference=True)
                 ort = f"{cells[1][0]:.3f}" if cells[1] else "-"
-                rows.append(f"| {name} | inference, batch {batch} | {len(shapes)} | {alone:.3f} ({cells[0][1]}) | "
+                rows.append(f"| {name} | inference, batch {batch} | {count} {kind} | {alone:.3f} ({cells[0][1]}) | "
                             f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | {ort} |")
                 print(rows[-1], file=sys.stderr, flush=True)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
-            errors[(name, "convolutions alone")] = str(e)[:400]
-    return ["| workload | what | convolutions | oneDNN's convolutions alone, ms (threads) | onnxtrain ms | "
+            errors[(name, f"{kind} alone")] = str(e)[:400]
+    return ["| workload | what | kernels | oneDNN's kernels alone, ms (threads) | onnxtrain ms | "
             "fraction (alone / onnxtrain) | ONNX Runtime ms |", "|---|---|---|---|---|---|---|"] + rows
 
 
@@ -295,6 +311,7 @@ def find_tools(build):
                     "bench_infer": os.path.join(folder, "bench", "onnxtrain-bench-infer"),
                     "bench_sgemm": os.path.join(folder, "bench", "onnxtrain-bench-sgemm"),
                     "bench_conv": os.path.join(folder, "bench", "onnxtrain-bench-conv"),
+                    "bench_gemm": os.path.join(folder, "bench", "onnxtrain-bench-gemm"),
                     "python": os.path.join(folder, "python")}
     sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
 
@@ -347,11 +364,14 @@ def main():
     lines += train_section(names, prepared, tools, args, errors)
     lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
     lines += infer_section(names, prepared, tools, args, errors)
-    lines += ["", "Convolution-bound workloads against oneDNN's convolutions at their own shapes, timed alone "
-              "(bench/conv_peak.py: each Conv's forward, backward-data and backward-weights primitives, or "
-              "forward_inference, in the memory formats oneDNN prefers, the fastest of 10 runs; no reorders, no "
-              "other op): the fraction is the share of onnxtrain's time that oneDNN's convolutions alone need.", ""]
-    lines += conv_section(names, prepared, tools, args, errors)
+    lines += ["", "Each workload against oneDNN's own kernels at its shapes, timed alone, the fastest of 10 runs with "
+              "warm operands, no reorders, no other op: the convolution-bound one's convolutions (bench/conv_peak.py: "
+              "each Conv's forward, backward-data and backward-weights primitives, or forward_inference, in the "
+              "memory formats oneDNN prefers), the GEMM-bound ones' matrix products (bench/gemm_peak.py: each "
+              "product of the step's forward and backward passes, or of the forward pass, read from the ONNX "
+              "export, by dnnl_sgemm and by oneDNN's matmul primitive, the faster). The fraction is the share of "
+              "onnxtrain's time that these kernels alone need.", ""]
+    lines += alone_section(names, prepared, tools, args, errors)
     lines += ["", "Errors (exact messages):", ""]
     lines += [f"- {name}, {stage}: `{message}`" for (name, stage), message in errors.items()] or ["- none"]
     lines += ["", f"(the run took {time.perf_counter() - started:.0f} s)"]
