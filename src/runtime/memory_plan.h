@@ -10,7 +10,11 @@
 // size matches the recording and no block sharing its bytes is still alive; anything else
 // (escaping blocks, shapes that changed, a tensor someone kept) takes the tensor heap, so a
 // plan never hands out memory that is in use. Peak memory is the arena's size plus escaping
-// blocks, instead of the sum of everything allocated between frees.
+// blocks, instead of the sum of everything allocated between frees. Large escaping blocks of
+// the recording run stay mapped once they die, and later runs' escaping blocks of the same size
+// take them before the heap (a training step's new parameters and optimizer state, which the
+// step after next replaces): the plan keeps at most one run's escaping blocks that way, until
+// it is destroyed.
 #pragma once
 
 #include <cstddef>
