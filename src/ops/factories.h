@@ -22,6 +22,7 @@ std::unique_ptr<Kernel> make_where(const KernelInit& init);
 // matmul.cpp
 std::unique_ptr<Kernel> make_matmul(const KernelInit& init);
 std::unique_ptr<Kernel> make_gemm(const KernelInit& init);
+std::unique_ptr<Kernel> make_fused_gemm(const KernelInit& init);  // ai.onnxtrain.FusedGemm: Gemm -> Relu (matmul.cpp)
 std::unique_ptr<Kernel> make_einsum(const KernelInit& init);
 std::unique_ptr<Kernel> make_resize(const KernelInit& init);  // resize.cpp
 std::unique_ptr<Kernel> make_if(const KernelInit& init);    // runtime/control_flow.cpp

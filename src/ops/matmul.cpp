@@ -602,9 +602,23 @@ void gemm_epilogue(const GemmShape& s, const GemmAttrs& attrs, const T* c, T* y)
   }
 }
 
+// Y = Relu(y) element by element (ONNX Relu: max(y, 0), NaN stays NaN), for FusedGemm's paths
+// that do not apply it inside oneDNN.
+template <class T>
+void relu_in_place(T* y, int64_t n) {
+  if constexpr (std::is_unsigned_v<T>) return;  // nothing below zero
+  parallel_for(n, kParallelGrain, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (y[i] < T(0)) y[i] = T(0);
+    }
+  });
+}
+
+// Gemm, and ai.onnxtrain.FusedGemm (runtime/fusion.h fuse_gemm_relu: Gemm -> Relu) with `relu`.
 class GemmKernel final : public Kernel {
  public:
-  GemmKernel(GemmAttrs attrs, bool constant_b) : attrs_(attrs), constant_b_(constant_b) {}
+  GemmKernel(GemmAttrs attrs, bool constant_b, bool relu = false)
+      : attrs_(attrs), constant_b_(constant_b), relu_(relu) {}
 
   void run(KernelContext& ctx) override {
     const GemmShape s = gemm_shape(ctx, attrs_);
@@ -617,7 +631,7 @@ class GemmKernel final : public Kernel {
         Tensor y(DataType::Float32, out);
         const Tensor c32 = c.defined() ? c.cast(DataType::Float32) : Tensor();
         compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), c32, y);
-        ctx.set_output(0, y.cast(a.dtype()));
+        ctx.set_output(0, y.cast(a.dtype()));  // Relu commutes with the rounding to half
       } else {
         compute<T>(s, a, b, c, ctx.allocate_output(0, a.dtype(), out));
       }
@@ -625,32 +639,39 @@ class GemmKernel final : public Kernel {
   }
 
  private:
+  // y = Gemm(a, b, c), with Relu applied when relu_.
   template <class T>
   void compute(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y) {
     if (y.numel() == 0) return;
+    if (!product<T>(s, a, b, c, y) && relu_) relu_in_place<T>(y.data<T>(), y.numel());
+  }
+
+  // y = Gemm(a, b, c); true when Relu (relu_) was applied too.
+  template <class T>
+  bool product(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y) {
     const T* c_data = s.use_c ? c.data<T>() : nullptr;
     if (s.K == 0) {  // A' B' is all zeros
       std::memset(y.raw_data(), 0, y.nbytes());
       gemm_epilogue<T>(s, attrs_, c_data, y.data<T>());
-      return;
+      return false;
     }
     if constexpr (std::is_same_v<T, float>) {
       if (s.M == 1) {  // one row (batch-1 inference): a matrix-vector product
         gemv(s, a.data<float>(), b.data<float>(), c_data, y.data<float>());
-        return;
+        return true;
       }
       // A linear layer on constant weights (Y = A B' + C, C absent or one row of N).
       const bool bias_row = !s.use_c || (attrs_.beta == 1.0f && s.c_rows == 1 && s.c_cols == s.N);
       if (constant_b_ && !attrs_.trans_a && attrs_.alpha == 1.0f && bias_row &&
           constant_product_.run(a.data<float>(), s.M, s.K, b.data<float>(), attrs_.trans_b, s.N, c_data,
                                 y.data<float>())) {
-        return;
+        return false;
       }
       if (use_sgemm(attrs_.trans_a, attrs_.trans_b)) {
         if (s.use_c) fill_with_c<float>(s, c_data, y.data<float>());
         sgemm(attrs_.trans_a, attrs_.trans_b, s.M, s.N, s.K, attrs_.alpha, a.data<float>(),
               b.data<float>(), s.use_c ? attrs_.beta : 0.0f, y.data<float>());
-        return;
+        return false;
       }
       // A bias row of N elements goes into the primitive's epilogue; any other C fills y first.
       const bool epilogue_bias = s.use_c && attrs_.alpha == 1.0f && attrs_.beta == 1.0f && s.c_rows == 1 &&
@@ -660,7 +681,7 @@ class GemmKernel final : public Kernel {
       if (!entry.use_reference) {
         if (s.use_c && !epilogue_bias) fill_with_c<float>(s, c_data, y.data<float>());
         execute(entry, a.data<float>(), b.data<float>(), y.data<float>(), epilogue_bias ? c_data : nullptr);
-        return;
+        return false;
       }
     }
     // Transposed operands are copied row-major so that the product runs i-k-j.
@@ -671,6 +692,7 @@ class GemmKernel final : public Kernel {
     if (attrs_.trans_b) b_data = (b_t = transposed(b_data, s.N, s.K)).data();
     matmul_ref<T>(a_data, b_data, y.data<T>(), s.M, s.K, s.N);
     gemm_epilogue<T>(s, attrs_, c_data, y.data<T>());
+    return false;
   }
 
   // y [1, N] = alpha * a B' + beta * C for a row a of K elements (A' is [1, K] with or without
@@ -678,9 +700,11 @@ class GemmKernel final : public Kernel {
   // these loops, parallel over N and vectorized along the rows of B, read B once at memory speed.
   void gemv(const GemmShape& s, const float* a, const float* b, const float* c, float* y) const {
     const float alpha = attrs_.alpha, beta = attrs_.beta;
+    const bool relu = relu_;
     auto epilogue = [&](int64_t j, float dot) {
       const float cv = c ? beta * c[s.c_cols == 1 ? 0 : j] : 0.0f;
-      return alpha * dot + cv;
+      const float v = alpha * dot + cv;
+      return relu && v < 0.0f ? 0.0f : v;
     };
     if (attrs_.trans_b) {  // B is [N, K]: y[j] = a . B[j, :]
       parallel_for(s.N, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, s.K)), [&](int64_t begin, int64_t end) {
@@ -764,6 +788,7 @@ class GemmKernel final : public Kernel {
 
   GemmAttrs attrs_;
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
+  bool relu_ = false;        // FusedGemm: Relu after the product
   du::PrimitiveCache<MatMulEntry> cache_;
   ConstantWeightsProduct constant_product_;
 };
@@ -787,13 +812,25 @@ std::unique_ptr<Kernel> make_matmul_add(const KernelInit& init) {
   return std::make_unique<MatMulAddKernel>(init.attr_int("transB", 0) != 0, init.input_is_constant(1));
 }
 
-std::unique_ptr<Kernel> make_gemm(const KernelInit& init) {
+namespace {
+GemmAttrs gemm_attrs(const KernelInit& init) {
   GemmAttrs attrs;
   attrs.trans_a = init.attr_int("transA", 0) != 0;
   attrs.trans_b = init.attr_int("transB", 0) != 0;
   attrs.alpha = init.attr_float("alpha", 1.0f);
   attrs.beta = init.attr_float("beta", 1.0f);
-  return std::make_unique<GemmKernel>(attrs, init.input_is_constant(1));
+  return attrs;
+}
+}  // namespace
+
+std::unique_ptr<Kernel> make_gemm(const KernelInit& init) {
+  return std::make_unique<GemmKernel>(gemm_attrs(init), init.input_is_constant(1));
+}
+
+std::unique_ptr<Kernel> make_fused_gemm(const KernelInit& init) {
+  const std::string activation = init.attr_string("activation", "");
+  if (activation != "Relu") fail("attribute activation is '" + activation + "', expected 'Relu'");
+  return std::make_unique<GemmKernel>(gemm_attrs(init), init.input_is_constant(1), true);
 }
 
 }  // namespace onnxtrain::ops

@@ -411,6 +411,33 @@ int fuse_conv_relu(onnx::GraphProto& graph) {
   return static_cast<int>(pairs.size());
 }
 
+int fuse_gemm_relu(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (Gemm, Relu)
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& relu = graph.node(i);
+      if (!is_onnx_op(relu, "Relu") || relu.input_size() != 1 || relu.output_size() != 1) continue;
+      const std::string& x = relu.input(0);
+      const onnx::NodeProto* gemm = m.producer(x);
+      if (!gemm || !is_onnx_op(*gemm, "Gemm") || gemm->output_size() != 1 || m.sole_reader(x) != i) continue;
+      pairs.emplace_back(m.producer_index(x), i);
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [gemm, relu] : pairs) {
+    onnx::NodeProto& node = *graph.mutable_node(gemm);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("FusedGemm");
+    node.set_output(0, graph.node(relu).output(0));
+    add_relu_activation(node);
+    drop[static_cast<size_t>(relu)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 namespace {
 // The tensor of `name` when it is a constant: an initializer that is not a graph input (a run
 // may replace those) or the `value` tensor of a Constant node; null otherwise.

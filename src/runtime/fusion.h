@@ -49,6 +49,15 @@ int fuse_conv_pool(onnx::GraphProto& graph);
 // of pairs fused.
 int fuse_conv_relu(onnx::GraphProto& graph);
 
+// Replaces each Gemm -> Relu whose Gemm output has no other reader (and is neither a graph output
+// nor read by a subgraph) with one ai.onnxtrain.FusedGemm node (ops/matmul.cpp: Gemm's inputs
+// and attributes, activation = "Relu") writing the Relu's output: oneDNN's matmul applies Relu
+// in its epilogue where it runs the product (float32), the other paths in the same kernel. In a
+// training graph the backward pass reads the Relu's output (ReluGrad), so it applies there too:
+// the MLP's hidden layers. Run after fuse_matrix_products (whose Gemm folds look for Gemm
+// nodes). Results equal the two ops' (Relu keeps NaN). Returns the number of pairs fused.
+int fuse_gemm_relu(onnx::GraphProto& graph);
+
 // Runs chains of convolutions in the channels-last layout ([N, D..., C], what oneDNN's
 // brgemm-based convolutions read and write on AVX-512) instead of converting every convolution's
 // input and output between NCHW and that layout: each Conv, and each ai.onnxtrain.FusedConv

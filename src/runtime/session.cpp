@@ -44,6 +44,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     use_channels_last(graph);
     fuse_conv_add(graph);
     fuse_matrix_products(graph);
+    fuse_gemm_relu(graph);
     fuse_max_pool_relu_grad(graph);
     share_rnn_trace(graph);
   }
