@@ -384,25 +384,29 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
   return static_cast<int>(chains.size());
 }
 
-int fuse_conv_relu(onnx::GraphProto& graph) {
-  std::vector<std::pair<int, int>> pairs;  // (Conv, Relu)
+namespace {
+// Replaces each `op` node (ONNX domain) whose one output only a Relu reads with an internal
+// `fused_op` node of the same inputs and attributes plus activation = "Relu", writing the Relu's
+// output. Returns the number of pairs fused.
+int fuse_relu_into(onnx::GraphProto& graph, const char* op, const char* fused_op) {
+  std::vector<std::pair<int, int>> pairs;  // (producer, Relu)
   {
     Matcher m(graph);
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& relu = graph.node(i);
       if (!is_onnx_op(relu, "Relu") || relu.input_size() != 1 || relu.output_size() != 1) continue;
       const std::string& x = relu.input(0);
-      const onnx::NodeProto* conv = m.producer(x);
-      if (!conv || !is_onnx_op(*conv, "Conv") || conv->output_size() != 1 || m.sole_reader(x) != i) continue;
+      const onnx::NodeProto* producer = m.producer(x);
+      if (!producer || !is_onnx_op(*producer, op) || producer->output_size() != 1 || m.sole_reader(x) != i) continue;
       pairs.emplace_back(m.producer_index(x), i);
     }
   }
   if (pairs.empty()) return 0;
   std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [conv, relu] : pairs) {
-    onnx::NodeProto& node = *graph.mutable_node(conv);
+  for (const auto& [producer, relu] : pairs) {
+    onnx::NodeProto& node = *graph.mutable_node(producer);
     node.set_domain(kInternalDomain);
-    node.set_op_type("FusedConv");
+    node.set_op_type(fused_op);
     node.set_output(0, graph.node(relu).output(0));
     add_relu_activation(node);
     drop[static_cast<size_t>(relu)] = true;
@@ -410,33 +414,11 @@ int fuse_conv_relu(onnx::GraphProto& graph) {
   drop_nodes(graph, drop);
   return static_cast<int>(pairs.size());
 }
+}  // namespace
 
-int fuse_gemm_relu(onnx::GraphProto& graph) {
-  std::vector<std::pair<int, int>> pairs;  // (Gemm, Relu)
-  {
-    Matcher m(graph);
-    for (int i = 0; i < graph.node_size(); ++i) {
-      const onnx::NodeProto& relu = graph.node(i);
-      if (!is_onnx_op(relu, "Relu") || relu.input_size() != 1 || relu.output_size() != 1) continue;
-      const std::string& x = relu.input(0);
-      const onnx::NodeProto* gemm = m.producer(x);
-      if (!gemm || !is_onnx_op(*gemm, "Gemm") || gemm->output_size() != 1 || m.sole_reader(x) != i) continue;
-      pairs.emplace_back(m.producer_index(x), i);
-    }
-  }
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [gemm, relu] : pairs) {
-    onnx::NodeProto& node = *graph.mutable_node(gemm);
-    node.set_domain(kInternalDomain);
-    node.set_op_type("FusedGemm");
-    node.set_output(0, graph.node(relu).output(0));
-    add_relu_activation(node);
-    drop[static_cast<size_t>(relu)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
-}
+int fuse_conv_relu(onnx::GraphProto& graph) { return fuse_relu_into(graph, "Conv", "FusedConv"); }
+
+int fuse_gemm_relu(onnx::GraphProto& graph) { return fuse_relu_into(graph, "Gemm", "FusedGemm"); }
 
 namespace {
 // The tensor of `name` when it is a constant: an initializer that is not a graph input (a run
