@@ -77,11 +77,15 @@ MatMulEntry make_entry(const dnnl::memory::desc& src, const dnnl::memory::desc& 
 }
 
 // Whether a 2-D float32 product A' B' runs through oneDNN's sgemm rather than its matmul
-// primitive: unless only B is transposed. The primitive (brgemm) is slower when it must read a
-// plain B or a transposed A; on two Xeon cores, the CNN's fc1 (M = 128, K/N = 3136 and 1024):
+// primitive: unless only B is transposed (or only A, at the shapes named below). The primitive
+// (brgemm) is slower when it must read a plain B or a transposed A; on two Xeon cores, the CNN's fc1 (M = 128, K/N = 3136 and 1024):
 // dX = dY W (plain B) 3.4 ms by the primitive, 2.2 ms by sgemm; dW = dY^T X (transposed A)
 // 2.7 and 2.1 ms; the forward X W^T 2.2 and 2.3 ms. The MLP's 512-wide layers run alike both ways.
-bool use_sgemm(bool trans_a, bool trans_b) { return trans_a || !trans_b; }
+// A transposed A alone goes to the primitive where du::transposed_a_prefers_matmul says so.
+bool use_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+  if (trans_a && !trans_b && du::transposed_a_prefers_matmul(M, N, K)) return false;
+  return trans_a || !trans_b;
+}
 
 // y [M, N] = alpha * A' B' + beta * y, all row-major (A' = A^T when trans_a, A stored [K, M]; B'
 // = B^T when trans_b, B stored [N, K]). beta = 0 does not read y.
@@ -667,7 +671,7 @@ class GemmKernel final : public Kernel {
                                 y.data<float>())) {
         return false;
       }
-      if (use_sgemm(attrs_.trans_a, attrs_.trans_b)) {
+      if (use_sgemm(attrs_.trans_a, attrs_.trans_b, s.M, s.N, s.K)) {
         if (s.use_c) fill_with_c<float>(s, c_data, y.data<float>());
         sgemm(attrs_.trans_a, attrs_.trans_b, s.M, s.N, s.K, attrs_.alpha, a.data<float>(),
               b.data<float>(), s.use_c ? attrs_.beta : 0.0f, y.data<float>());
@@ -764,15 +768,16 @@ class GemmKernel final : public Kernel {
     });
   }
 
-  // dst = alpha * A B^T (+ beta * dst, dst prefilled with C), the one layout that does not run
-  // through sgemm (use_sgemm): alpha is the output scale, beta a sum post-op, B^T is expressed
-  // by B's strides. With `epilogue_bias` (alpha = beta = 1, C one row of N: a linear layer) the
+  // dst = alpha * A' B' (+ beta * dst, dst prefilled with C) for the layouts that do not run
+  // through sgemm (use_sgemm: A B^T, and A^T B at the shapes du::transposed_a_prefers_matmul
+  // names): alpha is the output scale, beta a sum post-op, a transposed operand is expressed by
+  // its strides. With `epilogue_bias` (alpha = beta = 1, C one row of N: a linear layer) the
   // primitive adds C itself instead of a pass filling dst: the MLP's training step (its weights
   // are inputs there) 1.22-1.28 -> 1.20-1.22 ms in steady state, four alternating pairs on two
   // EPYC cores; the same sums (c + AB either way), so the same losses.
   MatMulEntry plan(const GemmShape& s, bool epilogue_bias) const {
-    const auto a = du::plain_f32({s.M, s.K});
-    const auto b = du::strided_f32({s.K, s.N}, {1, s.K});
+    const auto a = attrs_.trans_a ? du::strided_f32({s.M, s.K}, {1, s.M}) : du::plain_f32({s.M, s.K});
+    const auto b = attrs_.trans_b ? du::strided_f32({s.K, s.N}, {1, s.K}) : du::plain_f32({s.K, s.N});
     dnnl::primitive_attr attr;
     du::checked("set Gemm's alpha and beta", [&] {
       if (attrs_.alpha != 1.0f) attr.set_output_scales(0, {attrs_.alpha});

@@ -453,6 +453,32 @@ TEST(GemmTest, LinearLayerBiasInTheEpilogueAndOtherCsInOneKernel) {
   }
 }
 
+// A weight gradient's shape, dW = dY^T X with more output rows than columns over many rows
+// (M = 512, N = 128, K = 1024: ops/dnnl_util.h transposed_a_prefers_matmul), runs through oneDNN's
+// matmul primitive reading A by strides instead of sgemm: without C, with a bias row in the
+// epilogue, and with a full C, alpha and beta (a sum post-op).
+TEST(GemmTest, TransposedAOfAWeightGradientsShape) {
+  const int64_t M = 512, N = 128, K = 1024;
+  const Tensor a = random({K, M}, 31), b = random({K, N}, 32);
+  struct CCase {
+    const char* what;
+    Shape c;
+    float alpha, beta;
+  };
+  for (const CCase& cc : {CCase{"no C", {}, 1.0f, 1.0f}, CCase{"bias row", {N}, 1.0f, 1.0f},
+                          CCase{"full C, alpha, beta", {M, N}, 0.5f, 2.0f}}) {
+    SCOPED_TRACE(cc.what);
+    std::vector<Tensor> inputs{a.cast(DataType::Float32), b.cast(DataType::Float32)};
+    const bool has_c = !cc.c.empty();
+    const Tensor c = has_c ? random(cc.c, 33) : Tensor();
+    if (has_c) inputs.push_back(c.cast(DataType::Float32));
+    const Tensor got = run1("Gemm", inputs, {attr("transA", int64_t{1}), attr("alpha", cc.alpha), attr("beta", cc.beta)});
+    // float32 sums over 1024 rows against float64.
+    expect_close(got.cast(DataType::Float64), naive_gemm(a, b, has_c ? c : Tensor(), true, false, cc.alpha, cc.beta),
+                 1e-4, 1e-4);
+  }
+}
+
 TEST(GemmTest, IntegersAndHalf) {
   const Tensor a = Tensor::from_vector<int32_t>({2, 2}, {1, 2, 3, 4});
   const Tensor c = Tensor::from_vector<int32_t>({2}, {10, 20});

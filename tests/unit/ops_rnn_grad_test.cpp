@@ -271,6 +271,27 @@ TEST(RnnGradTest, DefaultLstmBatchSplitBetweenThreads) {
   omp_set_num_threads(saved);
 }
 
+// Weight gradients of 512 x 128 over 1024 rows (gates x hidden by input or hidden, over
+// seq x batch) run through oneDNN's matmul primitive in float32 (rnn.cpp
+// product_prefers_primitive), float64 through the reference loops: the two agree, for one
+// direction and for two (the second writes its own block of dW and dR).
+TEST(RnnGradTest, LargeWeightGradientsAgreeWithFloat64) {
+  for (const char* direction : {"forward", "bidirectional"}) {
+    const Config c{.name = direction, .op = "LSTM", .direction = direction, .S = 8, .N = 128, .I = 128, .H = 128};
+    SCOPED_TRACE(c.name);
+    const std::vector<Tensor> inputs = c.inputs(11);
+    Loss loss(c, inputs);
+    const std::vector<Tensor> r = output_gradients(loss, inputs, 91);
+    const std::vector<Tensor> got = run_grad(c, inputs, r);
+    const std::vector<Tensor> got32 = run_grad(c, cast_all(inputs, DataType::Float32), cast_all(r, DataType::Float32));
+    for (size_t i : {1, 2, 3}) {  // W, R (the products) and B; X's gradient takes other products
+      SCOPED_TRACE("gradient of input " + std::to_string(i));
+      // float32 sums over 1024 rows (and 8 recurrent steps) against float64.
+      expect_close(got32[i].cast(DataType::Float64), got[i], 2e-4, 1e-4);
+    }
+  }
+}
+
 TEST(RnnGradTest, GruLinearBeforeReset) {
   check({.name = "forward", .op = "GRU", .initial_h = true, .extra = {attr("linear_before_reset", int64_t{1})}});
   check({.name = "bidirectional, lens", .op = "GRU", .direction = "bidirectional", .lens = {1, 4, 3},
