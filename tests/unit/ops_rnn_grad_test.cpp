@@ -167,13 +167,24 @@ std::vector<Tensor> output_gradients(Loss& loss, const std::vector<Tensor>& inpu
   return r;
 }
 
+// The gradients of c's inputs (seed 11) for random output gradients (seed 91), in float64 and
+// in float32.
+struct Gradients {
+  std::vector<Tensor> inputs, r, got, got32;
+};
+Gradients gradients(const Config& c, Loss& loss) {
+  Gradients g;
+  g.inputs = c.inputs(11);
+  g.r = output_gradients(loss, g.inputs, 91);
+  g.got = run_grad(c, g.inputs, g.r);
+  g.got32 = run_grad(c, cast_all(g.inputs, DataType::Float32), cast_all(g.r, DataType::Float32));
+  return g;
+}
+
 void check(const Config& c) {
   SCOPED_TRACE(c.name);
-  const std::vector<Tensor> inputs = c.inputs(11);
-  Loss loss(c, inputs);
-  const std::vector<Tensor> r = output_gradients(loss, inputs, 91);
-  const std::vector<Tensor> got = run_grad(c, inputs, r);
-  const std::vector<Tensor> got32 = run_grad(c, cast_all(inputs, DataType::Float32), cast_all(r, DataType::Float32));
+  Loss loss(c, c.inputs(11));
+  const auto [inputs, r, got, got32] = gradients(c, loss);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i == 4 || !inputs[i].defined()) continue;
     SCOPED_TRACE("gradient of input " + std::to_string(i));
@@ -272,18 +283,17 @@ TEST(RnnGradTest, DefaultLstmBatchSplitBetweenThreads) {
 }
 
 // Weight gradients of 512 x 128 over 1024 rows (gates x hidden by input or hidden, over
-// seq x batch) run through oneDNN's matmul primitive in float32 (rnn.cpp
-// product_prefers_primitive), float64 through the reference loops: the two agree, for one
+// seq x batch) run through oneDNN's matmul primitive in float32 (ops/dnnl_util.h
+// transposed_a_prefers_matmul), float64 through the reference loops: the two agree, for one
 // direction and for two (the second writes its own block of dW and dR).
 TEST(RnnGradTest, LargeWeightGradientsAgreeWithFloat64) {
   for (const char* direction : {"forward", "bidirectional"}) {
     const Config c{.name = direction, .op = "LSTM", .direction = direction, .S = 8, .N = 128, .I = 128, .H = 128};
     SCOPED_TRACE(c.name);
-    const std::vector<Tensor> inputs = c.inputs(11);
-    Loss loss(c, inputs);
-    const std::vector<Tensor> r = output_gradients(loss, inputs, 91);
-    const std::vector<Tensor> got = run_grad(c, inputs, r);
-    const std::vector<Tensor> got32 = run_grad(c, cast_all(inputs, DataType::Float32), cast_all(r, DataType::Float32));
+    Loss loss(c, c.inputs(11));
+    const Gradients g = gradients(c, loss);
+    const auto& got = g.got;
+    const auto& got32 = g.got32;
     for (size_t i : {1, 2, 3}) {  // W, R (the products) and B; X's gradient takes other products
       SCOPED_TRACE("gradient of input " + std::to_string(i));
       // float32 sums over 1024 rows (and 8 recurrent steps) against float64.
