@@ -2,8 +2,10 @@
 """Every comparison of docs/performance.md in one command: the Fashion-MNIST MLP and CNN
 (bench/run_bench.py: training against PyTorch 2.13, inference against ONNX Runtime 1.30) and
 ResNet-18, the BERT encoder and the LSTM (bench/workloads.py: training against PyTorch eager and
-torch.compile, inference against ONNX Runtime, each workload's position against the sgemm
-peak), one after the other, each writing its tables into its section of docs/performance.md.
+torch.compile, inference against ONNX Runtime), each workload's position against the sgemm
+peak and against oneDNN's own kernels at its shapes timed alone (bench/gemm_peak.py,
+bench/conv_peak.py), one after the other, each writing its tables into its section of
+docs/performance.md.
 About 10 minutes on the 2-core development machine with the defaults below; run it on an
 otherwise idle machine (bench/shared_cores.py measures the loaded case on its own).
 
