@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "core/dispatch.h"
+#include "core/select.h"
 #include "ops/broadcast.h"
 #include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
@@ -618,26 +619,60 @@ void relu_in_place(T* y, int64_t n) {
   });
 }
 
-// Gemm, and ai.onnxtrain.FusedGemm (runtime/fusion.h fuse_gemm_relu: Gemm -> Relu) with `relu`.
+// What ai.onnxtrain.FusedGemm applies to the product (runtime/fusion.h fuse_gemm_relu): Relu,
+// or ReluGrad's mask, dX = product where Y > 0, else 0, with Y its input 3.
+enum class GemmActivation { None, Relu, ReluGrad };
+
+// dx = dx where y > 0, else 0 (ai.onnxtrain.ReluGrad's rule), in place.
+template <class T>
+void relu_grad_mask(const T* y, T* dx, int64_t n) {
+  parallel_for(n, kParallelGrain, [=](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      dx[i] = select_bits(static_cast<compute_t<T>>(y[i]) > compute_t<T>(0), dx[i], T(0));
+    }
+  });
+}
+
+// Gemm, and ai.onnxtrain.FusedGemm with an activation.
 class GemmKernel final : public Kernel {
  public:
-  GemmKernel(GemmAttrs attrs, bool constant_b, bool relu = false)
-      : attrs_(attrs), constant_b_(constant_b), relu_(relu) {}
+  GemmKernel(GemmAttrs attrs, bool constant_b, GemmActivation activation = GemmActivation::None)
+      : attrs_(attrs), constant_b_(constant_b), relu_(activation == GemmActivation::Relu),
+        relu_grad_(activation == GemmActivation::ReluGrad) {}
 
   void run(KernelContext& ctx) override {
     const GemmShape s = gemm_shape(ctx, attrs_);
     const Tensor& a = ctx.input(0);
     const Shape out{s.M, s.N};
+    if (relu_grad_) {
+      const Tensor& y = ctx.input(3);
+      if (y.dtype() != a.dtype() || !(y.shape() == out) || !is_floating(y.dtype())) {
+        fail("input " + ctx.input_name(3) + " (ReluGrad's Y) is " + y.description() + ", expected " +
+             std::string(dtype_name(a.dtype())) + " of the product's shape " + out.to_string() +
+             " and a floating-point type");
+      }
+    }
     visit_dtype<NumericTypes>(a.dtype(), "Gemm input " + ctx.input_name(0), [&]<class T>() {
       const Tensor& b = ctx.input(1);
       const Tensor c = ctx.has_input(2) ? ctx.input(2) : Tensor();
+      // ReluGrad's mask on the result (float types only: FusedGemm's ReluGrad takes no others).
+      const auto mask = [&](Tensor& result) {
+        if constexpr (is_float_v<T>) {
+          if (relu_grad_) relu_grad_mask<T>(ctx.input(3).data<T>(), result.data<T>(), result.numel());
+        }
+      };
       if constexpr (is_half_v<T>) {
         Tensor y(DataType::Float32, out);
         const Tensor c32 = c.defined() ? c.cast(DataType::Float32) : Tensor();
         compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), c32, y);
-        ctx.set_output(0, y.cast(a.dtype()));  // Relu commutes with the rounding to half
+        Tensor rounded = y.cast(a.dtype());  // Relu commutes with the rounding to half
+        mask(rounded);
+        ctx.set_output(0, std::move(rounded));
       } else {
-        compute<T>(s, a, b, c, ctx.allocate_output(0, a.dtype(), out));
+        Tensor& y = ctx.allocate_output(0, a.dtype(), out);
+        compute<T>(s, a, b, c, y);
+        mask(y);
       }
     });
   }
@@ -794,6 +829,7 @@ class GemmKernel final : public Kernel {
   GemmAttrs attrs_;
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
   bool relu_ = false;        // FusedGemm: Relu after the product
+  bool relu_grad_ = false;   // FusedGemm: ReluGrad's mask (input 3) after the product
   du::PrimitiveCache<MatMulEntry> cache_;
   ConstantWeightsProduct constant_product_;
 };
@@ -834,8 +870,11 @@ std::unique_ptr<Kernel> make_gemm(const KernelInit& init) {
 
 std::unique_ptr<Kernel> make_fused_gemm(const KernelInit& init) {
   const std::string activation = init.attr_string("activation", "");
-  if (activation != "Relu") fail("attribute activation is '" + activation + "', expected 'Relu'");
-  return std::make_unique<GemmKernel>(gemm_attrs(init), init.input_is_constant(1), true);
+  if (activation != "Relu" && activation != "ReluGrad") {
+    fail("attribute activation is '" + activation + "', expected 'Relu' or 'ReluGrad'");
+  }
+  return std::make_unique<GemmKernel>(gemm_attrs(init), init.input_is_constant(1),
+                                      activation == "Relu" ? GemmActivation::Relu : GemmActivation::ReluGrad);
 }
 
 }  // namespace onnxtrain::ops

@@ -418,7 +418,43 @@ int fuse_relu_into(onnx::GraphProto& graph, const char* op, const char* fused_op
 
 int fuse_conv_relu(onnx::GraphProto& graph) { return fuse_relu_into(graph, "Conv", "FusedConv"); }
 
-int fuse_gemm_relu(onnx::GraphProto& graph) { return fuse_relu_into(graph, "Gemm", "FusedGemm"); }
+int fuse_gemm_relu(onnx::GraphProto& graph) {
+  int fused = fuse_relu_into(graph, "Gemm", "FusedGemm");
+  std::vector<std::pair<int, int>> pairs;  // (Gemm, ReluGrad)
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& grad = graph.node(i);
+      if (grad.domain() != kInternalDomain || grad.op_type() != "ReluGrad" || grad.input_size() != 2 ||
+          grad.output_size() != 1) {
+        continue;
+      }
+      const std::string& dx = grad.input(1);
+      const onnx::NodeProto* gemm = m.producer(dx);
+      if (!gemm || !is_onnx_op(*gemm, "Gemm") || gemm->output_size() != 1 || m.sole_reader(dx) != i) continue;
+      // The fused node takes the Gemm's place: Y must be ready there.
+      if (m.producer_index(grad.input(0)) > m.producer_index(dx)) continue;
+      pairs.emplace_back(m.producer_index(dx), i);
+    }
+  }
+  if (pairs.empty()) return fused;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [gemm, grad] : pairs) {
+    onnx::NodeProto& node = *graph.mutable_node(gemm);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("FusedGemm");
+    while (node.input_size() < 3) node.add_input("");  // C absent
+    node.add_input(graph.node(grad).input(0));
+    node.set_output(0, graph.node(grad).output(0));
+    auto* attr = node.add_attribute();
+    attr->set_name("activation");
+    attr->set_type(onnx::AttributeProto::STRING);
+    attr->set_s("ReluGrad");
+    drop[static_cast<size_t>(grad)] = true;
+  }
+  drop_nodes(graph, drop);
+  return fused + static_cast<int>(pairs.size());
+}
 
 namespace {
 // The tensor of `name` when it is a constant: an initializer that is not a graph input (a run

@@ -54,8 +54,12 @@ int fuse_conv_relu(onnx::GraphProto& graph);
 // and attributes, activation = "Relu") writing the Relu's output: oneDNN's matmul applies Relu
 // in its epilogue where it runs the product (float32), the other paths in the same kernel. In a
 // training graph the backward pass reads the Relu's output (ReluGrad), so it applies there too:
-// the MLP's hidden layers. Run after fuse_matrix_products (whose Gemm folds look for Gemm
-// nodes). Results equal the two ops' (Relu keeps NaN). Returns the number of pairs fused.
+// the MLP's hidden layers. Likewise each ai.onnxtrain.ReluGrad(Y, dX) whose dX is such a Gemm's
+// output (the backward pass's input gradient of the layer above) becomes a FusedGemm with
+// activation = "ReluGrad" and Y as input 3 (C as "" when absent), applying the mask
+// dX where Y > 0, else 0 in the same kernel. Run after fuse_matrix_products (whose Gemm folds
+// look for Gemm nodes). Results equal the two ops' (Relu keeps NaN). Returns the number of pairs
+// fused.
 int fuse_gemm_relu(onnx::GraphProto& graph);
 
 // Runs chains of convolutions in the channels-last layout ([N, D..., C], what oneDNN's

@@ -1,11 +1,12 @@
-// runtime/fusion.h fuse_gemm_relu: Gemm -> Relu becomes one ai.onnxtrain.FusedGemm whose values
-// equal the two ops' on every path of the Gemm kernel (constant weights through oneDNN with the
+// runtime/fusion.h fuse_gemm_relu: Gemm -> Relu (and ReluGrad(Y, Gemm)) becomes one
+// ai.onnxtrain.FusedGemm whose values equal the two ops' on every path of the Gemm kernel (constant weights through oneDNN with the
 // bias and Relu in the primitive, weights that are inputs through the primitive or sgemm, one
 // row, a full C with alpha and beta, integers, float16, NaN kept); the pair stays when the
 // product is read elsewhere; training through the fused layer agrees with the unfused run.
 #include <cmath>
 #include <limits>
 
+#include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/make_trainable.h"
 #include "onnxtrain/session.h"
@@ -143,6 +144,60 @@ TEST(GemmReluFusion, AProductReadElsewhereKeepsThePair) {
   EXPECT_EQ(count_op(g, "Gemm") + count_op(g, "Relu"), 2);
 }
 
+// ReluGrad(Y, Gemm(...)): the backward pass's input gradient of the layer above, masked where
+// the layer's Relu output Y is not positive (NaN and -0 in Y mask too), in the same kernel, on
+// the kernel's paths; and a Y of another shape is an error naming it.
+TEST(GemmReluFusion, AReluGradOfAGemmIsMaskedInTheKernel) {
+  const Case cases[] = {
+      {"weights that are inputs, plain B (sgemm: a backward pass's dY W)", 6, false, false, false},
+      {"transB (the primitive)", 6, false, false, true},
+      {"constant weights", 6, true, false, true},
+      {"one row", 1, false, false, false},
+      {"no C", 6, false, false, false, false, true},
+      {"float16", 6, false, false, false, false, false, onnx::TensorProto::FLOAT16},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto [m, feeds] = gemm_relu(c);
+    auto* g = m.mutable_graph();
+    for (auto& node : *g->mutable_node()) {
+      if (node.op_type() != "Relu") continue;
+      node.set_op_type("ReluGrad");
+      node.set_domain("ai.onnxtrain");
+      node.clear_input();
+      node.add_input("mask_y");
+      node.add_input("z");
+    }
+    auto* internal = m.add_opset_import();
+    internal->set_domain("ai.onnxtrain");
+    internal->set_version(1);
+    testing::typed_value(g->add_input(), "mask_y", c.dtype, {});
+    Tensor y = testing::random_f64(Shape{c.m, kN}, 4);
+    y.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+    y.data<double>()[1] = -0.0;
+    feeds["mask_y"] = y.cast(dtype_of(c.dtype));
+    onnx::GraphProto fused = m.graph();
+    EXPECT_EQ(runtime::fuse_gemm_relu(fused), 1);
+    EXPECT_EQ(count_op(fused, "FusedGemm"), 1);
+    EXPECT_EQ(count_op(fused, "ReluGrad") + count_op(fused, "Gemm"), 0);
+    const auto got = runtime::Session(m).run(feeds).at("y");
+    const auto want = runtime::Session(m, {.fuse = false}).run(feeds).at("y");
+    expect_close(got, want, c.dtype == onnx::TensorProto::FLOAT16 ? 1e-3 : 1e-6, 1e-6);
+    const auto v = got.to_double_vector();
+    EXPECT_EQ(v[0], 0.0);
+    EXPECT_EQ(v[1], 0.0);
+    EXPECT_GT(std::count(v.begin(), v.end(), 0.0), 2);
+    EXPECT_GT(std::count_if(v.begin(), v.end(), [](double x) { return x < 0; }), 0);  // dX passes where Y > 0
+    feeds["mask_y"] = testing::random_f64(Shape{c.m + 1, kN}, 5).cast(dtype_of(c.dtype));
+    try {
+      runtime::Session(m).run(feeds);
+      ADD_FAILURE() << "a Y of another shape ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mask_y"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // An MLP trained with Adam: the training graph's hidden layers fuse (their weights are inputs
 // there, and the backward pass reads the Relu's output), and ten steps agree with the unfused run.
 TEST(GemmReluFusion, TrainingThroughTheFusedLayersAgreesWithoutIt) {
@@ -174,8 +229,8 @@ TEST(GemmReluFusion, TrainingThroughTheFusedLayersAgreesWithoutIt) {
   onnx::GraphProto step = training::combine_graphs(model.graph(), model.training_info(0).algorithm());
   autodiff::expand_gradients(step, {{"", 17}, {"ai.onnx.preview.training", 1}}, "mlp");
   runtime::fuse_matrix_products(step);
-  EXPECT_EQ(runtime::fuse_gemm_relu(step), 2);
-  EXPECT_EQ(count_op(step, "Relu"), 0);
+  EXPECT_EQ(runtime::fuse_gemm_relu(step), 4);  // two Relus, and the two ReluGrads of their gradients
+  EXPECT_EQ(count_op(step, "Relu") + count_op(step, "ReluGrad"), 0);
   std::vector<int64_t> labels(8);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i % 5);
   const runtime::NamedTensors batch{{"x", testing::random_f64(Shape{8, kK}, 3).cast(DataType::Float32)},
