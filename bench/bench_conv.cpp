@@ -171,25 +171,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed runs per primitive; the fastest counts")->check(CLI::PositiveNumber);
   app.add_flag("--inference", inference, "forward_inference only");
   CLI11_PARSE(app, argc, argv);
-  try {
-    if (threads > 0) omp_set_num_threads(threads);
-    const nlohmann::json shapes = read_json_list(shapes_path);
-    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    dnnl::stream stream(engine);
-    nlohmann::json out{{"convolutions", nlohmann::json::array()}};
-    double total = 0, gflop = 0;
-    for (const auto& j : shapes) {
-      nlohmann::json r = measure(shape_of(j), inference, repeats, engine, stream);
-      total += r["total_ms"].get<double>();
-      gflop += r["gflop"].get<double>();
-      out["convolutions"].push_back(std::move(r));
-    }
-    out["total_ms"] = total;
-    out["gflop"] = gflop;
-    std::cout << out.dump() << "\n";
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  }
-  return 0;
+  return measure_each(shapes_path, threads, "convolutions",
+                      [&](const nlohmann::json& j, const dnnl::engine& engine, dnnl::stream& stream) {
+                        return measure(shape_of(j), inference, repeats, engine, stream);
+                      });
 }

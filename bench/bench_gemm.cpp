@@ -14,8 +14,10 @@
 // dnnl_sgemm (once per batch entry) and oneDNN's matmul primitive (one call over the batch,
 // operands described by strides, so no reorder is timed). The faster of the two is the product's
 // time. Output, one JSON object:
-//   {"products": [{"what", "sgemm_ms", "matmul_ms", "ms", "gflop"}...], "total_ms", "gflop"}
-// where total_ms sums ms x count and gflop counts 2 FLOPs per multiply-add, times count.
+//   {"products": [{"what", "sgemm_ms", "matmul_ms", "ms", "count", "total_ms", "gflop"}...],
+//    "total_ms", "gflop"}
+// where a product's total_ms is ms x count, the sums add them, and gflop counts 2 FLOPs per
+// multiply-add, times count.
 #include <dnnl.h>
 #include <omp.h>
 
@@ -119,6 +121,7 @@ nlohmann::json measure(const Product& p, int repeats, const dnnl::engine& engine
           {"matmul_implementation", pd.impl_info_str()},
           {"ms", std::min(sgemm_ms, matmul_ms)},
           {"count", p.count},
+          {"total_ms", std::min(sgemm_ms, matmul_ms) * static_cast<double>(p.count)},
           {"gflop", gflop}};
 }
 
@@ -133,25 +136,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed runs per product and method; the fastest counts")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  try {
-    if (threads > 0) omp_set_num_threads(threads);
-    const nlohmann::json shapes = read_json_list(shapes_path);
-    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    dnnl::stream stream(engine);
-    nlohmann::json out{{"products", nlohmann::json::array()}};
-    double total = 0, gflop = 0;
-    for (const auto& j : shapes) {
-      nlohmann::json r = measure(product_of(j), repeats, engine, stream);
-      total += r["ms"].get<double>() * r["count"].get<double>();
-      gflop += r["gflop"].get<double>();
-      out["products"].push_back(std::move(r));
-    }
-    out["total_ms"] = total;
-    out["gflop"] = gflop;
-    std::cout << out.dump() << "\n";
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  }
-  return 0;
+  return measure_each(shapes_path, threads, "products",
+                      [&](const nlohmann::json& j, const dnnl::engine& engine, dnnl::stream& stream) {
+                        return measure(product_of(j), repeats, engine, stream);
+                      });
 }

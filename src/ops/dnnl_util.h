@@ -35,18 +35,6 @@ dnnl::memory::desc plain_f32(const dnnl::memory::dims& dims);
 // A float32 descriptor with explicit element strides (transposed or permuted views).
 dnnl::memory::desc strided_f32(const dnnl::memory::dims& dims, const dnnl::memory::dims& strides);
 
-// Whether C [M, N] = A^T B over K rows (A stored [K, M], B [K, N], row-major) runs faster through
-// oneDNN's matmul primitive, A described by strides, than through sgemm with a transposed A: for
-// large outputs with more rows than columns, such as a weight gradient dW = dY^T X of a layer
-// whose outputs outnumber its inputs (BERT's first feed-forward layer, 1024 x 256 over 4096 rows)
-// or a recurrent layer's dW and dR (gates x hidden by input or hidden, over seq x batch rows).
-// Measured alone on this project's two EPYC cores (the fastest of 10, bench/bench_gemm.cpp):
-// [1024, 256] over 4096 rows 4.7-5.1 ms against 5.5-7.0; [1024, 32] 0.74-0.75 against 0.70-0.72
-// and [256, 1024] (fewer rows than columns) 5.4 against 4.6, so those keep sgemm.
-inline bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K) {
-  return N >= 128 && M > N && M * N * K >= (int64_t{1} << 26);
-}
-
 // Calls f(); a dnnl::error becomes Error("oneDNN could not <what>: <oneDNN's message>").
 template <class F>
 auto checked(const std::string& what, F&& f) -> decltype(f()) {

@@ -27,6 +27,7 @@
 #include "ops/broadcast.h"
 #include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
+#include "ops/matmul_primitive.h"
 #include "ops/factories.h"
 #include "ops/matmul_shape.h"
 #include "ops/spatial_attrs.h"
@@ -41,50 +42,14 @@ namespace du = dnnl_util;
 // oneDNN memory descriptors have at most this many dims.
 constexpr size_t kDnnlMaxRank = DNNL_MAX_NDIMS;
 
-// A primitive with the memory objects of its arguments, rebound to new buffers on every run.
-struct MatMulEntry {
-  bool use_reference = false;  // oneDNN has no implementation for these shapes
-  dnnl::matmul primitive;
-  dnnl::memory src, weights, bias, dst;        // bias: only when planned with one
-  std::unordered_map<int, dnnl::memory> args;  // the memories above by role
-};
-
-// `bias`: a zero desc (the default) for none, else the bias the primitive adds in its epilogue.
-MatMulEntry make_entry(const dnnl::memory::desc& src, const dnnl::memory::desc& weights,
-                       const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr,
-                       const dnnl::memory::desc& bias = {}) {
-  MatMulEntry entry;
-  const dnnl::engine& engine = du::cpu_engine();
-  const bool has_bias = !bias.is_zero();
-  try {
-    dnnl::matmul::primitive_desc pd(has_bias ? dnnl::matmul::desc(src, weights, bias, dst)
-                                             : dnnl::matmul::desc(src, weights, dst),
-                                    attr, engine);
-    entry.primitive = dnnl::matmul(pd);
-  } catch (const dnnl::error&) {  // no implementation for these shapes: use the reference
-    entry.use_reference = true;
-    return entry;
-  }
-  du::checked("prepare matmul memories", [&] {
-    entry.src = dnnl::memory(src, engine, nullptr);
-    entry.weights = dnnl::memory(weights, engine, nullptr);
-    entry.dst = dnnl::memory(dst, engine, nullptr);
-    if (has_bias) entry.bias = dnnl::memory(bias, engine, nullptr);
-  });
-  entry.args = {
-      {DNNL_ARG_SRC, entry.src}, {DNNL_ARG_WEIGHTS, entry.weights}, {DNNL_ARG_DST, entry.dst}};
-  if (has_bias) entry.args[DNNL_ARG_BIAS] = entry.bias;
-  return entry;
-}
-
 // Whether a 2-D float32 product A' B' runs through oneDNN's sgemm rather than its matmul
 // primitive: unless only B is transposed (or only A, at the shapes named below). The primitive
 // (brgemm) is slower when it must read a plain B or a transposed A; on two Xeon cores, the CNN's fc1 (M = 128, K/N = 3136 and 1024):
 // dX = dY W (plain B) 3.4 ms by the primitive, 2.2 ms by sgemm; dW = dY^T X (transposed A)
 // 2.7 and 2.1 ms; the forward X W^T 2.2 and 2.3 ms. The MLP's 512-wide layers run alike both ways.
-// A transposed A alone goes to the primitive where du::transposed_a_prefers_matmul says so.
+// A transposed A alone goes to the primitive where transposed_a_prefers_matmul says so.
 bool use_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
-  if (trans_a && !trans_b && du::transposed_a_prefers_matmul(M, N, K)) return false;
+  if (trans_a && !trans_b && transposed_a_prefers_matmul(M, N, K)) return false;
   return trans_a || !trans_b;
 }
 
@@ -95,19 +60,6 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   du::checked("run sgemm", [&] {
     dnnl::sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, trans_a ? M : K, b,
                 trans_b ? K : N, beta, y, N);
-  });
-}
-
-// `bias`: for an entry planned with one.
-void execute(MatMulEntry& entry, const float* a, const float* b, float* y, const float* bias = nullptr) {
-  dnnl::stream& stream = du::cpu_stream();
-  du::checked("run a matmul", [&] {
-    entry.src.set_data_handle(const_cast<float*>(a));
-    entry.weights.set_data_handle(const_cast<float*>(b));
-    entry.dst.set_data_handle(y);
-    if (bias) entry.bias.set_data_handle(const_cast<float*>(bias));
-    entry.primitive.execute(stream, entry.args);
-    stream.wait();
   });
 }
 
@@ -638,14 +590,13 @@ void relu_grad_mask(const T* y, T* dx, int64_t n) {
 class GemmKernel final : public Kernel {
  public:
   GemmKernel(GemmAttrs attrs, bool constant_b, GemmActivation activation = GemmActivation::None)
-      : attrs_(attrs), constant_b_(constant_b), relu_(activation == GemmActivation::Relu),
-        relu_grad_(activation == GemmActivation::ReluGrad) {}
+      : attrs_(attrs), constant_b_(constant_b), activation_(activation) {}
 
   void run(KernelContext& ctx) override {
     const GemmShape s = gemm_shape(ctx, attrs_);
     const Tensor& a = ctx.input(0);
     const Shape out{s.M, s.N};
-    if (relu_grad_) {
+    if (activation_ == GemmActivation::ReluGrad) {
       const Tensor& y = ctx.input(3);
       if (y.dtype() != a.dtype() || !(y.shape() == out) || !is_floating(y.dtype())) {
         fail("input " + ctx.input_name(3) + " (ReluGrad's Y) is " + y.description() + ", expected " +
@@ -659,7 +610,7 @@ class GemmKernel final : public Kernel {
       // ReluGrad's mask on the result (float types only: FusedGemm's ReluGrad takes no others).
       const auto mask = [&](Tensor& result) {
         if constexpr (is_float_v<T>) {
-          if (relu_grad_) relu_grad_mask<T>(ctx.input(3).data<T>(), result.data<T>(), result.numel());
+          if (activation_ == GemmActivation::ReluGrad) relu_grad_mask<T>(ctx.input(3).data<T>(), result.data<T>(), result.numel());
         }
       };
       if constexpr (is_half_v<T>) {
@@ -678,14 +629,14 @@ class GemmKernel final : public Kernel {
   }
 
  private:
-  // y = Gemm(a, b, c), with Relu applied when relu_.
+  // y = Gemm(a, b, c), with Relu applied for activation_ Relu.
   template <class T>
   void compute(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y) {
     if (y.numel() == 0) return;
-    if (!product<T>(s, a, b, c, y) && relu_) relu_in_place<T>(y.data<T>(), y.numel());
+    if (!product<T>(s, a, b, c, y) && activation_ == GemmActivation::Relu) relu_in_place<T>(y.data<T>(), y.numel());
   }
 
-  // y = Gemm(a, b, c); true when Relu (relu_) was applied too.
+  // y = Gemm(a, b, c); true when activation_ Relu was applied too.
   template <class T>
   bool product(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y) {
     const T* c_data = s.use_c ? c.data<T>() : nullptr;
@@ -739,7 +690,7 @@ class GemmKernel final : public Kernel {
   // these loops, parallel over N and vectorized along the rows of B, read B once at memory speed.
   void gemv(const GemmShape& s, const float* a, const float* b, const float* c, float* y) const {
     const float alpha = attrs_.alpha, beta = attrs_.beta;
-    const bool relu = relu_;
+    const bool relu = activation_ == GemmActivation::Relu;
     auto epilogue = [&](int64_t j, float dot) {
       const float cv = c ? beta * c[s.c_cols == 1 ? 0 : j] : 0.0f;
       const float v = alpha * dot + cv;
@@ -804,7 +755,7 @@ class GemmKernel final : public Kernel {
   }
 
   // dst = alpha * A' B' (+ beta * dst, dst prefilled with C) for the layouts that do not run
-  // through sgemm (use_sgemm: A B^T, and A^T B at the shapes du::transposed_a_prefers_matmul
+  // through sgemm (use_sgemm: A B^T, and A^T B at the shapes transposed_a_prefers_matmul
   // names): alpha is the output scale, beta a sum post-op, a transposed operand is expressed by
   // its strides. With `epilogue_bias` (alpha = beta = 1, C one row of N: a linear layer) the
   // primitive adds C itself instead of a pass filling dst: the MLP's training step (its weights
@@ -828,8 +779,7 @@ class GemmKernel final : public Kernel {
 
   GemmAttrs attrs_;
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
-  bool relu_ = false;        // FusedGemm: Relu after the product
-  bool relu_grad_ = false;   // FusedGemm: ReluGrad's mask (input 3) after the product
+  GemmActivation activation_ = GemmActivation::None;  // FusedGemm's
   du::PrimitiveCache<MatMulEntry> cache_;
   ConstantWeightsProduct constant_product_;
 };

@@ -73,6 +73,7 @@
 #include "core/simd.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
+#include "ops/matmul_primitive.h"
 #include "ops/rnn_onednn.h"
 
 namespace onnxtrain::ops {
@@ -368,49 +369,33 @@ RnnTensors load_inputs(const KernelContext& ctx, const RnnAttrs& a, bool to_floa
 // Matrix products
 
 namespace {
-// c [M, N] (+)= a^T [M, K] b [K, N] by oneDNN's matmul primitive, a stored [K, M], every operand
-// described by its leading dimension (accumulate: a sum post-op). The primitives are kept per
-// thread (their memory objects are rebound per call) by shape.
-void transposed_a_product(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+// c [M, N] (+)= a^T [M, K] b [K, N] by oneDNN's matmul primitive (ops/matmul_primitive.h), a
+// stored [K, M], every operand described by its leading dimension (accumulate: a sum post-op).
+// The entries are kept per thread (their memory objects are rebound per call) by shape. False
+// when oneDNN has no implementation (the caller's sgemm then).
+bool transposed_a_product(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
                           int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  struct Entry {
-    dnnl::matmul primitive;
-    dnnl::memory a, b, c;
-  };
   namespace du = dnnl_util;
-  thread_local std::map<std::array<int64_t, 8>, Entry> cache;
+  thread_local std::map<std::array<int64_t, 8>, MatMulEntry> cache;
   const std::array<int64_t, 8> key{M, N, K, lda, ldb, ldc, accumulate ? 1 : 0, omp_get_max_threads()};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= 16) cache.clear();  // a handful of shapes per model
-    Entry e;
-    du::checked("plan a weight gradient's product", [&] {
-      const auto a_md = du::strided_f32({M, K}, {1, lda});
-      const auto b_md = du::strided_f32({K, N}, {ldb, 1});
-      const auto c_md = du::strided_f32({M, N}, {ldc, 1});
-      dnnl::primitive_attr attr;
-      if (accumulate) {
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      du::checked("set a sum post-op", [&] {
         dnnl::post_ops ops;
         ops.append_sum(1.0f);
         attr.set_post_ops(ops);
-      }
-      const dnnl::engine& engine = du::cpu_engine();
-      e.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine));
-      e.a = dnnl::memory(a_md, engine, nullptr);
-      e.b = dnnl::memory(b_md, engine, nullptr);
-      e.c = dnnl::memory(c_md, engine, nullptr);
-    });
-    it = cache.emplace(key, std::move(e)).first;
+      });
+    }
+    it = cache.emplace(key, make_entry(du::strided_f32({M, K}, {1, lda}), du::strided_f32({K, N}, {ldb, 1}),
+                                       du::strided_f32({M, N}, {ldc, 1}), attr))
+             .first;
   }
-  Entry& e = it->second;
-  du::checked("run a weight gradient's product", [&] {
-    e.a.set_data_handle(const_cast<float*>(a));
-    e.b.set_data_handle(const_cast<float*>(b));
-    e.c.set_data_handle(c);
-    dnnl::stream& stream = du::cpu_stream();
-    e.primitive.execute(stream, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
-    stream.wait();
-  });
+  if (it->second.use_reference) return false;
+  execute(it->second, a, b, c);
+  return true;
 }
 }  // namespace
 
@@ -420,8 +405,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
   if (M == 0 || N == 0) return;
   if constexpr (std::is_same_v<V, float>) {
     // Outside parallel regions only: the per-thread recurrences call this too, on their own rows.
-    if (trans_a && !trans_b && dnnl_util::transposed_a_prefers_matmul(M, N, K) && !omp_in_parallel()) {
-      transposed_a_product(M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+    if (trans_a && !trans_b && transposed_a_prefers_matmul(M, N, K) && !omp_in_parallel() &&
+        transposed_a_product(M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
       return;
     }
   }

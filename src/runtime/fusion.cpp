@@ -261,12 +261,13 @@ bool is_onnx_op(const onnx::NodeProto& node, const char* op_type) {
   return (node.domain().empty() || node.domain() == "ai.onnx") && node.op_type() == op_type;
 }
 
-// Marks a fused node as ending in Relu (attribute activation = "Relu").
-void add_relu_activation(onnx::NodeProto& node) {
+// Marks a fused node as ending in `activation` (attribute activation: "Relu", or "ReluGrad" for
+// FusedGemm).
+void add_activation(onnx::NodeProto& node, const char* activation = "Relu") {
   auto* attr = node.add_attribute();
   attr->set_name("activation");
   attr->set_type(onnx::AttributeProto::STRING);
-  attr->set_s("Relu");
+  attr->set_s(activation);
 }
 
 // The value names of a graph (inputs, initializers, every node's inputs and outputs), to give
@@ -368,7 +369,7 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
     const onnx::NodeProto& pool = graph.node(c.pool);
     fused.add_output(pool.output(0));
     if (c.relu >= 0) {
-      add_relu_activation(fused);
+      add_activation(fused);
       drop[static_cast<size_t>(c.relu)] = true;
     }
     for (const auto& attr : pool.attribute()) {
@@ -385,6 +386,25 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
 }
 
 namespace {
+// For each (producer, activation node) pair: the producer becomes the internal `fused_op` with
+// attribute activation = `activation`, writing the activation node's output; the activation
+// nodes go. Returns the number of pairs.
+int fold_into_producers(onnx::GraphProto& graph, const std::vector<std::pair<int, int>>& pairs, const char* fused_op,
+                        const char* activation) {
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [producer, act] : pairs) {
+    onnx::NodeProto& node = *graph.mutable_node(producer);
+    node.set_domain(kInternalDomain);
+    node.set_op_type(fused_op);
+    node.set_output(0, graph.node(act).output(0));
+    add_activation(node, activation);
+    drop[static_cast<size_t>(act)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 // Replaces each `op` node (ONNX domain) whose one output only a Relu reads with an internal
 // `fused_op` node of the same inputs and attributes plus activation = "Relu", writing the Relu's
 // output. Returns the number of pairs fused.
@@ -401,18 +421,7 @@ int fuse_relu_into(onnx::GraphProto& graph, const char* op, const char* fused_op
       pairs.emplace_back(m.producer_index(x), i);
     }
   }
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [producer, relu] : pairs) {
-    onnx::NodeProto& node = *graph.mutable_node(producer);
-    node.set_domain(kInternalDomain);
-    node.set_op_type(fused_op);
-    node.set_output(0, graph.node(relu).output(0));
-    add_relu_activation(node);
-    drop[static_cast<size_t>(relu)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  return fold_into_producers(graph, pairs, fused_op, "Relu");
 }
 }  // namespace
 
@@ -437,23 +446,12 @@ int fuse_gemm_relu(onnx::GraphProto& graph) {
       pairs.emplace_back(m.producer_index(dx), i);
     }
   }
-  if (pairs.empty()) return fused;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [gemm, grad] : pairs) {
+  for (const auto& [gemm, grad] : pairs) {  // Y becomes input 3, after C ("" when absent)
     onnx::NodeProto& node = *graph.mutable_node(gemm);
-    node.set_domain(kInternalDomain);
-    node.set_op_type("FusedGemm");
-    while (node.input_size() < 3) node.add_input("");  // C absent
+    while (node.input_size() < 3) node.add_input("");
     node.add_input(graph.node(grad).input(0));
-    node.set_output(0, graph.node(grad).output(0));
-    auto* attr = node.add_attribute();
-    attr->set_name("activation");
-    attr->set_type(onnx::AttributeProto::STRING);
-    attr->set_s("ReluGrad");
-    drop[static_cast<size_t>(grad)] = true;
   }
-  drop_nodes(graph, drop);
-  return fused + static_cast<int>(pairs.size());
+  return fused + fold_into_producers(graph, pairs, "FusedGemm", "ReluGrad");
 }
 
 namespace {
@@ -1189,7 +1187,7 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   for (const auto& [pool_grad, relu_grad] : pairs) {
     onnx::NodeProto& node = *graph.mutable_node(pool_grad);
     node.set_output(0, graph.node(relu_grad).output(0));
-    add_relu_activation(node);
+    add_activation(node);
     drop[static_cast<size_t>(relu_grad)] = true;
   }
   drop_nodes(graph, drop);
@@ -1640,7 +1638,7 @@ int fuse_conv_add(onnx::GraphProto& graph) {
     fused.add_input(match.z);
     fused.set_output(0, graph.node(match.relu >= 0 ? match.relu : match.add).output(0));
     if (match.relu >= 0) {
-      add_relu_activation(fused);
+      add_activation(fused);
       drop[static_cast<size_t>(match.relu)] = true;
     }
     drop[static_cast<size_t>(match.conv)] = true;
