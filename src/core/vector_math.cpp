@@ -27,6 +27,8 @@ void exp(const float* x, float* y, int64_t n);
 void sigmoid(const float* x, float* y, int64_t n);
 void tanh(const float* x, float* y, int64_t n);
 void erf(const float* x, float* y, int64_t n);
+void gelu(const float* x, float* y, int64_t n);
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
 }  // namespace avx512
 #endif
 
@@ -79,6 +81,14 @@ void exp(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(exp); }
 void sigmoid(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(sigmoid); }
 void tanh(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(tanh); }
 void erf(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(erf); }
+void gelu(const float* x, float* y, int64_t n) { ONNXTRAIN_VMATH_DISPATCH(gelu); }
+
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) {
+#if defined(ONNXTRAIN_VMATH_AVX512)
+  if (lanes() == 16) return avx512::gelu_backward(dy, x, dx, n);
+#endif
+  gelu_backward_n(dy, x, dx, n);
+}
 
 #undef ONNXTRAIN_VMATH_DISPATCH
 

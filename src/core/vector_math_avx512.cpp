@@ -19,6 +19,8 @@ void exp(const float* x, float* y, int64_t n) { exp_n(x, y, n); }
 void sigmoid(const float* x, float* y, int64_t n) { sigmoid_n(x, y, n); }
 void tanh(const float* x, float* y, int64_t n) { tanh_n(x, y, n); }
 void erf(const float* x, float* y, int64_t n) { erf_n(x, y, n); }
+void gelu(const float* x, float* y, int64_t n) { gelu_n(x, y, n); }
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) { gelu_backward_n(dy, x, dx, n); }
 }  // namespace avx512
 
 }  // namespace onnxtrain::vmath

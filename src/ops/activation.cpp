@@ -112,30 +112,16 @@ void require_same(const KernelContext& ctx, int i, int j) {
   }
 }
 
-// float32 Gelu (approximate "none") and its derivative in blocks through core/vector_math's
-// erf and exp (within 1.5 ulp), which the per-element std::erf / std::exp above do not vectorize:
-// y = 0.5 x (1 + erf(x / sqrt 2)), dx = dy (0.5 (1 + erf(x / sqrt 2)) + x e^(-x^2 / 2) / sqrt(2 pi)).
+// float32 Gelu (approximate "none") and its derivative through core/vector_math's gelu and
+// gelu_backward (one pass, one e^(-x^2 / 2) per element for both Phi and phi), which the
+// per-element std::erf / std::exp above do not vectorize. out = Gelu(x) when dy is null, else
+// dy Gelu'(x).
 void gelu_float(const float* x, const float* dy, float* out, int64_t n) {
-  constexpr int64_t kBlock = 256;
-  const auto half_sqrt2 = static_cast<float>(std::numbers::sqrt2 / 2);
-  const auto inv_sqrt_2pi = static_cast<float>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
   parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
-    float erf_part[kBlock], exp_part[kBlock];
-    for (int64_t b = begin; b < end; b += kBlock) {
-      const int64_t m = std::min(kBlock, end - b);
-      const float* xb = x + b;
-      for (int64_t i = 0; i < m; ++i) erf_part[i] = xb[i] * half_sqrt2;
-      vmath::erf(erf_part, erf_part, m);
-      if (!dy) {
-        for (int64_t i = 0; i < m; ++i) out[b + i] = 0.5f * xb[i] * (1.0f + erf_part[i]);
-        continue;
-      }
-      for (int64_t i = 0; i < m; ++i) exp_part[i] = -0.5f * xb[i] * xb[i];
-      vmath::exp(exp_part, exp_part, m);
-      const float* gb = dy + b;
-      for (int64_t i = 0; i < m; ++i) {
-        out[b + i] = gb[i] * (0.5f * (1.0f + erf_part[i]) + xb[i] * exp_part[i] * inv_sqrt_2pi);
-      }
+    if (dy) {
+      vmath::gelu_backward(dy + begin, x + begin, out + begin, end - begin);
+    } else {
+      vmath::gelu(x + begin, out + begin, end - begin);
     }
   });
 }

@@ -40,6 +40,13 @@ const std::vector<Case>& cases() {
   return all;
 }
 
+// The one-input functions: cases() and gelu (whose bound depends on x: its own test below).
+std::vector<Case> unary_functions() {
+  std::vector<Case> all = cases();
+  all.push_back({"gelu", vmath::gelu, nullptr, 0});
+  return all;
+}
+
 // Each test of the suite runs once per lane count, in a process set to it.
 class VectorMath : public ::testing::TestWithParam<int> {
  protected:
@@ -134,7 +141,7 @@ TEST_P(VectorMath, NaNInGivesNaNOut) {
   const float negative_nan = -kNaN;
   const float payload_nan = std::bit_cast<float>(0x7fc12345u);
   const float signalling_nan = std::numeric_limits<float>::signaling_NaN();
-  for (const Case& c : cases()) {
+  for (const Case& c : unary_functions()) {
     // Mixed with ordinary lanes, and in the tail.
     const std::vector<float> ys =
         apply(c.f, {kNaN, 1.0f, negative_nan, -3.0f, payload_nan, 0.5f, signalling_nan, 100.0f, kNaN});
@@ -184,7 +191,7 @@ TEST_P(VectorMath, SignedZeroAndOddnessOfTanhAndErf) {
 // Every length from 0 to 40 (full vectors and every tail), out of place and in place, gives the
 // same value at each index as a call on that element alone, and writes nothing past n.
 TEST_P(VectorMath, TailsAndInPlace) {
-  for (const Case& c : cases()) {
+  for (const Case& c : unary_functions()) {
     for (int n = 0; n <= 40; ++n) {
       std::vector<float> xs(n), ys(n + 1, 7.0f);
       for (int i = 0; i < n; ++i) xs[i] = 0.37f * static_cast<float>(i) - 5.0f;
@@ -198,6 +205,110 @@ TEST_P(VectorMath, TailsAndInPlace) {
         EXPECT_EQ(ys[i], one) << c.name << " n = " << n << " i = " << i;
         EXPECT_EQ(in_place[i], one) << c.name << " in place, n = " << n << " i = " << i;
       }
+    }
+  }
+}
+
+// Gelu and its derivative in float64: Phi(x) = 0.5 erfc(-x / sqrt 2) (no cancellation in the
+// lower tail, unlike 0.5 (1 + erf)), phi(x) = e^(-x^2 / 2) / sqrt(2 pi).
+double normal_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double x_normal_density(double x) { return x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::acos(-1.0)); }
+
+// The bound core/vector_math.h documents for gelu and gelu_backward at x.
+double gelu_bound(float x) { return 8.0 + 0.5 * static_cast<double>(x) * static_cast<double>(x); }
+
+TEST_P(VectorMath, GeluWithinTheDocumentedUlps) {
+  const std::vector<float> xs = sweep_inputs();
+  std::vector<float> ys(xs.size());
+  vmath::gelu(xs.data(), ys.data(), static_cast<int64_t>(xs.size()));
+  double worst = 0, worst_above_minus_4 = 0;
+  float worst_x = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i];
+    if (std::isinf(x)) continue;  // below
+    const double e = ulp_error(ys[i], x * normal_cdf(x));
+    EXPECT_LE(e, gelu_bound(xs[i])) << "x = " << xs[i] << ": " << ys[i];
+    if (!(e <= worst)) worst = e, worst_x = xs[i];
+    if (x >= -4 && e > worst_above_minus_4) worst_above_minus_4 = e;
+  }
+  std::printf("gelu %d lanes: max error %.3f ulp at x = %a, %.3f ulp for x >= -4\n", vmath::lanes(), worst,
+              static_cast<double>(worst_x), worst_above_minus_4);
+  // Where 0.5 x (1 + erf(x / sqrt 2)) in float loses every digit (1 + erf rounds to a few ulp of 1
+  // or to 0), the result keeps its relative accuracy.
+  const std::vector<float> tail = apply(vmath::gelu, {-5.0f, -8.0f, -12.0f});
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const double x = std::vector<double>{-5.0, -8.0, -12.0}[i];
+    EXPECT_NEAR(tail[i] / (x * normal_cdf(x)), 1.0, 1e-5) << x;
+  }
+}
+
+TEST_P(VectorMath, GeluBackwardWithinTheDocumentedUlpsOfItsLargerTerm) {
+  const std::vector<float> xs = sweep_inputs();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> scale(-3.0f, 3.0f);
+  std::vector<float> dys(xs.size()), dxs(xs.size());
+  for (float& d : dys) d = scale(rng);
+  vmath::gelu_backward(dys.data(), xs.data(), dxs.data(), static_cast<int64_t>(xs.size()));
+  double worst = 0;
+  float worst_x = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i], dy = dys[i];
+    if (std::isinf(x) || dy == 0) continue;
+    const double cdf = normal_cdf(x), xpdf = x_normal_density(x);
+    // The error of dy Gelu'(x) in ulp of dy times the larger term (2^-149 below FLT_MIN); dy adds
+    // one rounding.
+    const double larger = std::abs(dy) * std::max(std::abs(cdf), std::abs(xpdf));
+    const double ulp = std::ldexp(1.0, std::max(std::ilogb(larger) - 23, -149));
+    const double e = std::abs(static_cast<double>(dxs[i]) - dy * (cdf + xpdf)) / ulp;
+    EXPECT_LE(e, gelu_bound(xs[i]) + 1.0) << "x = " << xs[i] << ", dy = " << dys[i] << ": " << dxs[i];
+    if (!(e <= worst)) worst = e, worst_x = xs[i];
+  }
+  std::printf("gelu_backward %d lanes: max error %.3f ulp at x = %a\n", vmath::lanes(), worst,
+              static_cast<double>(worst_x));
+}
+
+TEST_P(VectorMath, GeluSpecialValues) {
+  const std::vector<float> ys = apply(vmath::gelu, {kInf, -kInf, kNaN, 0.0f, -0.0f, 100.0f, -100.0f, 1.0f, kNaN});
+  EXPECT_EQ(ys[0], kInf);
+  EXPECT_TRUE(std::isnan(ys[1]));  // -inf times Phi(-inf) = 0, as 0.5 x (1 + erf) gives in float64
+  EXPECT_TRUE(std::isnan(ys[2]));
+  EXPECT_TRUE(ys[3] == 0.0f && !std::signbit(ys[3]));
+  EXPECT_TRUE(ys[4] == 0.0f && std::signbit(ys[4]));
+  EXPECT_EQ(ys[5], 100.0f);
+  EXPECT_TRUE(ys[6] == 0.0f && std::signbit(ys[6]));  // -100 Phi(-100): below the subnormals
+  EXPECT_FALSE(std::isnan(ys[7]));
+  EXPECT_TRUE(std::isnan(ys[8]));  // in the tail
+  const std::vector<float> x = {kInf, -kInf, kNaN, 0.0f, 100.0f, -100.0f, 2.0f, kNaN, 0.5f};
+  const std::vector<float> dy = {1.0f, 1.0f, 1.0f, 2.0f, 3.0f, 3.0f, kNaN, 1.0f, 0.0f};
+  std::vector<float> dx(x.size());
+  vmath::gelu_backward(dy.data(), x.data(), dx.data(), static_cast<int64_t>(x.size()));
+  EXPECT_TRUE(std::isnan(dx[0]) && std::isnan(dx[1]));  // inf times a zero density
+  EXPECT_TRUE(std::isnan(dx[2]));
+  EXPECT_NEAR(dx[3], 1.0f, 4e-7f);  // 2 Phi(0)
+  EXPECT_EQ(dx[4], 3.0f);
+  EXPECT_EQ(dx[5], 0.0f);
+  EXPECT_TRUE(std::isnan(dx[6]));
+  EXPECT_TRUE(std::isnan(dx[7]));
+  EXPECT_EQ(dx[8], 0.0f);
+}
+
+// As TailsAndInPlace for the two-input gelu_backward: every length to 40, out of place and in
+// place over dy and over x, equal to the element computed alone, nothing written past n.
+TEST_P(VectorMath, GeluBackwardTailsAndInPlace) {
+  for (int n = 0; n <= 40; ++n) {
+    std::vector<float> xs(n), dys(n), dxs(n + 1, 7.0f);
+    for (int i = 0; i < n; ++i) xs[i] = 0.37f * static_cast<float>(i) - 5.0f, dys[i] = 1.0f + 0.25f * static_cast<float>(i);
+    vmath::gelu_backward(dys.data(), xs.data(), dxs.data(), n);
+    EXPECT_EQ(dxs[n], 7.0f) << "wrote past n = " << n;
+    std::vector<float> over_dy = dys, over_x = xs;
+    vmath::gelu_backward(over_dy.data(), xs.data(), over_dy.data(), n);
+    vmath::gelu_backward(dys.data(), over_x.data(), over_x.data(), n);
+    for (int i = 0; i < n; ++i) {
+      float one = 0;
+      vmath::gelu_backward(&dys[i], &xs[i], &one, 1);
+      EXPECT_EQ(dxs[i], one) << "n = " << n << " i = " << i;
+      EXPECT_EQ(over_dy[i], one) << "in place over dy, n = " << n << " i = " << i;
+      EXPECT_EQ(over_x[i], one) << "in place over x, n = " << n << " i = " << i;
     }
   }
 }
