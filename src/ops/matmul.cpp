@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <unordered_map>
 
 #include "core/dispatch.h"
@@ -198,8 +199,11 @@ class MatMulKernel final : public Kernel {
       : trans_a_(trans_a), trans_b_(trans_b), constant_b_(constant_b) {}
 
   // Output 0 of ctx = MatMul(a, b) for operands other than the node's inputs (MatMulPermuted's
-  // permuted copies), by the paths run() takes.
-  void run_on(KernelContext& ctx, const Tensor& a, const Tensor& b) { product(ctx, a, b, false, false); }
+  // permuted copies), by the paths run() takes; with its dims permuted by perm_y when not empty
+  // (a permutation of the product's rank, checked by the caller).
+  void run_on(KernelContext& ctx, const Tensor& a, const Tensor& b, std::span<const int64_t> perm_y = {}) {
+    product(ctx, a, b, false, false, perm_y);
+  }
 
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -223,8 +227,9 @@ class MatMulKernel final : public Kernel {
 
  private:
   // Y = A' B' with A' = A^T (last two dims) when ta, B' likewise; ta and tb only for float32
-  // operands of rank >= 2.
-  void product(KernelContext& ctx, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  // operands of rank >= 2. With perm_y, output 0 is Y with its dims permuted (a copy).
+  void product(KernelContext& ctx, const Tensor& a, const Tensor& b, bool ta, bool tb,
+               std::span<const int64_t> perm_y = {}) {
     // Errors show the shapes the product reads, so a transposed operand is named as such.
     const MatMulShape s = matmul_shape(ta ? swapped_last2(a.shape()) : a.shape(), tb ? swapped_last2(b.shape()) : b.shape(),
                                        ctx.input_name(0) + (trans_a_ ? " transposed" : ""),
@@ -233,7 +238,11 @@ class MatMulKernel final : public Kernel {
       if constexpr (is_half_v<T>) {
         Tensor y(DataType::Float32, s.out);
         compute<float>(s, a.cast(DataType::Float32), b.cast(DataType::Float32), y, false, false);
-        ctx.set_output(0, y.cast(a.dtype()));
+        ctx.set_output(0, perm_y.empty() ? y.cast(a.dtype()) : permuted(y.cast(a.dtype()), perm_y));
+      } else if (!perm_y.empty()) {
+        Tensor y(a.dtype(), s.out);
+        compute<T>(s, a, b, y, ta, tb);
+        copy_permuted(y, ctx.allocate_output(0, a.dtype(), permuted_shape(s.out, perm_y)), perm_y);
       } else {
         compute<T>(s, a, b, ctx.allocate_output(0, a.dtype(), s.out), ta, tb);
       }
@@ -312,18 +321,21 @@ class MatMulKernel final : public Kernel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// ai.onnxtrain.MatMulPermuted (runtime/fusion.h fuse_permuted_matmul): MatMul(Transpose(A, perm_a),
-// Transpose(B, perm_b)) by MatMul's rules, a perm absent for an operand read as stored. float32
-// operands of one rank (3 or more) whose batch dims are equal are read in place: oneDNN's matmul
-// primitive takes each as a view with the stored strides permuted (attention's head split,
-// [batch, sequence, heads, head size] read as [batch, heads, sequence, head size]). Measured
-// alone on this project's two EPYC cores, [32, 4, 128, 64] by [32, 4, 64, 128] from the split
-// layout: 0.58 ms against 0.53-0.54 on contiguous copies, where each copy costs ~0.25 ms in
-// BERT's inference. Other cases copy the permuted operands and take MatMul's paths.
+// ai.onnxtrain.MatMulPermuted (runtime/fusion.h fuse_permuted_matmul, permute_product_outputs):
+// Transpose(MatMul(Transpose(A, perm_a), Transpose(B, perm_b)), perm_y) by MatMul's and
+// Transpose's rules, a perm absent for an operand read as stored or a product written as
+// computed. float32 operands of one rank (3 or more) whose batch dims are equal are read in
+// place and the product written in place: oneDNN's matmul primitive takes each as a view with
+// the stored strides permuted (attention's head split, [batch, sequence, heads, head size] read
+// as [batch, heads, sequence, head size]; the head merge and the split's gradients written back
+// to [batch, sequence, heads, head size]). Measured alone on this project's two EPYC cores,
+// [32, 4, 128, 64] by [32, 4, 64, 128] from the split layout: 0.58 ms against 0.53-0.54 on
+// contiguous copies, where each copy costs ~0.25 ms in BERT's inference. Other cases copy the
+// permuted operands and take MatMul's paths, and permute the product in a copy.
 class MatMulPermutedKernel final : public Kernel {
  public:
-  MatMulPermutedKernel(std::vector<int64_t> perm_a, std::vector<int64_t> perm_b)
-      : perm_{std::move(perm_a), std::move(perm_b)} {}
+  MatMulPermutedKernel(std::vector<int64_t> perm_a, std::vector<int64_t> perm_b, std::vector<int64_t> perm_y)
+      : perm_{std::move(perm_a), std::move(perm_b)}, perm_y_(std::move(perm_y)) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -335,17 +347,20 @@ class MatMulPermutedKernel final : public Kernel {
     const Shape view_a = view_shape(ctx, 0), view_b = view_shape(ctx, 1);
     const MatMulShape s = matmul_shape(view_a, view_b, ctx.input_name(0) + (perm_[0].empty() ? "" : " permuted"),
                                        ctx.input_name(1) + (perm_[1].empty() ? "" : " permuted"));
+    if (!perm_y_.empty() && (perm_y_.size() != s.out.size() || !is_permutation(perm_y_))) {
+      fail("attribute perm_y " + ints_to_string(perm_y_) + " is not a permutation of the dims of the product " +
+           s.out.to_string());
+    }
     if (a.dtype() == DataType::Float32 && view_a.size() == view_b.size() && view_a.size() >= 3 &&
         view_a.size() <= kDnnlMaxRank && s.a_batch == s.b_batch) {
-      Tensor& y = ctx.allocate_output(0, DataType::Float32, s.out);
+      Tensor& y = ctx.allocate_output(0, DataType::Float32, perm_y_.empty() ? s.out : permuted_shape(s.out, perm_y_));
       if (y.numel() == 0) return;
       if (s.K == 0) {
         std::memset(y.raw_data(), 0, y.nbytes());
         return;
       }
       MatMulEntry& entry = cache_.get(du::CacheKey().add(a.shape()).add(b.shape()), [&] {
-        return make_entry(view(a.shape(), perm_[0]), view(b.shape(), perm_[1]),
-                          du::plain_f32(du::to_dims(s.out)), {});
+        return make_entry(view(a.shape(), perm_[0]), view(b.shape(), perm_[1]), written(s.out, perm_y_), {});
       });
       if (!entry.use_reference) {
         execute(entry, a.data<float>(), b.data<float>(), y.data<float>());
@@ -353,7 +368,8 @@ class MatMulPermutedKernel final : public Kernel {
       }
     }
     // The permuted operands as contiguous copies, then MatMul's own paths (sgemm for a 2-D B, ...).
-    plain_.run_on(ctx, perm_[0].empty() ? a : permuted(a, perm_[0]), perm_[1].empty() ? b : permuted(b, perm_[1]));
+    plain_.run_on(ctx, perm_[0].empty() ? a : permuted(a, perm_[0]), perm_[1].empty() ? b : permuted(b, perm_[1]),
+                  perm_y_);
   }
 
  private:
@@ -381,7 +397,18 @@ class MatMulPermutedKernel final : public Kernel {
     return du::strided_f32(dims, view_strides);
   }
 
+  // The product of shape `product` as written into the contiguous Transpose(product, perm)
+  // (plain when perm is empty): dim perm[i] of the product has stride i of the stored tensor.
+  static dnnl::memory::desc written(const Shape& product, const std::vector<int64_t>& perm) {
+    if (perm.empty()) return du::plain_f32(du::to_dims(product));
+    const std::vector<int64_t> stored_strides = strides_of(permuted_shape(product, perm));
+    dnnl::memory::dims strides(product.size());
+    for (size_t i = 0; i < perm.size(); ++i) strides[static_cast<size_t>(perm[i])] = stored_strides[i];
+    return du::strided_f32(du::to_dims(product), strides);
+  }
+
   std::vector<int64_t> perm_[2];
+  std::vector<int64_t> perm_y_;
   du::PrimitiveCache<MatMulEntry> cache_;
   MatMulKernel plain_{false, false, false};
 };
@@ -796,7 +823,8 @@ std::unique_ptr<Kernel> make_matmul_transposed(const KernelInit& init) {
 }
 
 std::unique_ptr<Kernel> make_matmul_permuted(const KernelInit& init) {
-  return std::make_unique<MatMulPermutedKernel>(init.attr_ints("perm_a"), init.attr_ints("perm_b"));
+  return std::make_unique<MatMulPermutedKernel>(init.attr_ints("perm_a"), init.attr_ints("perm_b"),
+                                                init.attr_ints("perm_y"));
 }
 
 std::unique_ptr<Kernel> make_matmul_add(const KernelInit& init) {

@@ -1149,11 +1149,55 @@ int fuse_permuted_matmul(onnx::GraphProto& graph) {
   return static_cast<int>(candidates.size());
 }
 
+int permute_product_outputs(onnx::GraphProto& graph) {
+  const TransposeRewrite done = rewrite_free_transposes(graph, [&](const TransposeSite& site) {
+    const Matcher& m = site.m;  // references, not a structured binding of site (see above)
+    const onnx::NodeProto& t = site.t;
+    const std::vector<int64_t>& perm = site.perm;
+    const std::string& product = t.input(0);
+    auto& replace = site.rewrite.replace;
+    const int p = m.producer_index(product);
+    if (perm.size() < 3 || p < 0 || replace.contains(p) || m.pinned(product)) return;
+    const onnx::NodeProto& node = graph.node(p);
+    const bool matmul = permutable_product(node) && is_onnx_op(node, "MatMul");
+    const bool permuted = node.domain() == kInternalDomain && node.op_type() == "MatMulPermuted" &&
+                          node.input_size() == 2 && node.output_size() == 1 &&
+                          std::none_of(node.attribute().begin(), node.attribute().end(),
+                                       [](const onnx::AttributeProto& a) { return a.name() == "perm_y"; });
+    if (!matmul && !permuted) return;
+    std::vector<int> shapes;
+    int transposes = 0;
+    for (int r : m.readers(product)) {
+      const onnx::NodeProto& reader = graph.node(r);
+      if (r == site.i) {
+        ++transposes;
+      } else if (is_onnx_op(reader, "Shape") && reader.input_size() == 1 && !replace.contains(r)) {
+        shapes.push_back(r);
+      } else {
+        return;
+      }
+    }
+    if (transposes != 1) return;
+    std::vector<int64_t> inverse(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+    for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.output(0), inverse);
+    onnx::NodeProto written = node;
+    written.set_domain(kInternalDomain);
+    written.set_op_type("MatMulPermuted");
+    written.set_output(0, t.output(0));
+    *written.add_attribute() = autodiff::attr_ints("perm_y", perm);
+    replace[p] = {written};
+    site.rewrite.dropped.insert(site.i);
+  });
+  return static_cast<int>(done.dropped.size());
+}
+
 void fuse_matrix_products(onnx::GraphProto& graph) {
   fuse_matmul_add(graph);
   fuse_transpose_gemm(graph);
   fuse_transpose_matmul(graph);
   fuse_permuted_matmul(graph);
+  permute_product_outputs(graph);
 }
 
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {

@@ -156,9 +156,21 @@ int fuse_transpose_matmul(onnx::GraphProto& graph);
 // fuse_transpose_matmul. Returns the number of Transpose nodes removed.
 int fuse_permuted_matmul(onnx::GraphProto& graph);
 
+// Replaces each Transpose with a stated perm of rank >= 3 (not a graph output nor read by a
+// subgraph) of the output of a MatMul, or of an ai.onnxtrain.MatMulPermuted without perm_y, that
+// the Transpose alone reads besides Shape nodes (and that is neither a graph output nor read by a
+// subgraph) by attribute perm_y of that product, now a MatMulPermuted writing the Transpose's
+// output: float32 products of operands of one rank write each element where the Transpose would
+// put it, through oneDNN's destination strides (attention's head merge, [batch, heads, sequence,
+// head size] written as [batch, sequence, heads, head size], and in a training graph the
+// gradients of the head split), instead of a product and a copy. Each Shape node reads
+// Gather(Shape(y), inverse perm) instead: the same values. Results are the two ops'. Run after
+// fuse_permuted_matmul. Returns the number of Transpose nodes removed.
+int permute_product_outputs(onnx::GraphProto& graph);
+
 // The rewrites of matrix products, in the order they depend on: fuse_matmul_add,
-// fuse_transpose_gemm, fuse_transpose_matmul, then fuse_permuted_matmul. Sessions call this after the Gradient
-// expansion and constant folding.
+// fuse_transpose_gemm, fuse_transpose_matmul, fuse_permuted_matmul, then
+// permute_product_outputs. Sessions call this after the Gradient expansion and constant folding.
 void fuse_matrix_products(onnx::GraphProto& graph);
 
 

@@ -9,6 +9,9 @@
 // fuse_transpose_gemm: a weight's W^T read by Gemm operands and Shape nodes (a Linear's training
 // graph) is read in place with the Gemm's trans flag flipped, and a Transpose of a Gemm's product
 // (the weight gradient, through a SumToShape or not) becomes the Gemm writing it; values equal.
+// permute_product_outputs: a Transpose of rank >= 3 of a product's output (attention's head merge)
+// becomes perm_y of the MatMulPermuted writing it, Shape readers of the product read
+// Gather(Shape(y), inverse perm); values equal for every path, and other readers keep it.
 #include <map>
 
 #include "onnxtrain/io.h"
@@ -465,6 +468,125 @@ TEST(PermutedMatMulFusion, APermThatIsNotAPermutationIsAnErrorNamingTheInput) {
                  {"b", testing::random_f64(Shape{2, 4, 2}, 2).cast(DataType::Float32)}});
   });
   EXPECT_NE(message.find("attribute perm_a [0,0,1] is not a permutation of the dims of input 'a' [2,3,4]"),
+            std::string::npos)
+      << message;
+}
+
+// The attention of attention_model with its head merge: merged = Transpose(context, [0, 2, 1, 3])
+// reshaped to [B, S, H * D], and Shape(context) as a graph output.
+onnx::ModelProto merged_attention_model() {
+  onnx::ModelProto m = attention_model(false);
+  auto& g = *m.mutable_graph();
+  transpose(g, "context", "merged4", {0, 2, 1, 3});
+  io::tensor_to_proto(Tensor::from_vector<int64_t>({3}, {0, 0, kH * kD}), "merge", *g.add_initializer());
+  node(g, "Reshape", {"merged4", "merge"}, "merged");
+  node(g, "Shape", {"context"}, "context_shape");
+  g.mutable_output()->Clear();
+  for (const char* out : {"merged", "context_shape", "qt_shape"}) g.add_output()->set_name(out);
+  return m;
+}
+
+TEST(PermutedProductOutput, AttentionsHeadMergeIsWrittenInPlace) {
+  const onnx::ModelProto m = merged_attention_model();
+  onnx::GraphProto g = m.graph();
+  ASSERT_EQ(runtime::fuse_permuted_matmul(g), 3);
+  EXPECT_EQ(runtime::permute_product_outputs(g), 1);
+  EXPECT_EQ(count_op(g, "Transpose") + count_op(g, "MatMul"), 0);
+  ASSERT_EQ(count_op(g, "MatMulPermuted"), 2);
+  int with_perm_y = 0;
+  for (const auto& n : g.node()) {
+    for (const auto& a : n.attribute()) with_perm_y += a.name() == "perm_y";
+  }
+  EXPECT_EQ(with_perm_y, 1);
+  const auto feeds = attention_feeds();
+  const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+  EXPECT_EQ(got.at("merged").shape(), (Shape{kB, kS, kH * kD}));
+  expect_close(got.at("merged"), want.at("merged"), 1e-6, 1e-6);
+  const Tensor& shape = got.at("context_shape");  // the unpermuted product's shape, as before
+  EXPECT_EQ(std::vector<int64_t>(shape.data<int64_t>(), shape.data<int64_t>() + shape.numel()),
+            (std::vector<int64_t>{kB, kH, kS, kD}));
+}
+
+TEST(PermutedProductOutput, EveryPathGivesTheTransposedProduct) {
+  struct OutCase {
+    Shape a, b;
+    std::vector<int64_t> perm_a, perm_y;
+    int elem_type;
+    const char* label;
+  };
+  const std::vector<OutCase> cases = {
+      {{3, 2, 4}, {3, 4, 5}, {}, {1, 0, 2}, onnx::TensorProto::FLOAT, "float32, batches equal: in place"},
+      {{3, 2, 4}, {3, 4, 5}, {}, {2, 0, 1}, onnx::TensorProto::FLOAT, "float32, a cyclic perm: in place"},
+      {{2, 3, 2, 4}, {2, 3, 4, 5}, {}, {3, 1, 0, 2}, onnx::TensorProto::FLOAT, "float32, rank 4: in place"},
+      {{2, 3, 4}, {3, 4, 5}, {1, 0, 2}, {1, 0, 2}, onnx::TensorProto::FLOAT, "float32, A permuted too: in place"},
+      {{3, 2, 4}, {3, 4, 5}, {}, {1, 0, 2}, onnx::TensorProto::DOUBLE, "float64: copies"},
+      {{3, 2, 4}, {4, 5}, {}, {1, 0, 2}, onnx::TensorProto::FLOAT, "float32, B of rank 2: copies"},
+      {{3, 1, 2, 4}, {2, 4, 5}, {}, {1, 3, 0, 2}, onnx::TensorProto::FLOAT, "float32, broadcast: copies"},
+      {{3, 2, 4}, {3, 4, 5}, {}, {1, 0, 2}, onnx::TensorProto::INT32, "int32: copies"},
+      {{3, 0, 4}, {3, 4, 5}, {}, {1, 0, 2}, onnx::TensorProto::FLOAT, "no rows"},
+      {{3, 2, 0}, {3, 0, 5}, {}, {2, 1, 0}, onnx::TensorProto::FLOAT, "K = 0: zeros"},
+  };
+  for (const OutCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    onnx::ModelProto m = model_with_inputs("permuted_output", c.elem_type);
+    auto& g = *m.mutable_graph();
+    if (!c.perm_a.empty()) transpose(g, "a", "a_t", c.perm_a);
+    node(g, "MatMul", {c.perm_a.empty() ? "a" : "a_t", "b"}, "product");
+    transpose(g, "product", "y_t", c.perm_y);
+    node(g, "Identity", {"y_t"}, "y");  // a Transpose writing a graph output is left alone
+    g.add_output()->set_name("y");
+    onnx::GraphProto fused = g;
+    runtime::fuse_permuted_matmul(fused);
+    ASSERT_EQ(runtime::permute_product_outputs(fused), 1);
+    EXPECT_EQ(count_op(fused, "Transpose"), 0);
+    const DataType type = c.elem_type == onnx::TensorProto::FLOAT    ? DataType::Float32
+                          : c.elem_type == onnx::TensorProto::DOUBLE ? DataType::Float64
+                                                                     : DataType::Int32;
+    const runtime::NamedTensors feeds{{"a", testing::random_f64(c.a, 1).cast(type)},
+                                      {"b", testing::random_f64(c.b, 2).cast(type)}};
+    const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+    ASSERT_EQ(got.at("y").shape(), want.at("y").shape());
+    expect_close(got.at("y"), want.at("y"), 1e-6, 1e-6);
+  }
+}
+
+TEST(PermutedProductOutput, ProductsReadElsewherePinnedOrOfRankTwoKeepTheirTranspose) {
+  onnx::ModelProto m = model_with_inputs("kept_outputs", onnx::TensorProto::FLOAT);
+  auto& g = *m.mutable_graph();
+  node(g, "MatMul", {"a", "b"}, "read_twice");  // also read by a Relu
+  transpose(g, "read_twice", "y1", {1, 0, 2});
+  node(g, "Relu", {"read_twice"}, "y2");
+  node(g, "MatMul", {"a", "b"}, "pinned");  // a graph output
+  transpose(g, "pinned", "y3", {1, 0, 2});
+  node(g, "Relu", {"a"}, "not_a_product");
+  transpose(g, "not_a_product", "y4", {1, 0, 2});
+  node(g, "MatMul", {"a", "b"}, "folds");
+  transpose(g, "folds", "y5_t", {2, 1, 0});
+  node(g, "Identity", {"y5_t"}, "y5");
+  for (const char* out : {"y1", "y2", "pinned", "y3", "y4", "y5"}) g.add_output()->set_name(out);
+  onnx::GraphProto fused = g;
+  EXPECT_EQ(runtime::permute_product_outputs(fused), 1);
+  EXPECT_EQ(count_op(fused, "Transpose"), 3);
+  const runtime::NamedTensors feeds{{"a", testing::random_f64(Shape{3, 2, 4}, 1).cast(DataType::Float32)},
+                                    {"b", testing::random_f64(Shape{3, 4, 5}, 2).cast(DataType::Float32)}};
+  const auto got = runtime::Session(m).run(feeds), want = runtime::Session(m, {.fuse = false}).run(feeds);
+  for (const char* out : {"y1", "y2", "y3", "y4", "y5"}) expect_close(got.at(out), want.at(out), 1e-6, 1e-6);
+
+  onnx::ModelProto two = model_with_inputs("rank_two", onnx::TensorProto::FLOAT);
+  node(*two.mutable_graph(), "MatMul", {"a", "b"}, "p");
+  transpose(*two.mutable_graph(), "p", "y", {1, 0});
+  two.mutable_graph()->add_output()->set_name("y");
+  onnx::GraphProto g2 = two.graph();
+  EXPECT_EQ(runtime::permute_product_outputs(g2), 0);  // rank 2: fuse_transpose_gemm's and Gemm's business
+}
+
+TEST(PermutedProductOutput, APermYThatIsNotAPermutationIsAnErrorNamingIt) {
+  runtime::Session session(direct_model("MatMulPermuted", testing::attr("perm_y", std::vector<int64_t>{0, 2})));
+  const std::string message = testing::error_of([&] {
+    session.run({{"a", testing::random_f64(Shape{2, 3, 4}, 1).cast(DataType::Float32)},
+                 {"b", testing::random_f64(Shape{2, 4, 2}, 2).cast(DataType::Float32)}});
+  });
+  EXPECT_NE(message.find("attribute perm_y [0,2] is not a permutation of the dims of the product [2,3,2]"),
             std::string::npos)
       << message;
 }
