@@ -4,6 +4,7 @@
 #include "autodiff/gradient.h"
 #include "autodiff/rules_common.h"
 #include "onnxtrain/error.h"
+#include "ops/data_movement.h"
 
 namespace onnxtrain::autodiff {
 
@@ -81,9 +82,7 @@ void reshape_like_input_rule(Builder& b) {
 void transpose_rule(Builder& b) {
   const auto perm = b.get_ints("perm");
   if (!perm) return b.set_GI(0, b.op("Transpose", {b.GO(0)}));  // reversing is its own inverse
-  std::vector<int64_t> inverse(perm->size());
-  for (size_t i = 0; i < perm->size(); ++i) inverse[static_cast<size_t>((*perm)[i])] = static_cast<int64_t>(i);
-  b.set_GI(0, b.op("Transpose", {b.GO(0)}, {attr_ints("perm", inverse)}));
+  b.set_GI(0, b.op("Transpose", {b.GO(0)}, {attr_ints("perm", ops::inverse_permutation(*perm))}));
 }
 // A Slice of `x` from `start` to `end` (1-D int64 tensors) along `axis`.
 std::string slice_axis(Builder& b, const std::string& x, const std::string& start, const std::string& end, int64_t axis) {

@@ -46,6 +46,7 @@
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
 #include "ops/pool_plan.h"
+#include "ops/relu.h"
 
 namespace onnxtrain::ops {
 
@@ -696,7 +697,7 @@ class ConvKernel final : public Kernel {
       if (!e.use_reference && !e.dims.embed) {
         const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
         execute(e, g, x.data<float>(), w.data<float>(), bias, conv.data<float>(), weights_constant_);
-        if (relu) relu_in_place<float>(conv);
+        if (relu) relu_in_place<float>(conv.data<float>(), conv.numel());
         return;
       }
     }
@@ -719,7 +720,7 @@ class ConvKernel final : public Kernel {
       parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const float v = a[i] + b[i];
-          out[i] = relu ? ConvKernel::relu(v) : v;
+          out[i] = relu ? ops::relu(v) : v;
         }
       });
       return;
@@ -733,7 +734,7 @@ class ConvKernel final : public Kernel {
       bc.for_each_run([&](int64_t o, const auto& in, int64_t len, const auto& step) {
         for (int64_t i = 0; i < len; ++i) {
           const C v = static_cast<C>(a[in[0] + i * step[0]]) + static_cast<C>(b[in[1] + i * step[1]]);
-          out[o + i] = static_cast<T>(relu ? ConvKernel::relu(v) : v);
+          out[o + i] = static_cast<T>(relu ? ops::relu(v) : v);
         }
       });
     });
@@ -765,7 +766,7 @@ class ConvKernel final : public Kernel {
         if (relu && convolve_relu(g, x, w, bias, y.data<float>())) return;
       }
       convolve<T>(g, x, w, bias, y.data<T>());
-      if (relu) relu_in_place<T>(y);
+      if (relu) relu_in_place<T>(y.data<T>(), y.numel());
       return;
     }
     // The convolution's output lives for this run only (a block of the tensor block cache).
@@ -786,14 +787,14 @@ class ConvKernel final : public Kernel {
     convolve<T>(g, x, w, bias, conv_out.data<T>());
     if (!epilogue_.channels_last_y) {
       max_pool_forward(*pool, conv_out, y);
-      if (relu) relu_in_place<T>(y);
+      if (relu) relu_in_place<T>(y.data<T>(), y.numel());
       return;
     }
     Shape plain{g.N, g.M};  // pooled channels-first, then permuted into y
     for (int64_t d : pool->out) plain.push_back(d);
     Tensor pooled(y.dtype(), plain);
     max_pool_forward(*pool, conv_out, pooled);
-    if (relu) relu_in_place<T>(pooled);
+    if (relu) relu_in_place<T>(pooled.data<T>(), pooled.numel());
     copy_permuted(pooled, y, channels_last_order(plain.size()));
   }
 
@@ -866,19 +867,6 @@ class ConvKernel final : public Kernel {
   ConvEntry& plain_entry(const ConvGeometry& g, const Tensor& x, const Tensor& w, bool has_bias) {
     return cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(0),
                       [&] { return plan(g, attrs_.transpose, has_bias, weights_constant_); });
-  }
-
-  template <class T>
-  static T relu(T v) {  // as the Relu op: max(v, 0), NaN kept
-    return v < T(0) ? T(0) : v;
-  }
-
-  template <class T>
-  static void relu_in_place(Tensor& y) {
-    T* v = y.data<T>();
-    parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) v[i] = relu(v[i]);
-    });
   }
 
   ConvAttrs attrs_;

@@ -267,6 +267,14 @@ inline bool is_permutation(std::span<const int64_t> perm) {
   return true;
 }
 
+// The permutation that undoes `perm` (a permutation of 0..rank-1, checked by the caller):
+// Transpose(Transpose(x, perm), inverse_permutation(perm)) = x.
+inline std::vector<int64_t> inverse_permutation(std::span<const int64_t> perm) {
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  return inverse;
+}
+
 // The shape of a tensor of `shape` with its dims permuted as Transpose does: dim i of the result
 // is dim perm[i] (perm a permutation of 0..rank-1, checked by the caller).
 inline Shape permuted_shape(const Shape& shape, std::span<const int64_t> perm) {

@@ -17,9 +17,9 @@
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
-#include "core/select.h"
 #include "ops/broadcast.h"
 #include "ops/factories.h"
+#include "ops/relu.h"
 
 namespace onnxtrain::ops {
 
@@ -240,15 +240,8 @@ std::unique_ptr<Kernel> make_relu_grad(const KernelInit&) {
            ctx.input_name(0) + " " + y.description());
     }
     visit_dtype<FloatTypes>(y.dtype(), "ReluGrad input " + ctx.input_name(0), [&]<class T>() {
-      const T* __restrict ys = y.data<T>();
-      const T* __restrict gs = dy.data<T>();
-      T* __restrict out = ctx.allocate_output(0, y.dtype(), y.shape()).template data<T>();
-      parallel_for(y.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-        for (int64_t i = begin; i < end; ++i) {
-          out[i] = select_bits(static_cast<compute_t<T>>(ys[i]) > compute_t<T>(0), gs[i], T(0));
-        }
-      });
+      relu_grad<T>(y.data<T>(), dy.data<T>(), ctx.allocate_output(0, y.dtype(), y.shape()).template data<T>(),
+                   y.numel());
     });
   });
 }

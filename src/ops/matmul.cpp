@@ -24,13 +24,13 @@
 #include <unordered_map>
 
 #include "core/dispatch.h"
-#include "core/select.h"
 #include "ops/broadcast.h"
 #include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
 #include "ops/matmul_primitive.h"
 #include "ops/factories.h"
 #include "ops/matmul_shape.h"
+#include "ops/relu.h"
 #include "ops/spatial_attrs.h"
 #include "ops/gemm_ref.h"
 
@@ -398,13 +398,10 @@ class MatMulPermutedKernel final : public Kernel {
   }
 
   // The product of shape `product` as written into the contiguous Transpose(product, perm)
-  // (plain when perm is empty): dim perm[i] of the product has stride i of the stored tensor.
+  // (plain when perm is empty): that stored tensor read back through the inverse permutation.
   static dnnl::memory::desc written(const Shape& product, const std::vector<int64_t>& perm) {
     if (perm.empty()) return du::plain_f32(du::to_dims(product));
-    const std::vector<int64_t> stored_strides = strides_of(permuted_shape(product, perm));
-    dnnl::memory::dims strides(product.size());
-    for (size_t i = 0; i < perm.size(); ++i) strides[static_cast<size_t>(perm[i])] = stored_strides[i];
-    return du::strided_f32(du::to_dims(product), strides);
+    return view(permuted_shape(product, perm), inverse_permutation(perm));
   }
 
   std::vector<int64_t> perm_[2];
@@ -586,32 +583,9 @@ void gemm_epilogue(const GemmShape& s, const GemmAttrs& attrs, const T* c, T* y)
   }
 }
 
-// Y = Relu(y) element by element (ONNX Relu: max(y, 0), NaN stays NaN), for FusedGemm's paths
-// that do not apply it inside oneDNN.
-template <class T>
-void relu_in_place(T* y, int64_t n) {
-  if constexpr (std::is_unsigned_v<T>) return;  // nothing below zero
-  parallel_for(n, kParallelGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (y[i] < T(0)) y[i] = T(0);
-    }
-  });
-}
-
 // What ai.onnxtrain.FusedGemm applies to the product (runtime/fusion.h fuse_gemm_relu): Relu,
 // or ReluGrad's mask, dX = product where Y > 0, else 0, with Y its input 3.
 enum class GemmActivation { None, Relu, ReluGrad };
-
-// dx = dx where y > 0, else 0 (ai.onnxtrain.ReluGrad's rule), in place.
-template <class T>
-void relu_grad_mask(const T* y, T* dx, int64_t n) {
-  parallel_for(n, kParallelGrain, [=](int64_t begin, int64_t end) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      dx[i] = select_bits(static_cast<compute_t<T>>(y[i]) > compute_t<T>(0), dx[i], T(0));
-    }
-  });
-}
 
 // Gemm, and ai.onnxtrain.FusedGemm with an activation.
 class GemmKernel final : public Kernel {
@@ -637,7 +611,7 @@ class GemmKernel final : public Kernel {
       // ReluGrad's mask on the result (float types only: FusedGemm's ReluGrad takes no others).
       const auto mask = [&](Tensor& result) {
         if constexpr (is_float_v<T>) {
-          if (activation_ == GemmActivation::ReluGrad) relu_grad_mask<T>(ctx.input(3).data<T>(), result.data<T>(), result.numel());
+          if (activation_ == GemmActivation::ReluGrad) relu_grad<T>(ctx.input(3).data<T>(), result.data<T>(), result.data<T>(), result.numel());
         }
       };
       if constexpr (is_half_v<T>) {

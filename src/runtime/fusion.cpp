@@ -20,6 +20,7 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/tensor.h"
+#include "ops/data_movement.h"
 
 namespace onnxtrain::runtime {
 
@@ -1178,8 +1179,7 @@ int permute_product_outputs(onnx::GraphProto& graph) {
       }
     }
     if (transposes != 1) return;
-    std::vector<int64_t> inverse(perm.size());
-    for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+    const std::vector<int64_t> inverse = ops::inverse_permutation(perm);
     for (int sh : shapes) replace[sh] = shape_of_transpose_input(graph, site.names, graph.node(sh), t.output(0), inverse);
     onnx::NodeProto written = node;
     written.set_domain(kInternalDomain);
