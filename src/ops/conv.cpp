@@ -16,7 +16,9 @@
 // input shape, cached in the kernel; float16/bfloat16 are converted to float32 and back;
 // float64 and other ranks use the im2col reference of conv_ref.h. A Conv on weights fed at
 // every run whose outer kernel taps read only padding convolves over the others
-// (conv_geometry.h crop_unreached_taps).
+// (conv_geometry.h crop_unreached_taps), and one whose output maps are small runs as one matrix
+// product over the batch instead of oneDNN's convolution where conv_gemm.h's prefer_conv_gemm
+// says so (CPUs without AVX-512).
 //
 // ai.onnxtrain.FusedConv (made by runtime/fusion.h, never saved) is a Conv followed by Relu
 // (attribute activation = "Relu") and/or MaxPool without Indices (MaxPool's attributes as
@@ -42,6 +44,7 @@
 #include "core/parallel.h"
 #include "ops/broadcast.h"
 #include "ops/conv_geometry.h"
+#include "ops/conv_gemm.h"
 #include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
@@ -399,11 +402,7 @@ dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
 // on small outputs (kSmallOutput).
 // The channel block of that layout: 16, 8, or 0 for none.
 int channel_block() {
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto has = [&](dnnl::cpu_isa wanted) {
-    return (isa & static_cast<unsigned>(wanted)) == static_cast<unsigned>(wanted);
-  };
-  return has(dnnl::cpu_isa::avx512_core) ? 16 : has(dnnl::cpu_isa::avx2) ? 8 : 0;
+  return du::has_isa(dnnl::cpu_isa::avx512_core) ? 16 : du::has_isa(dnnl::cpu_isa::avx2) ? 8 : 0;
 }
 
 dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
@@ -472,26 +471,40 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
   try {
     if (!transpose) {
       using P = dnnl::convolution_forward;
-      const auto make_pd = [&](const memory::desc& dst_asked) {
+      const auto make_pd = [&](const memory::desc& dst_asked, const memory::desc& src_asked) {
         const P::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                           any_src, any_weights, bias, dst_asked, d.strides, d.dilates, d.pad_l,
+                           src_asked, any_weights, bias, dst_asked, d.strides, d.dilates, d.pad_l,
                            d.pad_r);
         return P::primitive_desc(desc, du::user_scratchpad(), engine);
       };
+      const auto is_reference = [](const P::primitive_desc& p) {
+        return std::string(p.impl_info_str()).starts_with("ref");
+      };
       P::primitive_desc pd;
       if (channels_last_src && blocked_for_channels_last(g, d)) {
-        pd = make_pd(blocked_channels_f32(dst.dims()));  // src and dst reordered around it
+        pd = make_pd(blocked_channels_f32(dst.dims()), any_src);  // src and dst reordered around it
       } else if (channels_last_dst) {
-        pd = make_pd(dst);
+        pd = make_pd(dst, any_src);
+        // oneDNN 2.6 without AVX-512 has no jit convolution writing channels-last from a source
+        // left to it (format any): it takes its reference loops (ref:any), which ran the Fashion-MNIST
+        // CNN's second convolution at batch 16 in ~4 s instead of ~2 ms on an AVX2 machine. Its jit
+        // convolutions do read a channels-last source (reordered from x when x is channels-first).
+        if (is_reference(pd)) {
+          try {
+            P::primitive_desc on_channels_last = make_pd(dst, channels_last_f32(src.dims()));
+            if (!is_reference(on_channels_last)) pd = on_channels_last;
+          } catch (const dnnl::error&) {  // keep the first choice
+          }
+        }
       } else if (g.N * dims_product(d.dst_dims) <= kSmallOutput) {
-        pd = make_pd(any_dst);
+        pd = make_pd(any_dst, any_src);
       } else {
         try {
-          pd = make_pd(blocked_channels_f32(dst.dims()));
+          pd = make_pd(blocked_channels_f32(dst.dims()), any_src);
         } catch (const dnnl::error&) {  // no blocked implementation: let oneDNN choose
         }
         // Only oneDNN's reference loops take the blocked layout: its own choice runs faster.
-        if (!pd || std::string(pd.impl_info_str()).starts_with("ref")) pd = make_pd(any_dst);
+        if (!pd || is_reference(pd)) pd = make_pd(any_dst, any_src);
       }
       e.primitive = P(pd);
       e.scratchpad = du::Scratchpad(pd.scratchpad_desc());
@@ -806,6 +819,7 @@ class ConvKernel final : public Kernel {
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
+      if (convolve_lowered(g, x, w, bias, y, false)) return;
       if (g.rank() <= 3) {
         const std::optional<TapCrop> crop = tap_crop(g);
         const ConvGeometry& run_g = crop ? crop->geometry : g;
@@ -830,6 +844,7 @@ class ConvKernel final : public Kernel {
   // Returns false, having done nothing, for any other layout or path.
   bool convolve_relu(const ConvGeometry& g, const Tensor& x, const Tensor& w, const float* bias, float* y) {
     if (g.rank() > 3 || attrs_.transpose || x.numel() == 0 || w.numel() == 0) return false;
+    if (convolve_lowered(g, x, w, bias, y, true)) return true;
     const std::optional<TapCrop> crop = tap_crop(g);
     const ConvGeometry& run_g = crop ? crop->geometry : g;
     ConvEntry& e = plain_entry(run_g, x, w, bias != nullptr);
@@ -851,6 +866,21 @@ class ConvKernel final : public Kernel {
         }
       }
     });
+    return true;
+  }
+
+  // y (plain) = the convolution (then Relu when `relu`) as one matrix product over the batch
+  // (conv_gemm.h) when prefer_conv_gemm holds for weights fed at every run, over the taps that
+  // reach the input (tap_crop); returns false, having done nothing, otherwise. float32, x and w
+  // not empty.
+  bool convolve_lowered(const ConvGeometry& g, const Tensor& x, const Tensor& w, const float* bias, float* y,
+                        bool relu) {
+    if (weights_constant_ || attrs_.transpose || g.rank() > 3) return false;
+    const std::optional<TapCrop> crop = tap_crop(g);
+    const ConvGeometry& run_g = crop ? crop->geometry : g;
+    if (!prefer_conv_gemm(run_g)) return false;
+    const Tensor cropped = crop ? gather_taps(g, *crop, w.data<float>()) : Tensor();
+    conv_gemm_forward(run_g, x.data<float>(), (crop ? cropped : w).data<float>(), bias, y, relu);
     return true;
   }
 

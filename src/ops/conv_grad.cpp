@@ -19,12 +19,15 @@
 // other ranks and shapes oneDNN rejects use the reference loops below. dB comes from oneDNN's
 // backward-weights pass when dW is requested too (one pass over dY), else from a plain sum.
 // A Conv whose outer kernel taps read only padding runs over the others (conv_geometry.h
-// crop_unreached_taps): their W gathered for dX, their dW scattered into zeros.
+// crop_unreached_taps): their W gathered for dX, their dW scattered into zeros. A Conv whose
+// output maps are small runs dX and dW as one matrix product over the batch each instead of
+// oneDNN's primitives where conv_gemm.h's prefer_conv_gemm says so (CPUs without AVX-512).
 #include <algorithm>
 #include <unordered_map>
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/conv_gemm.h"
 #include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
@@ -345,6 +348,16 @@ class ConvGradKernel final : public Kernel {
         const std::optional<TapCrop> crop =
             attrs_.transpose ? std::nullopt : crop_unreached_taps(g);
         const ConvGeometry& run_g = crop ? crop->geometry : g;
+        if (!attrs_.transpose && prefer_conv_gemm(run_g)) {  // one product over the batch per output
+          const Tensor w_cropped = crop && dx ? gather_taps(g, *crop, w.data<float>()) : Tensor();
+          const float* w_run = crop && dx ? w_cropped.data<float>() : w.data<float>();
+          Tensor dw_cropped = crop && dw ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
+          float* dw_run = crop && dw ? dw_cropped.data<float>() : dw;
+          conv_gemm_backward(run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run);
+          if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
+          if (db) bias_grad<T>(g, dy.data<T>(), db);
+          return;
+        }
         GradEntry& e = cache_.get(key, [&] {
           return plan(run_g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
         });

@@ -41,6 +41,11 @@ dnnl::memory::dims to_dims(std::span<const int64_t> dims) {
   return dnnl::memory::dims(dims.begin(), dims.end());
 }
 
+bool has_isa(dnnl::cpu_isa wanted) {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  return (isa & static_cast<unsigned>(wanted)) == static_cast<unsigned>(wanted);
+}
+
 dnnl::memory::desc plain_f32(const dnnl::memory::dims& dims) {
   dnnl::memory::dims strides(dims.size());
   dnnl::memory::dim running = 1;

@@ -35,6 +35,10 @@ dnnl::memory::desc plain_f32(const dnnl::memory::dims& dims);
 // A float32 descriptor with explicit element strides (transposed or permuted views).
 dnnl::memory::desc strided_f32(const dnnl::memory::dims& dims, const dnnl::memory::dims& strides);
 
+// Whether oneDNN runs its kernels for `wanted` (or a superset) on this CPU
+// (dnnl::get_effective_cpu_isa(), whose values are bit sets of the instruction sets they hold).
+bool has_isa(dnnl::cpu_isa wanted);
+
 // Calls f(); a dnnl::error becomes Error("oneDNN could not <what>: <oneDNN's message>").
 template <class F>
 auto checked(const std::string& what, F&& f) -> decltype(f()) {

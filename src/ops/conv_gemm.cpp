@@ -1,0 +1,164 @@
+// Convolutions with small output maps as one matrix product over the batch (conv_gemm.h).
+#include "ops/conv_gemm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/parallel.h"
+#include "ops/dnnl_util.h"
+#include "ops/relu.h"
+
+namespace onnxtrain::ops {
+
+namespace du = dnnl_util;
+
+namespace {
+
+// Output positions per image up to which prefer_conv_gemm holds (conv_gemm.h).
+constexpr int64_t kMaxOutputPositions = 4;
+
+// For output position o and kernel tap t (row-major over the spatial dims), the offset of the
+// input element the tap reads inside one channel plane, or -1 where it reads padding:
+// offsets[o * kernel_size + t].
+std::vector<int64_t> tap_offsets(const ConvGeometry& g) {
+  const size_t nd = g.rank();
+  const int64_t out_size = g.out_size(), taps = g.kernel_size();
+  std::vector<int64_t> offsets(static_cast<size_t>(out_size * taps));
+  std::vector<int64_t> o(nd, 0), t(nd, 0);
+  for (int64_t oi = 0; oi < out_size; ++oi) {
+    int64_t rest = oi;
+    for (size_t d = nd; d-- > 0;) {
+      o[d] = rest % g.out[d];
+      rest /= g.out[d];
+    }
+    for (int64_t ti = 0; ti < taps; ++ti) {
+      rest = ti;
+      for (size_t d = nd; d-- > 0;) {
+        t[d] = rest % g.kernel[d];
+        rest /= g.kernel[d];
+      }
+      int64_t offset = 0;
+      for (size_t d = 0; d < nd && offset >= 0; ++d) {
+        const int64_t i = o[d] * g.stride[d] - g.pad_begin[d] + t[d] * g.dilation[d];
+        offset = (i < 0 || i >= g.in[d]) ? -1 : offset * g.in[d] + i;
+      }
+      offsets[static_cast<size_t>(oi * taps + ti)] = offset;
+    }
+  }
+  return offsets;
+}
+
+// The sizes of one call's matrices (conv_gemm.h) and its tap offsets.
+struct Lowered {
+  int64_t out_size, taps, rows, K;
+  std::vector<int64_t> offsets;
+
+  explicit Lowered(const ConvGeometry& g)
+      : out_size(g.out_size()), taps(g.kernel_size()), rows(g.N * g.out_size()), K(g.C * g.kernel_size()),
+        offsets(tap_offsets(g)) {}
+};
+
+// P [rows, K] from x [N, C, D...] (conv_gemm.h).
+void gather_patches(const ConvGeometry& g, const Lowered& l, const float* x, float* p) {
+  const int64_t in_size = g.in_size();
+  parallel_for(l.rows, std::max<int64_t>(1, kParallelGrain / l.K), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / l.out_size, o = r % l.out_size;
+      const int64_t* offsets = l.offsets.data() + o * l.taps;
+      float* __restrict row = p + r * l.K;
+      for (int64_t c = 0; c < g.C; ++c) {
+        const float* plane = x + (n * g.C + c) * in_size;
+        for (int64_t t = 0; t < l.taps; ++t) row[c * l.taps + t] = offsets[t] < 0 ? 0.0f : plane[offsets[t]];
+      }
+    }
+  });
+}
+
+// dx [N, C, D...] = the sum of dP [rows, K] over every (o, t) whose patch read each element.
+void scatter_patches(const ConvGeometry& g, const Lowered& l, const float* dp, float* dx) {
+  const int64_t in_size = g.in_size();
+  parallel_for(g.N * g.C, std::max<int64_t>(1, kParallelGrain / (l.out_size * l.taps + in_size)),
+               [&](int64_t begin, int64_t end) {
+    for (int64_t plane_index = begin; plane_index < end; ++plane_index) {
+      const int64_t n = plane_index / g.C, c = plane_index % g.C;
+      float* __restrict plane = dx + plane_index * in_size;
+      std::fill(plane, plane + in_size, 0.0f);
+      for (int64_t o = 0; o < l.out_size; ++o) {
+        const int64_t* offsets = l.offsets.data() + o * l.taps;
+        const float* row = dp + (n * l.out_size + o) * l.K + c * l.taps;
+        for (int64_t t = 0; t < l.taps; ++t) {
+          if (offsets[t] >= 0) plane[offsets[t]] += row[t];
+        }
+      }
+    }
+  });
+}
+
+// rows_of [(n, o), m] = t [n, m, o] for t [N, M, O...]: the output's rows.
+void output_rows(const ConvGeometry& g, const Lowered& l, const float* t, float* rows_of) {
+  parallel_for(g.N, std::max<int64_t>(1, kParallelGrain / (g.M * l.out_size)), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t m = 0; m < g.M; ++m) {
+        const float* src = t + (n * g.M + m) * l.out_size;
+        for (int64_t o = 0; o < l.out_size; ++o) rows_of[(n * l.out_size + o) * g.M + m] = src[o];
+      }
+    }
+  });
+}
+
+void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float* c, int64_t ldc) {
+  du::checked("run sgemm for a convolution", [&] {
+    dnnl::sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  });
+}
+
+}  // namespace
+
+bool prefer_conv_gemm(const ConvGeometry& g) {
+  static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
+  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositions;
+}
+
+void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
+                       bool relu) {
+  const Lowered l(g);
+  float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.rows * (l.K + g.M))));
+  float* product = p + l.rows * l.K;
+  gather_patches(g, l, x, p);
+  sgemm('N', 'T', l.rows, g.M, l.K, p, l.K, w, l.K, product, g.M);
+  parallel_for(g.N, std::max<int64_t>(1, kParallelGrain / (g.M * l.out_size)), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t m = 0; m < g.M; ++m) {
+        float* dst = y + (n * g.M + m) * l.out_size;
+        const float bias = b ? b[m] : 0.0f;
+        for (int64_t o = 0; o < l.out_size; ++o) {
+          const float v = product[(n * l.out_size + o) * g.M + m] + bias;
+          dst[o] = relu ? ops::relu(v) : v;
+        }
+      }
+    }
+  });
+}
+
+void conv_gemm_backward(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx,
+                        float* dw) {
+  if (!dx && !dw) return;
+  const Lowered l(g);
+  // dY's rows, then P (dW) or dP (dX), one after the other: both are [rows, K].
+  float* dy_rows =
+      reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.rows * (g.M + l.K))));
+  float* patches = dy_rows + l.rows * g.M;
+  output_rows(g, l, dy, dy_rows);
+  if (dw) {
+    gather_patches(g, l, x, patches);
+    sgemm('T', 'N', g.M, l.K, l.rows, dy_rows, g.M, patches, l.K, dw, l.K);
+  }
+  if (dx) {
+    sgemm('N', 'N', l.rows, l.K, g.M, dy_rows, g.M, w, l.K, patches, l.K);
+    scatter_patches(g, l, patches, dx);
+  }
+}
+
+}  // namespace onnxtrain::ops

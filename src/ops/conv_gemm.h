@@ -1,0 +1,49 @@
+// Convolutions with small output maps as one matrix product over the whole batch (im2col
+// lowering; the Conv formulas are in conv.cpp's header, the gradients in conv_grad.cpp's).
+//
+// For Conv (not ConvTranspose) with group 1, float32, x [N, C, D...], w [M, C, k...] and
+// y [N, M, O...], let rows = N * O1 * ... * On (one row per output position of every image) and
+// K = C * k1 * ... * kn (one column per input channel and kernel tap, in W's own order). Then
+//   P [rows, K]        the patches: P[(n, o), (c, t)] = x[n, c, o * stride - pad_begin +
+//                      t * dilation], 0 where that reads padding
+//   forward:           Y [rows, M] = P W^T, with W read as stored ([M, K], ONNX's layout);
+//                      y[n, m, o] = Y[(n, o), m] + b[m]
+//   backward data:     dP [rows, K] = dY W with dY[(n, o), m] = dy[n, m, o];
+//                      dx[n, c, i] = the sum of dP over every (o, t) whose patch read i
+//   backward weights:  dW [M, K] = dY^T P, written straight into dw's ONNX layout
+// Each product is one oneDNN sgemm over the whole batch. oneDNN 2.6's convolution primitives
+// work image by image and spatial row by spatial row, which on maps of a few positions leaves
+// their register blocks mostly empty (on AVX2, a 3x3 convolution of 256 channels on 2x2 maps at
+// batch 32: 1.95 / 1.37 / 4.22 ms forward / backward data / backward weights with its reorders,
+// 1.30 / 1.31 / 1.59 ms here); and they read the weights in blocked layouts, reordered from and
+// to ONNX's at every run when the weights change at every run (a training step's variables).
+// Values equal the convolution's up to the order of the sums.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/conv_ref.h"
+
+namespace onnxtrain::ops {
+
+// Whether conv.cpp and conv_grad.cpp run a Conv of geometry g (after crop_unreached_taps) on
+// weights that change at every run through the functions below instead of oneDNN's primitives:
+// group 1, at most 4 output positions per image (ResNet-18's last two stages at 32x32 input),
+// on a CPU without AVX-512. Measured on an AVX2 machine (AMD EPYC, Zen 3, 2 cores, oneDNN 2.6;
+// docs/performance.md): faster in every direction at ResNet-18's shapes with 4 or fewer output
+// positions, slower from 16 on (4x4 maps). With AVX-512 oneDNN runs its brgemm convolutions,
+// measured at the sgemm peak at these shapes on such a machine; there nothing changes.
+bool prefer_conv_gemm(const ConvGeometry& g);
+
+// y [N, M, O...] = Conv(x, w) + b (b [M], or null for none), then Relu when `relu` (NaN kept):
+// the forward product above. float32, group 1, any number of spatial dims; every extent > 0.
+void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
+                       bool relu);
+
+// The gradients of y = Conv(x, w) for dy [N, M, O...]: dx [N, C, D...] (when not null) and
+// dw [M, C, k...] (when not null), overwritten. The bias gradient is the caller's (a plain sum
+// over dy). Same conditions as conv_gemm_forward.
+void conv_gemm_backward(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx,
+                        float* dw);
+
+}  // namespace onnxtrain::ops

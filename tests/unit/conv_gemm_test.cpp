@@ -1,0 +1,182 @@
+// ops/conv_gemm.h: convolutions with small output maps as one matrix product over the batch.
+// The functions against Conv and ConvGrad in float64 (their reference loops) at shapes with
+// strides, asymmetric pads, dilations, 1 to 3 spatial dims, bias and Relu; the rule
+// prefer_conv_gemm; and Conv -> Relu and ConvGrad on fed float32 weights through a session,
+// which take that path on a CPU without AVX-512 and oneDNN's elsewhere, against float64.
+#include <cmath>
+#include <limits>
+
+#include "ops/conv_gemm.h"
+#include "ops/dnnl_util.h"
+#include "onnxtrain/session.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::attr;
+using testing::expect_close;
+using testing::NodeSpec;
+using testing::run_node;
+using Ints = std::vector<int64_t>;
+
+// One convolution: X, W shapes and Conv's attributes, and the same geometry for conv_gemm.h.
+struct Case {
+  std::string name;
+  Shape x, w;
+  Ints strides, pads, dilations;  // pads: begin..., end...
+};
+
+ops::ConvGeometry geometry(const Case& c) {
+  ops::ConvGeometry g;
+  const size_t nd = c.x.size() - 2;
+  g.N = c.x[0];
+  g.C = c.x[1];
+  g.M = c.w[0];
+  for (size_t d = 0; d < nd; ++d) {
+    g.in.push_back(c.x[d + 2]);
+    g.kernel.push_back(c.w[d + 2]);
+    g.stride.push_back(c.strides[d]);
+    g.dilation.push_back(c.dilations[d]);
+    g.pad_begin.push_back(c.pads[d]);
+    g.pad_end.push_back(c.pads[d + nd]);
+    const int64_t extent = (g.kernel[d] - 1) * g.dilation[d] + 1;
+    g.out.push_back((g.in[d] + g.pad_begin[d] + g.pad_end[d] - extent) / g.stride[d] + 1);
+  }
+  return g;
+}
+
+std::vector<onnx::AttributeProto> attrs(const Case& c) {
+  return {attr("strides", c.strides), attr("pads", c.pads), attr("dilations", c.dilations)};
+}
+
+const Case kCases[] = {
+    {"ResNet-18 layer4.0 conv1: 3x3 stride 2 pads 1, 2x2 -> 1x1", {4, 24, 2, 2}, {32, 24, 3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}},
+    {"3x3 pads 1 on 2x2 maps (4 outputs)", {3, 40, 2, 2}, {20, 40, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}},
+    {"1x1 stride 2 (the downsample)", {5, 16, 4, 4}, {12, 16, 1, 1}, {2, 2}, {0, 0, 0, 0}, {1, 1}},
+    {"asymmetric pads, kernel 2x3", {2, 7, 3, 2}, {5, 7, 2, 3}, {2, 1}, {0, 2, 1, 0}, {1, 1}},
+    {"1d dilation 2", {3, 6, 5}, {4, 6, 3}, {2}, {1, 0}, {2}},
+    {"3d", {2, 3, 2, 3, 2}, {4, 3, 2, 2, 2}, {1, 2, 1}, {0, 0, 1, 0, 0, 0}, {1, 1, 1}},
+};
+
+TEST(ConvGemm, ForwardEqualsConvWithBiasAndRelu) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const ops::ConvGeometry g = geometry(c);
+    ASSERT_LE(g.out_size(), 4);
+    const Tensor x = testing::random_f64(c.x, 1), w = testing::random_f64(c.w, 2, 0.5);
+    const Tensor b = testing::random_f64(Shape{g.M}, 3);
+    const Tensor want = run_node(NodeSpec{"Conv", "", 17, attrs(c), 1}, {x, w, b})[0];
+    ASSERT_EQ(want.shape()[1], g.M);
+    const Tensor x32 = x.cast(DataType::Float32), w32 = w.cast(DataType::Float32), b32 = b.cast(DataType::Float32);
+    Tensor y(DataType::Float32, want.shape());
+    ops::conv_gemm_forward(g, x32.data<float>(), w32.data<float>(), b32.data<float>(), y.data<float>(), false);
+    expect_close(y.cast(DataType::Float64), want, 1e-5, 1e-5);
+    // Without a bias, then with Relu.
+    const Tensor want_nobias = run_node(NodeSpec{"Conv", "", 17, attrs(c), 1}, {x, w})[0];
+    ops::conv_gemm_forward(g, x32.data<float>(), w32.data<float>(), nullptr, y.data<float>(), false);
+    expect_close(y.cast(DataType::Float64), want_nobias, 1e-5, 1e-5);
+    ops::conv_gemm_forward(g, x32.data<float>(), w32.data<float>(), b32.data<float>(), y.data<float>(), true);
+    const Tensor relu = run_node(NodeSpec{"Relu", "", 17, {}, 1}, {want})[0];
+    expect_close(y.cast(DataType::Float64), relu, 1e-5, 1e-5);
+  }
+}
+
+TEST(ConvGemm, ReluKeepsNaN) {
+  const Case& c = kCases[0];
+  const ops::ConvGeometry g = geometry(c);
+  Tensor x = testing::random_f64(c.x, 4).cast(DataType::Float32);
+  const Tensor w = testing::random_f64(c.w, 5).cast(DataType::Float32);
+  x.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();  // image 0 reads it at its one output
+  Tensor y(DataType::Float32, Shape{g.N, g.M, 1, 1});
+  ops::conv_gemm_forward(g, x.data<float>(), w.data<float>(), nullptr, y.data<float>(), true);
+  for (int64_t m = 0; m < g.M; ++m) {
+    EXPECT_TRUE(std::isnan(y.data<float>()[m])) << m;             // image 0
+    EXPECT_FALSE(std::isnan(y.data<float>()[g.M + m])) << m;      // image 1
+    EXPECT_GE(y.data<float>()[g.M + m], 0.0f) << m;
+  }
+}
+
+TEST(ConvGemm, BackwardEqualsConvGrad) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const ops::ConvGeometry g = geometry(c);
+    const Tensor x = testing::random_f64(c.x, 6), w = testing::random_f64(c.w, 7, 0.5);
+    Shape y_shape{g.N, g.M};
+    for (int64_t o : g.out) y_shape.push_back(o);
+    const Tensor dy = testing::random_f64(y_shape, 8);
+    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 2}, {dy, x, w});
+    const Tensor x32 = x.cast(DataType::Float32), w32 = w.cast(DataType::Float32), dy32 = dy.cast(DataType::Float32);
+    Tensor dx(DataType::Float32, c.x), dw(DataType::Float32, c.w);
+    // Stale values in the outputs must not survive (both are overwritten).
+    std::fill(dx.data<float>(), dx.data<float>() + dx.numel(), 7.0f);
+    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 7.0f);
+    ops::conv_gemm_backward(g, dy32.data<float>(), x32.data<float>(), w32.data<float>(), dx.data<float>(),
+                            dw.data<float>());
+    expect_close(dx.cast(DataType::Float64), want[0], 1e-5, 1e-5);
+    expect_close(dw.cast(DataType::Float64), want[1], 1e-5, 1e-5);
+    // Each alone.
+    Tensor dx_alone(DataType::Float32, c.x), dw_alone(DataType::Float32, c.w);
+    ops::conv_gemm_backward(g, dy32.data<float>(), x32.data<float>(), w32.data<float>(), dx_alone.data<float>(),
+                            nullptr);
+    ops::conv_gemm_backward(g, dy32.data<float>(), x32.data<float>(), w32.data<float>(), nullptr,
+                            dw_alone.data<float>());
+    expect_close(dx_alone, dx, 0, 0);
+    expect_close(dw_alone, dw, 0, 0);
+  }
+}
+
+TEST(ConvGemm, TheRule) {
+  ops::ConvGeometry g = geometry(kCases[1]);  // group 1, 4 output positions
+  const bool avx512 = ops::dnnl_util::has_isa(dnnl::cpu_isa::avx512_core);
+  EXPECT_EQ(ops::prefer_conv_gemm(g), !avx512);
+  g.G = 2;
+  EXPECT_FALSE(ops::prefer_conv_gemm(g));
+  g = geometry(Case{"4x4 maps", {2, 8, 4, 4}, {8, 8, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}});
+  EXPECT_FALSE(ops::prefer_conv_gemm(g));  // 16 output positions
+}
+
+// A training step's convolution: W and B fed (graph inputs), Conv -> Relu (one FusedConv in the
+// session), and ConvGrad, in float32 against float64, at the shapes of ResNet-18's last stages
+// (a 3x3 on 1x1 maps, whose outer taps read only padding, is cropped to its centre first).
+TEST(ConvGemm, FedWeightsThroughSessionsEqualFloat64) {
+  const Case cases[] = {
+      kCases[0],
+      kCases[1],
+      {"3x3 pads 1 on 1x1 maps: the centre tap", {6, 32, 1, 1}, {16, 32, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ops::ConvGeometry g = geometry(c);
+    const Tensor x = testing::random_f64(c.x, 9), w = testing::random_f64(c.w, 10, 0.5);
+    const Tensor b = testing::random_f64(Shape{g.M}, 11);
+    onnx::ModelProto m = testing::empty_model("conv_relu");
+    auto& graph = *m.mutable_graph();
+    for (const char* name : {"x", "w", "b"}) testing::typed_value(graph.add_input(), name, onnx::TensorProto::FLOAT, {});
+    auto* conv = testing::add_node(graph, "Conv", {"x", "w", "b"}, {"c"});
+    for (const auto& a : attrs(c)) *conv->add_attribute() = a;
+    testing::add_node(graph, "Relu", {"c"}, {"y"});
+    testing::typed_value(graph.add_output(), "y", onnx::TensorProto::FLOAT, {});
+    const Tensor want = run_node(NodeSpec{"Relu", "", 17, {}, 1}, {run_node(NodeSpec{"Conv", "", 17, attrs(c), 1}, {x, w, b})[0]})[0];
+    runtime::Session session(m);
+    for (int again = 0; again < 2; ++again) {
+      const Tensor got = session.run({{"x", x.cast(DataType::Float32)}, {"w", w.cast(DataType::Float32)},
+                                      {"b", b.cast(DataType::Float32)}}).at("y");
+      expect_close(got.cast(DataType::Float64), want, 1e-5, 1e-5);
+    }
+    Shape y_shape{g.N, g.M};
+    for (int64_t o : g.out) y_shape.push_back(o);
+    const Tensor dy = testing::random_f64(y_shape, 12);
+    const std::vector<Tensor> grads = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3}, {dy, x, w});
+    const std::vector<Tensor> grads32 =
+        run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3},
+                 {dy.cast(DataType::Float32), x.cast(DataType::Float32), w.cast(DataType::Float32)});
+    for (size_t i = 0; i < 3; ++i) {
+      SCOPED_TRACE("ConvGrad output " + std::to_string(i));
+      expect_close(grads32[i].cast(DataType::Float64), grads[i], 1e-5, 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
