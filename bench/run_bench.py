@@ -39,7 +39,7 @@ WARMUP = 10  # untimed steps on each side before the timed ones
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
-from docs_section import write_section  # noqa: E402
+from docs_section import machine, write_section  # noqa: E402
 
 
 def run_measured(cmd, env=None):
@@ -129,11 +129,10 @@ def main():
                         "--lr", "1e-3"], check=True, stdout=subprocess.DEVNULL)
     sgemm = max(json.loads(subprocess.run([os.path.join(BUILD, "bench", "onnxtrain-bench-sgemm"), "--threads", str(t)],
                                           capture_output=True, text=True, check=True).stdout)["gflops"] for t in (1, 2))
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     import torch
-    lines = [f"{datetime.date.today()}, {cpu} ({os.cpu_count()} cores), load average before the run {load:.2f}, "
+    lines = [f"{datetime.date.today()}, {machine()}, load average before the run {load:.2f}, "
              f"commit {commit}; PyTorch {torch.__version__}; `bench/run_bench.py --reps {args.reps} --steps "
              f"{args.steps}`; oneDNN sgemm peak (2048^3) {sgemm:.0f} GFLOP/s in this run.", "",
              f"Training (median steps/s of {args.steps} steps after {WARMUP} untimed ones, at each side's best thread "

@@ -57,7 +57,7 @@ sys.path.insert(0, BENCH)
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
 import workload_models  # noqa: E402
-from docs_section import write_section  # noqa: E402
+from docs_section import machine, write_section  # noqa: E402
 
 WARMUP = {"resnet18": 2, "bert": 2, "lstm": 2}  # step 2 is the first on the memory plan's fresh arena (page faults)
 STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
@@ -317,12 +317,11 @@ def find_tools(build):
 
 
 def header(args):
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     import onnxruntime
     import torch
     import transformers
-    return (f"{datetime.date.today()}, {cpu} ({os.cpu_count()} cores), load average before the run "
+    return (f"{datetime.date.today()}, {machine()}, load average before the run "
             f"{os.getloadavg()[0]:.2f}, commit {commit}; PyTorch {torch.__version__}, transformers "
             f"{transformers.__version__}, ONNX Runtime {onnxruntime.__version__}, Python {platform.python_version()}; "
             f"`bench/workloads.py --reps {args.reps} --threads {','.join(map(str, args.threads))} --steps "
