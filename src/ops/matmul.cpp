@@ -55,9 +55,14 @@ bool use_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
 }
 
 // y [M, N] = alpha * A' B' + beta * y, all row-major (A' = A^T when trans_a, A stored [K, M]; B'
-// = B^T when trans_b, B stored [N, K]). beta = 0 does not read y.
+// = B^T when trans_b, B stored [N, K]). beta = 0 does not read y. A transposed A alone takes the
+// swapped product where transposed_a_prefers_swap says so.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* a, const float* b, float beta, float* y) {
+  if (trans_a && !trans_b && transposed_a_prefers_swap(M, N, K)) {
+    swapped_transposed_a_product(M, N, K, alpha, a, M, b, N, beta, y, N);
+    return;
+  }
   du::checked("run sgemm", [&] {
     dnnl::sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, trans_a ? M : K, b,
                 trans_b ? K : N, beta, y, N);

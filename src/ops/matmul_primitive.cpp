@@ -1,5 +1,9 @@
 #include "ops/matmul_primitive.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "core/parallel.h"
 #include "ops/dnnl_util.h"
 
 namespace onnxtrain::ops {
@@ -42,6 +46,49 @@ void execute(MatMulEntry& entry, const float* a, const float* b, float* y, const
     if (bias) entry.bias.set_data_handle(const_cast<float*>(bias));
     entry.primitive.execute(stream, entry.args);
     stream.wait();
+  });
+}
+
+namespace {
+bool has_avx512() {
+  static const bool has = du::has_isa(dnnl::cpu_isa::avx512_core);
+  return has;
+}
+}  // namespace
+
+bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K) {
+  return has_avx512() && N >= 128 && M > N && M * N * K >= (int64_t{1} << 26);
+}
+
+bool transposed_a_prefers_swap(int64_t M, int64_t N, int64_t K) {
+  return !has_avx512() && N <= 256 && M >= 2 * N && M >= 512 && K >= 1024;
+}
+
+void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
+                                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<float> transposed;  // C^T [N, M]
+  transposed.resize(static_cast<size_t>(M * N));
+  float* ct = transposed.data();
+  du::checked("run sgemm", [&] {
+    dnnl::sgemm('T', 'N', N, M, K, alpha, b, ldb, a, lda, 0.0f, ct, M);
+  });
+  // C = C^T transposed (+ beta C), in tiles of 32 x 32 so that both sides stay in cache.
+  constexpr int64_t kTile = 32;
+  const int64_t row_tiles = (M + kTile - 1) / kTile, col_tiles = (N + kTile - 1) / kTile;
+  parallel_for(row_tiles * col_tiles, std::max<int64_t>(1, kParallelGrain / (kTile * kTile)),
+               [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t m0 = tile / col_tiles * kTile, n0 = tile % col_tiles * kTile;
+      const int64_t m1 = std::min(M, m0 + kTile), n1 = std::min(N, n0 + kTile);
+      for (int64_t m = m0; m < m1; ++m) {
+        float* __restrict row = c + m * ldc;
+        if (beta == 0.0f) {
+          for (int64_t n = n0; n < n1; ++n) row[n] = ct[n * M + m];
+        } else {
+          for (int64_t n = n0; n < n1; ++n) row[n] = ct[n * M + m] + beta * row[n];
+        }
+      }
+    }
   });
 }
 

@@ -405,6 +405,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
   if (M == 0 || N == 0) return;
   if constexpr (std::is_same_v<V, float>) {
     // Outside parallel regions only: the per-thread recurrences call this too, on their own rows.
+    if (trans_a && !trans_b && transposed_a_prefers_swap(M, N, K) && !omp_in_parallel()) {
+      swapped_transposed_a_product(M, N, K, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+      return;
+    }
     if (trans_a && !trans_b && transposed_a_prefers_matmul(M, N, K) && !omp_in_parallel() &&
         transposed_a_product(M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
       return;

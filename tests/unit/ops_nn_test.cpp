@@ -13,6 +13,7 @@
 #include "onnxtrain/session.h"
 #include "ops/conv_geometry.h"
 #include "ops/dnnl_util.h"
+#include "ops/matmul_primitive.h"
 #include "runtime/fusion.h"
 #include "test_util.h"
 
@@ -454,9 +455,10 @@ TEST(GemmTest, LinearLayerBiasInTheEpilogueAndOtherCsInOneKernel) {
 }
 
 // A weight gradient's shape, dW = dY^T X with more output rows than columns over many rows
-// (M = 512, N = 128, K = 1024: ops/dnnl_util.h transposed_a_prefers_matmul), runs through oneDNN's
-// matmul primitive reading A by strides instead of sgemm: without C, with a bias row in the
-// epilogue, and with a full C, alpha and beta (a sum post-op).
+// (M = 512, N = 128, K = 1024: ops/matmul_primitive.h), runs through oneDNN's matmul primitive
+// reading A by strides with AVX-512 (transposed_a_prefers_matmul) and as the transposed product
+// B^T A transposed back without it (transposed_a_prefers_swap): without C, with a bias row, and
+// with a full C, alpha and beta.
 TEST(GemmTest, TransposedAOfAWeightGradientsShape) {
   const int64_t M = 512, N = 128, K = 1024;
   const Tensor a = random({K, M}, 31), b = random({K, N}, 32);
@@ -477,6 +479,43 @@ TEST(GemmTest, TransposedAOfAWeightGradientsShape) {
     expect_close(got.cast(DataType::Float64), naive_gemm(a, b, has_c ? c : Tensor(), true, false, cc.alpha, cc.beta),
                  1e-4, 1e-4);
   }
+}
+
+// ops/matmul_primitive.h swapped_transposed_a_product on its own, whatever this CPU's rule:
+// C = alpha A^T B + beta C with rows longer than the operands (leading dimensions lda, ldb, ldc
+// past M, N), against float64; beta 0 ignores what C held (NaN included), and the columns of C
+// past N stay as they were.
+TEST(GemmTest, SwappedTransposedAProduct) {
+  const int64_t M = 70, N = 33, K = 129, lda = M + 3, ldb = N + 5, ldc = N + 2;
+  const Tensor a = random({K, lda}, 41), b = random({K, ldb}, 42), c0 = random({M, ldc}, 43);
+  for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 2.0f}}) {
+    SCOPED_TRACE("alpha " + std::to_string(alpha) + ", beta " + std::to_string(beta));
+    const Tensor a32 = a.cast(DataType::Float32), b32 = b.cast(DataType::Float32);
+    Tensor c = c0.cast(DataType::Float32);
+    if (beta == 0.0f) c.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    ops::swapped_transposed_a_product(M, N, K, alpha, a32.data<float>(), lda, b32.data<float>(), ldb, beta,
+                                      c.data<float>(), ldc);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < ldc; ++n) {
+        const double old = c0.data<double>()[m * ldc + n];
+        double want = old;
+        if (n < N) {
+          double sum = 0;
+          for (int64_t k = 0; k < K; ++k) sum += a.data<double>()[k * lda + m] * b.data<double>()[k * ldb + n];
+          want = alpha * sum + beta * old;
+        }
+        ASSERT_NEAR(c.data<float>()[m * ldc + n], want, 1e-4 * (1 + std::abs(want))) << m << ", " << n;
+      }
+    }
+  }
+  // The rule: never with AVX-512; without it for the weight-gradient shapes it was measured at.
+  const bool avx512 = ops::dnnl_util::has_isa(dnnl::cpu_isa::avx512_core);
+  EXPECT_EQ(ops::transposed_a_prefers_swap(1024, 256, 4096), !avx512);
+  EXPECT_FALSE(ops::transposed_a_prefers_swap(1024, 512, 4096));  // N as large as half of M
+  EXPECT_FALSE(ops::transposed_a_prefers_swap(256, 32, 4096));    // few rows
+  EXPECT_FALSE(ops::transposed_a_prefers_swap(512, 128, 128));    // a short sum
+  EXPECT_FALSE(avx512 && ops::transposed_a_prefers_swap(1024, 256, 4096));
+  EXPECT_FALSE(!avx512 && ops::transposed_a_prefers_matmul(1024, 256, 4096));
 }
 
 TEST(GemmTest, IntegersAndHalf) {
