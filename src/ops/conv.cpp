@@ -14,11 +14,11 @@
 // float32 with 1 to 3 spatial dims runs through oneDNN (convolution_forward /
 // deconvolution_forward, plain layouts, oneDNN dilation = ONNX dilation - 1), one primitive per
 // input shape, cached in the kernel; float16/bfloat16 are converted to float32 and back;
-// float64 and other ranks use the im2col reference of conv_ref.h. A Conv on weights fed at
-// every run whose outer kernel taps read only padding convolves over the others
-// (conv_geometry.h crop_unreached_taps), and one whose output maps are small runs as one matrix
-// product over the batch instead of oneDNN's convolution where conv_gemm.h's prefer_conv_gemm
-// says so (CPUs without AVX-512).
+// float64 and other ranks use the im2col reference of conv_ref.h. A Conv whose outer kernel
+// taps read only padding convolves over the others (conv_geometry.h crop_unreached_taps) when
+// its weights are fed at every run, or on a CPU without AVX-512 (ConvKernel::tap_crop); one
+// whose output maps are small runs as one matrix product over the batch instead of oneDNN's
+// convolution where conv_gemm.h's prefer_conv_gemm says so (CPUs without AVX-512).
 //
 // ai.onnxtrain.FusedConv (made by runtime/fusion.h, never saved) is a Conv followed by Relu
 // (attribute activation = "Relu") and/or MaxPool without Indices (MaxPool's attributes as
@@ -371,6 +371,10 @@ struct ConvEntry {
   // Constant weights (an initializer no run replaces) already reordered into `weights`: their
   // data, so later runs skip the reorder (at batch 1 it costs more than the convolution).
   const float* weights_reordered_from = nullptr;
+  // Constant weights cropped to the taps that reach the input (ConvKernel::tap_crop): the kept
+  // taps, gathered on the first run from the data at `cropped_from`.
+  Tensor cropped_weights;
+  const float* cropped_from = nullptr;
   std::unordered_map<int, dnnl::memory> args;  // the memories above by role
   // ConvTranspose with negative crops: oneDNN fills only the dst_dims block of y.
   DnnlConvDims dims;
@@ -705,11 +709,15 @@ class ConvKernel final : public Kernel {
     if (x.dtype() == DataType::Float32 && w.dtype() == DataType::Float32 && g.rank() <= 3 && x.numel() > 0 &&
         w.numel() > 0) {
       const bool has_bias = ctx.has_input(2);
+      const std::optional<TapCrop> crop = tap_crop(g);
+      const ConvGeometry& run_g = crop ? crop->geometry : g;
       ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(2),
-                                [&] { return plan(g, false, has_bias, weights_constant_, true, true); });
+                                [&] { return plan(run_g, false, has_bias, weights_constant_, true, true); });
       if (!e.use_reference && !e.dims.embed) {
         const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
-        execute(e, g, x.data<float>(), w.data<float>(), bias, conv.data<float>(), weights_constant_);
+        Tensor gathered;
+        execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, conv.data<float>(),
+                weights_constant_);
         if (relu) relu_in_place<float>(conv.data<float>(), conv.numel());
         return;
       }
@@ -825,8 +833,8 @@ class ConvKernel final : public Kernel {
         const ConvGeometry& run_g = crop ? crop->geometry : g;
         ConvEntry& e = plain_entry(run_g, x, w, bias != nullptr);
         if (!e.use_reference) {
-          const Tensor cropped = crop ? gather_taps(g, *crop, w.data<float>()) : Tensor();
-          execute(e, run_g, x.data<float>(), (crop ? cropped : w).data<float>(), bias, y, weights_constant_);
+          Tensor gathered;
+          execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, y, weights_constant_);
           return;
         }
       }
@@ -850,8 +858,8 @@ class ConvKernel final : public Kernel {
     ConvEntry& e = plain_entry(run_g, x, w, bias != nullptr);
     const int64_t block = e.dst_channel_block;
     if (e.use_reference || e.dims.embed || block == 0) return false;
-    const Tensor cropped = crop ? gather_taps(g, *crop, w.data<float>()) : Tensor();
-    execute(e, run_g, x.data<float>(), (crop ? cropped : w).data<float>(), bias, y, weights_constant_, false);
+    Tensor gathered;
+    execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, y, weights_constant_, false);
     const auto* in = static_cast<const float*>(e.dst.arg().get_data_handle());
     const int64_t size = g.out_size(), blocks = (g.M + block - 1) / block;
     // Task (n, channel block): `block` channel planes, read interleaved, written one by one.
@@ -884,12 +892,33 @@ class ConvKernel final : public Kernel {
     return true;
   }
 
-  // The crop the plain-output oneDNN path runs with (crop_unreached_taps), for weights fed at
-  // every run (a training step's variables) only: constant weights keep their copy in oneDNN's
-  // layout, made once, so cropping them would save nothing per run (measured: no change).
+  // The crop the oneDNN paths run with (crop_unreached_taps): for weights fed at every run (a
+  // training step's variables), and for constant ones on CPUs without AVX-512. With AVX-512 the
+  // constant weights' copy in oneDNN's layout, made once, ran as fast uncropped (measured on
+  // ResNet-18's layer 4 at batch 1: no change). oneDNN 2.6's AVX2 convolutions spend the time of
+  // every tap on the 1x1 maps of that layer: four 512 -> 512 3x3 convolutions on [1, 512, 1, 1]
+  // 0.60-0.73 ms against 0.12-0.13 as 1x1 ones (AMD EPYC Zen 3, 2 threads).
   std::optional<TapCrop> tap_crop(const ConvGeometry& g) const {
-    if (weights_constant_ || attrs_.transpose) return std::nullopt;
+    static const bool avx512 = du::has_isa(dnnl::cpu_isa::avx512_core);
+    if (attrs_.transpose || (weights_constant_ && avx512)) return std::nullopt;
     return crop_unreached_taps(g);
+  }
+
+  // The weights of float32 w that oneDNN runs e with under `crop`: w itself without a crop, else
+  // its kept taps, gathered into `gathered` for weights fed at every run and once into the entry
+  // for constant ones (whose copy in oneDNN's layout execute then makes once too).
+  const float* run_weights(ConvEntry& e, const ConvGeometry& g, const std::optional<TapCrop>& crop, const Tensor& w,
+                           Tensor& gathered) const {
+    if (!crop) return w.data<float>();
+    if (!weights_constant_) {
+      gathered = gather_taps(g, *crop, w.data<float>());
+      return gathered.data<float>();
+    }
+    if (e.cropped_from != w.data<float>()) {
+      e.cropped_weights = gather_taps(g, *crop, w.data<float>());
+      e.cropped_from = w.data<float>();
+    }
+    return e.cropped_weights.data<float>();
   }
 
   // The plain-output entry for these shapes (made on first use): g is the geometry oneDNN runs

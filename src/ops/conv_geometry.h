@@ -80,7 +80,8 @@ void copy_conv_block(const ConvGeometry& g, const DnnlConvDims& d, const float* 
 // and from its layouts, which cost more than such a convolution itself (ResNet-18 at 32x32,
 // batch 32, two cores, DNNL_VERBOSE: the three reorders of a layer-4 convolution's 512x512x3x3
 // weights took 1.9 ms of a training step, its forward and backward primitives 1.3 ms). The
-// Conv kernel crops for weights fed at every run, ConvGrad always (conv.cpp, conv_grad.cpp).
+// Conv kernel crops for weights fed at every run, and constant ones without AVX-512; ConvGrad
+// always (conv.cpp, conv_grad.cpp).
 
 struct TapCrop {
   ConvGeometry geometry;       // the same convolution over taps [first, first + kernel) of each dim

@@ -251,6 +251,44 @@ TEST(ChannelsLastFusion, MapsSmallerThanTheKernelTakeTheBlockedConvolutionWithTh
                                           {{"x", testing::random_f64(input_shape(1, 2, 1), 9).cast(DataType::Float32)}}});
 }
 
+// `m` with its float32 initializers, inputs and outputs as float64. float64 convolutions run
+// conv_ref.h's loops over every kernel tap, so such a model's outputs are a reference for the
+// float32 paths, which leave out the taps that read only padding (conv_geometry.h
+// crop_unreached_taps: with fed weights always, with constant ones without AVX-512).
+onnx::ModelProto as_float64(onnx::ModelProto m) {
+  auto& g = *m.mutable_graph();
+  for (auto& init : *g.mutable_initializer()) {
+    const std::string name = init.name();
+    io::tensor_to_proto(io::tensor_from_proto(init, {}, "initializer " + name).cast(DataType::Float64), name, init);
+  }
+  for (auto* values : {g.mutable_input(), g.mutable_output()}) {
+    for (auto& v : *values) v.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::DOUBLE);
+  }
+  return m;
+}
+
+TEST(ChannelsLastFusion, ConstantWeightsOnMapsSmallerThanTheKernelGiveEveryTapsResult) {
+  // ResNet-18's last stage at 32x32 input: 3x3 convolutions on 1x1 maps read their centre tap
+  // alone, and the stride-2 one from 2x2 maps its lower-right 2x2 taps. On an AVX2 machine the
+  // constant weights are cropped to those taps (conv.cpp tap_crop), once, then kept: the second
+  // and third runs reuse them.
+  const onnx::ModelProto model = residual_model(2);
+  runtime::Session fused(model), unfused(model, {.fuse = false}), reference(as_float64(model));
+  for (const Shape& shape : {input_shape(1, 2, 1), input_shape(3, 2, 2), input_shape(1, 2, 1)}) {
+    const Tensor x64 = testing::random_f64(shape, 10 + static_cast<uint32_t>(shape[0]));
+    const runtime::NamedTensors want = reference.run({{"x", x64}});
+    for (runtime::Session* session : {&fused, &unfused}) {
+      for (int again = 0; again < 2; ++again) {
+        const runtime::NamedTensors got = session->run({{"x", x64.cast(DataType::Float32)}});
+        for (const auto& [name, tensor] : want) {
+          SCOPED_TRACE("output " + name + " for x " + shape.to_string() + (session == &fused ? ", fused" : ""));
+          expect_close(got.at(name).cast(DataType::Float64), tensor, 1e-5, 1e-5);
+        }
+      }
+    }
+  }
+}
+
 TEST(ChannelsLastFusion, AResidualOfAnotherBatchOrAScalarBroadcastsAsTheAddWould) {
   // Add(conv, z) where z has the larger batch (the fused node's output takes z's shape), and
   // Add(conv, 1.5) with a one-element constant: both fuse into the convolution.
