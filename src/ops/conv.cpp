@@ -711,10 +711,31 @@ class ConvKernel final : public Kernel {
       const bool has_bias = ctx.has_input(2);
       const std::optional<TapCrop> crop = tap_crop(g);
       const ConvGeometry& run_g = crop ? crop->geometry : g;
+      const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
+      if (!attrs_.transpose && prefer_conv_gemm_channels_last(run_g)) {
+        // One matrix product over the batch (conv_gemm.h) on W's taps, each with its channels
+        // last: for constant weights made once and kept in an entry of their own.
+        ConvEntry& kept = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(3),
+                                     [] { return ConvEntry(); });
+        Tensor gathered;
+        if (!weights_constant_ || kept.cropped_from != w.data<float>()) {
+          const Tensor taps = crop ? gather_taps(g, *crop, w.data<float>()) : w;
+          std::vector<int64_t> perm{0};
+          for (size_t d = 2; d < taps.rank(); ++d) perm.push_back(static_cast<int64_t>(d));
+          perm.push_back(1);
+          gathered = permuted(taps, perm);
+          if (weights_constant_) {
+            kept.cropped_weights = gathered;
+            kept.cropped_from = w.data<float>();
+          }
+        }
+        conv_gemm_forward_channels_last(run_g, x.data<float>(), (weights_constant_ ? kept.cropped_weights : gathered).data<float>(),
+                                        bias, conv.data<float>(), relu);
+        return;
+      }
       ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(2),
                                 [&] { return plan(run_g, false, has_bias, weights_constant_, true, true); });
       if (!e.use_reference && !e.dims.embed) {
-        const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
         Tensor gathered;
         execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, conv.data<float>(),
                 weights_constant_);

@@ -17,6 +17,9 @@ namespace {
 
 // Output positions per image up to which prefer_conv_gemm holds (conv_gemm.h).
 constexpr int64_t kMaxOutputPositions = 4;
+// Output positions per image up to which, and images from which, prefer_conv_gemm_channels_last
+// holds.
+constexpr int64_t kMaxOutputPositionsChannelsLast = 16, kMinImagesChannelsLast = 4;
 
 // For output position o and kernel tap t (row-major over the spatial dims), the offset of the
 // input element the tap reads inside one channel plane, or -1 where it reads padding:
@@ -75,6 +78,27 @@ void gather_patches(const ConvGeometry& g, const Lowered& l, const float* x, flo
   });
 }
 
+// P [rows, taps * C] from channels-last x [N, D..., C], columns in the order (t, c): each
+// tap's C channels are one contiguous run of x.
+void gather_patches_channels_last(const ConvGeometry& g, const Lowered& l, const float* x, float* p) {
+  const int64_t in_size = g.in_size();
+  parallel_for(l.rows, std::max<int64_t>(1, kParallelGrain / l.K), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / l.out_size, o = r % l.out_size;
+      const int64_t* offsets = l.offsets.data() + o * l.taps;
+      float* row = p + r * l.K;
+      for (int64_t t = 0; t < l.taps; ++t) {
+        float* dst = row + t * g.C;
+        if (offsets[t] < 0) {
+          std::fill(dst, dst + g.C, 0.0f);
+        } else {
+          std::memcpy(dst, x + (n * in_size + offsets[t]) * g.C, sizeof(float) * static_cast<size_t>(g.C));
+        }
+      }
+    }
+  });
+}
+
 // dx [N, C, D...] = the sum of dP [rows, K] over every (o, t) whose patch read each element.
 void scatter_patches(const ConvGeometry& g, const Lowered& l, const float* dp, float* dx) {
   const int64_t in_size = g.in_size();
@@ -121,6 +145,12 @@ bool prefer_conv_gemm(const ConvGeometry& g) {
   return no_avx512 && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositions;
 }
 
+bool prefer_conv_gemm_channels_last(const ConvGeometry& g) {
+  static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
+  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositionsChannelsLast &&
+         g.N >= kMinImagesChannelsLast;
+}
+
 void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
                        bool relu) {
   const Lowered l(g);
@@ -137,6 +167,24 @@ void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, co
           const float v = product[(n * l.out_size + o) * g.M + m] + bias;
           dst[o] = relu ? ops::relu(v) : v;
         }
+      }
+    }
+  });
+}
+
+void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
+                                     const float* b, float* y, bool relu) {
+  const Lowered l(g);
+  float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.rows * l.K)));
+  gather_patches_channels_last(g, l, x, p);
+  sgemm('N', 'T', l.rows, g.M, l.K, p, l.K, w_taps_first, l.K, y, g.M);
+  if (!b && !relu) return;
+  parallel_for(l.rows, std::max<int64_t>(1, kParallelGrain / g.M), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* __restrict row = y + r * g.M;
+      for (int64_t m = 0; m < g.M; ++m) {
+        const float v = row[m] + (b ? b[m] : 0.0f);
+        row[m] = relu ? ops::relu(v) : v;
       }
     }
   });

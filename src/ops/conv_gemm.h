@@ -36,10 +36,29 @@ namespace onnxtrain::ops {
 // nothing changes.
 bool prefer_conv_gemm(const ConvGeometry& g);
 
+// Whether conv.cpp runs an ai.onnxtrain.ConvChannelsLast of geometry g (after
+// crop_unreached_taps) through conv_gemm_forward_channels_last instead of oneDNN's primitive:
+// group 1, at most 16 output positions per image, at least 4 images, on a CPU without AVX-512.
+// There the weights are constant (an inference chain), their copy taps-first made once, and
+// oneDNN reads its own layout of them without reorders, so the measure differs from
+// prefer_conv_gemm's: ResNet-18 at 32x32 on the AVX2 machine, per convolution at batch 128, 2x2
+// and 1x1 maps (layers 3 and 4) 4.9-8.7 -> 1.2-5.7 ms and 4x4 maps (layer 2) 7.6-7.8 -> 5.0-5.5
+// ms, 8x8 maps (layer 1) 7.2-7.4 -> 7.8-9.8 ms (slower, excluded); the network's convolutions
+// 10-28 % faster from batch 4 on, within noise at batch 2 and 10-20 % slower at batch 1, where
+// the product's packing of W at every run costs more than oneDNN's convolution of 1 to 16 rows.
+bool prefer_conv_gemm_channels_last(const ConvGeometry& g);
+
 // y [N, M, O...] = Conv(x, w) + b (b [M], or null for none), then Relu when `relu` (NaN kept):
 // the forward product above. float32, group 1, any number of spatial dims; every extent > 0.
 void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
                        bool relu);
+
+// y [N, O..., M] = Conv(x, w) + b, then Relu when `relu`, for channels-last x [N, D..., C]
+// (ai.onnxtrain.ConvChannelsLast) and w_taps_first [M, k..., C] (W with its channel dim moved
+// last): the forward product with P's columns in the order (t, c), whose [rows, M] result is y's
+// layout. Same conditions as conv_gemm_forward.
+void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
+                                     const float* b, float* y, bool relu);
 
 // The gradients of y = Conv(x, w) for dy [N, M, O...]: dx [N, C, D...] (when not null) and
 // dw [M, C, k...] (when not null), overwritten. The bias gradient is the caller's (a plain sum

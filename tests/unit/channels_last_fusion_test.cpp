@@ -245,8 +245,8 @@ TEST(ChannelsLastFusion, ResidualBlocksGiveTheUnrewrittenResultsInOneTwoAndThree
 
 TEST(ChannelsLastFusion, MapsSmallerThanTheKernelTakeTheBlockedConvolutionWithTheSameResults) {
   // 2x2 maps under 3x3 kernels at a batch of more than 64 output positions: the blocked
-  // direct convolution between reorders (conv.cpp blocked_for_channels_last); 1x1 maps at
-  // batch 1: the channels-last one.
+  // direct convolution between reorders (conv.cpp blocked_for_channels_last; without AVX-512
+  // the product over the batch, conv_gemm.h); 1x1 maps at batch 1: the channels-last one.
   expect_same_outputs(residual_model(2), {{{"x", testing::random_f64(input_shape(40, 2, 2), 8).cast(DataType::Float32)}},
                                           {{"x", testing::random_f64(input_shape(1, 2, 1), 9).cast(DataType::Float32)}}});
 }
@@ -271,11 +271,13 @@ TEST(ChannelsLastFusion, ConstantWeightsOnMapsSmallerThanTheKernelGiveEveryTapsR
   // ResNet-18's last stage at 32x32 input: 3x3 convolutions on 1x1 maps read their centre tap
   // alone, and the stride-2 one from 2x2 maps its lower-right 2x2 taps. On an AVX2 machine the
   // constant weights are cropped to those taps (conv.cpp tap_crop), once, then kept: the second
-  // and third runs reuse them.
+  // and third runs reuse them. From 4 images, maps of up to 16 positions run as one product
+  // over the batch on W's taps-first copy (conv_gemm.h prefer_conv_gemm_channels_last).
   const onnx::ModelProto model = residual_model(2);
   runtime::Session fused(model), unfused(model, {.fuse = false}), reference(as_float64(model));
-  for (const Shape& shape : {input_shape(1, 2, 1), input_shape(3, 2, 2), input_shape(1, 2, 1)}) {
-    const Tensor x64 = testing::random_f64(shape, 10 + static_cast<uint32_t>(shape[0]));
+  for (const Shape& shape : {input_shape(1, 2, 1), input_shape(3, 2, 2), input_shape(5, 2, 2), input_shape(4, 2, 4),
+                             input_shape(1, 2, 1), input_shape(5, 2, 2)}) {
+    const Tensor x64 = testing::random_f64(shape, 10 + static_cast<uint32_t>(shape[0] + shape[2]));
     const runtime::NamedTensors want = reference.run({{"x", x64}});
     for (runtime::Session* session : {&fused, &unfused}) {
       for (int again = 0; again < 2; ++again) {

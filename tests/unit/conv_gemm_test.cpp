@@ -1,7 +1,7 @@
 // ops/conv_gemm.h: convolutions with small output maps as one matrix product over the batch.
 // The functions against Conv and ConvGrad in float64 (their reference loops) at shapes with
 // strides, asymmetric pads, dilations, 1 to 3 spatial dims, bias and Relu; the rule
-// prefer_conv_gemm; and Conv -> Relu and ConvGrad on fed float32 weights through a session,
+// prefer_conv_gemm and prefer_conv_gemm_channels_last; and Conv -> Relu and ConvGrad on fed float32 weights through a session,
 // which take that path on a CPU without AVX-512 and oneDNN's elsewhere, against float64.
 #include <cmath>
 #include <limits>
@@ -82,6 +82,38 @@ TEST(ConvGemm, ForwardEqualsConvWithBiasAndRelu) {
   }
 }
 
+// x [N, C, D...] -> [N, D..., C] and w [M, C, k...] -> [M, k..., C]: the channel dim last.
+Tensor channel_dim_last(const Tensor& t) {
+  std::vector<int64_t> perm{0};
+  for (size_t d = 2; d < t.rank(); ++d) perm.push_back(static_cast<int64_t>(d));
+  perm.push_back(1);
+  return run_node(NodeSpec{"Transpose", "", 17, {attr("perm", perm)}, 1}, {t})[0];
+}
+
+TEST(ConvGemm, ChannelsLastForwardEqualsConvWithBiasAndRelu) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const ops::ConvGeometry g = geometry(c);
+    const Tensor x = testing::random_f64(c.x, 11), w = testing::random_f64(c.w, 12, 0.5);
+    const Tensor b = testing::random_f64(Shape{g.M}, 13);
+    const Tensor x_last = channel_dim_last(x).cast(DataType::Float32);
+    const Tensor w_last = channel_dim_last(w).cast(DataType::Float32), b32 = b.cast(DataType::Float32);
+    for (const bool with_bias : {true, false}) {
+      const Tensor conv = run_node(NodeSpec{"Conv", "", 17, attrs(c), 1}, with_bias ? std::vector<Tensor>{x, w, b}
+                                                                                      : std::vector<Tensor>{x, w})[0];
+      for (const bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(with_bias ? "bias" : "no bias") + (relu ? ", Relu" : ""));
+        const Tensor want = channel_dim_last(relu ? run_node(NodeSpec{"Relu", "", 17, {}, 1}, {conv})[0] : conv);
+        Tensor y(DataType::Float32, want.shape());
+        std::fill(y.data<float>(), y.data<float>() + y.numel(), 7.0f);  // overwritten
+        ops::conv_gemm_forward_channels_last(g, x_last.data<float>(), w_last.data<float>(),
+                                             with_bias ? b32.data<float>() : nullptr, y.data<float>(), relu);
+        expect_close(y.cast(DataType::Float64), want, 1e-5, 1e-5);
+      }
+    }
+  }
+}
+
 TEST(ConvGemm, ReluKeepsNaN) {
   const Case& c = kCases[0];
   const ops::ConvGeometry g = geometry(c);
@@ -134,6 +166,14 @@ TEST(ConvGemm, TheRule) {
   EXPECT_FALSE(ops::prefer_conv_gemm(g));
   g = geometry(Case{"4x4 maps", {2, 8, 4, 4}, {8, 8, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}});
   EXPECT_FALSE(ops::prefer_conv_gemm(g));  // 16 output positions
+  // Constant weights in a channels-last chain: up to 16 output positions, from 4 images.
+  EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));  // 2 images
+  g.N = 4;
+  EXPECT_EQ(ops::prefer_conv_gemm_channels_last(g), !avx512);
+  g.G = 2;
+  EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));
+  g = geometry(Case{"8x8 maps", {4, 8, 8, 8}, {8, 8, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}});
+  EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));  // 64 output positions
 }
 
 // A training step's convolution: W and B fed (graph inputs), Conv -> Relu (one FusedConv in the
