@@ -6,32 +6,60 @@ torch.compile, inference against ONNX Runtime), each workload's position against
 peak and against oneDNN's own kernels at its shapes timed alone (bench/gemm_peak.py,
 bench/conv_peak.py), one after the other, each writing its tables into its section of
 docs/performance.md.
-About 10 minutes on the 2-core development machine with the defaults below; run it on an
-otherwise idle machine (bench/shared_cores.py measures the loaded case on its own).
+About 7 minutes on the 2-core AVX-512 development machine with the defaults below; on a slower
+machine the timed step counts shrink with its sgemm peak (below), so that each timed run lasts
+about as long as there. Run it on an otherwise idle machine (bench/shared_cores.py measures the
+loaded case on its own).
 
-Usage: .venv/bin/python bench/all.py [--no-docs]   (after scripts/build release)
+Usage: .venv/bin/python bench/all.py [--no-docs] [--full-steps]   (after scripts/build release)
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
 
-# (script, arguments): repetitions and step counts chosen so the whole run stays near 10 minutes.
-RUNS = [
-    ("run_bench.py", ["--reps", "3", "--steps", "150"]),
-    ("workloads.py", ["--reps", "2", "--steps", "resnet18=20,bert=6,lstm=8"]),
-]
+# Repetitions and timed step counts, chosen on a machine whose oneDNN sgemm peak (2048^3, 2
+# threads) was REFERENCE_PEAK GFLOP/s so that the whole run stayed near 7 minutes there; the
+# fewest steps any machine runs (a timed run shorter than ~1 s is mostly noise on these VMs).
+REFERENCE_PEAK = 490.0
+FASHION_MNIST_STEPS, FASHION_MNIST_FLOOR = 150, 40
+WORKLOAD_STEPS = {"resnet18": 20, "bert": 6, "lstm": 8}
+WORKLOAD_FLOORS = {"resnet18": 8, "bert": 3, "lstm": 4}
+
+
+def sgemm_peak():
+    """oneDNN's sgemm at 2048^3 on 2 threads, GFLOP/s (bench/bench_sgemm.cpp)."""
+    tool = os.path.join(ROOT, "build", "release", "bench", "onnxtrain-bench-sgemm")
+    out = subprocess.run([tool, "--threads", "2"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["gflops"]
+
+
+def runs(scale):
+    """(script, arguments) with the step counts times `scale` (at most 1), never below the floors."""
+    steps = lambda n, floor: max(floor, round(n * scale))
+    workload_steps = ",".join(f"{k}={steps(v, WORKLOAD_FLOORS[k])}" for k, v in WORKLOAD_STEPS.items())
+    return [("run_bench.py", ["--reps", "3", "--steps", str(steps(FASHION_MNIST_STEPS, FASHION_MNIST_FLOOR))]),
+            ("workloads.py", ["--reps", "2", "--steps", workload_steps])]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-docs", action="store_true", help="print the tables without writing docs/performance.md")
+    parser.add_argument("--full-steps", action="store_true",
+                        help=f"the step counts chosen at {REFERENCE_PEAK:.0f} GFLOP/s whatever this machine's peak")
     args = parser.parse_args()
     started = time.perf_counter()
-    for script, arguments in RUNS:
+    scale = 1.0
+    if not args.full_steps:
+        peak = sgemm_peak()
+        scale = min(1.0, peak / REFERENCE_PEAK)
+        print(f"sgemm peak {peak:.0f} GFLOP/s: timed step counts x {scale:.2f} (--full-steps keeps them)", flush=True)
+    for script, arguments in runs(scale):
         command = [sys.executable, os.path.join(BENCH, script)] + arguments + ([] if args.no_docs else ["--write-docs"])
         print("$ " + " ".join(command[1:]), flush=True)
         begun = time.perf_counter()

@@ -168,6 +168,7 @@ def train_section(names, prepared, tools, args, errors):
         paths = prepared.get(name)
         mine, theirs, peaks = {t: [] for t in args.threads}, {t: [] for t in args.threads}, {"o": 0.0, "p": 0.0}
         first_loss = {}
+        began = time.perf_counter()
         for _ in range(args.reps):
             for t in args.threads:
                 if paths and paths["trainable"] and (name, "train") not in errors:
@@ -188,6 +189,7 @@ def train_section(names, prepared, tools, args, errors):
         o, p = best(mine), best(theirs)
         args.best_train[name] = o
         compiled = "not tried (--no-compile)"
+        eager_s = time.perf_counter() - began
         if not args.no_compile and p:
             try:
                 rate, _, _ = torch_rate(name, p[1], args.steps[name], args.compile_timeout, compile_=True)
@@ -203,7 +205,8 @@ def train_section(names, prepared, tools, args, errors):
                     f"({p[0] * gflop / args.sgemm:.0%})") if o and p else "-"
         rows.append(f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | {roofline} "
                     f"| {losses} |")
-        print(rows[-1], file=sys.stderr, flush=True)
+        print(rows[-1] + f" ({eager_s:.0f} s, torch.compile {time.perf_counter() - began - eager_s:.0f} s)",
+              file=sys.stderr, flush=True)
     return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
             "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager | GFLOP per step: GFLOP/s "
             "(of the sgemm peak) onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
@@ -352,17 +355,22 @@ def main():
     started = time.perf_counter()
     errors = {}
     lines = [header(args), ""]
+    progress = lambda what: print(f"({what}: {time.perf_counter() - started:.0f} s since the start)", file=sys.stderr,
+                                  flush=True)
     prepared = {name: prepare(name, tools, errors, WARMUP[name] + args.steps[name] + 1) for name in names}
     args.flops = {name: workload_models.train_flops(name) for name in names}
     args.sgemm = sgemm_peak(tools, args.threads)
+    progress("exports, make-trainable and the sgemm peak done")
     args.best_train, args.best_infer = {}, {}
     lines += [f"Training (steps/s without start-up; best thread count of each side). The machine's peak: oneDNN's "
               f"sgemm (2048^3, bench/bench_sgemm.cpp) at {args.sgemm:.0f} GFLOP/s in this run; GFLOP per step counts "
               "the matrix products and convolutions of the forward and backward passes "
               "(bench/workload_models.py train_flops).", ""]
     lines += train_section(names, prepared, tools, args, errors)
+    progress("training done")
     lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
     lines += infer_section(names, prepared, tools, args, errors)
+    progress("inference done")
     lines += ["", "Each workload against oneDNN's own kernels at its shapes, timed alone, the fastest of 10 runs with "
               "warm operands, no reorders, no other op: the convolution-bound one's convolutions (bench/conv_peak.py: "
               "each Conv's forward, backward-data and backward-weights primitives, or forward_inference, in the "
