@@ -27,7 +27,8 @@ ROOT = os.path.dirname(BENCH)
 # threads) was REFERENCE_PEAK GFLOP/s so that the whole run stayed near 7 minutes there; the
 # fewest steps any machine runs (a timed run shorter than ~1 s is mostly noise on these VMs).
 REFERENCE_PEAK = 490.0
-FASHION_MNIST_STEPS, FASHION_MNIST_FLOOR = 150, 40
+FASHION_MNIST_STEPS = {"mlp": 150, "cnn": 150}
+FASHION_MNIST_FLOORS = {"mlp": 150, "cnn": 40}  # the MLP's 150 steps take ~1 s on a 4x slower machine
 WORKLOAD_STEPS = {"resnet18": 20, "bert": 6, "lstm": 8}
 WORKLOAD_FLOORS = {"resnet18": 8, "bert": 3, "lstm": 4}
 
@@ -42,9 +43,9 @@ def sgemm_peak():
 def runs(scale):
     """(script, arguments) with the step counts times `scale` (at most 1), never below the floors."""
     steps = lambda n, floor: max(floor, round(n * scale))
-    workload_steps = ",".join(f"{k}={steps(v, WORKLOAD_FLOORS[k])}" for k, v in WORKLOAD_STEPS.items())
-    return [("run_bench.py", ["--reps", "3", "--steps", str(steps(FASHION_MNIST_STEPS, FASHION_MNIST_FLOOR))]),
-            ("workloads.py", ["--reps", "2", "--steps", workload_steps])]
+    listed = lambda counts, floors: ",".join(f"{k}={steps(v, floors[k])}" for k, v in counts.items())
+    return [("run_bench.py", ["--reps", "3", "--steps", listed(FASHION_MNIST_STEPS, FASHION_MNIST_FLOORS)]),
+            ("workloads.py", ["--reps", "2", "--steps", listed(WORKLOAD_STEPS, WORKLOAD_FLOORS)])]
 
 
 def main():

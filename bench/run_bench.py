@@ -113,11 +113,20 @@ def torch_train(model, threads, steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", default="200",
+                        help="timed training steps: one count for every model, or per model, e.g. mlp=150,cnn=40")
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--write-docs", action="store_true",
                         help="replace the <!-- fashion-mnist:begin --> section of docs/performance.md with the tables")
     args = parser.parse_args()
+    models = args.models.split(",")
+    if "=" in args.steps:
+        steps = {k: int(v) for k, v in (item.split("=") for item in args.steps.split(","))}
+        missing = [m for m in models if m not in steps]
+        if missing:
+            parser.error(f"--steps names no count for {', '.join(missing)}")
+    else:
+        steps = {m: int(args.steps) for m in models}
     started = time.perf_counter()
     load = os.getloadavg()[0]
     os.makedirs(WORK, exist_ok=True)
@@ -135,7 +144,8 @@ def main():
     lines = [f"{datetime.date.today()}, {machine()}, load average before the run {load:.2f}, "
              f"commit {commit}; PyTorch {torch.__version__}; `bench/run_bench.py --reps {args.reps} --steps "
              f"{args.steps}`; oneDNN sgemm peak (2048^3) {sgemm:.0f} GFLOP/s in this run.", "",
-             f"Training (median steps/s of {args.steps} steps after {WARMUP} untimed ones, at each side's best thread "
+             f"Training (median steps/s of {' and '.join(f'{steps[m]} ({m})' for m in models)} steps after {WARMUP} "
+             "untimed ones, at each side's best thread "
              "count; onnxtrain's GFLOP/s counts the forward, "
              "the weight gradients and the input gradients of every layer but the first; the last column is the "
              "time oneDNN's own kernels at the model's shapes need, its matrix products (bench/gemm_peak.py) and "
@@ -154,7 +164,7 @@ def main():
         for _ in range(args.reps):
             for t in (1, 2):
                 for impl, fn in (("onnxtrain", onnxtrain_train), ("pytorch", torch_train)):
-                    rate, peak = fn(model, t, args.steps)
+                    rate, peak = fn(model, t, steps[model])
                     results[(impl, t)].append(rate)
                     peaks[impl] = max(peaks[impl], peak)
         best = {}

@@ -62,18 +62,22 @@ struct Lowered {
         offsets(tap_offsets(g)) {}
 };
 
+// f(n, offsets, row) for each row (n, o) of P [rows, K], in parallel: n the image, offsets the
+// tap offsets of output position o (tap_offsets), row its K elements.
+template <class F>
+void for_each_patch_row(const Lowered& l, float* p, F&& f) {
+  parallel_for(l.rows, std::max<int64_t>(1, kParallelGrain / l.K), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) f(r / l.out_size, l.offsets.data() + (r % l.out_size) * l.taps, p + r * l.K);
+  });
+}
+
 // P [rows, K] from x [N, C, D...] (conv_gemm.h).
 void gather_patches(const ConvGeometry& g, const Lowered& l, const float* x, float* p) {
   const int64_t in_size = g.in_size();
-  parallel_for(l.rows, std::max<int64_t>(1, kParallelGrain / l.K), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / l.out_size, o = r % l.out_size;
-      const int64_t* offsets = l.offsets.data() + o * l.taps;
-      float* __restrict row = p + r * l.K;
-      for (int64_t c = 0; c < g.C; ++c) {
-        const float* plane = x + (n * g.C + c) * in_size;
-        for (int64_t t = 0; t < l.taps; ++t) row[c * l.taps + t] = offsets[t] < 0 ? 0.0f : plane[offsets[t]];
-      }
+  for_each_patch_row(l, p, [&](int64_t n, const int64_t* offsets, float* __restrict row) {
+    for (int64_t c = 0; c < g.C; ++c) {
+      const float* plane = x + (n * g.C + c) * in_size;
+      for (int64_t t = 0; t < l.taps; ++t) row[c * l.taps + t] = offsets[t] < 0 ? 0.0f : plane[offsets[t]];
     }
   });
 }
@@ -82,18 +86,13 @@ void gather_patches(const ConvGeometry& g, const Lowered& l, const float* x, flo
 // tap's C channels are one contiguous run of x.
 void gather_patches_channels_last(const ConvGeometry& g, const Lowered& l, const float* x, float* p) {
   const int64_t in_size = g.in_size();
-  parallel_for(l.rows, std::max<int64_t>(1, kParallelGrain / l.K), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / l.out_size, o = r % l.out_size;
-      const int64_t* offsets = l.offsets.data() + o * l.taps;
-      float* row = p + r * l.K;
-      for (int64_t t = 0; t < l.taps; ++t) {
-        float* dst = row + t * g.C;
-        if (offsets[t] < 0) {
-          std::fill(dst, dst + g.C, 0.0f);
-        } else {
-          std::memcpy(dst, x + (n * in_size + offsets[t]) * g.C, sizeof(float) * static_cast<size_t>(g.C));
-        }
+  for_each_patch_row(l, p, [&](int64_t n, const int64_t* offsets, float* row) {
+    for (int64_t t = 0; t < l.taps; ++t) {
+      float* dst = row + t * g.C;
+      if (offsets[t] < 0) {
+        std::fill(dst, dst + g.C, 0.0f);
+      } else {
+        std::memcpy(dst, x + (n * in_size + offsets[t]) * g.C, sizeof(float) * static_cast<size_t>(g.C));
       }
     }
   });
