@@ -424,10 +424,10 @@ void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y) {
   });
 }
 
-void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, const float* x, float* y,
+void max_pool_channels_last(const PoolPlan& p, int64_t images, int64_t channels, bool relu, const float* x, float* y,
                             bool y_channels_last) {
-  if (p.out_size == 0 || channels == 0) return;
-  const int64_t C = channels, N = p.channels / C, out_last = p.out.back();
+  if (p.out_size == 0 || channels == 0 || images == 0) return;
+  const int64_t C = channels, N = images, out_last = p.out.back();
   const int64_t lines = static_cast<int64_t>(p.line_begin.size()) - 1;
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, out_last * C * window_estimate(p)));
   parallel_for(N * lines, grain, [&](int64_t begin, int64_t end) {

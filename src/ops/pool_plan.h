@@ -72,11 +72,12 @@ PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x
 void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y);
 
 // The same from a channels-last float32 x [N, D..., C] (a convolution's output in oneDNN's
-// nhwc-style layout; `p` made for the plain shape [N, C, D...]) into the plain y [N, C, O...], or
-// the channels-last y [N, O..., C] when `y_channels_last`, then Relu (max(v, 0), NaN kept) when
-// `relu`. MaxPool then Relu equals Relu then MaxPool, as both are monotonic and keep NaN, so this
-// also runs Conv -> Relu -> MaxPool (runtime/fusion.h).
-void max_pool_channels_last(const PoolPlan& p, int64_t channels, bool relu, const float* x, float* y,
+// nhwc-style layout; `p` made for the plain shape [N', C, D...] of any batch N', as the windows
+// do not depend on it) into the plain y [N, C, O...], or the channels-last y [N, O..., C] when
+// `y_channels_last`, then Relu (max(v, 0), NaN kept) when `relu`; N = `images`. MaxPool then
+// Relu equals Relu then MaxPool, as both are monotonic and keep NaN, so this also runs Conv ->
+// Relu -> MaxPool (runtime/fusion.h).
+void max_pool_channels_last(const PoolPlan& p, int64_t images, int64_t channels, bool relu, const float* x, float* y,
                             bool y_channels_last = false);
 
 // The divisor of AveragePool for output o of output line l (see PoolPlan): the number of

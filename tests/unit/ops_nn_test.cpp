@@ -1315,6 +1315,19 @@ TEST(FusedConvTest, MatchesConvReluMaxPoolOnTheOneDnnPath) {
   expect_fused_chain(c, random32({1, 3, 9, 9}, 4), random32({5, 3, 3, 3}, 5), Tensor());
 }
 
+TEST(FusedConvTest, ImagesGoThroughInChunksOfTheirConvolutionOutput) {
+  // 64 channels of 32x32 output per image, 256 KiB: conv.cpp's kPooledChunkBytes (1 MiB) takes
+  // 4 images per oneDNN call, so batch 10 runs chunks of 4, 4 and 2 and batch 5 of 4 and 1, each
+  // image's result written at its own place in y.
+  ChainSpec c;
+  c.conv = {attr("kernel_shape", Ints{3, 3}), attr("pads", Ints{1, 1, 1, 1})};
+  c.pool = {attr("kernel_shape", Ints{2, 2}), attr("strides", Ints{2, 2})};
+  for (const int64_t batch : {10, 5}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    expect_fused_chain(c, random32({batch, 3, 32, 32}, 30), random32({64, 3, 3, 3}, 31), random32({64}, 32));
+  }
+}
+
 TEST(FusedConvTest, PoolPaddingCeilModeDilationsAndGroups) {
   ChainSpec c;
   c.conv = {attr("kernel_shape", Ints{3, 3}), attr("strides", Ints{2, 1}), attr("group", int64_t{2}),
