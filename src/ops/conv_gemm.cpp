@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/parallel.h"
 #include "ops/dnnl_util.h"
 #include "ops/relu.h"
@@ -20,6 +22,8 @@ constexpr int64_t kMaxOutputPositions = 4;
 // Output positions per image up to which, and images from which, prefer_conv_gemm_channels_last
 // holds.
 constexpr int64_t kMaxOutputPositionsChannelsLast = 16, kMinImagesChannelsLast = 4;
+// Input channels below which prefer_weight_grad_per_image holds: oneDNN 2.6's AVX2 block.
+constexpr int64_t kAvx2ChannelBlock = 8;
 
 // For output position o and kernel tap t (row-major over the spatial dims), the offset of the
 // input element the tap reads inside one channel plane, or -1 where it reads padding:
@@ -71,14 +75,20 @@ void for_each_patch_row(const Lowered& l, float* p, F&& f) {
   });
 }
 
+// Row (n, o) of P from x [N, C, D...] (conv_gemm.h): offsets are output position o's.
+void gather_patch_row(const ConvGeometry& g, const Lowered& l, const float* x, int64_t n, const int64_t* offsets,
+                      float* __restrict row) {
+  const int64_t in_size = g.in_size();
+  for (int64_t c = 0; c < g.C; ++c) {
+    const float* plane = x + (n * g.C + c) * in_size;
+    for (int64_t t = 0; t < l.taps; ++t) row[c * l.taps + t] = offsets[t] < 0 ? 0.0f : plane[offsets[t]];
+  }
+}
+
 // P [rows, K] from x [N, C, D...] (conv_gemm.h).
 void gather_patches(const ConvGeometry& g, const Lowered& l, const float* x, float* p) {
-  const int64_t in_size = g.in_size();
-  for_each_patch_row(l, p, [&](int64_t n, const int64_t* offsets, float* __restrict row) {
-    for (int64_t c = 0; c < g.C; ++c) {
-      const float* plane = x + (n * g.C + c) * in_size;
-      for (int64_t t = 0; t < l.taps; ++t) row[c * l.taps + t] = offsets[t] < 0 ? 0.0f : plane[offsets[t]];
-    }
+  for_each_patch_row(l, p, [&](int64_t n, const int64_t* offsets, float* row) {
+    gather_patch_row(g, l, x, n, offsets, row);
   });
 }
 
@@ -187,6 +197,38 @@ void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, cons
       }
     }
   });
+}
+
+bool prefer_weight_grad_per_image(const ConvGeometry& g) {
+  static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
+  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.C < kAvx2ChannelBlock;
+}
+
+void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, const float* x, float* dw) {
+  const Lowered l(g);
+  const int64_t threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), g.N);
+  std::vector<float> sums(static_cast<size_t>(threads * g.M * l.K));
+  parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
+    float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.out_size * l.K)));
+    for (int64_t t = begin; t < end; ++t) {
+      float* sum = sums.data() + t * g.M * l.K;
+      const int64_t first = g.N * t / threads, last = g.N * (t + 1) / threads;
+      for (int64_t n = first; n < last; ++n) {
+        for (int64_t o = 0; o < l.out_size; ++o) gather_patch_row(g, l, x, n, l.offsets.data() + o * l.taps, p + o * l.K);
+        // sum [M, K] (+)= dY_n [M, O] P_n [O, K]; inside the parallel region sgemm runs on this thread.
+        du::checked("run sgemm for a convolution's weight gradient", [&] {
+          dnnl::sgemm('N', 'N', g.M, l.K, l.out_size, 1.0f, dy + n * g.M * l.out_size, l.out_size, p, l.K,
+                      n == first ? 0.0f : 1.0f, sum, l.K);
+        });
+      }
+    }
+  });
+  const int64_t size = g.M * l.K;
+  for (int64_t i = 0; i < size; ++i) {
+    float v = 0.0f;
+    for (int64_t t = 0; t < threads; ++t) v += sums[static_cast<size_t>(t * size + i)];
+    dw[i] = v;
+  }
 }
 
 void conv_gemm_backward(const ConvGeometry& g, const float* dy, const float* x, const float* w, float* dx,

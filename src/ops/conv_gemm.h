@@ -60,6 +60,21 @@ void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, co
 void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
                                      const float* b, float* y, bool relu);
 
+// Whether conv_grad.cpp computes dW alone (no dX wanted, as at a network's first layer) of
+// geometry g (after crop_unreached_taps) through conv_gemm_weight_grad_per_image: group 1, fewer
+// than 8 input channels, on a CPU without AVX-512. oneDNN 2.6's AVX2 backward-weights
+// convolution pads the input channels to its block of 8 (verbose: src "p:blocked:aBcd8b"), so a
+// 1-channel input costs 8 times its work: the Fashion-MNIST CNN's conv1 (1 -> 32 channels, 5x5
+// on 28x28) at batch 128 took 12.5-25 ms per training step there (AMD EPYC Zen 3, 2 threads).
+bool prefer_weight_grad_per_image(const ConvGeometry& g);
+
+// dw [M, C, k...] = the weight gradient of y = Conv(x, w) for dy [N, M, O...]: the sum over the
+// images n of dY_n [M, O] P_n [O, K], dY_n being image n's block of dy as it is stored and P_n
+// image n's rows of P. Each thread sums its share of the images with single-threaded sgemm on
+// patches it gathers image by image (so they stay in cache), then the threads' sums are added.
+// Same conditions as conv_gemm_forward.
+void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, const float* x, float* dw);
+
 // The gradients of y = Conv(x, w) for dy [N, M, O...]: dx [N, C, D...] (when not null) and
 // dw [M, C, k...] (when not null), overwritten. The bias gradient is the caller's (a plain sum
 // over dy). Same conditions as conv_gemm_forward.

@@ -1,8 +1,10 @@
 // ops/conv_gemm.h: convolutions with small output maps as one matrix product over the batch.
 // The functions against Conv and ConvGrad in float64 (their reference loops) at shapes with
 // strides, asymmetric pads, dilations, 1 to 3 spatial dims, bias and Relu; the rule
-// prefer_conv_gemm and prefer_conv_gemm_channels_last; and Conv -> Relu and ConvGrad on fed float32 weights through a session,
-// which take that path on a CPU without AVX-512 and oneDNN's elsewhere, against float64.
+// prefer_conv_gemm, prefer_conv_gemm_channels_last and prefer_weight_grad_per_image (with
+// conv_gemm_weight_grad_per_image); and Conv -> Relu and ConvGrad on fed float32 weights
+// through a session, which take these paths on a CPU without AVX-512 and oneDNN's elsewhere,
+// against float64.
 #include <cmath>
 #include <limits>
 
@@ -48,6 +50,13 @@ ops::ConvGeometry geometry(const Case& c) {
 
 std::vector<onnx::AttributeProto> attrs(const Case& c) {
   return {attr("strides", c.strides), attr("pads", c.pads), attr("dilations", c.dilations)};
+}
+
+// A random float64 dY [N, M, O...] for geometry g.
+Tensor random_output_gradient(const ops::ConvGeometry& g, uint32_t seed) {
+  Shape y_shape{g.N, g.M};
+  for (int64_t o : g.out) y_shape.push_back(o);
+  return testing::random_f64(y_shape, seed);
 }
 
 const Case kCases[] = {
@@ -134,9 +143,7 @@ TEST(ConvGemm, BackwardEqualsConvGrad) {
     SCOPED_TRACE(c.name);
     const ops::ConvGeometry g = geometry(c);
     const Tensor x = testing::random_f64(c.x, 6), w = testing::random_f64(c.w, 7, 0.5);
-    Shape y_shape{g.N, g.M};
-    for (int64_t o : g.out) y_shape.push_back(o);
-    const Tensor dy = testing::random_f64(y_shape, 8);
+    const Tensor dy = random_output_gradient(g, 8);
     const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 2}, {dy, x, w});
     const Tensor x32 = x.cast(DataType::Float32), w32 = w.cast(DataType::Float32), dy32 = dy.cast(DataType::Float32);
     Tensor dx(DataType::Float32, c.x), dw(DataType::Float32, c.w);
@@ -158,6 +165,61 @@ TEST(ConvGemm, BackwardEqualsConvGrad) {
   }
 }
 
+TEST(ConvGemm, WeightGradientPerImageEqualsConvGrad) {
+  // kCases plus first layers of few channels and larger maps (the Fashion-MNIST CNN's conv1 at
+  // a small batch, an RGB stem with stride 2), where prefer_weight_grad_per_image applies.
+  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({"1 channel, 5x5 pads 2 on 28x28", {3, 1, 28, 28}, {8, 1, 5, 5}, {1, 1}, {2, 2, 2, 2}, {1, 1}});
+  cases.push_back({"3 channels, 7x7 stride 2 pads 3", {5, 3, 16, 16}, {6, 3, 7, 7}, {2, 2}, {3, 3, 3, 3}, {1, 1}});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ops::ConvGeometry g = geometry(c);
+    const Tensor x = testing::random_f64(c.x, 21), w = testing::random_f64(c.w, 22, 0.5);
+    const Tensor dy = random_output_gradient(g, 23);
+    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 2}, {dy, x, w});
+    const Tensor x32 = x.cast(DataType::Float32), dy32 = dy.cast(DataType::Float32);
+    Tensor dw(DataType::Float32, c.w);
+    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 7.0f);  // overwritten
+    ops::conv_gemm_weight_grad_per_image(g, dy32.data<float>(), x32.data<float>(), dw.data<float>());
+    expect_close(dw.cast(DataType::Float64), want[1], 1e-5, 1e-5);
+  }
+}
+
+// ConvGrad without dX (a first layer's), float32 through a session: dW per image where
+// prefer_weight_grad_per_image holds (after the crop of the 1x1 case to its centre tap), and
+// the bias gradient, against float64.
+TEST(ConvGemm, AFirstLayersWeightGradientThroughASession) {
+  const Case cases[] = {
+      {"1 channel, 5x5 pads 2", {4, 1, 12, 12}, {8, 1, 5, 5}, {1, 1}, {2, 2, 2, 2}, {1, 1}},
+      {"3 channels, 3x3 pads 1 on 1x1 maps: the centre tap", {5, 3, 1, 1}, {4, 3, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ops::ConvGeometry g = geometry(c);
+    const Tensor x = testing::random_f64(c.x, 24), w = testing::random_f64(c.w, 25, 0.5);
+    const Tensor dy = random_output_gradient(g, 26);
+    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3}, {dy, x, w});
+    onnx::ModelProto m = testing::empty_model("first_layer_grad");
+    auto* internal = m.add_opset_import();
+    internal->set_domain("ai.onnxtrain");
+    internal->set_version(1);
+    auto& graph = *m.mutable_graph();
+    for (const char* name : {"dy", "x", "w"}) testing::typed_value(graph.add_input(), name, onnx::TensorProto::FLOAT, {});
+    auto* grad = testing::add_node(graph, "ConvGrad", {"dy", "x", "w"}, {"", "dw", "db"});
+    grad->set_domain("ai.onnxtrain");
+    for (const auto& a : attrs(c)) *grad->add_attribute() = a;
+    for (const char* name : {"dw", "db"}) testing::typed_value(graph.add_output(), name, onnx::TensorProto::FLOAT, {});
+    runtime::Session session(m);
+    for (int again = 0; again < 2; ++again) {
+      const runtime::NamedTensors got = session.run({{"dy", dy.cast(DataType::Float32)},
+                                                     {"x", x.cast(DataType::Float32)},
+                                                     {"w", w.cast(DataType::Float32)}});
+      expect_close(got.at("dw").cast(DataType::Float64), want[1], 1e-5, 1e-5);
+      expect_close(got.at("db").cast(DataType::Float64), want[2], 1e-5, 1e-5);
+    }
+  }
+}
+
 TEST(ConvGemm, TheRule) {
   ops::ConvGeometry g = geometry(kCases[1]);  // group 1, 4 output positions
   const bool avx512 = ops::dnnl_util::has_isa(dnnl::cpu_isa::avx512_core);
@@ -174,6 +236,12 @@ TEST(ConvGemm, TheRule) {
   EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));
   g = geometry(Case{"8x8 maps", {4, 8, 8, 8}, {8, 8, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}});
   EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));  // 64 output positions
+  // A weight gradient alone: fewer than 8 input channels, group 1.
+  EXPECT_FALSE(ops::prefer_weight_grad_per_image(g));  // 8 channels
+  g.C = 7;
+  EXPECT_EQ(ops::prefer_weight_grad_per_image(g), !avx512);
+  g.G = 7;
+  EXPECT_FALSE(ops::prefer_weight_grad_per_image(g));
 }
 
 // A training step's convolution: W and B fed (graph inputs), Conv -> Relu (one FusedConv in the
@@ -204,9 +272,7 @@ TEST(ConvGemm, FedWeightsThroughSessionsEqualFloat64) {
                                       {"b", b.cast(DataType::Float32)}}).at("y");
       expect_close(got.cast(DataType::Float64), want, 1e-5, 1e-5);
     }
-    Shape y_shape{g.N, g.M};
-    for (int64_t o : g.out) y_shape.push_back(o);
-    const Tensor dy = testing::random_f64(y_shape, 12);
+    const Tensor dy = random_output_gradient(g, 12);
     const std::vector<Tensor> grads = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3}, {dy, x, w});
     const std::vector<Tensor> grads32 =
         run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3},
