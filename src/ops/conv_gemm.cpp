@@ -22,8 +22,6 @@ constexpr int64_t kMaxOutputPositions = 4;
 // Output positions per image up to which, and images from which, prefer_conv_gemm_channels_last
 // holds.
 constexpr int64_t kMaxOutputPositionsChannelsLast = 16, kMinImagesChannelsLast = 4;
-// Input channels below which prefer_weight_grad_per_image holds: oneDNN 2.6's AVX2 block.
-constexpr int64_t kAvx2ChannelBlock = 8;
 
 // For output position o and kernel tap t (row-major over the spatial dims), the offset of the
 // input element the tap reads inside one channel plane, or -1 where it reads padding:
@@ -201,7 +199,7 @@ void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, cons
 
 bool prefer_weight_grad_per_image(const ConvGeometry& g) {
   static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
-  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.C < kAvx2ChannelBlock;
+  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.C == 1;
 }
 
 void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, const float* x, float* dw) {

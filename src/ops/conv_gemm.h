@@ -61,11 +61,13 @@ void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, cons
                                      const float* b, float* y, bool relu);
 
 // Whether conv_grad.cpp computes dW alone (no dX wanted, as at a network's first layer) of
-// geometry g (after crop_unreached_taps) through conv_gemm_weight_grad_per_image: group 1, fewer
-// than 8 input channels, on a CPU without AVX-512. oneDNN 2.6's AVX2 backward-weights
-// convolution pads the input channels to its block of 8 (verbose: src "p:blocked:aBcd8b"), so a
-// 1-channel input costs 8 times its work: the Fashion-MNIST CNN's conv1 (1 -> 32 channels, 5x5
-// on 28x28) at batch 128 took 12.5-25 ms per training step there (AMD EPYC Zen 3, 2 threads).
+// geometry g (after crop_unreached_taps) through conv_gemm_weight_grad_per_image: group 1, one
+// input channel, on a CPU without AVX-512. oneDNN 2.6's AVX2 backward-weights convolution pads
+// the input channels to its block of 8 (verbose: src "p:blocked:aBcd8b"), so a 1-channel input
+// costs 8 times its work. Measured alone (AMD EPYC Zen 3, 2 threads, three alternating rounds):
+// the Fashion-MNIST CNN's conv1 (1 -> 32 channels, 5x5 on 28x28, batch 128) 14.9-18.5 -> 6.4-7.1
+// ms; ResNet-18's RGB stem (3 -> 64, 7x7 stride 2 on 32x32, batch 32) 1.80-2.27 -> 2.45-2.64 ms,
+// slower, so 3 channels keep oneDNN (2 were not measured).
 bool prefer_weight_grad_per_image(const ConvGeometry& g);
 
 // dw [M, C, k...] = the weight gradient of y = Conv(x, w) for dy [N, M, O...]: the sum over the

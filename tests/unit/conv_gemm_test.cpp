@@ -167,7 +167,7 @@ TEST(ConvGemm, BackwardEqualsConvGrad) {
 
 TEST(ConvGemm, WeightGradientPerImageEqualsConvGrad) {
   // kCases plus first layers of few channels and larger maps (the Fashion-MNIST CNN's conv1 at
-  // a small batch, an RGB stem with stride 2), where prefer_weight_grad_per_image applies.
+  // a small batch, where prefer_weight_grad_per_image applies; an RGB stem with stride 2).
   std::vector<Case> cases(std::begin(kCases), std::end(kCases));
   cases.push_back({"1 channel, 5x5 pads 2 on 28x28", {3, 1, 28, 28}, {8, 1, 5, 5}, {1, 1}, {2, 2, 2, 2}, {1, 1}});
   cases.push_back({"3 channels, 7x7 stride 2 pads 3", {5, 3, 16, 16}, {6, 3, 7, 7}, {2, 2}, {3, 3, 3, 3}, {1, 1}});
@@ -191,7 +191,7 @@ TEST(ConvGemm, WeightGradientPerImageEqualsConvGrad) {
 TEST(ConvGemm, AFirstLayersWeightGradientThroughASession) {
   const Case cases[] = {
       {"1 channel, 5x5 pads 2", {4, 1, 12, 12}, {8, 1, 5, 5}, {1, 1}, {2, 2, 2, 2}, {1, 1}},
-      {"3 channels, 3x3 pads 1 on 1x1 maps: the centre tap", {5, 3, 1, 1}, {4, 3, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}},
+      {"1 channel, 3x3 pads 1 on 1x1 maps: the centre tap", {5, 1, 1, 1}, {4, 1, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -236,12 +236,12 @@ TEST(ConvGemm, TheRule) {
   EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));
   g = geometry(Case{"8x8 maps", {4, 8, 8, 8}, {8, 8, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}});
   EXPECT_FALSE(ops::prefer_conv_gemm_channels_last(g));  // 64 output positions
-  // A weight gradient alone: fewer than 8 input channels, group 1.
+  // A weight gradient alone: one input channel, group 1.
   EXPECT_FALSE(ops::prefer_weight_grad_per_image(g));  // 8 channels
-  g.C = 7;
-  EXPECT_EQ(ops::prefer_weight_grad_per_image(g), !avx512);
-  g.G = 7;
+  g.C = 3;
   EXPECT_FALSE(ops::prefer_weight_grad_per_image(g));
+  g.C = 1;
+  EXPECT_EQ(ops::prefer_weight_grad_per_image(g), !avx512);
 }
 
 // A training step's convolution: W and B fed (graph inputs), Conv -> Relu (one FusedConv in the
