@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/dispatch.h"
+#include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
@@ -353,8 +354,7 @@ int train(const training::TrainOptions& given) {
     try {
       result = training::train(options, std::cout, &g_stop);
     } catch (const std::exception& e) {
-      std::cerr << "error: rank " << options.communicator->rank() << " of " << options.communicator->size() << ": "
-                << e.what() << std::endl;
+      distributed::print_rank_error(options.communicator->rank(), options.communicator->size(), e.what());
       options.communicator->abort(1);
     }
   }

@@ -7,12 +7,13 @@
 #include <deque>
 #include <climits>
 #include <cstdlib>
-#include <iostream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 
@@ -235,9 +236,10 @@ class MpiCommunicator : public Communicator {
 
   // Reports that `what` waited `waited` seconds for the other ranks, and ends every rank.
   [[noreturn]] void time_out(const std::string& what, double waited) {
-    std::cerr << "error: rank " << rank_ << " of " << size_ << ": " << what << " waited " << static_cast<int64_t>(waited)
-              << " s for the other ranks (--collective-timeout " << timeout_
-              << "): a rank is stuck or has died; ending every rank" << std::endl;
+    std::ostringstream message;
+    message << what << " waited " << static_cast<int64_t>(waited) << " s for the other ranks (--collective-timeout "
+            << timeout_ << "): a rank is stuck or has died; ending every rank";
+    print_rank_error(rank_, size_, message.str());
     abort(1);
   }
 

@@ -1,10 +1,18 @@
 #include "distributed/rank_report.h"
 
+#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
 
 namespace onnxtrain::distributed {
+
+void print_rank_error(int rank, int ranks, const std::string& message) {
+  const std::string line = "error: rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ": " + message + "\n";
+  std::fflush(stdout);
+  std::fwrite(line.data(), 1, line.size(), stderr);  // stderr is unbuffered: one write
+  std::fflush(stderr);
+}
 
 namespace {
 

@@ -14,4 +14,10 @@ namespace onnxtrain::distributed {
 // /proc/self/status (omitted where it cannot be read).
 std::string rank_memory_line(int rank, int ranks, const runtime::NamedTensors& state, bool sharded);
 
+// Writes "error: rank R of N: <message>" and a newline to stderr as one write, so that the lines
+// of ranks failing together and mpirun's report of the abort cannot cut into it (with one
+// stream insertion per piece they did: "error: rank " and the rest of the line came out on
+// either side of Open MPI's MPI_ABORT banner).
+void print_rank_error(int rank, int ranks, const std::string& message);
+
 }  // namespace onnxtrain::distributed

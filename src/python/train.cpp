@@ -22,6 +22,7 @@
 #include <ostream>
 #include <streambuf>
 
+#include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/trainer.h"
@@ -389,8 +390,7 @@ nb::dict train(nb::handle model, nb::handle train_data, nb::handle eval_data, co
       try {
         r = training::train(o, source, eval, hooks, log_stream);
       } catch (const std::exception& e) {
-        std::cerr << "error: rank " << o.communicator->rank() << " of " << o.communicator->size() << ": " << e.what()
-                  << std::endl;
+        distributed::print_rank_error(o.communicator->rank(), o.communicator->size(), e.what());
         o.communicator->abort(1);
       }
     }
