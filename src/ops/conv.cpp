@@ -371,10 +371,11 @@ struct ConvEntry {
   // Constant weights (an initializer no run replaces) already reordered into `weights`: their
   // data, so later runs skip the reorder (at batch 1 it costs more than the convolution).
   const float* weights_reordered_from = nullptr;
-  // Constant weights cropped to the taps that reach the input (ConvKernel::tap_crop): the kept
-  // taps, gathered on the first run from the data at `cropped_from`.
-  Tensor cropped_weights;
-  const float* cropped_from = nullptr;
+  // Constant weights in the form a path runs them (ConvKernel::run_weights: cropped to the taps
+  // that reach the input, and/or with the channel dim last), made on the first run from the
+  // data at `kept_from`.
+  Tensor kept_weights;
+  const float* kept_from = nullptr;
   std::unordered_map<int, dnnl::memory> args;  // the memories above by role
   // ConvTranspose with negative crops: oneDNN fills only the dst_dims block of y.
   DnnlConvDims dims;
@@ -406,7 +407,7 @@ dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
 // on small outputs (kSmallOutput).
 // The channel block of that layout: 16, 8, or 0 for none.
 int channel_block() {
-  return du::has_isa(dnnl::cpu_isa::avx512_core) ? 16 : du::has_isa(dnnl::cpu_isa::avx2) ? 8 : 0;
+  return du::has_avx512() ? 16 : du::has_isa(dnnl::cpu_isa::avx2) ? 8 : 0;
 }
 
 dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
@@ -721,23 +722,12 @@ class ConvKernel final : public Kernel {
       const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
       if (!attrs_.transpose && prefer_conv_gemm_channels_last(run_g)) {
         // One matrix product over the batch (conv_gemm.h) on W's taps, each with its channels
-        // last: for constant weights made once and kept in an entry of their own.
+        // last; the entry only keeps that copy of constant weights.
         ConvEntry& kept = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(3),
                                      [] { return ConvEntry(); });
         Tensor gathered;
-        if (!weights_constant_ || kept.cropped_from != w.data<float>()) {
-          const Tensor taps = crop ? gather_taps(g, *crop, w.data<float>()) : w;
-          std::vector<int64_t> perm{0};
-          for (size_t d = 2; d < taps.rank(); ++d) perm.push_back(static_cast<int64_t>(d));
-          perm.push_back(1);
-          gathered = permuted(taps, perm);
-          if (weights_constant_) {
-            kept.cropped_weights = gathered;
-            kept.cropped_from = w.data<float>();
-          }
-        }
-        conv_gemm_forward_channels_last(run_g, x.data<float>(), (weights_constant_ ? kept.cropped_weights : gathered).data<float>(),
-                                        bias, conv.data<float>(), relu);
+        conv_gemm_forward_channels_last(run_g, x.data<float>(), run_weights(kept, g, crop, w, gathered, true), bias,
+                                        conv.data<float>(), relu);
         return;
       }
       ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(2),
@@ -947,26 +937,31 @@ class ConvKernel final : public Kernel {
   // every tap on the 1x1 maps of that layer: four 512 -> 512 3x3 convolutions on [1, 512, 1, 1]
   // 0.60-0.73 ms against 0.12-0.13 as 1x1 ones (AMD EPYC Zen 3, 2 threads).
   std::optional<TapCrop> tap_crop(const ConvGeometry& g) const {
-    static const bool avx512 = du::has_isa(dnnl::cpu_isa::avx512_core);
-    if (attrs_.transpose || (weights_constant_ && avx512)) return std::nullopt;
+    if (attrs_.transpose || (weights_constant_ && du::has_avx512())) return std::nullopt;
     return crop_unreached_taps(g);
   }
 
-  // The weights of float32 w that oneDNN runs e with under `crop`: w itself without a crop, else
-  // its kept taps, gathered into `gathered` for weights fed at every run and once into the entry
-  // for constant ones (whose copy in oneDNN's layout execute then makes once too).
+  // The weights of float32 w [M, C/G, k...] that entry e runs with: w's taps under `crop` (all
+  // without one), with the channel dim moved last ([M, k..., C/G]) when `channel_dim_last`. w
+  // itself when neither applies; else a copy made into `gathered` for weights fed at every run,
+  // and once into the entry for constant ones (whose copy in oneDNN's layout execute then makes
+  // once too).
   const float* run_weights(ConvEntry& e, const ConvGeometry& g, const std::optional<TapCrop>& crop, const Tensor& w,
-                           Tensor& gathered) const {
-    if (!crop) return w.data<float>();
+                           Tensor& gathered, bool channel_dim_last = false) const {
+    if (!crop && !channel_dim_last) return w.data<float>();
+    const auto make = [&] {
+      const Tensor taps = crop ? gather_taps(g, *crop, w.data<float>()) : w;
+      return channel_dim_last ? permuted(taps, channels_last_order(taps.rank())) : taps;
+    };
     if (!weights_constant_) {
-      gathered = gather_taps(g, *crop, w.data<float>());
+      gathered = make();
       return gathered.data<float>();
     }
-    if (e.cropped_from != w.data<float>()) {
-      e.cropped_weights = gather_taps(g, *crop, w.data<float>());
-      e.cropped_from = w.data<float>();
+    if (e.kept_from != w.data<float>()) {
+      e.kept_weights = make();
+      e.kept_from = w.data<float>();
     }
-    return e.cropped_weights.data<float>();
+    return e.kept_weights.data<float>();
   }
 
   // The plain-output entry for these shapes (made on first use): g is the geometry oneDNN runs

@@ -148,13 +148,11 @@ void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const fl
 }  // namespace
 
 bool prefer_conv_gemm(const ConvGeometry& g) {
-  static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
-  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositions;
+  return !du::has_avx512() && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositions;
 }
 
 bool prefer_conv_gemm_channels_last(const ConvGeometry& g) {
-  static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
-  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositionsChannelsLast &&
+  return !du::has_avx512() && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositionsChannelsLast &&
          g.N >= kMinImagesChannelsLast;
 }
 
@@ -198,8 +196,7 @@ void conv_gemm_forward_channels_last(const ConvGeometry& g, const float* x, cons
 }
 
 bool prefer_weight_grad_per_image(const ConvGeometry& g) {
-  static const bool no_avx512 = !du::has_isa(dnnl::cpu_isa::avx512_core);
-  return no_avx512 && g.G == 1 && g.rank() >= 1 && g.C == 1;
+  return !du::has_avx512() && g.G == 1 && g.rank() >= 1 && g.C == 1;
 }
 
 void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, const float* x, float* dw) {

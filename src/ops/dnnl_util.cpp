@@ -46,6 +46,11 @@ bool has_isa(dnnl::cpu_isa wanted) {
   return (isa & static_cast<unsigned>(wanted)) == static_cast<unsigned>(wanted);
 }
 
+bool has_avx512() {
+  static const bool has = has_isa(dnnl::cpu_isa::avx512_core);
+  return has;
+}
+
 dnnl::memory::desc plain_f32(const dnnl::memory::dims& dims) {
   dnnl::memory::dims strides(dims.size());
   dnnl::memory::dim running = 1;

@@ -39,6 +39,10 @@ dnnl::memory::desc strided_f32(const dnnl::memory::dims& dims, const dnnl::memor
 // (dnnl::get_effective_cpu_isa(), whose values are bit sets of the instruction sets they hold).
 bool has_isa(dnnl::cpu_isa wanted);
 
+// has_isa(avx512_core), asked once: the rules that choose a kernel by the CPU's vector width
+// (measured on an AVX-512 and an AVX2 machine, docs/performance.md) read it at every call.
+bool has_avx512();
+
 // Calls f(); a dnnl::error becomes Error("oneDNN could not <what>: <oneDNN's message>").
 template <class F>
 auto checked(const std::string& what, F&& f) -> decltype(f()) {

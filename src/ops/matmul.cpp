@@ -138,9 +138,8 @@ class ConstantWeightsProduct {
     const dnnl::engine& engine = du::cpu_engine();
     const auto src = du::plain_f32({M, K}), dst = du::plain_f32({M, N}), bias = du::plain_f32({1, N});
     const auto b = b_transposed ? du::strided_f32({K, N}, {1, K}) : du::plain_f32({K, N});
-    static const bool avx512 = du::has_isa(dnnl::cpu_isa::avx512_core);
     const dnnl::memory::desc wanted =
-        avx512 ? dnnl::memory::desc({K, N}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any)
+        du::has_avx512() ? dnnl::memory::desc({K, N}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any)
                : du::strided_f32({K, N}, {1, K});  // B^T, stored [N, K]
     dnnl::matmul::primitive_desc pd;
     try {

@@ -49,19 +49,12 @@ void execute(MatMulEntry& entry, const float* a, const float* b, float* y, const
   });
 }
 
-namespace {
-bool has_avx512() {
-  static const bool has = du::has_isa(dnnl::cpu_isa::avx512_core);
-  return has;
-}
-}  // namespace
-
 bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K) {
-  return has_avx512() && N >= 128 && M > N && M * N * K >= (int64_t{1} << 26);
+  return du::has_avx512() && N >= 128 && M > N && M * N * K >= (int64_t{1} << 26);
 }
 
 bool transposed_a_prefers_swap(int64_t M, int64_t N, int64_t K) {
-  return !has_avx512() && N <= 256 && M >= 2 * N && M >= 512 && K >= 1024;
+  return !du::has_avx512() && N <= 256 && M >= 2 * N && M >= 512 && K >= 1024;
 }
 
 void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
