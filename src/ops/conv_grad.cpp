@@ -348,18 +348,20 @@ class ConvGradKernel final : public Kernel {
         const std::optional<TapCrop> crop =
             attrs_.transpose ? std::nullopt : crop_unreached_taps(g);
         const ConvGeometry& run_g = crop ? crop->geometry : g;
-        // dW alone as sums of products per image, or both as one product over the batch per output
-        const bool per_image = !attrs_.transpose && !dx && prefer_weight_grad_per_image(run_g);
-        if (per_image || (!attrs_.transpose && prefer_conv_gemm(run_g))) {
+        if (!attrs_.transpose && !dx && prefer_weight_grad_per_image(run_g)) {  // sums of products per image
+          Tensor dw_cropped = crop ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
+          float* dw_run = crop ? dw_cropped.data<float>() : dw;
+          conv_gemm_weight_grad_per_image(run_g, dy.data<float>(), x.data<float>(), dw_run);
+          if (crop) scatter_taps(g, *crop, dw_run, dw);
+          if (db) bias_grad<T>(g, dy.data<T>(), db);
+          return;
+        }
+        if (!attrs_.transpose && prefer_conv_gemm(run_g)) {  // one product over the batch per output
           const Tensor w_cropped = crop && dx ? gather_taps(g, *crop, w.data<float>()) : Tensor();
           const float* w_run = crop && dx ? w_cropped.data<float>() : w.data<float>();
           Tensor dw_cropped = crop && dw ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
           float* dw_run = crop && dw ? dw_cropped.data<float>() : dw;
-          if (per_image) {
-            conv_gemm_weight_grad_per_image(run_g, dy.data<float>(), x.data<float>(), dw_run);
-          } else {
-            conv_gemm_backward(run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run);
-          }
+          conv_gemm_backward(run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run);
           if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
           if (db) bias_grad<T>(g, dy.data<T>(), db);
           return;
