@@ -50,6 +50,8 @@ bool prefer_conv_gemm_channels_last(const ConvGeometry& g);
 
 // y [N, M, O...] = Conv(x, w) + b (b [M], or null for none), then Relu when `relu` (NaN kept):
 // the forward product above. float32, group 1, any number of spatial dims; every extent > 0.
+// This and the functions below throw Error when oneDNN's sgemm fails (du::checked); the
+// scratch is the calling thread's (du::thread_scratch).
 void conv_gemm_forward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
                        bool relu);
 
