@@ -41,7 +41,10 @@ const ir::TensorType& KernelInit::input_type(int i) const {
 bool KernelInit::input_is_constant(int i) const {
   if (!has_input(i)) return false;
   const ir::Value& v = graph_.value(node_.inputs[static_cast<size_t>(i)]);
-  return v.is_initializer && !v.is_graph_input;
+  if (v.is_initializer) return !v.is_graph_input;
+  if (v.producer < 0) return false;
+  const ir::Node& producer = graph_.node(v.producer);
+  return producer.op_type == "Constant" && producer.domain.empty();
 }
 
 const ir::Attribute& KernelInit::typed(std::string_view name, ir::AttributeType type) const {

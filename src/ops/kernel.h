@@ -46,9 +46,11 @@ class KernelInit {
   bool has_output(int i) const { return i < num_outputs() && node_.outputs[static_cast<size_t>(i)] != ir::kNoValue; }
   // The declared type of input i (dtype Undefined when the model does not say).
   const ir::TensorType& input_type(int i) const;
-  // Whether input i is given and is an initializer no run can replace (not also a graph input,
-  // which a feed may override): its data is the same at every run, as an inference graph's
-  // weights; false in a training step, whose variables are fed from the session's state.
+  // Whether input i is given and its data is the same at every run, as an inference graph's
+  // weights: an initializer no run can replace (not also a graph input, which a feed may
+  // override) or the output of a Constant node, which is also what constant folding
+  // (runtime/constant_folding.h) leaves of an exporter's Transpose of a weight. False in a
+  // training step, whose variables are fed from the session's state.
   bool input_is_constant(int i) const;
 
   // Attributes. The typed getters throw Error when the attribute has another type; the

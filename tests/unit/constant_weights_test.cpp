@@ -3,8 +3,12 @@
 // (ops/matmul.cpp ConstantWeightsProduct). Their values equal the float64 reference and the
 // float32 path that reads B as a graph input (fed anew each run), for every layout of B and C,
 // alpha / beta the fast path does not take, and a session that meets several row counts in turn
-// (a kept copy per row count, reused when a count comes back).
+// (a kept copy per row count, reused when a count comes back). What counts as constant
+// (KernelInit::input_is_constant): initializers no feed replaces and Constant nodes' outputs,
+// which is what constant folding makes of an exporter's Transpose of a weight.
+#include "ir/graph.h"
 #include "onnxtrain/io.h"
+#include "ops/kernel.h"
 #include "onnxtrain/session.h"
 #include "test_util.h"
 
@@ -97,6 +101,62 @@ TEST(ConstantWeights, LinearLayersOnInitializersGiveTheReferenceValues) {
       expect_close(got, want, 1e-5, 1e-5);
       expect_close(got_fed, want, 1e-5, 1e-5);
     }
+  }
+}
+
+// Which inputs of a node a kernel may treat as the same at every run.
+TEST(ConstantWeights, InitializersAndConstantNodesAreConstantInputs) {
+  onnx::ModelProto m = testing::empty_model("inputs");
+  auto& g = *m.mutable_graph();
+  for (const char* name : {"x", "fed_weight"}) testing::typed_value(g.add_input(), name, onnx::TensorProto::FLOAT, {});
+  io::tensor_to_proto(testing::random_f64({2, 2}, 1).cast(DataType::Float32), "weight", *g.add_initializer());
+  io::tensor_to_proto(testing::random_f64({2, 2}, 2).cast(DataType::Float32), "fed_weight", *g.add_initializer());
+  auto* c = testing::add_node(g, "Constant", {}, {"constant"});
+  onnx::AttributeProto value;
+  value.set_name("value");
+  value.set_type(onnx::AttributeProto::TENSOR);
+  io::tensor_to_proto(testing::random_f64({2, 2}, 3).cast(DataType::Float32), "constant", *value.mutable_t());
+  *c->add_attribute() = value;
+  testing::add_node(g, "Relu", {"x"}, {"computed"});
+  testing::add_node(g, "Sum", {"x", "weight", "fed_weight", "constant", "computed"}, {"y"});
+  g.add_output()->set_name("y");
+  const ir::Graph graph = ir::Graph::from_proto(g, "inputs", ".");
+  const ir::Node& sum = graph.nodes().back();
+  ASSERT_EQ(sum.op_type, "Sum");
+  const ops::KernelInit init(graph, sum, 17);
+  EXPECT_FALSE(init.input_is_constant(0)) << "a graph input";
+  EXPECT_TRUE(init.input_is_constant(1)) << "an initializer";
+  EXPECT_FALSE(init.input_is_constant(2)) << "an initializer that is also a graph input (a feed may replace it)";
+  EXPECT_TRUE(init.input_is_constant(3)) << "a Constant node's output";
+  EXPECT_FALSE(init.input_is_constant(4)) << "another node's output";
+  EXPECT_FALSE(init.input_is_constant(5)) << "no such input";
+}
+
+// torch.onnx.export writes a linear layer as MatMul(x, Transpose(W)) -> Add(b) with W [N, K]; the
+// session folds the Transpose into a Constant, so the fused MatMulAdd runs on constant weights.
+TEST(ConstantWeights, ExportersTransposedWeightGivesTheReferenceValues) {
+  const auto model = [](int elem) {
+    onnx::ModelProto m = testing::empty_model("exported");
+    auto& g = *m.mutable_graph();
+    const DataType dtype = elem == onnx::TensorProto::FLOAT ? DataType::Float32 : DataType::Float64;
+    testing::typed_value(g.add_input(), "x", elem, {});
+    io::tensor_to_proto(testing::random_f64({kN, kK}, 1).cast(dtype), "W", *g.add_initializer());
+    io::tensor_to_proto(testing::random_f64({kN}, 2).cast(dtype), "b", *g.add_initializer());
+    testing::add_node(g, "Transpose", {"W"}, {"Wt"});
+    testing::add_node(g, "MatMul", {"x", "Wt"}, {"xw"});
+    testing::add_node(g, "Add", {"b", "xw"}, {"y"});
+    g.add_output()->set_name("y");
+    return m;
+  };
+  runtime::Session session(model(onnx::TensorProto::FLOAT));
+  runtime::Session reference(model(onnx::TensorProto::DOUBLE));
+  for (const int64_t rows : {96, 5, 96}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const Tensor x = testing::random_f64({2, rows, kK}, 4 + static_cast<uint32_t>(rows));
+    const Tensor want = reference.run({{"x", x}}).at("y").cast(DataType::Float32);
+    const Tensor got = session.run({{"x", x.cast(DataType::Float32)}}).at("y");
+    ASSERT_EQ(got.shape(), want.shape());
+    expect_close(got, want, 1e-5, 1e-5);  // as above
   }
 }
 
