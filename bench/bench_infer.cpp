@@ -1,10 +1,13 @@
 // Times inference of a model in process: onnxtrain-bench-infer MODEL --batch B [--iters N]
-// [--threads T]. Feeds random inputs whose symbolic batch dim is B, runs a few warm-up
-// iterations, then prints the median milliseconds per run as JSON: {"ms": ..., "batch": B}.
+// [--threads T] [--int-high H]. Feeds random inputs whose symbolic batch dim is B (float32
+// inputs uniform in [0, 1); int64 inputs, such as a language model's token ids, uniform integers
+// in [0, H), H = 2 unless given), runs a few warm-up iterations, then prints the median
+// milliseconds per run as JSON: {"ms": ..., "batch": B}.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -15,10 +18,12 @@ int main(int argc, char** argv) {
   std::string model;
   int64_t batch = 1;
   int iters = 200, threads = 0;
+  int64_t int_high = 2;
   app.add_option("model", model)->required();
   app.add_option("--batch", batch);
   app.add_option("--iters", iters);
   app.add_option("--threads", threads);
+  app.add_option("--int-high", int_high, "int64 inputs are uniform integers in [0, int-high)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   CLI11_PARSE(app, argc, argv);
   onnxtrain::runtime::Session session(model, {.threads = threads});
   onnxtrain::runtime::NamedTensors feeds;
@@ -27,6 +32,13 @@ int main(int argc, char** argv) {
   for (const auto& in : session.inputs()) {
     onnxtrain::Shape shape;
     for (size_t d = 0; d < in.dims.size(); ++d) shape.push_back(in.dims[d] < 0 ? batch : in.dims[d]);
+    if (in.dtype == onnxtrain::DataType::Int64) {
+      std::uniform_int_distribution<int64_t> ids(0, int_high - 1);
+      std::vector<int64_t> values(static_cast<size_t>(shape.numel()));
+      for (int64_t& v : values) v = ids(rng);
+      feeds[in.name] = onnxtrain::Tensor::from_vector<int64_t>(shape, values);
+      continue;
+    }
     std::vector<float> values(static_cast<size_t>(shape.numel()));
     for (float& v : values) v = dist(rng);
     feeds[in.name] = onnxtrain::Tensor::from_vector<float>(shape, values);

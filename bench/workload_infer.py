@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
-"""Inference timing of bench/workloads.py through Python: ONNX Runtime (the onnxruntime wheel of
-the project's .venv) or onnxtrain's Python binding (onnxtrain.InferenceSession, for models whose
-inputs onnxtrain-bench-infer cannot feed: it feeds random floats only, and BERT reads int64
-token ids). Inputs are one synthetic batch of the workload (workload_models.sample_input).
+"""ONNX Runtime's inference timing for bench/workloads.py, through its Python API (the onnxruntime
+wheel of the project's .venv); onnxtrain's side is onnxtrain-bench-infer, in process. Inputs are
+one synthetic batch of the workload (workload_models.sample_input).
 
-Usage: workload_infer.py ort|onnxtrain MODEL.onnx WORKLOAD BATCH THREADS [ITERS]
+Usage: workload_infer.py MODEL.onnx WORKLOAD BATCH THREADS [ITERS]
 Prints {"ms": median milliseconds per run} of ITERS runs (default 20) after 3 warm-up runs.
 """
 import json
@@ -12,35 +11,26 @@ import sys
 import time
 
 import numpy as np
+import onnxruntime as ort
 
 import workload_models
 
 
-def make_runner(engine, model, threads):
-    if engine == "ort":
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        return lambda feeds: session.run(None, feeds)
-    import onnxtrain
-    session = onnxtrain.InferenceSession(model, threads=threads)
-    return session.run
-
-
 def main():
-    engine, model, workload, batch, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-    iters = int(sys.argv[6]) if len(sys.argv) > 6 else 20
-    run = make_runner(engine, model, threads)
+    model, workload, batch, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    iters = int(sys.argv[5]) if len(sys.argv) > 5 else 20
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     feeds = {workload_models.input_name(workload): workload_models.sample_input(workload, batch,
                                                                                  np.random.default_rng(0))}
     for _ in range(3):
-        run(feeds)
+        session.run(None, feeds)
     ms = []
     for _ in range(iters):
         start = time.perf_counter()
-        run(feeds)
+        session.run(None, feeds)
         ms.append((time.perf_counter() - start) * 1e3)
     print(json.dumps({"ms": float(np.median(ms))}))
 

@@ -24,8 +24,10 @@ For each workload, in one run:
 - the loss of step 1 on each side (the same initial weights and batch): a check that both compute
   the same function.
 - inference: the eval-mode model at batch 1 and a large batch, onnxtrain (onnxtrain-bench-infer,
-  or onnxtrain's Python binding where the inputs are not float: BERT's int64 token ids) against
-  ONNX Runtime (bench/workload_infer.py), the two alternating run by run; best thread count of each.
+  in process; BERT's int64 token ids uniform in its vocabulary) against ONNX Runtime
+  (bench/workload_infer.py), the two alternating run by run; best thread count of each. (BERT's
+  onnxtrain side ran through the Python binding until 2026-11-28, in a process that had imported
+  torch: its first product of each run took 1.08 ms there against 0.20-0.31 in process.)
 - each workload against oneDNN's own kernels at its shapes, timed alone, for the training step and
   inference: the convolution-bound one (ResNet-18) against its convolutions (bench/conv_peak.py,
   bench/bench_conv.cpp), the GEMM-bound ones (BERT, the LSTM) against their matrix products
@@ -215,13 +217,13 @@ def train_section(names, prepared, tools, args, errors):
 
 def infer_ms(engine, name, path, batch, threads, tools, timeout):
     iters = INFER_ITERS[name] if batch > 1 else 50
-    if engine == "onnxtrain" and name != "bert":
+    if engine == "onnxtrain":
+        ids = ["--int-high", str(workload_models.VOCAB)] if name == "bert" else []
         out, _, _ = measured([tools["bench_infer"], path, "--batch", str(batch), "--threads", str(threads),
-                              "--iters", str(iters)], timeout)
+                              "--iters", str(iters)] + ids, timeout)
     else:
-        out, _, _ = measured([sys.executable, os.path.join(BENCH, "workload_infer.py"), engine, path, name,
-                              str(batch), str(threads), str(iters)], timeout,
-                             env=dict(os.environ, PYTHONPATH=tools["python"]))
+        out, _, _ = measured([sys.executable, os.path.join(BENCH, "workload_infer.py"), path, name,
+                              str(batch), str(threads), str(iters)], timeout)
     return last_json(out)["ms"]
 
 
@@ -250,8 +252,7 @@ def infer_section(names, prepared, tools, args, errors):
             args.best_infer[(name, batch)] = cells
             fmt = lambda c, e: f"{c[0]:.3f} ({c[1]})" if c else "failed: " + errors[(name, f"infer-{e}-{batch}")]
             ratio = f"{cells[1][0] / cells[0][0]:.2f}" if all(cells) else "-"
-            via = " (Python binding)" if name == "bert" else ""
-            rows.append(f"| {name} | {batch} | {fmt(cells[0], 'onnxtrain')}{via} | {fmt(cells[1], 'ort')} | {ratio} |")
+            rows.append(f"| {name} | {batch} | {fmt(cells[0], 'onnxtrain')} | {fmt(cells[1], 'ort')} | {ratio} |")
             print(rows[-1], file=sys.stderr, flush=True)
     return ["| workload | batch | onnxtrain ms (threads) | ONNX Runtime ms (threads) | ratio (ORT / onnxtrain) |",
             "|---|---|---|---|---|"] + rows
@@ -306,7 +307,7 @@ def sgemm_peak(tools, threads):
 
 
 def find_tools(build):
-    """The executables and Python package of a build folder (build/release, else build-main/release)."""
+    """The executables of a build folder (build/release, else build-main/release)."""
     candidates = [build] if build else [os.path.join(ROOT, "build", "release"), os.path.join(ROOT, "build-main", "release")]
     for folder in candidates:
         if os.path.exists(os.path.join(folder, "src", "onnxtrain")):
@@ -314,8 +315,7 @@ def find_tools(build):
                     "bench_infer": os.path.join(folder, "bench", "onnxtrain-bench-infer"),
                     "bench_sgemm": os.path.join(folder, "bench", "onnxtrain-bench-sgemm"),
                     "bench_conv": os.path.join(folder, "bench", "onnxtrain-bench-conv"),
-                    "bench_gemm": os.path.join(folder, "bench", "onnxtrain-bench-gemm"),
-                    "python": os.path.join(folder, "python")}
+                    "bench_gemm": os.path.join(folder, "bench", "onnxtrain-bench-gemm")}
     sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
 
 
