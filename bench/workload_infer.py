@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ONNX Runtime's inference timing for bench/workloads.py, through its Python API (the onnxruntime
 wheel of the project's .venv); onnxtrain's side is onnxtrain-bench-infer, in process. Inputs are
-one synthetic batch of the workload (workload_models.sample_input).
+one synthetic batch of the workload (workload_data.sample_input).
 
 Usage: workload_infer.py MODEL.onnx WORKLOAD BATCH THREADS [ITERS]
 Prints {"ms": median milliseconds per run} of ITERS runs (default 20) after 3 warm-up runs.
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-import workload_models
+import workload_data
 
 
 def main():
@@ -23,7 +23,7 @@ def main():
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    feeds = {workload_models.input_name(workload): workload_models.sample_input(workload, batch,
+    feeds = {workload_data.input_name(workload): workload_data.sample_input(workload, batch,
                                                                                  np.random.default_rng(0))}
     for _ in range(3):
         session.run(None, feeds)

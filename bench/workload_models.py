@@ -1,5 +1,6 @@
 """The three workloads of issue 18 beyond the Fashion-MNIST MLP and CNN, for bench/workloads.py:
-their PyTorch modules, synthetic data, the optimizer each trains with, and their ONNX export.
+their PyTorch modules, the optimizer each trains with, and their ONNX export (their synthetic
+data is bench/workload_data.py's, re-exported here).
 
 - resnet18: ResNet-18 (examples/resnet18/resnet.py, torchvision's BasicBlock [2, 2, 2, 2] layout)
   on float32[N, 3, 32, 32] images, 10 classes, batch 32, SGD with momentum 0.9, lr 0.01.
@@ -23,10 +24,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "resnet18"))
 from resnet import ResNet18  # noqa: E402
+from workload_data import BATCH, LSTM_INPUT, NUM_CLASSES, SEQUENCE, VOCAB, dataset, input_name, sample_input  # noqa: E402,F401
 
 OPSET = 17
-NUM_CLASSES = {"resnet18": 10, "bert": 2, "lstm": 10}
-BATCH = {"resnet18": 32, "bert": 32, "lstm": 64}
 # onnxtrain make-trainable's --optimizer and its options, and the same optimizer in PyTorch.
 OPTIMIZER = {
     "resnet18": (["--optimizer", "momentum", "--lr", "0.01", "--momentum", "0.9"],
@@ -35,9 +35,6 @@ OPTIMIZER = {
              lambda params: torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)),
     "lstm": (["--optimizer", "adam", "--lr", "1e-3"], lambda params: torch.optim.Adam(params, lr=1e-3)),
 }
-SEQUENCE = {"bert": 128, "lstm": 64}
-VOCAB = 30522  # BertConfig's default vocab_size
-LSTM_INPUT = 32
 
 
 class BertLogits(torch.nn.Module):
@@ -77,27 +74,6 @@ def build(name, attn_implementation=None):
     if name == "bert":
         return BertLogits(attn_implementation)
     return LstmClassifier()
-
-
-def input_name(name):
-    return "input_ids" if name == "bert" else "x"
-
-
-def sample_input(name, batch, rng):
-    """Synthetic inputs of one batch as a NumPy array (deterministic given rng)."""
-    if name == "resnet18":
-        return rng.standard_normal((batch, 3, 32, 32), dtype=np.float32)
-    if name == "bert":
-        return rng.integers(0, VOCAB, (batch, SEQUENCE["bert"]), dtype=np.int64)
-    return rng.standard_normal((batch, SEQUENCE["lstm"], LSTM_INPUT), dtype=np.float32)
-
-
-def dataset(name, batches, seed=0):
-    """{input name: array, "label": int64 array} with `batches` batches of synthetic samples."""
-    rng = np.random.default_rng(seed)
-    n = batches * BATCH[name]
-    return {input_name(name): sample_input(name, n, rng),
-            "label": rng.integers(0, NUM_CLASSES[name], n, dtype=np.int64)}
 
 
 def export(name, path, training=True):
