@@ -10,7 +10,11 @@ each).
 Steps/s without start-up: each configuration runs WARMUP and WARMUP + steps steps and divides
 steps by the difference of the wall times; the median of --reps, configurations alternating.
 
-Usage: .venv/bin/python bench/shared_cores.py [--reps 3] [--models mlp,cnn]   (after scripts/build release)
+--spins 10000,30000 adds configurations at 2 threads with those GOMP_SPINCOUNT values (a sweep
+between onnxtrain's 1000 and libgomp's 300000); --busy 0,1 limits the loads measured.
+
+Usage: .venv/bin/python bench/shared_cores.py [--reps 3] [--models mlp,cnn] [--spins N,...] [--busy 0,1,2]
+       (after scripts/build release)
 """
 import argparse
 import multiprocessing
@@ -51,31 +55,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--spins", default="", help="more GOMP_SPINCOUNT values to time at 2 threads, comma-separated")
+    parser.add_argument("--busy", default="0,1,2", help="numbers of other busy processes, comma-separated")
     args = parser.parse_args()
+    configs = CONFIGS + [(f"2 threads, spin {n}", 2, {"GOMP_SPINCOUNT": n}) for n in args.spins.split(",") if n]
     os.makedirs(WORK, exist_ok=True)
     subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fashion_mnist", "make_model.py"), WORK], check=True,
                    capture_output=True)
-    print("| model | other busy processes | " + " | ".join(name for name, _, _ in CONFIGS) + " |")
-    print("|---|---|" + "---|" * len(CONFIGS))
+    print("| model | other busy processes | " + " | ".join(name for name, _, _ in configs) + " |")
+    print("|---|---|" + "---|" * len(configs))
     for model in args.models.split(","):
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{model}.onnx"), "-o",
                         os.path.join(WORK, f"{model}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
                         "--lr", "1e-3"], check=True, capture_output=True)
-        for busy in (0, 1, 2):
+        for busy in (int(b) for b in args.busy.split(",")):
             spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
             for s in spinners:
                 s.start()
             try:
-                rates = {name: [] for name, _, _ in CONFIGS}
+                rates = {name: [] for name, _, _ in configs}
                 for _ in range(args.reps):
-                    for name, threads, extra in CONFIGS:
+                    for name, threads, extra in configs:
                         steps = STEPS[model]
                         took = timed(model, threads, extra, WARMUP + steps) - timed(model, threads, extra, WARMUP)
                         rates[name].append(steps / max(took, 1e-9))
             finally:
                 for s in spinners:
                     s.terminate()
-            cells = [f"{statistics.median(rates[name]):.1f}" for name, _, _ in CONFIGS]
+            cells = [f"{statistics.median(rates[name]):.1f}" for name, _, _ in configs]
             print(f"| {model} | {busy} | " + " | ".join(cells) + " |", flush=True)
 
 
