@@ -199,30 +199,41 @@ bool prefer_weight_grad_per_image(const ConvGeometry& g) {
   return !du::has_avx512() && g.G == 1 && g.rank() >= 1 && g.C == 1;
 }
 
-void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, const float* x, float* dw) {
+void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, const float* x, float* dw, float* db) {
   const Lowered l(g);
+  // P_n's rows carry a column of ones after their K patch elements when db is wanted, so the
+  // same product sums dY_n's rows into column K of the [M, K + 1] sum.
+  const int64_t cols = l.K + (db ? 1 : 0);
   const int64_t threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), g.N);
-  std::vector<float> sums(static_cast<size_t>(threads * g.M * l.K));
+  std::vector<float> sums(static_cast<size_t>(threads * g.M * cols));
   parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
-    float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.out_size * l.K)));
+    float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.out_size * cols)));
+    if (db) {
+      for (int64_t o = 0; o < l.out_size; ++o) p[o * cols + l.K] = 1.0f;
+    }
     for (int64_t t = begin; t < end; ++t) {
-      float* sum = sums.data() + t * g.M * l.K;
+      float* sum = sums.data() + t * g.M * cols;
       const int64_t first = g.N * t / threads, last = g.N * (t + 1) / threads;
       for (int64_t n = first; n < last; ++n) {
-        for (int64_t o = 0; o < l.out_size; ++o) gather_patch_row(g, l, x, n, l.offsets.data() + o * l.taps, p + o * l.K);
-        // sum [M, K] (+)= dY_n [M, O] P_n [O, K]; inside the parallel region sgemm runs on this thread.
+        for (int64_t o = 0; o < l.out_size; ++o) gather_patch_row(g, l, x, n, l.offsets.data() + o * l.taps, p + o * cols);
+        // sum [M, cols] (+)= dY_n [M, O] P_n [O, cols]; inside the parallel region sgemm runs on this thread.
         du::checked("run sgemm for a convolution's weight gradient", [&] {
-          dnnl::sgemm('N', 'N', g.M, l.K, l.out_size, 1.0f, dy + n * g.M * l.out_size, l.out_size, p, l.K,
-                      n == first ? 0.0f : 1.0f, sum, l.K);
+          dnnl::sgemm('N', 'N', g.M, cols, l.out_size, 1.0f, dy + n * g.M * l.out_size, l.out_size, p, cols,
+                      n == first ? 0.0f : 1.0f, sum, cols);
         });
       }
     }
   });
-  const int64_t size = g.M * l.K;
-  for (int64_t i = 0; i < size; ++i) {
-    float v = 0.0f;
-    for (int64_t t = 0; t < threads; ++t) v += sums[static_cast<size_t>(t * size + i)];
-    dw[i] = v;
+  for (int64_t m = 0; m < g.M; ++m) {
+    for (int64_t k = 0; k < cols; ++k) {
+      float v = 0.0f;
+      for (int64_t t = 0; t < threads; ++t) v += sums[static_cast<size_t>((t * g.M + m) * cols + k)];
+      if (k < l.K) {
+        dw[m * l.K + k] = v;
+      } else {
+        db[m] = v;
+      }
+    }
   }
 }
 

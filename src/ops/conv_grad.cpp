@@ -351,9 +351,8 @@ class ConvGradKernel final : public Kernel {
         if (!attrs_.transpose && !dx && prefer_weight_grad_per_image(run_g)) {  // sums of products per image
           Tensor dw_cropped = crop ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
           float* dw_run = crop ? dw_cropped.data<float>() : dw;
-          conv_gemm_weight_grad_per_image(run_g, dy.data<float>(), x.data<float>(), dw_run);
+          conv_gemm_weight_grad_per_image(run_g, dy.data<float>(), x.data<float>(), dw_run, db);
           if (crop) scatter_taps(g, *crop, dw_run, dw);
-          if (db) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }
         if (!attrs_.transpose && prefer_conv_gemm(run_g)) {  // one product over the batch per output

@@ -176,12 +176,18 @@ TEST(ConvGemm, WeightGradientPerImageEqualsConvGrad) {
     const ops::ConvGeometry g = geometry(c);
     const Tensor x = testing::random_f64(c.x, 21), w = testing::random_f64(c.w, 22, 0.5);
     const Tensor dy = random_output_gradient(g, 23);
-    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 2}, {dy, x, w});
+    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3}, {dy, x, w});
     const Tensor x32 = x.cast(DataType::Float32), dy32 = dy.cast(DataType::Float32);
-    Tensor dw(DataType::Float32, c.w);
+    Tensor dw(DataType::Float32, c.w), db(DataType::Float32, Shape{c.w[0]});
     std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 7.0f);  // overwritten
     ops::conv_gemm_weight_grad_per_image(g, dy32.data<float>(), x32.data<float>(), dw.data<float>());
     expect_close(dw.cast(DataType::Float64), want[1], 1e-5, 1e-5);
+    // With the bias gradient from the same products (a column of ones in the patches).
+    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 7.0f);
+    std::fill(db.data<float>(), db.data<float>() + db.numel(), 7.0f);
+    ops::conv_gemm_weight_grad_per_image(g, dy32.data<float>(), x32.data<float>(), dw.data<float>(), db.data<float>());
+    expect_close(dw.cast(DataType::Float64), want[1], 1e-5, 1e-5);
+    expect_close(db.cast(DataType::Float64), want[2], 1e-5, 1e-5);
   }
 }
 
