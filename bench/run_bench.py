@@ -36,6 +36,10 @@ WORK = os.path.join(ROOT, "build", "bench")
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
 WARMUP = 10  # untimed steps on each side before the timed ones
+# Timed inference runs per measurement (the median counts), each side: 200, or fewer where one
+# run is long (the CNN at batch 128 takes 25-55 ms a run on the AVX2 VM, so 200 runs took 5-12 s
+# in each of its 12 configurations: ~100 s of this script's ~390 there).
+INFER_ITERS = {("cnn", 128): 40}
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
@@ -183,15 +187,16 @@ def main():
     for model in args.models.split(","):
         for batch in (1, 128):
             mine, theirs = [], []
+            iters = str(INFER_ITERS.get((model, batch), 200))
             for _ in range(args.reps):
                 for t in (1, 2):
                     mine.append(json.loads(subprocess.run(
                         [os.path.join(BUILD, "bench", "onnxtrain-bench-infer"), os.path.join(WORK, f"{model}.onnx"),
-                         "--batch", str(batch), "--threads", str(t)], capture_output=True, text=True,
+                         "--batch", str(batch), "--threads", str(t), "--iters", iters], capture_output=True, text=True,
                         check=True).stdout)["ms"])
                     theirs.append(json.loads(subprocess.run(
                         [sys.executable, os.path.join(ROOT, "bench", "ort_infer.py"), os.path.join(WORK, f"{model}.onnx"),
-                         str(batch), str(t)], capture_output=True, text=True, check=True).stdout)["ms"])
+                         str(batch), str(t), iters], capture_output=True, text=True, check=True).stdout)["ms"])
             a, b = min(mine), min(theirs)
             emit(f"| {model} | {batch} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
     lines += ["", f"(the run took {time.perf_counter() - started:.0f} s)"]
