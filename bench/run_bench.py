@@ -9,7 +9,8 @@ STEPS steps after WARMUP untimed ones in one process, as bench/workloads.py does
 the per-step records of `onnxtrain train --metrics` (the loop's time at step k is k / steps_per_s),
 PyTorch by its own clock. (Until 2026-11-25 both timed every step from the first, whose one-time
 costs, the arena's page faults and oneDNN's JIT, took ~30 ms of the MLP's ~200 ms for 150 steps.)
-Reports the median steps/s at each one's best thread count, the ratio,
+Reports the median steps/s at each one's best thread count (a count whose first run is far behind
+the other's is not timed again: bench/thread_counts.py), the ratio,
 the peak resident memory (VmHWM) of each process, onnxtrain's achieved GFLOP/s as a
 fraction of the oneDNN sgemm peak measured in the same run, and the share of onnxtrain's step
 that oneDNN's own kernels at the model's shapes need when timed alone (bench/gemm_peak.py,
@@ -44,6 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
 from docs_section import machine, write_section  # noqa: E402
+from thread_counts import contending  # noqa: E402
 
 
 def run_measured(cmd, env=None):
@@ -165,9 +167,11 @@ def main():
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
         peaks = {"onnxtrain": 0.0, "pytorch": 0.0}
-        for _ in range(args.reps):
+        for rep in range(args.reps):
             for t in (1, 2):
                 for impl, fn in (("onnxtrain", onnxtrain_train), ("pytorch", torch_train)):
+                    if rep > 0 and not contending({k: results[(impl, k)][0] for k in (1, 2)}, t):
+                        continue
                     rate, peak = fn(model, t, steps[model])
                     results[(impl, t)].append(rate)
                     peaks[impl] = max(peaks[impl], peak)
@@ -186,18 +190,21 @@ def main():
     emit("|---|---|---|---|---|")
     for model in args.models.split(","):
         for batch in (1, 128):
-            mine, theirs = [], []
+            mine, theirs = {1: [], 2: []}, {1: [], 2: []}
             iters = str(INFER_ITERS.get((model, batch), 200))
-            for _ in range(args.reps):
+            for rep in range(args.reps):
                 for t in (1, 2):
-                    mine.append(json.loads(subprocess.run(
-                        [os.path.join(BUILD, "bench", "onnxtrain-bench-infer"), os.path.join(WORK, f"{model}.onnx"),
-                         "--batch", str(batch), "--threads", str(t), "--iters", iters], capture_output=True, text=True,
-                        check=True).stdout)["ms"])
-                    theirs.append(json.loads(subprocess.run(
-                        [sys.executable, os.path.join(ROOT, "bench", "ort_infer.py"), os.path.join(WORK, f"{model}.onnx"),
-                         str(batch), str(t), iters], capture_output=True, text=True, check=True).stdout)["ms"])
-            a, b = min(mine), min(theirs)
+                    if rep == 0 or contending({k: mine[k][0] for k in (1, 2)}, t, higher_is_better=False):
+                        mine[t].append(json.loads(subprocess.run(
+                            [os.path.join(BUILD, "bench", "onnxtrain-bench-infer"), os.path.join(WORK, f"{model}.onnx"),
+                             "--batch", str(batch), "--threads", str(t), "--iters", iters], capture_output=True,
+                            text=True, check=True).stdout)["ms"])
+                    if rep == 0 or contending({k: theirs[k][0] for k in (1, 2)}, t, higher_is_better=False):
+                        theirs[t].append(json.loads(subprocess.run(
+                            [sys.executable, os.path.join(ROOT, "bench", "ort_infer.py"),
+                             os.path.join(WORK, f"{model}.onnx"), str(batch), str(t), iters], capture_output=True,
+                            text=True, check=True).stdout)["ms"])
+            a, b = min(mine[1] + mine[2]), min(theirs[1] + theirs[2])
             emit(f"| {model} | {batch} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
     lines += ["", f"(the run took {time.perf_counter() - started:.0f} s)"]
     if args.write_docs:

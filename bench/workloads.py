@@ -12,7 +12,8 @@ For each workload, in one run:
 - training: `onnxtrain train` on the .npz (--no-shuffle; one epoch holds every timed step, so no
   epoch-end checkpoint lands inside the timing) against PyTorch eager (bench/workload_torch.py,
   the same module, optimizer and batches in memory), at each thread
-  count of --threads; each side's best. Both leave out the start-up and time STEPS steps after
+  count of --threads; each side's best (a count whose first repetition is far behind another's is
+  not timed again, here and in inference: bench/thread_counts.py). Both leave out the start-up and time STEPS steps after
   WARMUP in one process: onnxtrain from the per-step records of `onnxtrain train --metrics`
   (steps_per_s there is the steps so far over the seconds since the training loop began, so the
   loop's time at step k is k / steps_per_s), PyTorch by its own clock. (Until 2026-11-25 onnxtrain's
@@ -60,6 +61,7 @@ import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
 import workload_models  # noqa: E402
 from docs_section import machine, write_section  # noqa: E402
+from thread_counts import contending  # noqa: E402
 
 WARMUP = {"resnet18": 2, "bert": 2, "lstm": 2}  # step 2 is the first on the memory plan's fresh arena (page faults)
 STEPS = {"resnet18": 10, "bert": 3, "lstm": 3}
@@ -171,9 +173,12 @@ def train_section(names, prepared, tools, args, errors):
         mine, theirs, peaks = {t: [] for t in args.threads}, {t: [] for t in args.threads}, {"o": 0.0, "p": 0.0}
         first_loss = {}
         began = time.perf_counter()
-        for _ in range(args.reps):
+        for rep in range(args.reps):
             for t in args.threads:
-                if paths and paths["trainable"] and (name, "train") not in errors:
+                first_mine = {k: v[0] for k, v in mine.items() if v}
+                first_theirs = {k: v[0] for k, v in theirs.items() if v}
+                if (paths and paths["trainable"] and (name, "train") not in errors
+                        and (rep == 0 or contending(first_mine, t))):
                     try:
                         rate, peak, first_loss["o"] = onnxtrain_rate(name, paths, tools, t, args.steps[name],
                                                                      args.timeout)
@@ -181,7 +186,7 @@ def train_section(names, prepared, tools, args, errors):
                         peaks["o"] = max(peaks["o"], peak)
                     except Failed as e:
                         errors[(name, "train")] = f"--threads {t}: {e}"
-                if (name, "torch") not in errors:
+                if (name, "torch") not in errors and (rep == 0 or contending(first_theirs, t)):
                     try:
                         rate, peak, first_loss["p"] = torch_rate(name, t, args.steps[name], args.timeout)
                         theirs[t].append(rate)
@@ -237,15 +242,17 @@ def infer_section(names, prepared, tools, args, errors):
             # minutes (this VM has a fast and a slow mode) reaches both alike.
             engines = ("onnxtrain", "ort")
             timings = {engine: [] for engine in engines}
-            for _ in range(args.reps):
+            first = {engine: {} for engine in engines}  # thread count -> its first ms
+            for rep in range(args.reps):
                 for t in args.threads:
                     for engine in engines:
                         key = (name, f"infer-{engine}-{batch}")
-                        if key in errors:
+                        if key in errors or (rep > 0 and not contending(first[engine], t, higher_is_better=False)):
                             continue
                         try:
                             timings[engine].append((infer_ms(engine, name, prepared[name]["infer"], batch, t, tools,
                                                              args.timeout), t))
+                            first[engine].setdefault(t, timings[engine][-1][0])
                         except Failed as e:
                             errors[key] = f"--threads {t}: {e}"
             cells = [min(timings[engine]) if timings[engine] else None for engine in engines]
