@@ -6,7 +6,8 @@ torch.compile, inference against ONNX Runtime), each workload's position against
 peak and against oneDNN's own kernels at its shapes timed alone (bench/gemm_peak.py,
 bench/conv_peak.py), one after the other, each writing its tables into its section of
 docs/performance.md.
-About 7 minutes on the 2-core AVX-512 development machine with the defaults below; on a slower
+About 7 minutes on the 2-core AVX-512 development machine with the defaults below (8 on the
+AVX2 one, 492 s at c79b832); on a slower
 machine the timed step counts shrink with its sgemm peak (below), so that each timed run lasts
 about as long as there. Run it on an otherwise idle machine (bench/shared_cores.py measures the
 loaded case on its own).

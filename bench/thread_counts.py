@@ -2,8 +2,8 @@
 repetition. Each side of a comparison is reported at its best thread count; a count whose first
 measurement is far behind another count's of the same side (speed below SLOWER times the best)
 cannot become the best in the repetitions after, so it is not timed again. On the 2-core AVX2
-VM, 1 thread trains at 0.5-0.7 of 2 threads' speed on every workload, so the repetitions at 1
-thread took about a third of each script's time.
+VM every workload trained faster at 2 threads (the MLP at 147 against 96 steps/s in one
+bench/shared_cores.py run), so the repetitions at 1 thread were time spent for no result.
 """
 
 SLOWER = 0.75
