@@ -14,11 +14,14 @@ namespace onnxtrain {
 // Below this many elements an element-wise loop runs on one thread.
 inline constexpr int64_t kParallelGrain = 1 << 15;
 
+// The threads a parallel region started here would get: 1 inside one (nested regions run on
+// the calling thread), else OpenMP's current maximum (the session's thread count).
+inline int available_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {
   if (n <= 0) return;
-  const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int64_t chunks = std::min<int64_t>(max_threads, std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+  const int64_t chunks = std::min<int64_t>(available_threads(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
   if (chunks <= 1) {
     f(int64_t{0}, n);
     return;

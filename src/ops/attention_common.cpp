@@ -1,12 +1,11 @@
 // The parts of Attention shared by the forward kernel and AttentionGrad (attention.h).
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <dnnl.h>
 #include <string>
 
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/attention.h"
 
 namespace onnxtrain::ops::attention {
@@ -247,7 +246,7 @@ bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 }
 
 int head_threads(int64_t tasks) {
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int threads = available_threads();
   return tasks >= threads ? threads : 1;
 }
 

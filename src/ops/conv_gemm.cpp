@@ -5,8 +5,6 @@
 #include <cstring>
 #include <vector>
 
-#include <omp.h>
-
 #include "core/parallel.h"
 #include "ops/dnnl_util.h"
 #include "ops/relu.h"
@@ -204,7 +202,7 @@ void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, con
   // P_n's rows carry a column of ones after their K patch elements when db is wanted, so the
   // same product sums dY_n's rows into column K of the [M, K + 1] sum.
   const int64_t cols = l.K + (db ? 1 : 0);
-  const int64_t threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), g.N);
+  const int64_t threads = std::min<int64_t>(available_threads(), g.N);
   std::vector<float> sums(static_cast<size_t>(threads * g.M * cols));
   parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
     float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.out_size * cols)));

@@ -683,7 +683,7 @@ class Recurrence {
     const Activation& h_act = a_.act(d, 2);
     V* states[2] = {h_.data(), scratch_.data()};
     const int threads = static_cast<int>(
-        std::clamp<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), 1, std::max<int64_t>(1, H / 16)));
+        std::clamp<int64_t>(available_threads(), 1, std::max<int64_t>(1, H / 16)));
 #pragma omp parallel num_threads(threads)
     {
       const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();

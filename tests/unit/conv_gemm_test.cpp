@@ -59,6 +59,22 @@ Tensor random_output_gradient(const ops::ConvGeometry& g, uint32_t seed) {
   return testing::random_f64(y_shape, seed);
 }
 
+// ConvGrad's inputs for case c, drawn with seeds `seed` (x), seed + 1 (w, scaled 0.5) and seed + 2
+// (dY), and its float64 outputs dX, dW and, when `outputs` is 3, dB: what the float32 paths are
+// compared with.
+struct GradReference {
+  ops::ConvGeometry g;
+  Tensor x, w, dy;
+  std::vector<Tensor> want;
+};
+
+GradReference grad_reference(const Case& c, uint32_t seed, int outputs) {
+  GradReference r{geometry(c), testing::random_f64(c.x, seed), testing::random_f64(c.w, seed + 1, 0.5), {}, {}};
+  r.dy = random_output_gradient(r.g, seed + 2);
+  r.want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), outputs}, {r.dy, r.x, r.w});
+  return r;
+}
+
 const Case kCases[] = {
     {"ResNet-18 layer4.0 conv1: 3x3 stride 2 pads 1, 2x2 -> 1x1", {4, 24, 2, 2}, {32, 24, 3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}},
     {"3x3 pads 1 on 2x2 maps (4 outputs)", {3, 40, 2, 2}, {20, 40, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}},
@@ -141,10 +157,7 @@ TEST(ConvGemm, ReluKeepsNaN) {
 TEST(ConvGemm, BackwardEqualsConvGrad) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    const ops::ConvGeometry g = geometry(c);
-    const Tensor x = testing::random_f64(c.x, 6), w = testing::random_f64(c.w, 7, 0.5);
-    const Tensor dy = random_output_gradient(g, 8);
-    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 2}, {dy, x, w});
+    const auto [g, x, w, dy, want] = grad_reference(c, 6, 2);
     const Tensor x32 = x.cast(DataType::Float32), w32 = w.cast(DataType::Float32), dy32 = dy.cast(DataType::Float32);
     Tensor dx(DataType::Float32, c.x), dw(DataType::Float32, c.w);
     // Stale values in the outputs must not survive (both are overwritten).
@@ -173,10 +186,7 @@ TEST(ConvGemm, WeightGradientPerImageEqualsConvGrad) {
   cases.push_back({"3 channels, 7x7 stride 2 pads 3", {5, 3, 16, 16}, {6, 3, 7, 7}, {2, 2}, {3, 3, 3, 3}, {1, 1}});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const ops::ConvGeometry g = geometry(c);
-    const Tensor x = testing::random_f64(c.x, 21), w = testing::random_f64(c.w, 22, 0.5);
-    const Tensor dy = random_output_gradient(g, 23);
-    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3}, {dy, x, w});
+    const auto [g, x, w, dy, want] = grad_reference(c, 21, 3);
     const Tensor x32 = x.cast(DataType::Float32), dy32 = dy.cast(DataType::Float32);
     Tensor dw(DataType::Float32, c.w), db(DataType::Float32, Shape{c.w[0]});
     std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 7.0f);  // overwritten
@@ -201,10 +211,7 @@ TEST(ConvGemm, AFirstLayersWeightGradientThroughASession) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const ops::ConvGeometry g = geometry(c);
-    const Tensor x = testing::random_f64(c.x, 24), w = testing::random_f64(c.w, 25, 0.5);
-    const Tensor dy = random_output_gradient(g, 26);
-    const std::vector<Tensor> want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs(c), 3}, {dy, x, w});
+    const auto [g, x, w, dy, want] = grad_reference(c, 24, 3);
     onnx::ModelProto m = testing::empty_model("first_layer_grad");
     auto* internal = m.add_opset_import();
     internal->set_domain("ai.onnxtrain");
