@@ -487,6 +487,7 @@ class Recurrence {
     scratch_.assign(static_cast<size_t>(N * H), V(0));
     if (trace_) trace_->steps = max_len_;
     default_cell_ = is_default_lstm(a_, in_.p.defined(), d);
+    bias_in_cell_ = std::is_same_v<V, float> && default_cell_ && !rowwise() && in_.b.defined();
     const bool reverse = a_.reverse(d);
     project_inputs(d);
     load_state(s_, in_.initial_h, d, h_.data());
@@ -534,7 +535,10 @@ class Recurrence {
   }
 
   // xw_ = X W^T + bias for every time step, rows ordered like X's. The bias is Wb + Rb, except
-  // GRU's Rbh under linear_before_reset, which the step adds inside r . (...).
+  // GRU's Rbh under linear_before_reset, which the step adds inside r . (...). Under
+  // bias_in_cell_ xw_ is X W^T alone and default_lstm_cell adds bias_ as it reads a row: that
+  // saves a pass over xw_ ([S * N, 4H], 16.8 MB for bench/workloads.py's LSTM at batch 64),
+  // and the sums are the same, (x W^T + bias) + h R^T in that order.
   void project_inputs(int64_t d) {
     const int64_t rows = s_.seq * s_.batch, GH = s_.gates * s_.hidden, H = s_.hidden;
     gemm<V>(false, true, rows, GH, s_.input, in_.x.data<V>(), s_.input, weights(in_.w, d), s_.input, xw_.data(), GH,
@@ -547,6 +551,7 @@ class Recurrence {
     if (a_.cell == Cell::Gru && a_.linear_before_reset) {
       for (int64_t j = 2 * H; j < 3 * H; ++j) bias_[static_cast<size_t>(j)] = wb[j];
     }
+    if (bias_in_cell_) return;
     parallel_for(rows, std::max<int64_t>(1, kParallelGrain / GH), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         V* __restrict out = xw_.data() + row * GH;
@@ -797,7 +802,12 @@ class Recurrence {
     const int64_t H = s_.hidden, GH = 4 * H;
     V* __restrict g = rec_.data() + b * GH;
     const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
-    for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
+    if (bias_in_cell_) {
+      const V* __restrict bias = bias_.data();
+      for (int64_t j = 0; j < GH; ++j) g[j] += x[j] + bias[j];
+    } else {
+      for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
+    }
     V* __restrict gates = trace_ ? trace_->gates + (step * s_.batch + b) * GH : g;
     vmath::sigmoid(g, gates, 3 * H);
     vmath::tanh(g + 3 * H, gates + 3 * H, H);
@@ -867,7 +877,8 @@ class Recurrence {
   Trace<V>* trace_;
   int64_t max_len_ = 0;
   bool default_cell_ = false;  // this direction is a default LSTM: float32 runs default_lstm_cell
-  std::vector<V>& xw_;       // [S * N, G*H]: X W^T + bias
+  bool bias_in_cell_ = false;  // default_lstm_cell adds bias_ to xw_'s rows (project_inputs)
+  std::vector<V>& xw_;       // [S * N, G*H]: X W^T + bias (X W^T under bias_in_cell_)
   std::vector<V>& rec_;      // [N, G*H]: H R^T, then the gates of the step in place
   std::vector<V>& h_;        // [N, H]: the state of the current direction
   std::vector<V>& c_;        // LSTM: [N, H]
