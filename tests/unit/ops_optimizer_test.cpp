@@ -63,8 +63,8 @@ TEST(Momentum, UsesBetaAfterTheFirstStep) {
   }
 }
 
-// Large float32 tensors take the vector loop (an L1 buffer per 256 elements,
-// scalar heads and tails where threads split the range): every element must still follow the
+// Large float32 tensors take the vector loop (scalar heads and tails where threads split the
+// range and where the outputs are not 32-byte aligned): every element must still follow the
 // pseudo code. Reference values in float64 from the same float32 inputs.
 TEST(Optimizers, LargeFloat32TensorsFollowThePseudoCode) {
   const int64_t n = 100003;
