@@ -7,6 +7,7 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "ops/attention.h"
+#include "ops/matmul_primitive.h"
 
 namespace onnxtrain::ops::attention {
 
@@ -224,7 +225,8 @@ bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     }
     return true;
   }
-  return dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
+  return row_major_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc) ==
+         dnnl_success;
 }
 
 bool gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* a, int64_t lda,

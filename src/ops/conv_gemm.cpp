@@ -2,11 +2,14 @@
 #include "ops/conv_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/parallel.h"
 #include "ops/dnnl_util.h"
+#include "ops/matmul_primitive.h"
 #include "ops/relu.h"
 
 namespace onnxtrain::ops {
@@ -138,9 +141,10 @@ void output_rows(const ConvGeometry& g, const Lowered& l, const float* t, float*
 
 void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
            const float* b, int64_t ldb, float* c, int64_t ldc) {
-  du::checked("run sgemm for a convolution", [&] {
-    dnnl::sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-  });
+  const dnnl_status_t status = row_major_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  if (status != dnnl_success) {
+    throw Error("oneDNN sgemm failed for a convolution (status " + std::to_string(static_cast<int>(status)) + ")");
+  }
 }
 
 }  // namespace
@@ -204,6 +208,7 @@ void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, con
   const int64_t cols = l.K + (db ? 1 : 0);
   const int64_t threads = std::min<int64_t>(available_threads(), g.N);
   std::vector<float> sums(static_cast<size_t>(threads * g.M * cols));
+  std::atomic<int> failed{dnnl_success};  // a failing sgemm's status, thrown after the region
   parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
     float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.out_size * cols)));
     if (db) {
@@ -215,13 +220,15 @@ void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, con
       for (int64_t n = first; n < last; ++n) {
         for (int64_t o = 0; o < l.out_size; ++o) gather_patch_row(g, l, x, n, l.offsets.data() + o * l.taps, p + o * cols);
         // sum [M, cols] (+)= dY_n [M, O] P_n [O, cols]; inside the parallel region sgemm runs on this thread.
-        du::checked("run sgemm for a convolution's weight gradient", [&] {
-          dnnl::sgemm('N', 'N', g.M, cols, l.out_size, 1.0f, dy + n * g.M * l.out_size, l.out_size, p, cols,
-                      n == first ? 0.0f : 1.0f, sum, cols);
-        });
+        const dnnl_status_t status = row_major_sgemm('N', 'N', g.M, cols, l.out_size, 1.0f, dy + n * g.M * l.out_size,
+                                                     l.out_size, p, cols, n == first ? 0.0f : 1.0f, sum, cols);
+        if (status != dnnl_success) failed = status;
       }
     }
   });
+  if (failed != dnnl_success) {
+    throw Error("oneDNN sgemm failed for a convolution's weight gradient (status " + std::to_string(failed.load()) + ")");
+  }
   for (int64_t m = 0; m < g.M; ++m) {
     for (int64_t k = 0; k < cols; ++k) {
       float v = 0.0f;

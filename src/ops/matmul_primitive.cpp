@@ -1,10 +1,13 @@
 #include "ops/matmul_primitive.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/parallel.h"
 #include "ops/dnnl_util.h"
+#include "onnxtrain/error.h"
 
 namespace onnxtrain::ops {
 
@@ -62,9 +65,11 @@ void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, 
   thread_local std::vector<float> transposed;  // C^T [N, M]
   transposed.resize(static_cast<size_t>(M * N));
   float* ct = transposed.data();
-  du::checked("run sgemm", [&] {
-    dnnl::sgemm('T', 'N', N, M, K, alpha, b, ldb, a, lda, 0.0f, ct, M);
-  });
+  const dnnl_status_t status = row_major_sgemm('T', 'N', N, M, K, alpha, b, ldb, a, lda, 0.0f, ct, M);
+  if (status != dnnl_success) {
+    throw Error("oneDNN sgemm failed for the transposed product [" + std::to_string(N) + "x" + std::to_string(M) +
+                "] over " + std::to_string(K) + " rows (status " + std::to_string(static_cast<int>(status)) + ")");
+  }
   // C = C^T transposed (+ beta C), in tiles of 32 x 32 so that both sides stay in cache.
   constexpr int64_t kTile = 32;
   const int64_t row_tiles = (M + kTile - 1) / kTile, col_tiles = (N + kTile - 1) / kTile;
@@ -83,6 +88,22 @@ void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, 
       }
     }
   });
+}
+
+bool unaligned_b_is_faster(int64_t M, int64_t N, int64_t ldb) {
+  return !du::has_avx512() && M >= 32 && N >= 512 && ldb % 512 == 0 && 1.0 / M + 1.0 / N >= 0.0038;
+}
+
+dnnl_status_t row_major_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                              int64_t ldc) noexcept {
+  const bool plain_b = trans_b == 'N' || trans_b == 'n';
+  if (!plain_b || K == 0 || reinterpret_cast<std::uintptr_t>(b) % 32 != 0 || !unaligned_b_is_faster(M, N, ldb)) {
+    return dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  const dnnl_status_t rest = dnnl_sgemm(trans_a, 'N', M, N - 1, K, alpha, a, lda, b + 1, ldb, beta, c + 1, ldc);
+  if (rest != dnnl_success) return rest;
+  return dnnl_sgemm(trans_a, 'N', M, 1, K, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace onnxtrain::ops

@@ -1,7 +1,8 @@
 // oneDNN's matmul primitive planned once and run on new buffers every call, shared by the
 // float32 products of matmul.cpp (MatMul, Gemm, MatMulAdd, ...) and rnn.cpp (the recurrent
-// layers' weight gradients), and the rules that send a transposed-A product to it or through its
-// transpose.
+// layers' weight gradients), the rules that send a transposed-A product to it or through its
+// transpose, and row_major_sgemm, the entry to oneDNN's sgemm of every float32 product that
+// does not run through a primitive (matmul.cpp, rnn.cpp, conv_gemm.cpp, attention_common.cpp).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,9 @@ bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K);
 // N is larger ([1024, 512] 34.9 against 36.1), M small ([256, 32] 0.55 against 0.59) or K short
 // ([512, 128] over 128 rows 0.18 against 0.19). Such products are the weight gradients of
 // layers with more outputs than inputs: BERT's first feed-forward layers, the LSTM's dW and dR.
+// The swapped product reads A as its B, which runs at the faster of those speeds only from an
+// address that is not a multiple of 32 bytes (unaligned_b_is_faster: 33-35 ms from an aligned
+// one); row_major_sgemm, which runs it, sees to that.
 // False with AVX-512 (transposed_a_prefers_matmul decides there).
 bool transposed_a_prefers_swap(int64_t M, int64_t N, int64_t K);
 
@@ -59,5 +63,30 @@ bool transposed_a_prefers_swap(int64_t M, int64_t N, int64_t K);
 // Throws Error when oneDNN fails.
 void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
                                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Whether oneDNN 2.6's sgemm computes C [M, N] = op(A) B, B plain ([K, N], row stride ldb), faster
+// when B's address is not a multiple of 32 bytes. Without AVX-512 that sgemm reads such a B in
+// place in its no-copy kernels (which it takes when 1/M + 1/N >= 0.0038), and they run at 55-65 %
+// of the speed they reach on the same B one float further on when the row stride is a multiple
+// of 2 KiB (ldb % 512 == 0): AMD EPYC Zen 3, 2 threads, the fastest of 5 in one process,
+// direct against shifted (row_major_sgemm): A^T B [256, 1024] over 4096 rows 33.3 against
+// 20.8 ms, A B [256, 1024] over 4096 29.9 against 18.3, [64, 1024] over 256 (an LSTM step's
+// product) 0.50 against 0.28, [128, 512] over 784 1.09 against 0.81, [512, 512] over 1024 5.8
+// against 4.4; the same at 1 thread. Not faster, so false: strides not a multiple of 2 KiB (N
+// 3136: 0.90-0.93x; 768, 1280, 2304: 0.98-1.01x), outputs past that threshold ([4096, 1024]
+// over 256 0.95x, [512, 1024] 0.90-1.02x), fewer than 32 rows (2-16 rows: 0.60-0.78x), fewer
+// than 512 columns, and CPUs with AVX-512 (another sgemm; not measured there).
+bool unaligned_b_is_faster(int64_t M, int64_t N, int64_t ldb);
+
+// C [M, N] (row stride ldc) = alpha op(A) op(B) + beta C through oneDNN's sgemm, all row-major,
+// float32: op(A) = A^T of A stored [K, M] (row stride lda) when trans_a is 'T', else A [M, K];
+// op(B) likewise ('T': B stored [N, K]). beta = 0 does not read C. Where unaligned_b_is_faster
+// says so and B's address is a multiple of 32 bytes, it runs as two products: columns 1..N-1
+// with B read from one float further on (B + 1, not 32-byte aligned) and column 0 on its own
+// (a matrix-vector product, which reads op(A) once more). Returns oneDNN's status and throws
+// nothing, so it may run inside a parallel region (where oneDNN uses the calling thread only).
+dnnl_status_t row_major_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                              int64_t ldc) noexcept;
 
 }  // namespace onnxtrain::ops

@@ -421,9 +421,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
     return;
   }
   if constexpr (std::is_same_v<V, float>) {
-    const dnnl::status st = dnnl::sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, a, lda, b, ldb,
-                                        accumulate ? 1.0f : 0.0f, c, ldc);
-    if (st != dnnl::status::success) {
+    const dnnl_status_t st = row_major_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, a, lda, b,
+                                             ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+    if (st != dnnl_success) {
       throw Error("oneDNN sgemm failed for [" + std::to_string(M) + "x" + std::to_string(K) + "] * [" +
                   std::to_string(K) + "x" + std::to_string(N) + "] (status " +
                   std::to_string(static_cast<int>(st)) + ")");

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -516,6 +517,61 @@ TEST(GemmTest, SwappedTransposedAProduct) {
   EXPECT_FALSE(ops::transposed_a_prefers_swap(512, 128, 128));    // a short sum
   EXPECT_FALSE(avx512 && ops::transposed_a_prefers_swap(1024, 256, 4096));
   EXPECT_FALSE(!avx512 && ops::transposed_a_prefers_matmul(1024, 256, 4096));
+}
+
+// ops/matmul_primitive.h row_major_sgemm: C = alpha op(A) B + beta C with a plain B whose rows
+// are a multiple of 2 KiB long, for a transposed and a plain A, B at a 32-byte-aligned address
+// (where unaligned_b_is_faster holds, the product runs as column 0 plus columns 1.. read from
+// B + 1) and at one float past it (one product), against float64; beta 0 ignores what C held
+// (NaN included), the columns of C past N stay as they were.
+TEST(GemmTest, RowMajorSgemmWithAShiftedB) {
+  const int64_t M = 64, N = 1024, K = 96, ldb = 1024, ldc = N + 3;
+  std::mt19937 rng(51);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> a(static_cast<size_t>(M * K)), storage(static_cast<size_t>(K * ldb + 16)), c0(static_cast<size_t>(M * ldc));
+  for (float& v : a) v = dist(rng);
+  for (float& v : storage) v = dist(rng);
+  for (float& v : c0) v = dist(rng);
+  float* aligned = storage.data();
+  while (reinterpret_cast<std::uintptr_t>(aligned) % 32 != 0) ++aligned;
+  for (const char trans_a : {'N', 'T'}) {
+    for (const float* b : {static_cast<const float*>(aligned), static_cast<const float*>(aligned + 1)}) {
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 2.0f}}) {
+        SCOPED_TRACE(std::string("trans_a ") + trans_a + (b == aligned ? ", B aligned" : ", B one float on") +
+                     ", alpha " + std::to_string(alpha) + ", beta " + std::to_string(beta));
+        std::vector<float> c = c0;
+        if (beta == 0.0f) c[0] = c[static_cast<size_t>(ldc - 1 - 3)] = std::numeric_limits<float>::quiet_NaN();
+        const int64_t lda = trans_a == 'T' ? M : K;  // A stored [K, M] or [M, K]
+        ASSERT_EQ(ops::row_major_sgemm(trans_a, 'N', M, N, K, alpha, a.data(), lda, b, ldb, beta, c.data(), ldc),
+                  dnnl_success);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = 0; n < ldc; ++n) {
+            const double old = c0[static_cast<size_t>(m * ldc + n)];
+            double want = old;
+            if (n < N) {
+              double sum = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                sum += double(trans_a == 'T' ? a[static_cast<size_t>(k * M + m)] : a[static_cast<size_t>(m * K + k)]) *
+                       b[k * ldb + n];
+              }
+              want = alpha * sum + beta * old;
+            }
+            ASSERT_NEAR(c[static_cast<size_t>(m * ldc + n)], want, 1e-4 * (1 + std::abs(want))) << m << ", " << n;
+          }
+        }
+      }
+    }
+  }
+  // The rule: never with AVX-512; without it at the shapes measured faster, not at the others.
+  const bool avx512 = ops::dnnl_util::has_isa(dnnl::cpu_isa::avx512_core);
+  EXPECT_EQ(ops::unaligned_b_is_faster(M, N, ldb), !avx512);
+  EXPECT_EQ(ops::unaligned_b_is_faster(256, 1024, 1024), !avx512);  // BERT's feed-forward dW
+  EXPECT_EQ(ops::unaligned_b_is_faster(512, 512, 512), !avx512);
+  EXPECT_FALSE(ops::unaligned_b_is_faster(128, 3136, 3136));  // a row stride not a multiple of 2 KiB
+  EXPECT_FALSE(ops::unaligned_b_is_faster(128, 1280, 1280));
+  EXPECT_FALSE(ops::unaligned_b_is_faster(16, 1024, 1024));   // few rows
+  EXPECT_FALSE(ops::unaligned_b_is_faster(4096, 256, 256));   // few columns
+  EXPECT_FALSE(ops::unaligned_b_is_faster(512, 1024, 1024));  // oneDNN copies B there anyway
 }
 
 TEST(GemmTest, IntegersAndHalf) {
