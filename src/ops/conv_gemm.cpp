@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "core/parallel.h"
@@ -141,10 +140,8 @@ void output_rows(const ConvGeometry& g, const Lowered& l, const float* t, float*
 
 void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
            const float* b, int64_t ldb, float* c, int64_t ldc) {
-  const dnnl_status_t status = row_major_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-  if (status != dnnl_success) {
-    throw Error("oneDNN sgemm failed for a convolution (status " + std::to_string(static_cast<int>(status)) + ")");
-  }
+  du::check_status(row_major_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc),
+                   "run sgemm for a convolution");
 }
 
 }  // namespace
@@ -226,9 +223,7 @@ void conv_gemm_weight_grad_per_image(const ConvGeometry& g, const float* dy, con
       }
     }
   });
-  if (failed != dnnl_success) {
-    throw Error("oneDNN sgemm failed for a convolution's weight gradient (status " + std::to_string(failed.load()) + ")");
-  }
+  du::check_status(static_cast<dnnl_status_t>(failed.load()), "run sgemm for a convolution's weight gradient");
   for (int64_t m = 0; m < g.M; ++m) {
     for (int64_t k = 0; k < cols; ++k) {
       float v = 0.0f;

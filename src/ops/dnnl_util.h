@@ -53,6 +53,15 @@ auto checked(const std::string& what, F&& f) -> decltype(f()) {
   }
 }
 
+// Throws Error("oneDNN could not <what> (status <status>)") unless status is dnnl_success: the
+// check for oneDNN's C calls, which return a status instead of throwing (dnnl_sgemm and
+// row_major_sgemm, which run inside parallel regions too and so must not throw there).
+inline void check_status(dnnl_status_t status, const char* what) {
+  if (status != dnnl_success) {
+    throw Error(std::string("oneDNN could not ") + what + " (status " + std::to_string(static_cast<int>(status)) + ")");
+  }
+}
+
 // A cache key: the OpenMP thread count, then whatever the kernel adds (shapes, flags).
 class CacheKey {
  public:

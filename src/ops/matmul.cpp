@@ -63,13 +63,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     swapped_transposed_a_product(M, N, K, alpha, a, M, b, N, beta, y, N);
     return;
   }
-  const dnnl_status_t status = row_major_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a,
-                                               trans_a ? M : K, b, trans_b ? K : N, beta, y, N);
-  if (status != dnnl_success) {
-    throw Error("oneDNN sgemm failed for [" + std::to_string(M) + "x" + std::to_string(K) + "] * [" +
-                std::to_string(K) + "x" + std::to_string(N) + "] (status " + std::to_string(static_cast<int>(status)) +
-                ")");
-  }
+  du::check_status(row_major_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a, trans_a ? M : K, b,
+                                   trans_b ? K : N, beta, y, N),
+                   "run sgemm");
 }
 
 // Y [M, N] = A [M, K] B' (+ bias [N] on every row) for float32 where B holds the same values at

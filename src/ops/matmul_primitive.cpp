@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "core/parallel.h"
 #include "ops/dnnl_util.h"
-#include "onnxtrain/error.h"
 
 namespace onnxtrain::ops {
 
@@ -65,11 +63,7 @@ void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, 
   thread_local std::vector<float> transposed;  // C^T [N, M]
   transposed.resize(static_cast<size_t>(M * N));
   float* ct = transposed.data();
-  const dnnl_status_t status = row_major_sgemm('T', 'N', N, M, K, alpha, b, ldb, a, lda, 0.0f, ct, M);
-  if (status != dnnl_success) {
-    throw Error("oneDNN sgemm failed for the transposed product [" + std::to_string(N) + "x" + std::to_string(M) +
-                "] over " + std::to_string(K) + " rows (status " + std::to_string(static_cast<int>(status)) + ")");
-  }
+  du::check_status(row_major_sgemm('T', 'N', N, M, K, alpha, b, ldb, a, lda, 0.0f, ct, M), "run sgemm");
   // C = C^T transposed (+ beta C), in tiles of 32 x 32 so that both sides stay in cache.
   constexpr int64_t kTile = 32;
   const int64_t row_tiles = (M + kTile - 1) / kTile, col_tiles = (N + kTile - 1) / kTile;
