@@ -24,10 +24,14 @@
 // (attribute activation = "Relu") and/or MaxPool without Indices (MaxPool's attributes as
 // pool_kernel_shape, pool_strides, ...; with the pool, attribute channels_last = 1 writes Y
 // channels-last, [N, O..., M], for a chain of ConvChannelsLast nodes after it: runtime/fusion.h
-// use_channels_last). Without the pool, float32 applies Relu while copying
+// use_channels_last). Between two pooled FusedConvs (runtime/fusion.h block_pooled_conv_pairs) the
+// first, with attribute y_channel_block = b, writes Y blocked by b channels, [N, M / b, O..., b],
+// and the second, with x_channel_block = b, reads X so ([N, C / b, D..., b]; b is
+// conv_geometry.h pooled_conv_channel_block()). Without the pool, float32 applies Relu while copying
 // oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
-// channels-last into a scratch block and max_pool_channels_last (pool.cpp) reads it, so the
-// largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
+// a scratch block, channel-blocked (where pooled_conv_channel_block() is not 0, M divides by it and
+// Y is not channels-last) or else channels-last, and max_pool_channels_last (pool.cpp) reads it, so
+// the largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
 //
 // ai.onnxtrain.ConvChannelsLast (made by runtime/fusion.h use_channels_last, never saved) is a
 // Conv, with FusedConv's optional activation = "Relu", on channels-last tensors: X [N, D..., C],
@@ -419,6 +423,22 @@ dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, t);
 }
 
+// The layout of a convolution's source or destination in oneDNN: ONNX's [N, C, D...], channels-last
+// [N, D..., C], or blocked by channel_block() channels ([N, C / b, D..., b], blocked_channels_f32).
+enum class ConvLayout { Plain, ChannelsLast, Blocked };
+
+dnnl::memory::desc layout_f32(ConvLayout layout, const dnnl::memory::dims& dims) {
+  switch (layout) {
+    case ConvLayout::ChannelsLast:
+      return channels_last_f32(dims);
+    case ConvLayout::Blocked:
+      return blocked_channels_f32(dims);
+    case ConvLayout::Plain:
+      break;
+  }
+  return du::plain_f32(dims);
+}
+
 // Up to this many output positions (N x output spatial size) oneDNN chooses the destination
 // layout too: on small maps its own choice (channels-last, brgemm-based brgconv on AVX-512) runs
 // several times faster than its direct convolution into the channel-blocked layout, which pays
@@ -453,12 +473,13 @@ bool blocked_for_channels_last(const ConvGeometry& g, const DnnlConvDims& d) {
   return false;
 }
 
-// `channels_last_dst`: y is written channels-last (for max_pool_channels_last to read, or by
-// ai.onnxtrain.ConvChannelsLast); `channels_last_src`: x is read channels-last.
+// `dst_layout`: how y is written (channels-last or blocked for max_pool_channels_last to read,
+// channels-last by ai.onnxtrain.ConvChannelsLast); `src_layout`: how x is read. A blocked
+// destination on oneDNN's reference loops gives use_reference (the caller has another path).
 // `weights_constant`: the reordered weights are kept between runs (ConvKernel::weights_constant_);
 // otherwise they are reordered at every run into thread_scratch memory.
 ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weights_constant,
-               bool channels_last_dst = false, bool channels_last_src = false) {
+               ConvLayout dst_layout = ConvLayout::Plain, ConvLayout src_layout = ConvLayout::Plain) {
   using dnnl::memory;
   ConvEntry e;
   e.dims = dnnl_conv_dims(g);
@@ -467,10 +488,8 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
     e.use_reference = true;  // only outputs no input reaches
     return e;
   }
-  const memory::desc src = channels_last_src ? channels_last_f32(dims_of(g.N, g.C, g.in))
-                                             : du::plain_f32(dims_of(g.N, g.C, g.in));
-  const memory::desc dst = channels_last_dst ? channels_last_f32(dims_of(g.N, g.M, d.dst_dims))
-                                             : du::plain_f32(dims_of(g.N, g.M, d.dst_dims));
+  const memory::desc src = layout_f32(src_layout, dims_of(g.N, g.C, g.in));
+  const memory::desc dst = layout_f32(dst_layout, dims_of(g.N, g.M, d.dst_dims));
   const memory::desc any_src(src.dims(), memory::data_type::f32, memory::format_tag::any);
   const memory::desc any_dst = memory::desc(dst.dims(), memory::data_type::f32, memory::format_tag::any);
   memory::desc src_wanted = src, dst_wanted = dst;
@@ -493,9 +512,15 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
         return std::string(p.impl_info_str()).starts_with("ref");
       };
       P::primitive_desc pd;
-      if (channels_last_src && blocked_for_channels_last(g, d)) {
+      if (src_layout == ConvLayout::ChannelsLast && blocked_for_channels_last(g, d)) {
         pd = make_pd(blocked_channels_f32(dst.dims()), any_src);  // src and dst reordered around it
-      } else if (channels_last_dst) {
+      } else if (dst_layout == ConvLayout::Blocked) {
+        pd = make_pd(dst, src_layout == ConvLayout::Blocked ? src : any_src);
+        if (is_reference(pd)) {
+          e.use_reference = true;
+          return e;
+        }
+      } else if (dst_layout == ConvLayout::ChannelsLast) {
         pd = make_pd(dst, any_src);
         // oneDNN 2.6 without AVX-512 has no jit convolution writing channels-last from a source
         // left to it (format any): it takes its reference loops (ref:any), which ran the Fashion-MNIST
@@ -555,7 +580,7 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
     e.scratchpad.add_to(e.args);
   });
   if (d.embed) e.dst_buffer.resize(static_cast<size_t>(g.N * g.M * dims_product(d.dst_dims)));
-  if (!transpose && !channels_last_dst && e.dst.arg().get_desc() == blocked_channels_f32(dst.dims())) {
+  if (!transpose && dst_layout == ConvLayout::Plain && e.dst.arg().get_desc() == blocked_channels_f32(dst.dims())) {
     e.dst_channel_block = channel_block();
   }
   return e;
@@ -601,6 +626,9 @@ struct ConvEpilogue {
   bool relu = false;
   std::optional<PoolAttrs> pool;
   bool channels_last_y = false;  // with the pool: y [N, O..., M] (attribute channels_last = 1)
+  // With the pool: x [N, C / b, D..., b] and y [N, M / b, O..., b] for b not 0 (attributes
+  // x_channel_block and y_channel_block).
+  int64_t x_channel_block = 0, y_channel_block = 0;
 };
 
 bool is_half(DataType t) { return t == DataType::Float16 || t == DataType::BFloat16; }
@@ -620,7 +648,7 @@ class ConvKernel final : public Kernel {
       return;
     }
     const Tensor& x = ctx.input(0);
-    const ConvGeometry g = geometry(ctx, x);
+    const ConvGeometry g = geometry(ctx, epilogue_.x_channel_block ? x.view(unblocked_shape(ctx, x)) : x);
     Shape out = conv_output_shape(g);
     const PoolPlan* pool = nullptr;
     if (epilogue_.pool) {
@@ -629,10 +657,16 @@ class ConvKernel final : public Kernel {
         pool_shape_ = out;
       }
       pool = &*pool_plan_;
+      const int64_t yb = epilogue_.y_channel_block;
+      if (yb && g.M % yb != 0) {
+        fail("input " + ctx.input_name(1) + " has " + std::to_string(g.M) +
+             " output channels, which attribute y_channel_block = " + std::to_string(yb) + " does not divide");
+      }
       out = Shape{g.N};
-      if (!epilogue_.channels_last_y) out.push_back(g.M);
+      if (!epilogue_.channels_last_y) out.push_back(yb ? g.M / yb : g.M);
       for (int64_t d : pool->out) out.push_back(d);
       if (epilogue_.channels_last_y) out.push_back(g.M);
+      if (yb) out.push_back(yb);
     }
     if (is_half(x.dtype())) {  // through float32
       Tensor y(DataType::Float32, out);
@@ -644,8 +678,42 @@ class ConvKernel final : public Kernel {
   }
 
  private:
+  // The shape [N, C, D...] of x [N, C / b, D..., b] (attribute x_channel_block = b, input 0).
+  Shape unblocked_shape(KernelContext& ctx, const Tensor& x) const {
+    const int64_t b = epilogue_.x_channel_block;
+    const size_t rank = ctx.input(1).rank() + 1;
+    if (x.rank() != rank || x.dim(x.rank() - 1) != b) {
+      fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() + ", expected rank " +
+           std::to_string(rank) + " with last dim " + std::to_string(b) +
+           " ([N, C / b, spatial..., b]: attribute x_channel_block = " + std::to_string(b) + ")");
+    }
+    Shape s{x.dim(0), x.dim(1) * b};
+    for (size_t d = 2; d + 1 < x.rank(); ++d) s.push_back(x.dim(d));
+    return s;
+  }
+
+  // x [N, C, D...] from x blocked by b channels, [N, C / b, D..., b].
+  static Tensor unblocked(const Tensor& x, int64_t b) {
+    std::vector<int64_t> order{0, 1, static_cast<int64_t>(x.rank()) - 1};
+    for (size_t d = 2; d + 1 < x.rank(); ++d) order.push_back(static_cast<int64_t>(d));
+    const Tensor t = permuted(x, order);  // [N, C / b, b, D...]
+    Shape s{x.dim(0), x.dim(1) * b};
+    for (size_t d = 3; d < t.rank(); ++d) s.push_back(t.dim(d));
+    return t.view(s);
+  }
+
+  // y [N, M / b, O..., b] = plain [N, M, O...] blocked by b channels.
+  static void copy_blocked(const Tensor& plain, Tensor& y, int64_t b) {
+    Shape s{plain.dim(0), plain.dim(1) / b, b};
+    for (size_t d = 2; d < plain.rank(); ++d) s.push_back(plain.dim(d));
+    std::vector<int64_t> order{0, 1};
+    for (size_t d = 3; d < s.size(); ++d) order.push_back(static_cast<int64_t>(d));
+    order.push_back(2);
+    copy_permuted(plain.view(s), y, order);
+  }
+
   // The geometry of the node's convolution of x [N, C, D...] (ctx's input 0, or its
-  // channels-first view) with input 1, after checking input 2 (the bias) against it.
+  // channels-first or unblocked view) with input 1, after checking input 2 (the bias) against it.
   ConvGeometry geometry(KernelContext& ctx, const Tensor& x) const {
     const ConvGeometry g =
         resolve_conv_geometry(attrs_, {x, ctx.input_name(0)}, {ctx.input(1), ctx.input_name(1)});
@@ -731,7 +799,7 @@ class ConvKernel final : public Kernel {
         return;
       }
       ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(2),
-                                [&] { return plan(run_g, false, has_bias, weights_constant_, true, true); });
+                                [&] { return plan(run_g, false, has_bias, weights_constant_, ConvLayout::ChannelsLast, ConvLayout::ChannelsLast); });
       if (!e.use_reference && !e.dims.embed) {
         Tensor gathered;
         execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, conv.data<float>(),
@@ -794,27 +862,30 @@ class ConvKernel final : public Kernel {
   }
 
   // y = the convolution, then Relu when `relu`, then the pool (`pool` planned for the
-  // convolution's output shape).
+  // convolution's output shape); x and y in the layouts of the epilogue's attributes.
   template <class T>
-  void compute(const ConvGeometry& g, const PoolPlan* pool, const Tensor& x, const Tensor& w,
+  void compute(const ConvGeometry& g, const PoolPlan* pool, const Tensor& x_in, const Tensor& w,
                const Tensor& b, Tensor& y, bool relu) {
     if (y.numel() == 0) return;
     const T* bias = b.defined() ? b.data<T>() : nullptr;
     if (!pool) {
       if constexpr (std::is_same_v<T, float>) {
-        if (relu && convolve_relu(g, x, w, bias, y.data<float>())) return;
+        if (relu && convolve_relu(g, x_in, w, bias, y.data<float>())) return;
       }
-      convolve<T>(g, x, w, bias, y.data<T>());
+      convolve<T>(g, x_in, w, bias, y.data<T>());
       if (relu) relu_in_place<T>(y.data<T>(), y.numel());
       return;
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (g.rank() <= 3 && x.numel() > 0 && w.numel() > 0 && convolve_and_pool(g, *pool, x, w, bias, y, relu)) return;
+      if (g.rank() <= 3 && x_in.numel() > 0 && w.numel() > 0 && convolve_and_pool(g, *pool, x_in, w, bias, y, relu)) {
+        return;
+      }
     }
+    const Tensor x = epilogue_.x_channel_block ? unblocked(x_in, epilogue_.x_channel_block) : x_in;
     // The convolution's output lives for this run only (a block of the tensor block cache).
     Tensor conv_out(x.dtype(), conv_output_shape(g));
     convolve<T>(g, x, w, bias, conv_out.data<T>());
-    if (!epilogue_.channels_last_y) {
+    if (!epilogue_.channels_last_y && !epilogue_.y_channel_block) {
       max_pool_forward(*pool, conv_out, y);
       if (relu) relu_in_place<T>(y.data<T>(), y.numel());
       return;
@@ -824,17 +895,36 @@ class ConvKernel final : public Kernel {
     Tensor pooled(y.dtype(), plain);
     max_pool_forward(*pool, conv_out, pooled);
     if (relu) relu_in_place<T>(pooled.data<T>(), pooled.numel());
-    copy_permuted(pooled, y, channels_last_order(plain.size()));
+    if (epilogue_.y_channel_block) {
+      copy_blocked(pooled, y, epilogue_.y_channel_block);
+    } else {
+      copy_permuted(pooled, y, channels_last_order(plain.size()));
+    }
   }
 
   // y = the pool (then Relu when `relu`) of the convolution of float32 x through oneDNN, which
-  // writes its output channels-last for max_pool_channels_last to read: no reorder to the plain
-  // layout, and Relu costs nothing (it commutes with the maximum). The images go through in
-  // chunks whose convolution output fits kPooledChunkBytes, so the pool reads it from cache
-  // rather than memory. Returns false, having written nothing that counts, where oneDNN has no
-  // channels-last implementation for the shapes.
+  // writes its output blocked by pooled_conv_channel_block() channels (read by
+  // max_pool_channels_last as N * M / b images of b channels each, channels-last) or else
+  // channels-last for max_pool_channels_last to read: no reorder to the plain layout, and Relu
+  // costs nothing (it commutes with the maximum). The images go through in chunks whose
+  // convolution output fits kPooledChunkBytes, so the pool reads it from cache rather than
+  // memory. Returns false, having written nothing that counts, where oneDNN has no jit
+  // implementation for the shapes and layouts.
   bool convolve_and_pool(const ConvGeometry& g, const PoolPlan& pool, const Tensor& x, const Tensor& w,
                          const float* bias, Tensor& y, bool relu) {
+    const int64_t block = pooled_conv_channel_block();
+    const int64_t xb = epilogue_.x_channel_block, yb = epilogue_.y_channel_block;
+    const bool blocked = !epilogue_.channels_last_y && block != 0 && g.M % block == 0 && !attrs_.transpose;
+    if ((xb && xb != block) || (yb && (!blocked || yb != block))) return false;
+    const ConvLayout src_layout = xb ? ConvLayout::Blocked : ConvLayout::Plain;
+    if (blocked && pooled_chunks(g, pool, x, w, bias, y, relu, ConvLayout::Blocked, src_layout)) return true;
+    return !yb && pooled_chunks(g, pool, x, w, bias, y, relu, ConvLayout::ChannelsLast, src_layout);
+  }
+
+  // convolve_and_pool with oneDNN writing each chunk's convolution in `dst_layout` (Blocked or
+  // ChannelsLast) from x in `src_layout`; false where that plan has no jit implementation.
+  bool pooled_chunks(const ConvGeometry& g, const PoolPlan& pool, const Tensor& x, const Tensor& w,
+                     const float* bias, Tensor& y, bool relu, ConvLayout dst_layout, ConvLayout src_layout) {
     const int64_t image_output = g.M * g.out_size();  // floats of one image's convolution output
     const int64_t chunk = std::clamp<int64_t>(kPooledChunkBytes / static_cast<int64_t>(sizeof(float)) /
                                                   std::max<int64_t>(1, image_output),
@@ -847,12 +937,20 @@ class ConvKernel final : public Kernel {
       gc.N = std::min(chunk, g.N - n0);
       Shape chunk_shape = x.shape();
       chunk_shape[0] = gc.N;
-      ConvEntry& e = cache_.get(du::CacheKey().add(chunk_shape).add(w.shape()).add(bias != nullptr).add(1),
-                                [&] { return plan(gc, attrs_.transpose, bias != nullptr, weights_constant_, true); });
+      const int kind = dst_layout == ConvLayout::Blocked ? 4 : 1;
+      ConvEntry& e = cache_.get(du::CacheKey().add(chunk_shape).add(w.shape()).add(bias != nullptr).add(kind), [&] {
+        return plan(gc, attrs_.transpose, bias != nullptr, weights_constant_, dst_layout, src_layout);
+      });
       if (e.use_reference || e.dims.embed) return false;
       execute(e, gc, x.data<float>() + n0 * x_image, w.data<float>(), bias, conv_out.data<float>(), weights_constant_);
-      max_pool_channels_last(pool, gc.N, g.M, relu, conv_out.data<float>(), y.data<float>() + n0 * y_image,
-                             epilogue_.channels_last_y);
+      float* yn = y.data<float>() + n0 * y_image;
+      if (dst_layout == ConvLayout::Blocked) {  // images of `block` channels each
+        const int64_t block = channel_block();
+        max_pool_channels_last(pool, gc.N * g.M / block, block, relu, conv_out.data<float>(), yn,
+                               epilogue_.y_channel_block != 0);
+      } else {
+        max_pool_channels_last(pool, gc.N, g.M, relu, conv_out.data<float>(), yn, epilogue_.channels_last_y);
+      }
     }
     return true;
   }
@@ -985,6 +1083,10 @@ class ConvKernel final : public Kernel {
 
 }  // namespace
 
+int pooled_conv_channel_block() {
+  return !du::has_avx512() && du::has_isa(dnnl::cpu_isa::avx2) ? 8 : 0;
+}
+
 ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {
   ConvAttrs a;
   a.transpose = transpose;
@@ -1055,6 +1157,14 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
     }
     epilogue.pool = parse_pool_attrs(KernelInit(init.graph(), pool_node, init.opset()), true);
     epilogue.channels_last_y = init.attr_int("channels_last", 0) != 0;
+    for (auto [name, block] : {std::pair{"x_channel_block", &epilogue.x_channel_block},
+                               std::pair{"y_channel_block", &epilogue.y_channel_block}}) {
+      *block = init.attr_int(name, 0);
+      if (*block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(*block) + ", expected >= 0");
+    }
+    if (epilogue.channels_last_y && epilogue.y_channel_block) {
+      throw Error("attributes 'channels_last' and 'y_channel_block' are both set; Y has one layout");
+    }
   }
   return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, false), std::move(epilogue));
 }

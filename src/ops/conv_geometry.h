@@ -42,6 +42,15 @@ ConvGeometry resolve_conv_geometry(const ConvAttrs& a, const ConvOperand& x, con
 // Y's shape [N, M, out...].
 Shape conv_output_shape(const ConvGeometry& g);
 
+// The channel block b in which a pooled ai.onnxtrain.FusedConv hands its output to the next
+// pooled FusedConv (attributes y_channel_block / x_channel_block, runtime/fusion.h
+// block_pooled_conv_pairs): the tensor [N, C / b, D..., b] (oneDNN's nChw8c for 2 spatial dims),
+// which oneDNN 2.6's AVX2 direct convolutions read and write. 8 on a CPU with AVX2 and without
+// AVX-512, else 0 (not used: unmeasured there). The Fashion-MNIST CNN's conv2 (32 -> 64 channels,
+// 5x5 on 14x14) alone, 2 threads of an AMD EPYC Zen 3, medians of 60 alternating runs: 16.6-18.1
+// ms nChw8c against 18.0-19.4 channels-last at batch 128, 2.64-2.89 against 2.87-3.14 at 20.
+int pooled_conv_channel_block();
+
 // ---------------------------------------------------------------------------------------------
 // oneDNN's view of a geometry (float32, plain layouts)
 

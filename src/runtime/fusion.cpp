@@ -20,6 +20,7 @@
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/tensor.h"
+#include "ops/conv_geometry.h"
 #include "ops/data_movement.h"
 
 namespace onnxtrain::runtime {
@@ -1647,6 +1648,41 @@ int use_channels_last(onnx::GraphProto& graph) {
   }
   graph.mutable_node()->Swap(&nodes);
   return converted_convs;
+}
+
+int block_pooled_conv_pairs(onnx::GraphProto& graph) {
+  const int64_t block = ops::pooled_conv_channel_block();
+  if (block == 0) return 0;
+  Matcher m(graph);
+  // The rank of a pooled FusedConv's constant float32 weights (channels_last_conv_rank), else 0.
+  const auto pooled_rank = [&](const onnx::NodeProto& node) {
+    bool pooled = false;
+    const int r = channels_last_conv_rank(graph, m, node, pooled);
+    return pooled ? r : 0;
+  };
+  std::vector<int> writers, readers;  // nodes that get y_channel_block, x_channel_block
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    const int r = pooled_rank(node);
+    if (r == 0 || m.pinned(node.output(0))) continue;
+    bool plain_y = true;
+    for (const auto& attr : node.attribute()) plain_y = plain_y && !(attr.name() == "channels_last" && attr.i() != 0);
+    const auto w = constant_type(graph, m, node.input(1));
+    if (!plain_y || w->second[0] % block != 0) continue;
+    const std::vector<int>& next = m.readers(node.output(0));
+    bool all_pooled = !next.empty();
+    for (int reader : next) {
+      const onnx::NodeProto& rn = graph.node(reader);
+      all_pooled = all_pooled && pooled_rank(rn) == r && rn.input(0) == node.output(0) &&
+                   std::count(rn.input().begin(), rn.input().end(), node.output(0)) == 1;
+    }
+    if (!all_pooled) continue;
+    writers.push_back(i);
+    readers.insert(readers.end(), next.begin(), next.end());
+  }
+  for (int i : writers) *graph.mutable_node(i)->add_attribute() = autodiff::attr_int("y_channel_block", block);
+  for (int i : readers) *graph.mutable_node(i)->add_attribute() = autodiff::attr_int("x_channel_block", block);
+  return static_cast<int>(writers.size());
 }
 
 int fuse_conv_add(onnx::GraphProto& graph) {

@@ -81,6 +81,17 @@ int fuse_gemm_relu(onnx::GraphProto& graph);
 // converted.
 int use_channels_last(onnx::GraphProto& graph);
 
+// Passes the output of each pooled ai.onnxtrain.FusedConv (a Conv with its MaxPool, from
+// fuse_conv_pool) whose weights are a float32 constant and whose output channels divide by
+// b = ops::pooled_conv_channel_block() (conv_geometry.h; 8 on AVX2 without AVX-512, else the pass
+// does nothing) to the pooled FusedConvs reading it (all its readers, each as X only; not a graph
+// output nor read by a subgraph) blocked by b channels, [N, M / b, O..., b]: the writer gets
+// attribute y_channel_block = b, the readers x_channel_block = b (ops/conv.cpp). oneDNN's AVX2
+// convolutions read and write that layout themselves: the Fashion-MNIST CNN's conv1 -> conv2
+// passes no reorder. Results are the ops' own. Run after use_channels_last. Returns the number
+// of writers.
+int block_pooled_conv_pairs(onnx::GraphProto& graph);
+
 // Replaces each ai.onnxtrain.ConvChannelsLast without an activation whose output is read only by
 // an Add (either operand; not a graph output nor read by a subgraph) — a residual connection —
 // with one ConvChannelsLast taking the Add's other operand as input 3, z, and writing the Add's

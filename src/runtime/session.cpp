@@ -42,6 +42,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fuse_conv_pool(graph);
     fuse_conv_relu(graph);
     use_channels_last(graph);
+    block_pooled_conv_pairs(graph);
     fuse_conv_add(graph);
     fuse_matrix_products(graph);
     fuse_gemm_relu(graph);

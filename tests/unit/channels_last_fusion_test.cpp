@@ -1,8 +1,10 @@
 // runtime/fusion.h use_channels_last and fuse_conv_add: chains of convolutions with constant
 // float32 weights and the element-wise ops between them run on channels-last tensors
 // (ai.onnxtrain.ConvChannelsLast), with a Transpose only where a value enters or leaves the
-// chain, and a residual Add (and its Relu) goes into the convolution before it. Every test
-// compares the rewritten session with the unrewritten one (SessionOptions::fuse = false).
+// chain, and a residual Add (and its Relu) goes into the convolution before it; and
+// block_pooled_conv_pairs: a pooled convolution hands its output to the next one blocked by
+// channels. Every test compares the rewritten session with the unrewritten one
+// (SessionOptions::fuse = false).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
+#include "ops/conv_geometry.h"
 #include "runtime/fusion.h"
 #include "test_util.h"
 
@@ -165,15 +168,35 @@ TEST(ChannelsLastFusion, AStemsPooledConvolutionWritesTheChainsLayout) {
   expect_same_outputs(stem_model(), feeds);
 }
 
+// Two pooled convolutions as in the Fashion-MNIST CNN: x [N, 3, H, W] -> Conv (3 -> 16) -> Relu ->
+// MaxPool 2x2 -> Conv (16 -> 24) -> Relu -> MaxPool 2x2 = y.
+onnx::ModelProto pooled_pair_model() {
+  onnx::ModelProto m = model_with_x("pooled_pair");
+  auto& g = *m.mutable_graph();
+  const auto add_pool = [&](const std::string& x, const std::string& y) {
+    auto* pool = testing::add_node(g, "MaxPool", {x}, {y});
+    *pool->add_attribute() = attr("kernel_shape", std::vector<int64_t>{2, 2});
+    *pool->add_attribute() = attr("strides", std::vector<int64_t>{2, 2});
+  };
+  add_conv(g, "x", "c1", 3, kC, 2, 41);
+  testing::add_node(g, "Relu", {"c1"}, {"a1"});
+  add_pool("a1", "p1");
+  add_conv(g, "p1", "c2", kC, kM, 2, 42);
+  testing::add_node(g, "Relu", {"c2"}, {"a2"});
+  add_pool("a2", "y");
+  testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+  return m;
+}
+
 // The chains' float32 convolutions run oneDNN's jit kernels, never its reference loops (ref:any),
 // which are hundreds of times slower: oneDNN 2.6 without AVX-512 took them for every convolution
 // writing channels-last from a source left to it (the Fashion-MNIST CNN's inference, ~4 s per
 // batch of 16 on an AVX2 machine). Read from oneDNN's own verbose lines of the runs.
 TEST(ChannelsLastFusion, TheChainsConvolutionsRunOneDNNsJitKernels) {
-  for (const onnx::ModelProto& model : {residual_model(2), stem_model()}) {
+  for (const onnx::ModelProto& model : {residual_model(2), stem_model(), pooled_pair_model()}) {
     SCOPED_TRACE(model.graph().name());
     runtime::Session session(model);
-    const Tensor x = testing::random_f64(Shape{2, model.graph().name() == "stem" ? 3 : kC, 18, 18}, 31)
+    const Tensor x = testing::random_f64(Shape{2, model.graph().name() == "residual" ? kC : 3, 18, 18}, 31)
                          .cast(DataType::Float32);
     ::testing::internal::CaptureStdout();
     dnnl::set_verbose(1);
@@ -188,7 +211,16 @@ TEST(ChannelsLastFusion, TheChainsConvolutionsRunOneDNNsJitKernels) {
       ++convolutions;
       EXPECT_EQ(line.find(",ref:"), std::string::npos) << line;
     }
-    EXPECT_EQ(convolutions, 3) << verbose;
+    EXPECT_EQ(convolutions, model.graph().name() == "pooled_pair" ? 2 : 3) << verbose;
+    if (model.graph().name() == "pooled_pair" && ops::pooled_conv_channel_block() != 0) {
+      // The second convolution reads the first one's blocked output as it is: oneDNN reorders
+      // only the weights (into its ABcd8b8a / Acdb8a layouts), never an activation.
+      lines = std::istringstream(verbose);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.find(",reorder,") == std::string::npos || line.find(",exec,") == std::string::npos) continue;
+        EXPECT_EQ(line.find("dst_f32::blocked:aBcd8b"), std::string::npos) << line;
+      }
+    }
   }
 }
 
@@ -379,6 +411,115 @@ TEST(ChannelsLastFusion, ConvolutionsWhoseReluComesFirstKeepTheAddApart) {
   ASSERT_EQ(runtime::use_channels_last(rewritten), 2);
   EXPECT_EQ(runtime::fuse_conv_add(rewritten), 1);  // c2 + Relu(c1): c2 takes the sum
   expect_same_outputs(m, {{{"x", testing::random_f64(input_shape(2, 2, 5), 33).cast(DataType::Float32)}}});
+}
+
+// The pair's value between them is blocked by channels where the CPU's convolutions take that
+// layout (AVX2 without AVX-512: 8), and the results are the unrewritten ones, including over
+// several chunks of images (conv.cpp kPooledChunkBytes: 16 images of 32x32 here) and a last,
+// smaller chunk.
+TEST(ChannelsLastFusion, PooledConvolutionsPassTheirValueBlockedByChannels) {
+  const int64_t block = ops::pooled_conv_channel_block();
+  onnx::GraphProto g = pooled_pair_model().graph();
+  ASSERT_EQ(runtime::fuse_conv_pool(g), 2);
+  ASSERT_EQ(runtime::fuse_conv_relu(g), 0);  // the Relus went into the pools' FusedConvs
+  ASSERT_EQ(runtime::use_channels_last(g), 0);  // two chain starts, no chain
+  ASSERT_EQ(runtime::block_pooled_conv_pairs(g), block ? 1 : 0);
+  std::vector<std::string> blocks;
+  for (const auto& node : g.node()) {
+    for (const auto& a : node.attribute()) {
+      if (a.name().ends_with("_channel_block")) blocks.push_back(node.input(0) + " " + a.name() + " " + std::to_string(a.i()));
+    }
+  }
+  if (block) {
+    EXPECT_EQ(blocks, (std::vector<std::string>{"x y_channel_block 8", "p1 x_channel_block 8"}));
+  } else {
+    EXPECT_TRUE(blocks.empty());
+  }
+  std::vector<runtime::NamedTensors> feeds;
+  for (const auto& [n, size] : {std::pair{1, 12}, {2, 13}, {20, 32}}) {
+    feeds.push_back({{"x", testing::random_f64(Shape{n, 3, size, size}, 43 + n).cast(DataType::Float32)}});
+  }
+  expect_same_outputs(pooled_pair_model(), feeds);
+
+  // The first convolution's output also read by another node, or a graph output: not blocked.
+  for (const bool output : {true, false}) {
+    onnx::ModelProto m = pooled_pair_model();
+    if (output) {
+      testing::typed_value(m.mutable_graph()->add_output(), "p1", onnx::TensorProto::FLOAT, {});
+    } else {
+      testing::add_node(*m.mutable_graph(), "Relu", {"p1"}, {"r"});
+      testing::typed_value(m.mutable_graph()->add_output(), "r", onnx::TensorProto::FLOAT, {});
+    }
+    onnx::GraphProto other = m.graph();
+    runtime::fuse_conv_pool(other);
+    EXPECT_EQ(runtime::block_pooled_conv_pairs(other), 0) << (output ? "a graph output" : "read by a Relu");
+  }
+}
+
+// ai.onnxtrain.FusedConv with x_channel_block / y_channel_block outside oneDNN's path (float64:
+// conv_ref.h, then the layout copies) against the ONNX ops, with the blocked value made by
+// Reshape and Transpose; and a blocked X of the wrong shape is named in the error.
+TEST(ChannelsLastFusion, APooledConvolutionReadsAndWritesTheBlockedLayoutOnEveryPath) {
+  const auto model = [](bool fused, bool read_blocked) {
+    onnx::ModelProto m = testing::empty_model(fused ? "fused" : "reference");
+    auto& g = *m.mutable_graph();
+    testing::typed_value(g.add_input(), "x", onnx::TensorProto::DOUBLE, {});
+    io::tensor_to_proto(testing::random_f64(Shape{16, 8, 3, 3}, 51), "W", *g.add_initializer());
+    io::tensor_to_proto(testing::random_f64(Shape{16}, 52), "B", *g.add_initializer());
+    const auto pool_attrs = [](onnx::NodeProto* n, const std::string& prefix) {
+      *n->add_attribute() = attr(prefix + "kernel_shape", std::vector<int64_t>{2, 2});
+      *n->add_attribute() = attr(prefix + "strides", std::vector<int64_t>{2, 2});
+    };
+    // read_blocked: x is [N, 1, H, W, 8], the blocked form of [N, 8, H, W]; y is plain.
+    // Otherwise x is plain and y blocked, [N, 2, O, O, 8].
+    if (fused) {
+      auto* internal = m.add_opset_import();
+      internal->set_domain("ai.onnxtrain");
+      internal->set_version(1);
+      auto* n = testing::add_node(g, "FusedConv", {"x", "W", "B"}, {"y"});
+      n->set_domain("ai.onnxtrain");
+      *n->add_attribute() = attr("pads", std::vector<int64_t>{1, 1, 1, 1});
+      *n->add_attribute() = attr("activation", std::string("Relu"));
+      pool_attrs(n, "pool_");
+      *n->add_attribute() = attr(read_blocked ? "x_channel_block" : "y_channel_block", int64_t{8});
+    } else {
+      std::string in = "x";
+      if (read_blocked) {  // [N, 1, H, W, 8] -> [N, 1, 8, H, W] -> [N, 8, H, W]
+        *testing::add_node(g, "Transpose", {"x"}, {"xt"})->add_attribute() =
+            attr("perm", std::vector<int64_t>{0, 1, 4, 2, 3});
+        io::tensor_to_proto(Tensor::from_vector<int64_t>(Shape{4}, {0, 8, 6, 6}), "plain", *g.add_initializer());
+        testing::add_node(g, "Reshape", {"xt", "plain"}, {"xp"});
+        in = "xp";
+      }
+      *testing::add_node(g, "Conv", {in, "W", "B"}, {"c"})->add_attribute() =
+          attr("pads", std::vector<int64_t>{1, 1, 1, 1});
+      testing::add_node(g, "Relu", {"c"}, {"a"});
+      pool_attrs(testing::add_node(g, "MaxPool", {"a"}, {read_blocked ? "y" : "p"}), "");
+      if (!read_blocked) {  // [N, 16, O, O] -> [N, 2, 8, O, O] -> [N, 2, O, O, 8]
+        io::tensor_to_proto(Tensor::from_vector<int64_t>(Shape{5}, {0, 2, 8, 3, 3}), "split", *g.add_initializer());
+        testing::add_node(g, "Reshape", {"p", "split"}, {"ps"});
+        *testing::add_node(g, "Transpose", {"ps"}, {"y"})->add_attribute() =
+            attr("perm", std::vector<int64_t>{0, 1, 3, 4, 2});
+      }
+    }
+    testing::typed_value(g.add_output(), "y", onnx::TensorProto::DOUBLE, {});
+    return m;
+  };
+  for (const bool read_blocked : {false, true}) {
+    SCOPED_TRACE(read_blocked ? "x blocked" : "y blocked");
+    const Tensor x = testing::random_f64(read_blocked ? Shape{2, 1, 6, 6, 8} : Shape{2, 8, 6, 6}, 53);
+    const Tensor got = runtime::Session(model(true, read_blocked)).run({{"x", x}}).at("y");
+    const Tensor want = runtime::Session(model(false, read_blocked), {.fuse = false}).run({{"x", x}}).at("y");
+    EXPECT_EQ(got.shape(), read_blocked ? (Shape{2, 16, 3, 3}) : (Shape{2, 2, 3, 3, 8}));
+    expect_close(got, want, 1e-12, 1e-12);
+  }
+  try {
+    runtime::Session(model(true, true)).run({{"x", testing::random_f64(Shape{2, 8, 6, 6}, 54)}});
+    ADD_FAILURE() << "a plain x was taken for a blocked one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x_channel_block = 8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2,8,6,6]"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
