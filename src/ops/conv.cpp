@@ -678,6 +678,13 @@ class ConvKernel final : public Kernel {
   }
 
  private:
+  // [N, C, D...] for a tensor [N, C / b, D..., b] blocked by b channels.
+  static Shape merged_channels(const Shape& blocked, int64_t b) {
+    Shape s{blocked[0], blocked[1] * b};
+    for (size_t d = 2; d + 1 < blocked.size(); ++d) s.push_back(blocked[d]);
+    return s;
+  }
+
   // The shape [N, C, D...] of x [N, C / b, D..., b] (attribute x_channel_block = b, input 0).
   Shape unblocked_shape(KernelContext& ctx, const Tensor& x) const {
     const int64_t b = epilogue_.x_channel_block;
@@ -687,19 +694,14 @@ class ConvKernel final : public Kernel {
            std::to_string(rank) + " with last dim " + std::to_string(b) +
            " ([N, C / b, spatial..., b]: attribute x_channel_block = " + std::to_string(b) + ")");
     }
-    Shape s{x.dim(0), x.dim(1) * b};
-    for (size_t d = 2; d + 1 < x.rank(); ++d) s.push_back(x.dim(d));
-    return s;
+    return merged_channels(x.shape(), b);
   }
 
   // x [N, C, D...] from x blocked by b channels, [N, C / b, D..., b].
   static Tensor unblocked(const Tensor& x, int64_t b) {
     std::vector<int64_t> order{0, 1, static_cast<int64_t>(x.rank()) - 1};
     for (size_t d = 2; d + 1 < x.rank(); ++d) order.push_back(static_cast<int64_t>(d));
-    const Tensor t = permuted(x, order);  // [N, C / b, b, D...]
-    Shape s{x.dim(0), x.dim(1) * b};
-    for (size_t d = 3; d < t.rank(); ++d) s.push_back(t.dim(d));
-    return t.view(s);
+    return permuted(x, order).view(merged_channels(x.shape(), b));  // via [N, C / b, b, D...]
   }
 
   // y [N, M / b, O..., b] = plain [N, M, O...] blocked by b channels.
@@ -937,7 +939,7 @@ class ConvKernel final : public Kernel {
       gc.N = std::min(chunk, g.N - n0);
       Shape chunk_shape = x.shape();
       chunk_shape[0] = gc.N;
-      const int kind = dst_layout == ConvLayout::Blocked ? 4 : 1;
+      const int kind = dst_layout == ConvLayout::Blocked ? 4 : 1;  // beside plain_entry's 0 and the chains' 2 and 3
       ConvEntry& e = cache_.get(du::CacheKey().add(chunk_shape).add(w.shape()).add(bias != nullptr).add(kind), [&] {
         return plan(gc, attrs_.transpose, bias != nullptr, weights_constant_, dst_layout, src_layout);
       });
@@ -1084,7 +1086,7 @@ class ConvKernel final : public Kernel {
 }  // namespace
 
 int pooled_conv_channel_block() {
-  return !du::has_avx512() && du::has_isa(dnnl::cpu_isa::avx2) ? 8 : 0;
+  return channel_block() == 8 ? 8 : 0;  // the block blocked_channels_f32 gives, on AVX2 alone
 }
 
 ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {

@@ -867,9 +867,9 @@ TransposeRewrite rewrite_free_transposes(onnx::GraphProto& graph, F&& visit) {
   return rewrite;
 }
 
-// The value of a product node's attribute `name` (transA or transB of a Gemm or a
-// MatMulTransposed; 0 when absent).
-int64_t trans_flag(const onnx::NodeProto& node, const std::string& name) {
+// The value of a node's int attribute `name` (transA or transB of a Gemm or a MatMulTransposed,
+// a FusedConv's channels_last; 0 when absent).
+int64_t int_attribute(const onnx::NodeProto& node, const std::string& name) {
   for (const auto& attr : node.attribute()) {
     if (attr.name() == name) return attr.i();
   }
@@ -916,7 +916,7 @@ bool read_transpose_in_gemms(onnx::GraphProto& graph, const TransposeSite& site)
     const int k = gemm.input(0) == y ? 0 : 1;
     const std::string flag = k == 0 ? "transA" : "transB";
     gemm.set_input(k, t.input(0));
-    set_trans_flag(gemm, flag, trans_flag(gemm, flag) == 0);
+    set_trans_flag(gemm, flag, int_attribute(gemm, flag) == 0);
     replace[r] = {gemm};
   }
   site.rewrite.dropped.insert(site.i);
@@ -952,8 +952,8 @@ void transpose_gemm_output(onnx::GraphProto& graph, const TransposeSite& site) {
   onnx::NodeProto swapped = g;
   swapped.set_input(0, g.input(1));
   swapped.set_input(1, g.input(0));
-  set_trans_flag(swapped, "transA", trans_flag(g, "transB") == 0);
-  set_trans_flag(swapped, "transB", trans_flag(g, "transA") == 0);
+  set_trans_flag(swapped, "transA", int_attribute(g, "transB") == 0);
+  set_trans_flag(swapped, "transB", int_attribute(g, "transA") == 0);
   if (sum < 0) {
     swapped.set_output(0, t.output(0));
     replace[gemm] = {swapped};
@@ -1109,7 +1109,7 @@ int fuse_permuted_matmul(onnx::GraphProto& graph) {
     }
   });
   const auto flagged = [](const onnx::NodeProto& node, int k) {
-    return trans_flag(node, k == 0 ? "transA" : "transB") != 0;
+    return int_attribute(node, k == 0 ? "transA" : "transB") != 0;
   };
   for (bool changed = true; changed;) {
     changed = false;
@@ -1665,10 +1665,8 @@ int block_pooled_conv_pairs(onnx::GraphProto& graph) {
     const onnx::NodeProto& node = graph.node(i);
     const int r = pooled_rank(node);
     if (r == 0 || m.pinned(node.output(0))) continue;
-    bool plain_y = true;
-    for (const auto& attr : node.attribute()) plain_y = plain_y && !(attr.name() == "channels_last" && attr.i() != 0);
     const auto w = constant_type(graph, m, node.input(1));
-    if (!plain_y || w->second[0] % block != 0) continue;
+    if (int_attribute(node, "channels_last") != 0 || w->second[0] % block != 0) continue;
     const std::vector<int>& next = m.readers(node.output(0));
     bool all_pooled = !next.empty();
     for (int reader : next) {
