@@ -3,7 +3,6 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
-#include <set>
 #include <string>
 #include <utility>
 #include <unordered_map>
@@ -18,13 +17,6 @@ namespace onnxtrain::runtime {
 namespace {
 
 constexpr int64_t kMaxFoldedElements = 4096;
-
-bool is_random(const std::string& op_type) {
-  static const std::set<std::string> kRandom = {"RandomNormal",     "RandomUniform", "RandomNormalLike",
-                                                "RandomUniformLike", "Bernoulli",     "Multinomial",
-                                                "Dropout"};
-  return kRandom.contains(op_type);
-}
 
 bool has_subgraph(const onnx::NodeProto& node) {
   for (const auto& attr : node.attribute()) {
@@ -112,7 +104,7 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
   };
   const auto kind_foldable = [](const onnx::NodeProto& node) {
     const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
-    return onnx_domain && !is_random(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
+    return onnx_domain && !is_random_op(node.op_type()) && !has_subgraph(node) && node.output_size() > 0;
   };
   // Reads by nodes that fold if their kernels succeed and their outputs are not too large (every
   // input known, assuming the nodes before them fold): a value all of whose readers are such

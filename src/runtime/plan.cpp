@@ -1,6 +1,8 @@
 #include "runtime/plan.h"
 
+#include <cstring>
 #include <new>
+#include <set>
 
 #include "onnxtrain/error.h"
 #include "runtime/profiler.h"
@@ -42,7 +44,34 @@ const ops::KernelDef& resolve(const ir::Graph& graph, const ir::Node& node, cons
               ") is not implemented; onnxtrain implements its versions " + versions);
 }
 
+bool has_subgraph(const ir::Node& node) {
+  if (!node.implicit_inputs.empty()) return true;
+  for (const ir::Attribute& a : node.attributes) {
+    if (a.type == ir::AttributeType::Graph || a.type == ir::AttributeType::Graphs) return true;
+  }
+  return false;
+}
+
+// Same dtype, shape and bytes (tensors of string dtype are never the same).
+bool same_tensor(const Value& a, const Value& b) {
+  if (!a.is_tensor() || !b.is_tensor()) return false;
+  const Tensor& x = a.tensor();
+  const Tensor& y = b.tensor();
+  if (!x.defined() || !y.defined() || x.dtype() != y.dtype() || x.dtype() == DataType::String ||
+      x.shape() != y.shape()) {
+    return false;
+  }
+  return x.raw_data() == y.raw_data() || std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+}
+
 }  // namespace
+
+bool is_random_op(const std::string& op_type) {
+  static const std::set<std::string> kRandom = {"RandomNormal",     "RandomUniform", "RandomNormalLike",
+                                                "RandomUniformLike", "Bernoulli",     "Multinomial",
+                                                "Dropout"};
+  return kRandom.contains(op_type);
+}
 
 void check_opsets(const OpsetMap& opsets, const std::string& source) {
   for (const auto& [domain, version] : opsets) {
@@ -85,6 +114,36 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
   }
   std::vector<bool> keep(graph.values().size(), false);
   for (ir::ValueId v : graph.outputs()) keep[static_cast<size_t>(v)] = true;
+  // Shape roots and shape-derived nodes (plan.h), in topological order.
+  std::vector<bool> shape_value(graph.values().size(), false);
+  for (Step& step : steps_) {
+    const ir::Node& node = graph.node(step.node);
+    const bool onnx_domain = node.domain.empty();
+    bool graph_output = node.outputs.empty();
+    for (ir::ValueId v : node.outputs) graph_output = graph_output || (v != ir::kNoValue && keep[static_cast<size_t>(v)]);
+    if (!onnx_domain || graph_output || has_subgraph(node)) continue;
+    if (node.op_type == "Shape" || node.op_type == "Size") {
+      step.role = ShapeRole::Root;
+    } else if (!is_random_op(node.op_type)) {
+      bool derived = true;
+      for (ir::ValueId v : node.inputs) {
+        derived = derived && (v == ir::kNoValue || shape_value[static_cast<size_t>(v)] || graph.value(v).is_initializer);
+      }
+      if (derived) {
+        step.role = ShapeRole::Derived;
+        for (ir::ValueId v : node.inputs) {
+          if (v != ir::kNoValue && graph.value(v).is_initializer) {
+            shape_initializers_.push_back(ShapeInitializer{v, graph.initializers().at(v)});
+          }
+        }
+      }
+    }
+    if (step.role == ShapeRole::None) continue;
+    for (ir::ValueId v : node.outputs) {
+      if (v != ir::kNoValue) shape_value[static_cast<size_t>(v)] = true;
+    }
+  }
+  unchanged_.assign(graph.values().size(), 0);
   for (size_t v = 0; v < last_use.size(); ++v) {
     if (last_use[v] >= 0 && !keep[v]) {
       steps_[static_cast<size_t>(last_use[v])].release.push_back(static_cast<ir::ValueId>(v));
@@ -92,14 +151,67 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
   }
 }
 
+void Plan::keep_outputs(Step& step, const std::vector<Value>& values) {
+  const ir::Node& node = graph_.node(step.node);
+  bool keepable = true;
+  int64_t elements = 0;
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    const ir::ValueId v = node.outputs[i];
+    if (v == ir::kNoValue) continue;
+    const Value& out = values[static_cast<size_t>(v)];
+    unchanged_[static_cast<size_t>(v)] = step.kept && same_tensor(out, step.kept_outputs[i]);
+    keepable = keepable && out.is_tensor() && out.tensor().dtype() != DataType::String;
+    if (keepable) elements += out.tensor().numel();
+  }
+  step.kept = keepable && (elements <= kMaxReusedElements || node.op_type == "Constant");
+  step.kept_outputs.assign(node.outputs.size(), Value());
+  if (!step.kept) return;
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    if (node.outputs[i] != ir::kNoValue) step.kept_outputs[i] = values[static_cast<size_t>(node.outputs[i])];
+  }
+}
+
 void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, const AfterStep* after_step) {
   const bool profile = Profiler::instance().enabled();
   memory_.begin_run();
+  std::fill(unchanged_.begin(), unchanged_.end(), 0);
+  // What a step kept belongs to the inputs of the last run it saw; a run cut short by an error
+  // saw only some steps.
+  if (!last_run_completed_) {
+    for (Step& step : steps_) step.kept = false;
+  }
+  last_run_completed_ = false;
+  for (ShapeInitializer& init : shape_initializers_) {
+    const Value& v = values[static_cast<size_t>(init.id)];
+    const bool own = v.is_tensor() && v.tensor().raw_data() == init.own.raw_data() &&
+                     v.tensor().dtype() == init.own.dtype() && v.tensor().shape() == init.own.shape();
+    unchanged_[static_cast<size_t>(init.id)] = own && init.own_last_run;
+    init.own_last_run = own;
+  }
+  steps_reused_ = 0;
   for (size_t s = 0; s < steps_.size(); ++s) {
     Step& step = steps_[s];
     const ir::Node& node = graph_.node(step.node);
     memory_.set_step(static_cast<int>(s));
-    ops::KernelContext ctx(graph_, node, values, run_context, &memory_);
+    if (step.role == ShapeRole::Derived && step.kept) {
+      bool reuse = true;
+      for (ir::ValueId v : node.inputs) reuse = reuse && (v == ir::kNoValue || unchanged_[static_cast<size_t>(v)]);
+      if (reuse) {
+        for (size_t i = 0; i < node.outputs.size(); ++i) {
+          const ir::ValueId v = node.outputs[i];
+          if (v == ir::kNoValue) continue;
+          values[static_cast<size_t>(v)] = step.kept_outputs[i];
+          unchanged_[static_cast<size_t>(v)] = 1;
+        }
+        ++steps_reused_;
+        if (after_step) (*after_step)(node, values);
+        for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Value();
+        continue;
+      }
+    }
+    // Kept outputs come from the heap: a step that runs in one run and not in the next must not
+    // move the arena's allocation order.
+    ops::KernelContext ctx(graph_, node, values, run_context, step.role == ShapeRole::None ? &memory_ : nullptr);
     try {
       const int ti = step.def->type_input;
       if (!step.def->types.empty() && ctx.has_input(ti) && ctx.input_value(ti).is_tensor()) {
@@ -124,6 +236,7 @@ void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, c
           throw std::logic_error("the kernel did not produce output '" + graph_.value(v).name + "'");
         }
       }
+      if (step.role != ShapeRole::None) keep_outputs(step, values);
     } catch (const Error& e) {
       throw e.with_context(graph_.description() + ", " + node.description());
     } catch (const std::bad_alloc&) {
@@ -136,6 +249,7 @@ void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, c
     for (ir::ValueId v : step.release) values[static_cast<size_t>(v)] = Value();
   }
   memory_.end_run();
+  last_run_completed_ = true;
 }
 
 }  // namespace onnxtrain::runtime
