@@ -98,6 +98,36 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     for (const auto& name : free_names) ++readers[name];
   }
   for (const auto& out : graph.output()) ++readers[out.name()];
+  // The A operands of the MatMul and Gemm nodes reading a value as their B (operand 1 and not
+  // operand 0 as well).
+  std::unordered_map<std::string, std::vector<std::string>> product_a_of_b;
+  for (const auto& node : graph.node()) {
+    const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
+    if (onnx_domain && (node.op_type() == "MatMul" || node.op_type() == "Gemm") && node.input_size() >= 2 &&
+        node.input(0) != node.input(1)) {
+      product_a_of_b[node.input(1)].push_back(node.input(0));
+    }
+  }
+  // A linear layer's W^T as exporters write it, Transpose(W) with perm [1, 0] of a float32 rank-2
+  // W read by one product as its B, whose A is not known (computable, below): left to the product,
+  // which reads W in place (fusion.h: fuse_matmul_add, fuse_transpose_matmul,
+  // fuse_transpose_gemm), instead of a Constant W^T that ConstantWeightsProduct would copy back
+  // into W's layout, two copies of the weights.
+  std::unordered_set<std::string> computable;
+  const auto weight_transpose_for_a_product = [&](const onnx::NodeProto& node,
+                                                   const onnx::TensorProto* input) {
+    if (node.op_type() != "Transpose" || node.output_size() != 1 || !input || input->dims_size() != 2 ||
+        input->data_type() != onnx::TensorProto::FLOAT) {
+      return false;
+    }
+    for (const auto& attr : node.attribute()) {
+      if (attr.name() == "perm" && !(attr.ints_size() == 2 && attr.ints(0) == 1 && attr.ints(1) == 0)) return false;
+    }
+    const std::string& out = node.output(0);
+    const auto it = product_a_of_b.find(out);
+    return readers[out] == 1 && it != product_a_of_b.end() && it->second.size() == 1 &&
+           !computable.contains(it->second.front());
+  };
   const auto is_value_constant = [](const onnx::NodeProto& node) {
     return node.op_type() == "Constant" && node.domain().empty() && node.attribute_size() == 1 &&
            node.attribute(0).name() == "value" && node.output_size() == 1;
@@ -114,7 +144,6 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
   // output stays, and memory stays the same).
   std::unordered_map<std::string, int> computable_reads;
   {
-    std::unordered_set<std::string> computable;
     for (const auto& init : graph.initializer()) {
       if (!inputs.contains(init.name())) computable.insert(init.name());
     }
@@ -178,6 +207,7 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
         released += *b;
       }
     }
+    if (foldable && values.size() == 1 && weight_transpose_for_a_product(node, values.front().second)) foldable = false;
     std::optional<std::vector<Tensor>> outputs;
     if (foldable) outputs = evaluate(node, values, opsets, base_dir, released);
     if (!outputs) {

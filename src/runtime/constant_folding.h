@@ -29,7 +29,12 @@ namespace onnxtrain::runtime {
 // then drops, each shared first come first served among its readers (an exporter's Transpose of
 // a weight, or the three Slice nodes of a weight and the Concat that reorder an LSTM's gates:
 // memory stays the same, the run stops repeating them) — and nodes whose kernel fails (the run
-// reports the error with its usual context). Initializers and Constant nodes whose every reader
+// reports the error with its usual context). Also not folded: a linear layer's W^T as exporters
+// write it, Transpose (perm [1, 0]) of a float32 rank-2 constant read by one MatMul or Gemm as
+// its B while that product's A is not known: the product reads W in place (runtime/fusion.h
+// fuse_matmul_add, fuse_transpose_matmul, fuse_transpose_gemm), where a folded W^T would be a
+// second copy of the weights next to the one the product keeps in its own layout
+// (ops/matmul.cpp ConstantWeightsProduct). Initializers and Constant nodes whose every reader
 // was folded leave the graph. Returns the number of nodes folded.
 int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::filesystem::path& base_dir);
 

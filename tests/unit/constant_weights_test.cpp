@@ -4,8 +4,7 @@
 // float32 path that reads B as a graph input (fed anew each run), for every layout of B and C,
 // alpha / beta the fast path does not take, and a session that meets several row counts in turn
 // (a kept copy per row count, reused when a count comes back). What counts as constant
-// (KernelInit::input_is_constant): initializers no feed replaces and Constant nodes' outputs,
-// which is what constant folding makes of an exporter's Transpose of a weight.
+// (KernelInit::input_is_constant): initializers no feed replaces and Constant nodes' outputs.
 #include "ir/graph.h"
 #include "onnxtrain/io.h"
 #include "ops/kernel.h"
@@ -133,7 +132,7 @@ TEST(ConstantWeights, InitializersAndConstantNodesAreConstantInputs) {
 }
 
 // torch.onnx.export writes a linear layer as MatMul(x, Transpose(W)) -> Add(b) with W [N, K]; the
-// session folds the Transpose into a Constant, so the fused MatMulAdd runs on constant weights.
+// session's MatMulAdd reads the initializer W in place (transB), so it runs on constant weights.
 TEST(ConstantWeights, ExportersTransposedWeightGivesTheReferenceValues) {
   const auto model = [](int elem) {
     onnx::ModelProto m = testing::empty_model("exported");

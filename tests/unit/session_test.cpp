@@ -12,6 +12,7 @@
 #include "onnxtrain/session.h"
 #include "ops/registry.h"
 #include "runtime/constant_folding.h"
+#include "runtime/fusion.h"
 #include "test_util.h"
 
 namespace onnxtrain::runtime {
@@ -258,27 +259,62 @@ TEST(ConstantFolding, LeavesLargeOutputsAndFailingNodesToTheRun) {
   EXPECT_NE(error.find("Reshape"), std::string::npos) << error;
 }
 
-// An exporter's Transpose of a weight (10000 elements, over the 4096 limit): folded when the
-// weight has no other reader, which the graph then drops, so memory stays the same; kept when
-// another node (here a graph output) still reads the weight.
+// A Transpose of a weight (10000 elements, over the 4096 limit) read as a product's A: folded
+// when the weight has no other reader, which the graph then drops, so memory stays the same;
+// kept when another node (here a graph output) still reads the weight.
 TEST(ConstantFolding, FoldsALargeOutputThatReplacesTheOnlyCopyOfItsInput) {
   const Tensor w = testing::iota({100, 100});
   for (bool weight_also_read : {false, true}) {
     SCOPED_TRACE(weight_also_read ? "the weight is also an output" : "the Transpose alone reads the weight");
     onnx::ModelProto m = testing::empty_model("folding");
     auto& g = *m.mutable_graph();
-    testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {2, 100});
+    testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {100, 2});
     io::tensor_to_proto(w, "w", *g.add_initializer());
     testing::add_node(g, "Transpose", {"w"}, {"wt"});
-    testing::add_node(g, "MatMul", {"x", "wt"}, {"y"});
-    testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {2, 100});
+    testing::add_node(g, "MatMul", {"wt", "x"}, {"y"});
+    testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {100, 2});
     if (weight_also_read) testing::typed_value(g.add_output(), "w", onnx::TensorProto::FLOAT, {100, 100});
     onnx::GraphProto copy = g;
     EXPECT_EQ(fold_constants(copy, {{"", 17}}, "."), weight_also_read ? 0 : 1);
     EXPECT_EQ(copy.initializer_size(), weight_also_read ? 1 : 0);
-    const Tensor x = testing::iota({2, 100});
+    const Tensor x = testing::iota({100, 2});
     Session folded(m), plain(m, {.fuse = false});
     testing::expect_close(folded.run({{"x", x}}).at("y"), plain.run({{"x", x}}).at("y"), 0, 0);
+  }
+}
+
+// torch.onnx.export's linear layer, MatMul(x, Transpose(W)) -> Add(b): the Transpose is left to
+// the product, which reads W in place (transB), so the session holds W once, not W and a folded
+// W^T that the constant-weights product would copy back into W's layout. With a known A the
+// whole product folds as before.
+TEST(ConstantFolding, LeavesALinearLayersTransposedWeightToItsProduct) {
+  const Tensor w = testing::iota({50, 100});
+  for (bool known_a : {false, true}) {
+    SCOPED_TRACE(known_a ? "A is an initializer" : "A is a graph input");
+    onnx::ModelProto m = testing::empty_model("linear");
+    auto& g = *m.mutable_graph();
+    if (known_a) {
+      io::tensor_to_proto(testing::iota({2, 100}), "x", *g.add_initializer());
+    } else {
+      testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {-1, 3, 100});
+    }
+    io::tensor_to_proto(w, "w", *g.add_initializer());
+    io::tensor_to_proto(testing::iota({50}), "b", *g.add_initializer());
+    testing::add_node(g, "Transpose", {"w"}, {"wt"})->add_attribute()->CopyFrom(testing::attr("perm", std::vector<int64_t>{1, 0}));
+    testing::add_node(g, "MatMul", {"x", "wt"}, {"xw"});
+    testing::add_node(g, "Add", {"xw", "b"}, {"y"});
+    testing::typed_value(g.add_output(), "y", onnx::TensorProto::FLOAT, {});
+    onnx::GraphProto copy = g;
+    EXPECT_EQ(fold_constants(copy, {{"", 17}}, "."), known_a ? 3 : 0);
+    if (known_a) continue;
+    fuse_matrix_products(copy);
+    ASSERT_EQ(copy.node_size(), 1);
+    EXPECT_EQ(copy.node(0).op_type(), "MatMulAdd");
+    EXPECT_EQ(copy.node(0).input(1), "w");
+    EXPECT_EQ(copy.initializer_size(), 2);  // w and b, nothing derived from them
+    const Tensor x = testing::random_f64({2, 3, 100}, 7).cast(DataType::Float32);
+    Session fused(m), plain(m, {.fuse = false});
+    testing::expect_close(fused.run({{"x", x}}).at("y"), plain.run({{"x", x}}).at("y"), 1e-5, 1e-4);
   }
 }
 
