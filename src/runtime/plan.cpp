@@ -163,9 +163,17 @@ void Plan::keep_outputs(Step& step, const std::vector<Value>& values) {
     keepable = keepable && out.is_tensor() && out.tensor().dtype() != DataType::String;
     if (keepable) elements += out.tensor().numel();
   }
-  step.kept = keepable && (elements <= kMaxReusedElements || node.op_type == "Constant");
+  kept_elements_ -= step.kept_elements;
+  step.kept_elements = 0;
+  const bool constant = node.op_type == "Constant";  // its kernel holds the value anyway
+  step.kept = keepable && (constant || (elements <= kMaxReusedElements &&
+                                        kept_elements_ + elements <= kMaxReusedElementsPerPlan));
   step.kept_outputs.assign(node.outputs.size(), Value());
   if (!step.kept) return;
+  if (!constant) {
+    step.kept_elements = elements;
+    kept_elements_ += elements;
+  }
   for (size_t i = 0; i < node.outputs.size(); ++i) {
     if (node.outputs[i] != ir::kNoValue) step.kept_outputs[i] = values[static_cast<size_t>(node.outputs[i])];
   }
@@ -178,7 +186,12 @@ void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, c
   // What a step kept belongs to the inputs of the last run it saw; a run cut short by an error
   // saw only some steps.
   if (!last_run_completed_) {
-    for (Step& step : steps_) step.kept = false;
+    for (Step& step : steps_) {
+      step.kept = false;
+      step.kept_outputs.clear();
+      step.kept_elements = 0;
+    }
+    kept_elements_ = 0;
   }
   last_run_completed_ = false;
   for (ShapeInitializer& init : shape_initializers_) {

@@ -11,8 +11,8 @@
 // before (shape roots' outputs compared byte for byte; initializers bound to the graph's own
 // tensor in both runs, not replaced by a run) takes them instead of running its kernel, so the
 // values are the ones the kernel would compute. Kept outputs hold at most kMaxReusedElements
-// elements a node (a Constant's value whatever its size: its kernel holds it anyway), are
-// never of string dtype, and come from the tensor heap, not the plan's arena. A run that ends
+// elements a node and kMaxReusedElementsPerPlan in all (a Constant's value whatever its size:
+// its kernel holds it anyway), are never of string dtype, and come from the tensor heap, not the plan's arena. A run that ends
 // in an error leaves nothing kept.
 #pragma once
 
@@ -64,6 +64,8 @@ class Plan {
 
   // The most elements a shape-derived node's kept outputs hold together (512 KiB of int64).
   static constexpr int64_t kMaxReusedElements = 65536;
+  // The most elements all kept outputs of a plan hold (4-8 MiB), first come first served.
+  static constexpr int64_t kMaxReusedElementsPerPlan = int64_t{1} << 20;
 
  private:
   enum class ShapeRole { None, Root, Derived };  // the node's part in shape arithmetic (above)
@@ -76,6 +78,7 @@ class Plan {
     ShapeRole role = ShapeRole::None;
     bool kept = false;                 // kept_outputs hold what the kernel computed last
     std::vector<Value> kept_outputs;   // Root and Derived steps
+    int64_t kept_elements = 0;         // their elements, counted against the plan's limit
   };
   // After a Root or Derived step's kernel ran: marks each output unchanged when it equals the
   // kept one, and keeps the new outputs when they may be kept.
@@ -96,6 +99,7 @@ class Plan {
   std::vector<ShapeInitializer> shape_initializers_;
   bool last_run_completed_ = true;
   size_t steps_reused_ = 0;
+  int64_t kept_elements_ = 0;  // counted elements of all kept outputs
 };
 
 }  // namespace onnxtrain::runtime

@@ -167,6 +167,32 @@ TEST(ShapeReuse, RandomNodesLargeValuesAndGraphOutputsAreNotKept) {
   EXPECT_EQ(p.run({{"X", x}}).at("shape_out").data<int64_t>()[0], 300);
 }
 
+TEST(ShapeReuse, APlanKeepsAtMostItsLimitInAll) {
+  // 20 masks of X's shape, ConstantOfShape(Shape(X)), each summed into a graph output: with X of
+  // 65536 elements the Shape's kept output takes 1 element of the plan's limit, the first 15
+  // masks what is left but 65535, and the other 5 are made every run.
+  static_assert(Plan::kMaxReusedElementsPerPlan == 16 * 65536);
+  onnx::GraphProto g;
+  g.set_name("limit");
+  typed_value(g.add_input(), "X", kFloat, {-1});
+  add_node(g, "Shape", {"X"}, {"shape"});
+  for (int i = 0; i < 20; ++i) {
+    const std::string mask = "mask" + std::to_string(i), sum = "sum" + std::to_string(i);
+    auto* fill = add_node(g, "ConstantOfShape", {"shape"}, {mask})->add_attribute();
+    fill->set_name("value");
+    fill->set_type(onnx::AttributeProto::TENSOR);
+    io::tensor_to_proto(f32(Shape{1}, {static_cast<float>(i)}), "", *fill->mutable_t());
+    add_node(g, "ReduceSum", {mask}, {sum})->add_attribute()->CopyFrom(attr("keepdims", int64_t{0}));
+    typed_value(g.add_output(), sum, kFloat, {});
+  }
+  PlanRun p(g);
+  const Tensor x = Tensor::zeros(DataType::Float32, Shape{65536});
+  p.run({{"X", x}});
+  const NamedTensors out = p.run({{"X", x}});
+  EXPECT_EQ(p.plan.steps_reused(), 15u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(out.at("sum" + std::to_string(i)).data<float>()[0], 65536.0f * static_cast<float>(i));
+}
+
 TEST(ShapeReuse, SessionRunsAgreeAcrossShapes) {
   onnx::ModelProto model = empty_model("reshape");
   *model.mutable_graph() = exporter_reshape();
