@@ -3,8 +3,8 @@
 //
 // Shape arithmetic is computed once per plan, not per run. Exporters compute reshape targets
 // from the shapes of the values a run makes (torch.onnx.export: Shape -> Gather -> Unsqueeze
-// -> Concat -> Reshape, ~170 nodes a run in a 4-layer BERT encoder), which constant folding
-// cannot see. A Shape or Size node (a shape root) always runs. A node of the ai.onnx domain
+// -> Concat -> Reshape; in a 4-layer BERT encoder ~310 nodes a run besides the Shape and Reshape
+// nodes, 198 of them Constants), which constant folding cannot see. A Shape or Size node (a shape root) always runs. A node of the ai.onnx domain
 // whose every input is an initializer, a shape root's output or another such node's output (a
 // shape-derived node: not random, no subgraph, no graph output; Constant nodes are ones) keeps
 // the outputs it computed last; a run in which all its inputs are what they were in the run
