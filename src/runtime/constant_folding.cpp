@@ -98,14 +98,14 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     for (const auto& name : free_names) ++readers[name];
   }
   for (const auto& out : graph.output()) ++readers[out.name()];
-  // The A operands of the MatMul and Gemm nodes reading a value as their B (operand 1 and not
-  // operand 0 as well).
-  std::unordered_map<std::string, std::vector<std::string>> product_a_of_b;
+  // The A operand of a MatMul or Gemm node reading a value as its B (operand 1 and not operand 0
+  // as well); which one when several do does not matter (below, the value has one reader).
+  std::unordered_map<std::string, std::string> product_a_of_b;
   for (const auto& node : graph.node()) {
     const bool onnx_domain = node.domain().empty() || node.domain() == "ai.onnx";
     if (onnx_domain && (node.op_type() == "MatMul" || node.op_type() == "Gemm") && node.input_size() >= 2 &&
         node.input(0) != node.input(1)) {
-      product_a_of_b[node.input(1)].push_back(node.input(0));
+      product_a_of_b[node.input(1)] = node.input(0);
     }
   }
   // A linear layer's W^T as exporters write it, Transpose(W) with perm [1, 0] of a float32 rank-2
@@ -125,8 +125,7 @@ int fold_constants(onnx::GraphProto& graph, const OpsetMap& opsets, const std::f
     }
     const std::string& out = node.output(0);
     const auto it = product_a_of_b.find(out);
-    return readers[out] == 1 && it != product_a_of_b.end() && it->second.size() == 1 &&
-           !computable.contains(it->second.front());
+    return readers[out] == 1 && it != product_a_of_b.end() && !computable.contains(it->second);
   };
   const auto is_value_constant = [](const onnx::NodeProto& node) {
     return node.op_type() == "Constant" && node.domain().empty() && node.attribute_size() == 1 &&

@@ -1,5 +1,6 @@
 #include "runtime/plan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <set>
@@ -116,31 +117,34 @@ Plan::Plan(const ir::Graph& graph, const OpsetMap& opsets) : graph_(graph) {
   for (ir::ValueId v : graph.outputs()) keep[static_cast<size_t>(v)] = true;
   // Shape roots and shape-derived nodes (plan.h), in topological order.
   std::vector<bool> shape_value(graph.values().size(), false);
+  const auto shape_input = [&](ir::ValueId v) {
+    return v == ir::kNoValue || shape_value[static_cast<size_t>(v)] || graph.value(v).is_initializer;
+  };
   for (Step& step : steps_) {
     const ir::Node& node = graph.node(step.node);
-    const bool onnx_domain = node.domain.empty();
-    bool graph_output = node.outputs.empty();
-    for (ir::ValueId v : node.outputs) graph_output = graph_output || (v != ir::kNoValue && keep[static_cast<size_t>(v)]);
-    if (!onnx_domain || graph_output || has_subgraph(node)) continue;
+    const bool graph_output = std::any_of(node.outputs.begin(), node.outputs.end(), [&](ir::ValueId v) {
+      return v != ir::kNoValue && keep[static_cast<size_t>(v)];
+    });
+    if (!node.domain.empty() || node.outputs.empty() || graph_output || has_subgraph(node)) continue;
     if (node.op_type == "Shape" || node.op_type == "Size") {
       step.role = ShapeRole::Root;
-    } else if (!is_random_op(node.op_type)) {
-      bool derived = true;
-      for (ir::ValueId v : node.inputs) {
-        derived = derived && (v == ir::kNoValue || shape_value[static_cast<size_t>(v)] || graph.value(v).is_initializer);
-      }
-      if (derived) {
-        step.role = ShapeRole::Derived;
-        for (ir::ValueId v : node.inputs) {
-          if (v != ir::kNoValue && graph.value(v).is_initializer) {
-            shape_initializers_.push_back(ShapeInitializer{v, graph.initializers().at(v)});
-          }
-        }
-      }
+    } else if (!is_random_op(node.op_type) && std::all_of(node.inputs.begin(), node.inputs.end(), shape_input)) {
+      step.role = ShapeRole::Derived;
+    } else {
+      continue;
     }
-    if (step.role == ShapeRole::None) continue;
     for (ir::ValueId v : node.outputs) {
       if (v != ir::kNoValue) shape_value[static_cast<size_t>(v)] = true;
+    }
+  }
+  // The initializers shape-derived nodes read, each once.
+  std::vector<bool> listed(graph.values().size(), false);
+  for (const Step& step : steps_) {
+    if (step.role != ShapeRole::Derived) continue;
+    for (ir::ValueId v : graph.node(step.node).inputs) {
+      if (v == ir::kNoValue || !graph.value(v).is_initializer || listed[static_cast<size_t>(v)]) continue;
+      listed[static_cast<size_t>(v)] = true;
+      shape_initializers_.push_back(ShapeInitializer{v, graph.initializers().at(v)});
     }
   }
   unchanged_.assign(graph.values().size(), 0);
@@ -159,17 +163,18 @@ void Plan::keep_outputs(Step& step, const std::vector<Value>& values) {
     const ir::ValueId v = node.outputs[i];
     if (v == ir::kNoValue) continue;
     const Value& out = values[static_cast<size_t>(v)];
-    unchanged_[static_cast<size_t>(v)] = step.kept && same_tensor(out, step.kept_outputs[i]);
+    unchanged_[static_cast<size_t>(v)] = !step.kept_outputs.empty() && same_tensor(out, step.kept_outputs[i]);
     keepable = keepable && out.is_tensor() && out.tensor().dtype() != DataType::String;
     if (keepable) elements += out.tensor().numel();
   }
   kept_elements_ -= step.kept_elements;
   step.kept_elements = 0;
   const bool constant = node.op_type == "Constant";  // its kernel holds the value anyway
-  step.kept = keepable && (constant || (elements <= kMaxReusedElements &&
-                                        kept_elements_ + elements <= kMaxReusedElementsPerPlan));
-  step.kept_outputs.assign(node.outputs.size(), Value());
-  if (!step.kept) return;
+  step.kept_outputs.clear();
+  const bool fits =
+      constant || (elements <= kMaxReusedElements && kept_elements_ + elements <= kMaxReusedElementsPerPlan);
+  if (!keepable || !fits) return;
+  step.kept_outputs.resize(node.outputs.size());
   if (!constant) {
     step.kept_elements = elements;
     kept_elements_ += elements;
@@ -187,7 +192,6 @@ void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, c
   // saw only some steps.
   if (!last_run_completed_) {
     for (Step& step : steps_) {
-      step.kept = false;
       step.kept_outputs.clear();
       step.kept_elements = 0;
     }
@@ -206,7 +210,7 @@ void Plan::run(std::vector<Value>& values, const ops::RunContext& run_context, c
     Step& step = steps_[s];
     const ir::Node& node = graph_.node(step.node);
     memory_.set_step(static_cast<int>(s));
-    if (step.role == ShapeRole::Derived && step.kept) {
+    if (step.role == ShapeRole::Derived && !step.kept_outputs.empty()) {
       bool reuse = true;
       for (ir::ValueId v : node.inputs) reuse = reuse && (v == ir::kNoValue || unchanged_[static_cast<size_t>(v)]);
       if (reuse) {

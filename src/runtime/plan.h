@@ -4,16 +4,17 @@
 // Shape arithmetic is computed once per plan, not per run. Exporters compute reshape targets
 // from the shapes of the values a run makes (torch.onnx.export: Shape -> Gather -> Unsqueeze
 // -> Concat -> Reshape; in a 4-layer BERT encoder ~310 nodes a run besides the Shape and Reshape
-// nodes, 198 of them Constants), which constant folding cannot see. A Shape or Size node (a shape root) always runs. A node of the ai.onnx domain
-// whose every input is an initializer, a shape root's output or another such node's output (a
-// shape-derived node: not random, no subgraph, no graph output; Constant nodes are ones) keeps
-// the outputs it computed last; a run in which all its inputs are what they were in the run
-// before (shape roots' outputs compared byte for byte; initializers bound to the graph's own
-// tensor in both runs, not replaced by a run) takes them instead of running its kernel, so the
-// values are the ones the kernel would compute. Kept outputs hold at most kMaxReusedElements
-// elements a node and kMaxReusedElementsPerPlan in all (a Constant's value whatever its size:
-// its kernel holds it anyway), are never of string dtype, and come from the tensor heap, not the plan's arena. A run that ends
-// in an error leaves nothing kept.
+// nodes, 198 of them Constants), which constant folding cannot see. A Shape or Size node (a
+// shape root) always runs. A node of the ai.onnx domain whose every input is an initializer, a
+// shape root's output or another such node's output (a shape-derived node: not random, no
+// subgraph, no graph output; Constant nodes are ones) keeps the outputs it computed last; a run
+// in which all its inputs are what they were in the run before (shape roots' outputs compared
+// byte for byte; initializers bound to the graph's own tensor in both runs, not replaced by a
+// run) takes them instead of running its kernel, so the values are the ones the kernel would
+// compute. Kept outputs hold at most kMaxReusedElements elements a node and
+// kMaxReusedElementsPerPlan in all (a Constant's value whatever its size: its kernel holds it
+// anyway), are never of string dtype, and come from the tensor heap, not the plan's arena. A run
+// that ends in an error leaves nothing kept.
 #pragma once
 
 #include <functional>
@@ -76,8 +77,8 @@ class Plan {
     std::vector<ir::ValueId> release;  // values dead after this step
     std::string label;                 // graph and node, for the profiler (empty when it is off)
     ShapeRole role = ShapeRole::None;
-    bool kept = false;                 // kept_outputs hold what the kernel computed last
-    std::vector<Value> kept_outputs;   // Root and Derived steps
+    // Root and Derived steps: what the kernel computed last, one per output; empty when not kept.
+    std::vector<Value> kept_outputs;
     int64_t kept_elements = 0;         // their elements, counted against the plan's limit
   };
   // After a Root or Derived step's kernel ran: marks each output unchanged when it equals the
