@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "json_list.h"
+#include "timing.h"
 
 namespace {
 
@@ -62,17 +63,6 @@ Product product_of(const nlohmann::json& j) {
     throw std::runtime_error("a product with a dimension, batch or count below 1: " + j.dump());
   }
   return p;
-}
-
-double time_best_ms(const std::function<void()>& run, int repeats) {
-  run();  // warm-up: first touch, JIT
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
 }
 
 void fill(std::vector<float>& v) {

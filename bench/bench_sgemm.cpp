@@ -1,8 +1,7 @@
 // The machine's sgemm peak through oneDNN (dnnl_sgemm), the yardstick of docs/performance.md:
 // onnxtrain-bench-sgemm [--size N] [--threads T] prints {"gflops": ...} for N x N x N products;
 // --m M --n N --k K measure one workload shape instead (C[M, N] = A[M, K] B[K, N], row-major).
-// The program uses only oneDNN's C API, so it also builds against another oneDNN release to
-// compare the two (docs/performance.md, "oneDNN 2.6 and 3.x").
+// (bench_primitives.cpp compares the oneDNN releases, docs/performance.md "oneDNN 2.6 and 3.x".)
 #include <dnnl.h>
 #include <omp.h>
 
