@@ -88,9 +88,41 @@ bool unaligned_b_is_faster(int64_t M, int64_t N, int64_t ldb) {
   return !du::has_avx512() && M >= 32 && N >= 512 && ldb % 512 == 0 && 1.0 / M + 1.0 / N >= 0.0038;
 }
 
+bool padded_transposed_a_is_faster(int64_t M, int64_t N, int64_t lda) {
+  return !du::has_avx512() && M >= 32 && lda % 512 == 0 && 1.0 / M + 1.0 / N >= 0.0038;
+}
+
+namespace {
+
+// A [K, M] (row stride lda) copied into `padded` with rows of M + 16 floats (M + 32 where that
+// is a multiple of 512); returns the new row stride, or 0 when the buffer cannot be allocated.
+int64_t copy_with_padded_rows(const float* a, int64_t lda, int64_t K, int64_t M, std::vector<float>& padded) noexcept {
+  int64_t stride = M + 16;
+  if (stride % 512 == 0) stride += 16;
+  try {
+    padded.resize(static_cast<size_t>(K * stride));
+  } catch (...) {  // std::bad_alloc, std::length_error
+    return 0;
+  }
+  float* out = padded.data();
+  parallel_for(K, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(M, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) std::copy_n(a + k * lda, M, out + k * stride);
+  });
+  return stride;
+}
+
+}  // namespace
+
 dnnl_status_t row_major_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                               int64_t ldc) noexcept {
+  if ((trans_a == 'T' || trans_a == 't') && K > 0 && padded_transposed_a_is_faster(M, N, lda)) {
+    thread_local std::vector<float> padded;
+    if (const int64_t stride = copy_with_padded_rows(a, lda, K, M, padded); stride > 0) {
+      a = padded.data();
+      lda = stride;
+    }
+  }
   const bool plain_b = trans_b == 'N' || trans_b == 'n';
   if (!plain_b || K == 0 || reinterpret_cast<std::uintptr_t>(b) % 32 != 0 || !unaligned_b_is_faster(M, N, ldb)) {
     return dnnl_sgemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -53,7 +53,11 @@ bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K);
 // layers with more outputs than inputs: BERT's first feed-forward layers, the LSTM's dW and dR.
 // The swapped product reads A as its B, which runs at the faster of those speeds only from an
 // address that is not a multiple of 32 bytes (unaligned_b_is_faster: 33-35 ms from an aligned
-// one); row_major_sgemm, which runs it, sees to that.
+// one); row_major_sgemm, which runs it, sees to that. (The slow direct product is A's row stride
+// of M floats, a multiple of 2 KiB at these shapes: padded_transposed_a_is_faster. Reading A from
+// a copy with longer rows instead was about as fast at [1024, 256], [1024, 128] and [512, 256]
+// over 4096 rows, 17.0-19.8 against 19.0-21.1 ms at [1024, 256], and slower at [1024, 32], 3.9-4.4
+// against 3.2-3.5, so the swap stays where this rule holds.)
 // False with AVX-512 (transposed_a_prefers_matmul decides there).
 bool transposed_a_prefers_swap(int64_t M, int64_t N, int64_t K);
 
@@ -78,13 +82,31 @@ void swapped_transposed_a_product(int64_t M, int64_t N, int64_t K, float alpha, 
 // than 512 columns, and CPUs with AVX-512 (another sgemm; not measured there).
 bool unaligned_b_is_faster(int64_t M, int64_t N, int64_t ldb);
 
+// Whether oneDNN 2.6's sgemm computes C [M, N] = A^T B (A stored [K, M], row stride lda) faster
+// from a copy of A whose row stride is not a multiple of 2 KiB. Without AVX-512, in the no-copy
+// kernels it takes when 1/M + 1/N >= 0.0038, it reads A^T in place, and with lda % 512 == 0 it
+// runs at 50-80 % of the speed it reaches on the same A with rows 16 floats longer, whatever A's
+// address (the row stride, not the address, is what matters here, unlike B's). AMD EPYC Zen 3,
+// 2 threads, the fastest of 13 alone, direct against copied (the copy included): [512, 512] over
+// 128 rows (the Fashion-MNIST MLP's second weight gradient) 0.59-0.70 against 0.47-0.57 ms, over
+// 1024 rows 5.4-5.8 against 4.3-4.5, [2048, 128] over 128 1.05 against 0.56-0.62, [1024, 256]
+// over 512 4.3 against 2.1-2.2, [512, 300] over 128 0.38 against 0.27-0.30; at 1 thread
+// 1.3-2.4x likewise. Not faster, so false: outputs past the threshold ([512, 784] or [1024,
+// 3136] over 128: 0.98-1.02x), strides not a multiple of 2 KiB, fewer than 32 rows (not
+// measured), CPUs with AVX-512. transposed_a_prefers_swap is asked first where both hold.
+bool padded_transposed_a_is_faster(int64_t M, int64_t N, int64_t lda);
+
 // C [M, N] (row stride ldc) = alpha op(A) op(B) + beta C through oneDNN's sgemm, all row-major,
 // float32: op(A) = A^T of A stored [K, M] (row stride lda) when trans_a is 'T', else A [M, K];
-// op(B) likewise ('T': B stored [N, K]). beta = 0 does not read C. Where unaligned_b_is_faster
-// says so and B's address is a multiple of 32 bytes, it runs as two products: columns 1..N-1
-// with B read from one float further on (B + 1, not 32-byte aligned) and column 0 on its own
-// (a matrix-vector product, which reads op(A) once more). Returns oneDNN's status and throws
-// nothing, so it may run inside a parallel region (where oneDNN uses the calling thread only).
+// op(B) likewise ('T': B stored [N, K]). beta = 0 does not read C. Where
+// padded_transposed_a_is_faster says so, op(A) = A^T is read from a copy of A with rows 16 floats
+// longer than M (or 32 where that length is a multiple of 512), kept in a buffer of the calling
+// thread for its next call (K rows); when that buffer cannot be had, A is read as given. Where
+// unaligned_b_is_faster says so and B's address is a multiple of 32 bytes, it runs as two
+// products: columns 1..N-1 with B read from one float further on (B + 1, not 32-byte aligned)
+// and column 0 on its own (a matrix-vector product, which reads op(A) once more). Returns
+// oneDNN's status and throws nothing, so it may run inside a parallel region (where oneDNN and
+// the copy use the calling thread only).
 dnnl_status_t row_major_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                               int64_t ldc) noexcept;

@@ -574,6 +574,52 @@ TEST(GemmTest, RowMajorSgemmWithAShiftedB) {
   EXPECT_FALSE(ops::unaligned_b_is_faster(512, 1024, 1024));  // oneDNN copies B there anyway
 }
 
+// ops/matmul_primitive.h row_major_sgemm: C = alpha A^T B + beta C with A's rows a multiple of
+// 2 KiB apart (where padded_transposed_a_is_faster holds, A^T is read from a copy with longer
+// rows): A as wide as its stride and a narrower A inside rows of 512 floats, against float64;
+// A is left as it was, beta 0 ignores what C held (NaN included).
+TEST(GemmTest, RowMajorSgemmWithATransposedAOf2KiBRows) {
+  struct Case {
+    int64_t M, N, K, lda;
+  };
+  std::mt19937 rng(61);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const Case& cs : {Case{512, 64, 37, 512}, Case{40, 96, 21, 512}, Case{1024, 8, 5, 1024}}) {
+    const auto [M, N, K, lda] = cs;
+    std::vector<float> a(static_cast<size_t>(K * lda)), b(static_cast<size_t>(K * N)), c0(static_cast<size_t>(M * N));
+    for (float& v : a) v = dist(rng);
+    for (float& v : b) v = dist(rng);
+    for (float& v : c0) v = dist(rng);
+    const std::vector<float> a_before = a;
+    for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 2.0f}}) {
+      SCOPED_TRACE("M " + std::to_string(M) + ", lda " + std::to_string(lda) + ", alpha " + std::to_string(alpha) +
+                   ", beta " + std::to_string(beta));
+      std::vector<float> c = c0;
+      if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();
+      ASSERT_EQ(ops::row_major_sgemm('T', 'N', M, N, K, alpha, a.data(), lda, b.data(), N, beta, c.data(), N),
+                dnnl_success);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          double sum = 0;
+          for (int64_t k = 0; k < K; ++k) sum += double(a[static_cast<size_t>(k * lda + m)]) * b[static_cast<size_t>(k * N + n)];
+          const double want = alpha * sum + beta * double(c0[static_cast<size_t>(m * N + n)]);
+          ASSERT_NEAR(c[static_cast<size_t>(m * N + n)], want, 1e-4 * (1 + std::abs(want))) << m << ", " << n;
+        }
+      }
+      ASSERT_EQ(a, a_before);
+    }
+  }
+  // The rule: never with AVX-512; without it at the shapes measured faster, not at the others.
+  const bool avx512 = ops::dnnl_util::has_isa(dnnl::cpu_isa::avx512_core);
+  EXPECT_EQ(ops::padded_transposed_a_is_faster(512, 512, 512), !avx512);  // the MLP's second dW
+  EXPECT_EQ(ops::padded_transposed_a_is_faster(2048, 128, 2048), !avx512);
+  EXPECT_EQ(ops::padded_transposed_a_is_faster(40, 96, 512), !avx512);
+  EXPECT_FALSE(ops::padded_transposed_a_is_faster(512, 784, 512));     // oneDNN copies A there anyway
+  EXPECT_FALSE(ops::padded_transposed_a_is_faster(1024, 3136, 1024));
+  EXPECT_FALSE(ops::padded_transposed_a_is_faster(256, 256, 256));     // a row stride of 1 KiB
+  EXPECT_FALSE(ops::padded_transposed_a_is_faster(16, 64, 512));       // few rows
+}
+
 TEST(GemmTest, IntegersAndHalf) {
   const Tensor a = Tensor::from_vector<int32_t>({2, 2}, {1, 2, 3, 4});
   const Tensor c = Tensor::from_vector<int32_t>({2}, {10, 20});
