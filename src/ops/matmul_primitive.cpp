@@ -94,11 +94,16 @@ bool padded_transposed_a_is_faster(int64_t M, int64_t N, int64_t lda) {
 
 namespace {
 
+// The largest copy row_major_sgemm keeps per thread: 16 MiB.
+constexpr int64_t kMaxPaddedFloats = int64_t{1} << 22;
+
 // A [K, M] (row stride lda) copied into `padded` with rows of M + 16 floats (M + 32 where that
-// is a multiple of 512); returns the new row stride, or 0 when the buffer cannot be allocated.
+// is a multiple of 512); returns the new row stride, or 0 when the copy would exceed
+// kMaxPaddedFloats or the buffer cannot be allocated.
 int64_t copy_with_padded_rows(const float* a, int64_t lda, int64_t K, int64_t M, std::vector<float>& padded) noexcept {
   int64_t stride = M + 16;
   if (stride % 512 == 0) stride += 16;
+  if (K > kMaxPaddedFloats / stride) return 0;
   try {
     padded.resize(static_cast<size_t>(K * stride));
   } catch (...) {  // std::bad_alloc, std::length_error

@@ -101,7 +101,8 @@ bool padded_transposed_a_is_faster(int64_t M, int64_t N, int64_t lda);
 // op(B) likewise ('T': B stored [N, K]). beta = 0 does not read C. Where
 // padded_transposed_a_is_faster says so, op(A) = A^T is read from a copy of A with rows 16 floats
 // longer than M (or 32 where that length is a multiple of 512), kept in a buffer of the calling
-// thread for its next call (K rows); when that buffer cannot be had, A is read as given. Where
+// thread for its next call (K rows, at most 16 MiB); when the copy would be larger or the buffer
+// cannot be had, A is read as given. Where
 // unaligned_b_is_faster says so and B's address is a multiple of 32 bytes, it runs as two
 // products: columns 1..N-1 with B read from one float further on (B + 1, not 32-byte aligned)
 // and column 0 on its own (a matrix-vector product, which reads op(A) once more). Returns

@@ -576,15 +576,17 @@ TEST(GemmTest, RowMajorSgemmWithAShiftedB) {
 
 // ops/matmul_primitive.h row_major_sgemm: C = alpha A^T B + beta C with A's rows a multiple of
 // 2 KiB apart (where padded_transposed_a_is_faster holds, A^T is read from a copy with longer
-// rows): A as wide as its stride and a narrower A inside rows of 512 floats, against float64;
-// A is left as it was, beta 0 ignores what C held (NaN included).
+// rows): A as wide as its stride, a narrower A inside rows of 512 floats, and an A too long to
+// copy (more than 16 MiB with the longer rows: read as given), against float64; A is left as it
+// was, beta 0 ignores what C held (NaN included).
 TEST(GemmTest, RowMajorSgemmWithATransposedAOf2KiBRows) {
   struct Case {
     int64_t M, N, K, lda;
   };
   std::mt19937 rng(61);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (const Case& cs : {Case{512, 64, 37, 512}, Case{40, 96, 21, 512}, Case{1024, 8, 5, 1024}}) {
+  for (const Case& cs :
+       {Case{512, 64, 37, 512}, Case{40, 96, 21, 512}, Case{1024, 8, 5, 1024}, Case{512, 8, 8000, 512}}) {
     const auto [M, N, K, lda] = cs;
     std::vector<float> a(static_cast<size_t>(K * lda)), b(static_cast<size_t>(K * N)), c0(static_cast<size_t>(M * N));
     for (float& v : a) v = dist(rng);
