@@ -37,6 +37,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
