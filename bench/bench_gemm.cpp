@@ -23,11 +23,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <iostream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
