@@ -20,16 +20,15 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <iostream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 
+#include "bench_common.h"
 #include "json_list.h"
 
 namespace {
@@ -75,27 +74,6 @@ int64_t out_len(int64_t in, int64_t k, int64_t s, int64_t d, int64_t p0, int64_t
 }
 int64_t dnnl_end_pad(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t p0) {
   return (out - 1) * s + (k - 1) * d + 1 - in - p0;
-}
-
-double time_best_ms(dnnl::stream& stream, const dnnl::primitive& p, const Args& args, int repeats) {
-  p.execute(stream, args);  // warm-up: first touch, JIT caches
-  stream.wait();
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    p.execute(stream, args);
-    stream.wait();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
-}
-
-memory filled(const memory::desc& desc, const dnnl::engine& engine) {
-  memory m(desc, engine);
-  auto* data = static_cast<float*>(m.get_data_handle());
-  const size_t count = desc.get_size() / sizeof(float);
-  for (size_t i = 0; i < count; ++i) data[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
-  return m;
 }
 
 nlohmann::json measure(const Shape& s, bool inference, int repeats, const dnnl::engine& engine,

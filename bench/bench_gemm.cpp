@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "json_list.h"
-#include "timing.h"
 
 namespace {
 
@@ -62,16 +62,12 @@ Product product_of(const nlohmann::json& j) {
   return p;
 }
 
-void fill(std::vector<float>& v) {
-  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
-}
-
 nlohmann::json measure(const Product& p, int repeats, const dnnl::engine& engine, dnnl::stream& stream) {
   const int64_t a_size = p.m * p.k, b_size = p.k * p.n, c_size = p.m * p.n;
   std::vector<float> a(static_cast<size_t>(p.batch * a_size)), b(static_cast<size_t>(p.batch * b_size)),
       c(static_cast<size_t>(p.batch * c_size));
-  fill(a);
-  fill(b);
+  fill_values(a.data(), a.size());
+  fill_values(b.data(), b.size());
   const int64_t lda = p.trans_a ? p.m : p.k, ldb = p.trans_b ? p.k : p.n;
   const double sgemm_ms = time_best_ms(
       [&] {

@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <functional>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -40,7 +39,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "timing.h"
+#include "bench_common.h"
 
 namespace {
 
@@ -48,6 +47,9 @@ using dnnl::memory;
 using Dims = memory::dims;
 using Args = std::unordered_map<int, memory>;
 constexpr auto f32 = memory::data_type::f32;
+// The primitives' operand values: fill_values's scaled by 0.1, so that the LSTM's gates stay
+// away from saturation.
+constexpr float kScale = 0.1f;
 
 // A buffer of `floats` values (small, varied, finite) starting `offset_bytes` past a 64-byte
 // boundary.
@@ -59,29 +61,14 @@ struct Buffer {
     storage.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
     if (!storage) throw std::runtime_error("out of memory");
     data = storage.get() + offset_bytes / static_cast<int64_t>(sizeof(float));
-    for (int64_t i = 0; i < floats; ++i) data[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+    fill_values(data, static_cast<size_t>(floats));
   }
 };
-
-memory filled(const memory::desc& desc, const dnnl::engine& engine) {
-  memory m(desc, engine);
-  auto* p = static_cast<float*>(m.get_data_handle());
-  for (size_t i = 0; i < desc.get_size() / sizeof(float); ++i) p[i] = 0.001f * static_cast<float>(i % 97) - 0.04f;
-  return m;
-}
-
-// Runs p with args and waits, as the timed unit.
-std::function<void()> runner(const dnnl::primitive& p, dnnl::stream& stream, const Args& args) {
-  return [&p, &stream, &args] {
-    p.execute(stream, args);
-    stream.wait();
-  };
-}
 
 // Weights in the layout pd asked for, reordered once from plain values in `plain`'s layout.
 memory weights_as(const memory::desc& plain, const memory::desc& wanted, const dnnl::engine& engine,
                   dnnl::stream& stream) {
-  memory from = filled(plain, engine), to(wanted, engine);
+  memory from = filled(plain, engine, kScale), to(wanted, engine);
   dnnl::reorder(from, to).execute(stream, from, to);
   stream.wait();
   return to;
@@ -110,7 +97,7 @@ nlohmann::json product(int64_t m, int64_t n, int64_t k, int repeats, const dnnl:
                   {DNNL_ARG_WEIGHTS, weights_as(b_plain, pd.weights_desc(), engine, stream)},
                   {DNNL_ARG_DST, memory(c_md, engine, c.data)}};
   return {{"sgemm_ms", sgemm_ms},
-          {"matmul_ms", time_best_ms(runner(matmul, stream, args), repeats)},
+          {"matmul_ms", time_best_ms(stream, matmul, args, repeats)},
           {"matmul_impl", pd.impl_info_str()},
           {"gflop", 2e-9 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)}};
 }
@@ -132,12 +119,12 @@ nlohmann::json lstm(int64_t steps, int64_t batch, int64_t input, int64_t hidden,
 #endif
   const dnnl::lstm_forward primitive(pd);
   const memory::desc layer_plain({1, 1, input, 4, hidden}, f32, tag::ldigo), iter_plain({1, 1, hidden, 4, hidden}, f32, tag::ldigo);
-  const Args args{{DNNL_ARG_SRC_LAYER, filled(src, engine)},
+  const Args args{{DNNL_ARG_SRC_LAYER, filled(src, engine, kScale)},
                   {DNNL_ARG_WEIGHTS_LAYER, weights_as(layer_plain, pd.weights_layer_desc(), engine, stream)},
                   {DNNL_ARG_WEIGHTS_ITER, weights_as(iter_plain, pd.weights_iter_desc(), engine, stream)},
-                  {DNNL_ARG_BIAS, filled(bias, engine)},
+                  {DNNL_ARG_BIAS, filled(bias, engine, kScale)},
                   {DNNL_ARG_DST_LAYER, memory(dst, engine)}};
-  return {{"ms", time_best_ms(runner(primitive, stream, args), repeats)},
+  return {{"ms", time_best_ms(stream, primitive, args, repeats)},
           {"impl", pd.impl_info_str()},
           {"gflop", 2e-9 * static_cast<double>(steps * batch) * static_cast<double>(4 * hidden) *
                         static_cast<double>(input + hidden)}};
@@ -161,12 +148,12 @@ nlohmann::json conv(int64_t batch, int64_t in_channels, int64_t out_channels, in
   const Fwd::primitive_desc fwd(Fwd::desc(prop, direct, src, weights, dst, strides, pads, pads), engine);
 #endif
   const Fwd forward(fwd);
-  const Args fwd_args{{DNNL_ARG_SRC, filled(fwd.src_desc(), engine)},
-                      {DNNL_ARG_WEIGHTS, filled(fwd.weights_desc(), engine)},
+  const Args fwd_args{{DNNL_ARG_SRC, filled(fwd.src_desc(), engine, kScale)},
+                      {DNNL_ARG_WEIGHTS, filled(fwd.weights_desc(), engine, kScale)},
                       {DNNL_ARG_DST, memory(fwd.dst_desc(), engine)}};
   const double taps = static_cast<double>(batch * out_channels * out_size * out_size) *
                       static_cast<double>(in_channels * kernel * kernel);
-  nlohmann::json out{{"forward_ms", time_best_ms(runner(forward, stream, fwd_args), repeats)},
+  nlohmann::json out{{"forward_ms", time_best_ms(stream, forward, fwd_args, repeats)},
                      {"forward_impl", fwd.impl_info_str()},
                      {"gflop", 2e-9 * taps * (training ? 3 : 1)}};
   if (!training) return out;
@@ -179,16 +166,16 @@ nlohmann::json conv(int64_t batch, int64_t in_channels, int64_t out_channels, in
                                                fwd);
 #endif
   const BwdData backward_data(bwd_data);
-  const Args data_args{{DNNL_ARG_DIFF_DST, filled(bwd_data.diff_dst_desc(), engine)},
-                       {DNNL_ARG_WEIGHTS, filled(bwd_data.weights_desc(), engine)},
+  const Args data_args{{DNNL_ARG_DIFF_DST, filled(bwd_data.diff_dst_desc(), engine, kScale)},
+                       {DNNL_ARG_WEIGHTS, filled(bwd_data.weights_desc(), engine, kScale)},
                        {DNNL_ARG_DIFF_SRC, memory(bwd_data.diff_src_desc(), engine)}};
   const BwdWeights backward_weights(bwd_weights);
-  const Args weights_args{{DNNL_ARG_SRC, filled(bwd_weights.src_desc(), engine)},
-                          {DNNL_ARG_DIFF_DST, filled(bwd_weights.diff_dst_desc(), engine)},
+  const Args weights_args{{DNNL_ARG_SRC, filled(bwd_weights.src_desc(), engine, kScale)},
+                          {DNNL_ARG_DIFF_DST, filled(bwd_weights.diff_dst_desc(), engine, kScale)},
                           {DNNL_ARG_DIFF_WEIGHTS, memory(bwd_weights.diff_weights_desc(), engine)}};
-  out["backward_data_ms"] = time_best_ms(runner(backward_data, stream, data_args), repeats);
+  out["backward_data_ms"] = time_best_ms(stream, backward_data, data_args, repeats);
   out["backward_data_impl"] = bwd_data.impl_info_str();
-  out["backward_weights_ms"] = time_best_ms(runner(backward_weights, stream, weights_args), repeats);
+  out["backward_weights_ms"] = time_best_ms(stream, backward_weights, weights_args, repeats);
   out["backward_weights_impl"] = bwd_weights.impl_info_str();
   return out;
 }

@@ -28,6 +28,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 WORK = os.path.join(ROOT, "build", "onednn3")
 V2 = os.path.join(ROOT, "build", "release", "bench", "onnxtrain-bench-primitives")
 SOURCE = os.path.join(ROOT, "bench", "bench_primitives.cpp")
+SOURCES = [SOURCE, os.path.join(ROOT, "bench", "bench_common.h")]
 WHEELS = ["onednn==2026.1.0", "onednn-devel==2026.1.0", "tbb==2023.2.0", "intel-sycl-rt==2026.2.0",
           "intel-cmplr-lib-rt==2026.2.0", "intel-cmplr-lib-ur==2026.2.0", "intel-opencl-rt==2026.2.0"]
 # (what, M, N, K): C[M, N] = A[M, K] B[K, N]
@@ -74,7 +75,7 @@ def prepare():
     data = lambda package: glob.glob(os.path.join(unpacked, f"{package}-*.data", "data"))[0]
     libs = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(unpacked, "*", "data", "lib", "*.so*"))})
     exe = os.path.join(WORK, "bench_primitives_v3")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(SOURCE):
+    if not os.path.exists(exe) or os.path.getmtime(exe) < max(map(os.path.getmtime, SOURCES)):
         subprocess.run(["g++", "-O2", "-std=c++20", "-fopenmp", "-I" + os.path.join(data("onednn_devel"), "include"),
                         SOURCE, "-L" + os.path.join(data("onednn"), "lib"), "-l:libdnnl.so.3",
                         "-Wl,--allow-shlib-undefined", "-o", exe], check=True)
