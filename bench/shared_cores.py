@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Training speed when the cores are shared (issue 18, docs/performance.md "Shared cores"): the
-Fashion-MNIST MLP and CNN (Adam, batch 128), `onnxtrain train` at 1 thread and at 2 threads
-under onnxtrain's default wait policy (GOMP_SPINCOUNT=1000, which the command sets for itself
+Fashion-MNIST MLP and CNN (Adam, batch 128), `onnxtrain train` without --threads (its default:
+one thread per CPU that other processes leave free, core/cpu_load.h), at 1 thread and at 2
+threads under onnxtrain's wait policy (GOMP_SPINCOUNT=1000, which the command sets for itself
 unless the user chose one), libgomp's own default (GOMP_SPINCOUNT=300000: threads spin that
 long at the end of a parallel region before sleeping) and OMP_WAIT_POLICY=passive (they sleep
 at once), on an idle machine and with 1 and 2 other busy processes (a spinning Python loop
@@ -30,7 +31,7 @@ WORK = os.path.join(ROOT, "build", "bench-shared-cores")
 DATA = "/usr/share/datasets/fashion-mnist"
 WARMUP = 10
 STEPS = {"mlp": 300, "cnn": 40}
-CONFIGS = [("1 thread", 1, {}), ("2 threads (onnxtrain's default: spin 1000)", 2, {}),
+CONFIGS = [("default (threads from the load)", None, {}), ("1 thread", 1, {}), ("2 threads, spin 1000", 2, {}),
            ("2 threads, libgomp's default (spin 300000)", 2, {"GOMP_SPINCOUNT": "300000"}),
            ("2 threads, passive", 2, {"OMP_WAIT_POLICY": "passive"})]
 
@@ -42,10 +43,14 @@ def spin():
 
 def timed(model, threads, env_extra, steps):
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    env.update(OMP_NUM_THREADS=str(threads), **env_extra)
+    env.pop("OMP_NUM_THREADS", None)
+    env.update(env_extra)
     cmd = [ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA, "--scale", "image=1/255",
-           "--batch-size", "128", "--epochs", "100", "--max-steps", str(steps), "--threads", str(threads),
-           "--no-shuffle", "-q", "-o", os.path.join(WORK, f"{model}_out.onnx")]
+           "--batch-size", "128", "--epochs", "100", "--max-steps", str(steps), "--no-shuffle", "-q",
+           "-o", os.path.join(WORK, f"{model}_out.onnx")]
+    if threads is not None:  # else onnxtrain's default
+        env["OMP_NUM_THREADS"] = str(threads)
+        cmd += ["--threads", str(threads)]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, env=env)
     return time.perf_counter() - start

@@ -78,7 +78,10 @@ struct TrainOptions {
   int64_t max_steps = 0;                  // stop after this many steps in all (0: no limit)
   int64_t eval_every = 0;                 // also evaluate every N steps (0: only after each epoch)
   bool quiet = false;                     // no progress output
-  std::filesystem::path metrics;          // JSON lines: one record per step and per evaluation
+  // JSON lines: one record per step ("type": "step", step, epoch, loss, lr, steps_per_s and the
+  // OpenMP threads it ran on) and per evaluation ("type": "eval", step, epoch, test_loss,
+  // test_accuracy).
+  std::filesystem::path metrics;
   int64_t checkpoint_every = 0;           // also checkpoint every N steps
   // Where checkpoints go; empty: OUTPUT with .ckpt.onnx, or no checkpoints when OUTPUT is
   // empty too.
@@ -86,6 +89,13 @@ struct TrainOptions {
   std::filesystem::path resume;           // continue from this checkpoint
   bool initialize = false;                // run the initialization graphs first (not on resume)
   std::filesystem::path export_inference; // also write the inference-only model here (with or without OUTPUT)
+  // Threads for kernels. 0: OMP_NUM_THREADS where set; else, in one process, one per CPU that
+  // other processes leave free (core/cpu_load.h ThreadGovernor: their runnable threads in
+  // /proc, read at the start and at most every 0.25 s between steps; a change of load counts
+  // after 2 s; a change of count is logged unless quiet), and the calling thread's OpenMP count
+  // as it was afterwards; with a communicator, OpenMP's default (one per CPU mpirun binds the
+  // rank to). Kernels' sums may round differently on another count, so runs that must be
+  // bit-identical (a resume against an uninterrupted run) set it.
   int threads = 0;
   // Data-parallel training (docs/distributed.md): with a communicator of N ranks, each rank
   // trains on its share of every batch (rows [n*r/N, n*(r+1)/N) of a batch of n), the values

@@ -147,8 +147,9 @@ def train(
         Where the trained model (with training_info) is written, atomically. None: not written
         (it is the result's ``model``).
     epochs, batch_size, shuffle, seed, drop_last, max_steps, eval_every, initialize, threads
-        As the CLI's flags. ``seed`` also seeds random ops (Dropout); ``threads`` None: the
-        OpenMP default.
+        As the CLI's flags. ``seed`` also seeds random ops (Dropout); ``threads`` None: one
+        per CPU that other processes leave free, followed as the run goes (OMP_NUM_THREADS,
+        where set, instead); a number fixes it (runs bit-identical from run to run need one).
     map : dict or list of "INPUT=COLUMN", optional
         Which column a step input reads, where its name does not say.
     scale : dict or list of "COLUMN=FACTOR", optional

@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
   train->add_option("--resume", tr.resume, "continue from a checkpoint");
   train->add_flag("--initialize", tr.initialize, "run the initialization graphs first");
   train->add_option("--export-inference", tr.export_inference, "also write the inference-only model here");
-  train->add_option("--threads", tr.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+  train->add_option("--threads", tr.threads,
+                    "threads for kernels (default: one per CPU that other processes leave free, followed as training goes; "
+                    "OMP_NUM_THREADS where set)")->check(CLI::NonNegativeNumber);
   train->add_option("--collective-timeout", tr.collective_timeout,
                     "under mpirun: seconds a rank waits for the others in a collective before ending the run (default 600, 0: forever)")
       ->check(CLI::NonNegativeNumber);

@@ -1,12 +1,14 @@
 // The training loop (include/onnxtrain/trainer.h).
 #include "onnxtrain/trainer.h"
 
+#include <omp.h>
 #include <onnx/onnx_pb.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -14,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/cpu_load.h"
 #include "core/memory.h"
 #include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
@@ -96,6 +99,12 @@ class Loop {
   Loop(const TrainOptions& o, BatchSource& train, BatchSource* eval, const TrainHooks& hooks, std::ostream& log,
        bool memory_line)
       : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)), memory_line_(memory_line) {}
+  // The calling thread's OpenMP thread count as it was before the loop chose its own.
+  ~Loop() {
+    if (governor_) omp_set_num_threads(threads_before_);
+  }
+  Loop(const Loop&) = delete;
+  Loop& operator=(const Loop&) = delete;
   // The loop, then the result's metadata (what the output is written with).
   TrainResult run() {
     TrainResult result = run_loop();
@@ -108,6 +117,11 @@ class Loop {
   enum class End { Epoch, Early };  // the epoch's batches are done; max_steps or a hook ended it
   void load_session();
   void resolve_feeds();
+  // Without a thread count from the caller (TrainOptions::threads 0, no OMP_NUM_THREADS) and
+  // outside data-parallel training: starts choosing it from the machine's load
+  // (cpu_load::ThreadGovernor), and between steps follows it.
+  void start_governor();
+  void follow_load();
   // Runs the epoch from batch `first`; returns how it ended, or nullopt when interrupted.
   std::optional<End> run_epoch(int epoch, int64_t first);
   void step(const Batch& batch, int epoch, int64_t b);
@@ -157,7 +171,38 @@ class Loop {
   Clock::time_point started_, last_line_;
   TrainResult result_;
   const bool memory_line_;  // data-parallel: each rank prints distributed::rank_memory_line at the end
+  std::optional<cpu_load::ThreadGovernor> governor_;
+  int threads_before_ = 0;
 };
+
+namespace {
+// "threads: N (why)", the line a change of the governor's count prints.
+std::string threads_line(const cpu_load::ThreadGovernor& governor) {
+  const int online = cpu_load::online_cpus(), busy = governor.busy();
+  std::string why = busy == 0        ? "no other process keeps a CPU busy"
+                    : busy >= online ? "other processes keep every CPU busy; the threads share them"
+                                     : "other processes keep " + std::to_string(busy) + " of " + std::to_string(online) + " CPUs busy";
+  return "threads: " + std::to_string(governor.threads()) + " (" + why + ")";
+}
+}  // namespace
+
+void Loop::start_governor() {
+  if (o_.threads > 0 || o_.communicator || std::getenv("OMP_NUM_THREADS") || cpu_load::usable_cpus() <= 1) return;
+  threads_before_ = omp_get_max_threads();
+  governor_.emplace();
+  omp_set_num_threads(governor_->threads());
+  if (governor_->threads() < cpu_load::usable_cpus() && !o_.quiet) {
+    log_ << threads_line(*governor_) << "; --threads sets the count" << std::endl;
+  }
+}
+
+void Loop::follow_load() {
+  if (!governor_) return;
+  const int before = governor_->threads();
+  if (governor_->update(Clock::now()) == before) return;
+  omp_set_num_threads(governor_->threads());
+  if (!o_.quiet) log_ << (tty_ ? "\n" : "") << threads_line(*governor_) << std::endl;
+}
 
 void Loop::load_session() {
   const fs::path model_path = o_.resume.empty() ? o_.model : o_.resume;
@@ -252,6 +297,7 @@ TrainResult Loop::run_loop() {
   if (!o_.communicator || o_.communicator->rank() == 0) check_outputs(o_);
   load_session();
   resolve_feeds();
+  start_governor();
   if (batches_) total_ = o_.max_steps > 0 ? std::min<int64_t>(o_.max_steps, *batches_ * o_.epochs) : *batches_ * o_.epochs;
   else total_ = std::max<int64_t>(o_.max_steps, 0);
   if (!o_.metrics.empty()) {
@@ -333,6 +379,7 @@ void Loop::step(const Batch& batch, int epoch, int64_t b) {
   const runtime::NamedTensors in =
       feeding::inputs(o_.communicator ? share_of(batch, where) : batch, feeds_, where, true);
   runtime::NamedTensors out;
+  follow_load();
   try {
     out = session_->step(in);
   } catch (const Error& e) {
@@ -453,7 +500,7 @@ void Loop::report(const runtime::NamedTensors& out, int epoch, int64_t b) {
   const std::optional<double> lr = lr_name_.empty() ? std::nullopt : std::optional(scalar_of(out, lr_name_));
   if (metrics_.is_open()) {  // every step: the file is for machines, the console for people
     nlohmann::json record{{"type", "step"}, {"step", result_.steps}, {"epoch", epoch + 1}, {"loss", result_.last_loss},
-                          {"steps_per_s", rate}};
+                          {"steps_per_s", rate}, {"threads", omp_get_max_threads()}};
     if (lr) record["lr"] = *lr;
     if (o_.communicator) {  // this rank's, so far
       record["bytes_reduced"] = o_.communicator->bytes_reduced();

@@ -147,6 +147,8 @@ def test_eval_every_metrics_and_export(setup):
     assert evals == [2, 4, 5, 6, 8, 10]  # every 2 steps, and at each epoch's end (5 batches)
     assert [r["step"] for r in records if r["type"] == "step"] == list(range(1, 11))
     assert all("lr" in r for r in records if r["type"] == "step")
+    # The threads each step ran on: without `threads`, one per CPU other processes leave free.
+    assert all(1 <= r["threads"] <= len(os.sched_getaffinity(0)) for r in records if r["type"] == "step")
     inference = onnx.load(d / "inference.onnx")
     assert len(inference.training_info) == 0
     session = onnxtrain.InferenceSession(inference)
