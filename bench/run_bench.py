@@ -106,14 +106,14 @@ def onnxtrain_train(model, threads, steps):
         raise RuntimeError(f"onnxtrain train ran {len(records)} steps, expected {WARMUP + steps}")
     # The k-th record's steps_per_s is k steps over the loop's seconds so far.
     seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
-    return steps / max(seconds[-1] - seconds[WARMUP - 1], 1e-9), peak
+    return steps / max(seconds[-1] - seconds[WARMUP - 1], 1e-9), peak, records[-1]["step_arena_bytes"] / 2**20
 
 
 def torch_train(model, threads, steps):
     out, peak = run_measured([sys.executable, os.path.join(ROOT, "bench", "torch_train.py"), model,
                               os.path.join(WORK, f"{model}.onnx"), "--threads", str(threads), "--warmup", str(WARMUP),
                               "--steps", str(steps)])
-    return json.loads(out.strip().splitlines()[-1])["steps_per_s"], peak
+    return json.loads(out.strip().splitlines()[-1])["steps_per_s"], peak, None
 
 
 def main():
@@ -161,20 +161,23 @@ def main():
     def emit(line):
         print(line, flush=True)
         lines.append(line)
-    emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch | "
+    emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch "
+         "(onnxtrain's step arena) | "
          "onnxtrain GFLOP/s (of peak) | oneDNN's kernels alone, ms (of the step) |")
     emit("|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
         peaks = {"onnxtrain": 0.0, "pytorch": 0.0}
+        arena = 0.0  # MiB: what onnxtrain's step plan holds for the values its kernels compute
         for rep in range(args.reps):
             for t in (1, 2):
                 for impl, fn in (("onnxtrain", onnxtrain_train), ("pytorch", torch_train)):
                     if rep > 0 and not contending({k: results[(impl, k)][0] for k in (1, 2)}, t):
                         continue
-                    rate, peak = fn(model, t, steps[model])
+                    rate, peak, step_arena = fn(model, t, steps[model])
                     results[(impl, t)].append(rate)
                     peaks[impl] = max(peaks[impl], peak)
+                    arena = max(arena, step_arena or 0.0)
         best = {}
         for impl in ("onnxtrain", "pytorch"):
             best[impl] = max(((statistics.median(results[(impl, t)]), t) for t in (1, 2)))
@@ -182,7 +185,7 @@ def main():
         alone = kernels_alone_ms(model, best["onnxtrain"][1])
         emit(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
-              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB | {gflops:.0f} ({gflops / sgemm:.0%}) | "
+              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB ({arena:.1f}) | {gflops:.0f} ({gflops / sgemm:.0%}) | "
               f"{alone:.3f} ({alone * best['onnxtrain'][0] / 1e3:.0%}) |")
 
     lines += ["", "Inference (the best of the runs at 1 and 2 threads, each side):", ""]

@@ -134,7 +134,8 @@ def prepare(name, tools, errors, batches):
 
 
 def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
-    """(steps/s of the `steps` steps after WARMUP, peak MiB of the run, loss of step 1)."""
+    """(steps/s of the `steps` steps after WARMUP, peak MiB of the run, loss of step 1, MiB of the step's
+    memory-plan arena: step_arena_bytes of the metrics)."""
     metrics = os.path.join(WORK, f"{name}_metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -148,7 +149,8 @@ def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
         raise Failed(f"onnxtrain train ran {len(records)} steps, expected {WARMUP[name] + steps}")
     # The k-th record's steps_per_s is k steps over the loop's seconds so far.
     seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
-    return steps / max(seconds[-1] - seconds[WARMUP[name] - 1], 1e-9), peak, records[0]["loss"]
+    return (steps / max(seconds[-1] - seconds[WARMUP[name] - 1], 1e-9), peak, records[0]["loss"],
+            records[-1]["step_arena_bytes"] / 2**20)
 
 
 def torch_rate(name, threads, steps, timeout, compile_=False):
@@ -175,6 +177,7 @@ def train_section(names, prepared, tools, args, errors):
     for name in names:
         paths = prepared.get(name)
         mine, theirs, peaks = {t: [] for t in args.threads}, {t: [] for t in args.threads}, {"o": 0.0, "p": 0.0}
+        arena = 0.0
         first_loss = {}
         began = time.perf_counter()
         for rep in range(args.reps):
@@ -184,8 +187,9 @@ def train_section(names, prepared, tools, args, errors):
                 if (paths and paths["trainable"] and (name, "train") not in errors
                         and (rep == 0 or contending(first_mine, t))):
                     try:
-                        rate, peak, first_loss["o"] = onnxtrain_rate(name, paths, tools, t, args.steps[name],
-                                                                     args.timeout)
+                        rate, peak, first_loss["o"], step_arena = onnxtrain_rate(name, paths, tools, t,
+                                                                                 args.steps[name], args.timeout)
+                        arena = max(arena, step_arena)
                         mine[t].append(rate)
                         peaks["o"] = max(peaks["o"], peak)
                     except Failed as e:
@@ -209,7 +213,7 @@ def train_section(names, prepared, tools, args, errors):
                 compiled = f"did not run: {e}"
         fmt = lambda r, key: f"{r[0]:.2f} ({r[1]})" if r else "failed: " + errors.get((name, key), "see below")
         ratio = f"{o[0] / p[0]:.2f}" if o and p else "-"
-        rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB" if o and p else "-"
+        rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB ({arena:.0f})" if o and p else "-"
         losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
         results.append((name, o, p, f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | ",
                         f" | {losses} |"))
@@ -223,7 +227,8 @@ def train_section(names, prepared, tools, args, errors):
                     f"({p[0] * gflop / args.sgemm:.0%})") if o and p else "-"
         rows.append(head + roofline + tail)
     return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
-            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager | GFLOP per step: GFLOP/s "
+            "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager (onnxtrain's step arena) "
+            "| GFLOP per step: GFLOP/s "
             "(of the sgemm peak) onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
             "|---|---|---|---|---|---|---|---|"] + rows
 

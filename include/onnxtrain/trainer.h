@@ -78,9 +78,9 @@ struct TrainOptions {
   int64_t max_steps = 0;                  // stop after this many steps in all (0: no limit)
   int64_t eval_every = 0;                 // also evaluate every N steps (0: only after each epoch)
   bool quiet = false;                     // no progress output
-  // JSON lines: one record per step ("type": "step", step, epoch, loss, lr, steps_per_s and the
-  // OpenMP threads it ran on) and per evaluation ("type": "eval", step, epoch, test_loss,
-  // test_accuracy).
+  // JSON lines: one record per step ("type": "step", step, epoch, loss, lr, steps_per_s, the
+  // OpenMP threads it ran on, step_arena_bytes: TrainingSession::step_arena_bytes) and per
+  // evaluation ("type": "eval", step, epoch, test_loss, test_accuracy).
   std::filesystem::path metrics;
   int64_t checkpoint_every = 0;           // also checkpoint every N steps
   // Where checkpoints go; empty: OUTPUT with .ckpt.onnx, or no checkpoints when OUTPUT is

@@ -155,6 +155,12 @@ class TrainingSession {
   uint64_t steps_done() const;
   void set_steps_done(uint64_t steps);
 
+  // Bytes the steps' memory plans hold for the values kernels compute in a step (the forward
+  // pass's activations the gradients read, the gradients, temporaries), laid out by liveness
+  // in one arena per plan (runtime/memory_plan.h): the largest plan of each algorithm, summed
+  // over the algorithms. 0 before the first step. The variables (state()) are not in it.
+  size_t step_arena_bytes() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

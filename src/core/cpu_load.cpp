@@ -49,15 +49,17 @@ std::optional<int> procs_running() {
 // parentheses and may itself hold ')' (proc(5), /proc/pid/stat).
 std::optional<int> own_runnable() {
   std::error_code ec;
-  std::filesystem::directory_iterator tasks("/proc/self/task", ec);
+  std::filesystem::directory_iterator task("/proc/self/task", ec);
   if (ec) return std::nullopt;
   int running = 0;
-  for (const auto& task : tasks) {  // a thread that ends meanwhile has no file to read: skipped
-    const std::optional<std::string> stat = read_text(task.path() / "stat");
+  // A thread that ends meanwhile has no file to read: skipped. No exceptions (increment(ec)).
+  for (; !ec && task != std::filesystem::directory_iterator(); task.increment(ec)) {
+    const std::optional<std::string> stat = read_text(task->path() / "stat");
     if (!stat) continue;
     const size_t close = stat->rfind(')');
     if (close != std::string::npos && close + 2 < stat->size() && (*stat)[close + 2] == 'R') ++running;
   }
+  if (ec) return std::nullopt;
   return running;
 }
 

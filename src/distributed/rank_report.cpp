@@ -32,6 +32,18 @@ double status_mib(const std::string& field) {
 
 }  // namespace
 
+std::string memory_line(const runtime::NamedTensors& state, size_t step_arena_bytes) {
+  size_t bytes = 0;
+  for (const auto& [name, value] : state) bytes += value.nbytes();
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(1) << "memory: variables " << static_cast<double>(bytes) / kMiB
+       << " MiB, step arena " << static_cast<double>(step_arena_bytes) / kMiB << " MiB";
+  const double peak = status_mib("VmHWM");
+  if (peak >= 0) line << ", peak RSS " << peak << " MiB";
+  return line.str();
+}
+
 std::string rank_memory_line(int rank, int ranks, const runtime::NamedTensors& state, bool sharded) {
   size_t bytes = 0;
   for (const auto& [name, value] : state) bytes += value.nbytes();

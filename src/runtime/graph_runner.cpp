@@ -2,6 +2,8 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+
 #include "onnxtrain/error.h"
 
 namespace onnxtrain::runtime {
@@ -122,6 +124,15 @@ void GraphRunner::give_back(Execution& execution) {
   const std::lock_guard lock(mutex_);
   if (execution.plan) idle_plans_[std::move(execution.signature)].push_back(std::move(execution.plan));
   if (execution.values.size() == graph_.values().size()) idle_values_.push_back(std::move(execution.values));
+}
+
+size_t GraphRunner::arena_bytes() const {
+  std::lock_guard lock(mutex_);
+  size_t bytes = unused_plan_ ? unused_plan_->arena_bytes() : 0;
+  for (const auto& [signature, plans] : idle_plans_) {
+    for (const auto& plan : plans) bytes = std::max(bytes, plan->arena_bytes());
+  }
+  return bytes;
 }
 
 void GraphRunner::bind_and_run(Execution& execution, const std::map<std::string, const Value*>& feeds,

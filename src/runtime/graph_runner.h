@@ -49,6 +49,10 @@ class GraphRunner {
   const std::vector<ValueInfo>& inputs() const { return inputs_; }
   const std::vector<ValueInfo>& optional_inputs() const { return optional_inputs_; }
   const std::vector<ValueInfo>& outputs() const { return outputs_; }
+  // Bytes of the largest memory-plan arena among the plans not running now (the kernel outputs
+  // of one run laid out by liveness, runtime/memory_plan.h; one plan per shape signature and
+  // per call running at once); 0 before the first run.
+  size_t arena_bytes() const;
 
   // Runs the graph; see Session::run for the feed rules. `overrides` replace initializer
   // values for this run. Random ops use `run_context` when given, else the runner's seed and
@@ -85,7 +89,7 @@ class GraphRunner {
   std::set<ir::ValueId> supplied_;
   uint64_t seed_ = 0;
   std::atomic<uint64_t> runs_done_{0};  // successful runs without a run_context
-  std::mutex mutex_;                    // guards what follows
+  mutable std::mutex mutex_;            // guards what follows
   std::unique_ptr<Plan> unused_plan_;   // made at construction; serves the first signature
   std::map<std::vector<int64_t>, std::vector<std::unique_ptr<Plan>>> idle_plans_;
   std::vector<std::vector<Value>> idle_values_;

@@ -59,6 +59,8 @@ class Plan {
   void run(std::vector<Value>& values, const ops::RunContext& run_context, const AfterStep* after_step = nullptr);
 
   size_t num_steps() const { return steps_.size(); }
+  // Bytes of the memory plan's arena (MemoryPlan::arena_bytes; 0 before the first run).
+  size_t arena_bytes() const { return memory_.arena_bytes(); }
   // Steps of the last run that took the outputs kept from an earlier run instead of running
   // their kernel (the shape-derived nodes above).
   size_t steps_reused() const { return steps_reused_; }

@@ -500,7 +500,8 @@ void Loop::report(const runtime::NamedTensors& out, int epoch, int64_t b) {
   const std::optional<double> lr = lr_name_.empty() ? std::nullopt : std::optional(scalar_of(out, lr_name_));
   if (metrics_.is_open()) {  // every step: the file is for machines, the console for people
     nlohmann::json record{{"type", "step"}, {"step", result_.steps}, {"epoch", epoch + 1}, {"loss", result_.last_loss},
-                          {"steps_per_s", rate}, {"threads", omp_get_max_threads()}};
+                          {"steps_per_s", rate}, {"threads", omp_get_max_threads()},
+                          {"step_arena_bytes", session_->step_arena_bytes()}};
     if (lr) record["lr"] = *lr;
     if (o_.communicator) {  // this rank's, so far
       record["bytes_reduced"] = o_.communicator->bytes_reduced();
@@ -629,6 +630,7 @@ void Loop::finish() {
     io::save_model(export_inference(session_->model(progress_metadata({}))), o_.export_inference);
   }
   if (!o_.quiet) {
+    if (!o_.communicator) log_ << distributed::memory_line(session_->state(), session_->step_arena_bytes()) << "\n";
     log_ << "trained " << result_.steps << " steps in " << std::fixed << std::setprecision(1)
          << std::chrono::duration<double>(Clock::now() - started_).count() << " s";
     if (!o_.output.empty()) log_ << "; wrote " << o_.output.string();

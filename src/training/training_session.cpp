@@ -621,6 +621,18 @@ void TrainingSession::drop_consolidated_state() {
 }
 
 uint64_t TrainingSession::steps_done() const { return impl_->steps_done; }
+
+size_t TrainingSession::step_arena_bytes() const {
+  size_t bytes = 0;
+  for (const BoundGraph& g : impl_->algorithms) {
+    if (g.split) {
+      bytes += g.split->local.runner->arena_bytes() + g.split->update.runner->arena_bytes();
+    } else {
+      bytes += g.runner->arena_bytes();
+    }
+  }
+  return bytes;
+}
 void TrainingSession::set_steps_done(uint64_t steps) { impl_->steps_done = steps; }
 
 void TrainingSession::save(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) const {

@@ -130,6 +130,8 @@ TEST(Train, LearnsEvaluatesAndWritesMetrics) {
     (record["type"] == "eval" ? evals : steps)++;
     if (record["type"] == "step") {
       EXPECT_TRUE(record.contains("lr"));
+      EXPECT_GT(record["step_arena_bytes"].get<int64_t>(), 0) << line;
+      EXPECT_GE(record["threads"].get<int>(), 1) << line;
     }
   }
   EXPECT_EQ(evals, 3);

@@ -180,6 +180,18 @@ TEST(TrainingSession, LinearRegressionMatchesFloat64GradientDescent) {
   EXPECT_NEAR(y[0], x_data().to_double_vector()[0] * w[0] + x_data().to_double_vector()[2] * w[2] + b, 1e-4);
 }
 
+// The step's memory plan is made by the first step and reused by the next ones of the same
+// shapes; the variables are not in it.
+TEST(TrainingSession, StepArenaIsThePlansOfTheFirstStep) {
+  TrainingSession session(linear_regression(), {}, {}, "linear.onnx");
+  EXPECT_EQ(session.step_arena_bytes(), 0u);
+  session.step(feeds());
+  const size_t bytes = session.step_arena_bytes();
+  EXPECT_GT(bytes, 0u);
+  session.step(feeds());
+  EXPECT_EQ(session.step_arena_bytes(), bytes);
+}
+
 TEST(TrainingSession, InitializationResetsVariablesAndTheCounter) {
   onnx::ModelProto m = linear_regression();
   auto* info = m.mutable_training_info(0);
