@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training speed when the cores are shared (issue 18, docs/performance.md "Shared cores"): the
 Fashion-MNIST MLP and CNN (Adam, batch 128), `onnxtrain train` without --threads (its default:
-one thread per CPU that other processes leave free, core/cpu_load.h), at 1 thread and at 2
+one thread per CPU that other processes leave free, training/cpu_load.h), at 1 thread and at 2
 threads under onnxtrain's wait policy (GOMP_SPINCOUNT=1000, which the command sets for itself
 unless the user chose one), libgomp's own default (GOMP_SPINCOUNT=300000: threads spin that
 long at the end of a parallel region before sleeping) and OMP_WAIT_POLICY=passive (they sleep

@@ -90,7 +90,7 @@ struct TrainOptions {
   bool initialize = false;                // run the initialization graphs first (not on resume)
   std::filesystem::path export_inference; // also write the inference-only model here (with or without OUTPUT)
   // Threads for kernels. 0: OMP_NUM_THREADS where set; else, in one process, one per CPU that
-  // other processes leave free (core/cpu_load.h ThreadGovernor: their runnable threads in
+  // other processes leave free (training/cpu_load.h ThreadGovernor: their runnable threads in
   // /proc, read at the start and at most every 0.25 s between steps; a change of load counts
   // after 2 s; a change of count is logged unless quiet), and the calling thread's OpenMP count
   // as it was afterwards; with a communicator, OpenMP's default (one per CPU mpirun binds the

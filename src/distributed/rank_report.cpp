@@ -30,11 +30,16 @@ double status_mib(const std::string& field) {
   return -1;
 }
 
+size_t variables_bytes(const runtime::NamedTensors& state) {
+  size_t bytes = 0;
+  for (const auto& [name, value] : state) bytes += value.nbytes();
+  return bytes;
+}
+
 }  // namespace
 
 std::string memory_line(const runtime::NamedTensors& state, size_t step_arena_bytes) {
-  size_t bytes = 0;
-  for (const auto& [name, value] : state) bytes += value.nbytes();
+  const size_t bytes = variables_bytes(state);
   constexpr double kMiB = 1024.0 * 1024.0;
   std::ostringstream line;
   line << std::fixed << std::setprecision(1) << "memory: variables " << static_cast<double>(bytes) / kMiB
@@ -45,8 +50,7 @@ std::string memory_line(const runtime::NamedTensors& state, size_t step_arena_by
 }
 
 std::string rank_memory_line(int rank, int ranks, const runtime::NamedTensors& state, bool sharded) {
-  size_t bytes = 0;
-  for (const auto& [name, value] : state) bytes += value.nbytes();
+  const size_t bytes = variables_bytes(state);
   std::ostringstream line;
   line << "rank " << rank << " of " << ranks << ": holds " << bytes << " bytes of variables"
        << (sharded ? " (optimizer state sharded)" : "");

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/cpu_load.h"
+#include "training/cpu_load.h"
 #include "core/memory.h"
 #include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
@@ -187,11 +187,12 @@ std::string threads_line(const cpu_load::ThreadGovernor& governor) {
 }  // namespace
 
 void Loop::start_governor() {
-  if (o_.threads > 0 || o_.communicator || std::getenv("OMP_NUM_THREADS") || cpu_load::usable_cpus() <= 1) return;
+  const int usable = cpu_load::usable_cpus();
+  if (o_.threads > 0 || o_.communicator || std::getenv("OMP_NUM_THREADS") || usable <= 1) return;
   threads_before_ = omp_get_max_threads();
   governor_.emplace();
   omp_set_num_threads(governor_->threads());
-  if (governor_->threads() < cpu_load::usable_cpus() && !o_.quiet) {
+  if (governor_->threads() < usable && !o_.quiet) {
     log_ << threads_line(*governor_) << "; --threads sets the count" << std::endl;
   }
 }

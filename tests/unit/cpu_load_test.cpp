@@ -1,6 +1,6 @@
-// The load readings, the thread count that follows from them (core/cpu_load.h) and the
+// The load readings, the thread count that follows from them (training/cpu_load.h) and the
 // training loop's use of it. Run with no other test at the same time (tests/CMakeLists.txt).
-#include "core/cpu_load.h"
+#include "training/cpu_load.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,14 +1,15 @@
-#include "core/cpu_load.h"
+#include "training/cpu_load.h"
 
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
+
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
 
 namespace onnxtrain::cpu_load {
 
@@ -23,12 +24,13 @@ int online_cpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSO
 
 namespace {
 
+// io::read_file, nullopt where it fails (a thread that ended: its folder is gone).
 std::optional<std::string> read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  try {
+    return io::read_file(path);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 // "procs_running N" of /proc/stat (proc(5)).
