@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The float32 matrix product in the three libraries at hand, at the shapes where ONNX Runtime's
-inference is ahead of onnxtrain's: oneDNN 2.6's sgemm (Debian's libdnnl, which onnxtrain runs every
+inference is ahead of onnxtrain's and at the BERT encoder's training products (where PyTorch's MKL
+is the peer, and the step is bound by them): oneDNN 2.6's sgemm (Debian's libdnnl, which onnxtrain runs every
 GEMM through; bench/bench_sgemm.cpp), ONNX Runtime 1.30's MLAS (a model of MatMul nodes whose B is
 an initializer, which ONNX Runtime packs once when it loads the model, as it does a workload's
 weights) and MKL (PyTorch 2.13's CPU build, torch.mm with B transposed, as nn.Linear runs it).
@@ -30,6 +31,9 @@ SHAPES = [
     ("LSTM recurrent step, a thread's half of batch 64", 32, 1024, 256),
     ("LSTM input projection, batch 64", 4096, 1024, 256),
     ("CNN fc1, batch 128", 128, 1024, 3136),
+    ("BERT attention projection, batch 32", 4096, 256, 256),
+    ("BERT feed-forward up, batch 32", 4096, 1024, 256),
+    ("BERT feed-forward down, batch 32", 4096, 256, 1024),
 ]
 
 # Timed in a child process so that each library sets its own thread pool from a clean start.
@@ -94,8 +98,9 @@ def main():
     args = parser.parse_args()
     if not os.path.exists(SGEMM):
         sys.exit(f"no {SGEMM}: run scripts/build release first")
-    print("| shape | M x N x K | threads | oneDNN 2.6 | MLAS (ONNX Runtime 1.30) | MKL (PyTorch 2.13) | MLAS / oneDNN |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | M x N x K | threads | oneDNN 2.6 | MLAS (ONNX Runtime 1.30) | MKL (PyTorch 2.13) | MLAS / oneDNN "
+          "| MKL / oneDNN |")
+    print("|---|---|---|---|---|---|---|---|")
     for shape in SHAPES:
         for threads in (int(t) for t in args.threads.split(",")):
             runs = {"onednn": [], "mlas": [], "mkl": []}
@@ -105,7 +110,8 @@ def main():
                 runs["mkl"].append(child("mkl", shape, threads))
             med = {side: statistics.median(values) for side, values in runs.items()}
             print(f"| {shape[0]} | {shape[1]} x {shape[2]} x {shape[3]} | {threads} | {med['onednn']:.0f} | "
-                  f"{med['mlas']:.0f} | {med['mkl']:.0f} | {med['mlas'] / med['onednn']:.2f} |", flush=True)
+                  f"{med['mlas']:.0f} | {med['mkl']:.0f} | {med['mlas'] / med['onednn']:.2f} | "
+                  f"{med['mkl'] / med['onednn']:.2f} |", flush=True)
     return 0
 
 

@@ -409,9 +409,13 @@ class Engine {
                                      const std::vector<std::string>& wrt, const std::string& label);
 
  private:
+  // A name not yet in use: the Gradient node's name, the forward node whose gradient rule is
+  // running (scope_, so that a profile or an error names the node a backward kernel belongs to),
+  // the hint and a counter.
   std::string fresh(const std::string& hint) {
     for (;;) {
-      std::string name = prefix_ + "/" + hint + "_" + std::to_string(counter_++);
+      std::string name = prefix_ + (scope_.empty() || scope_.front() == '/' ? "" : "/") + scope_ + "/" + hint + "_" +
+                         std::to_string(counter_++);
       if (names_.insert(name).second) return name;
     }
   }
@@ -462,6 +466,7 @@ class Engine {
   Engine* parent_;
   std::string context_;
   std::string prefix_;
+  std::string scope_;  // the forward node being differentiated, while its rule runs
   int counter_ = 0;
   std::unordered_set<std::string> names_;
   std::unordered_map<std::string, DataType> types_;
@@ -705,9 +710,11 @@ void Engine::backward(const std::vector<std::string>& x_values,
     }
     if (!any) continue;
     EngineBuilder builder(*this, node, i, needs, implicit, implicit_needs);
+    scope_ = node.name().empty() ? node.op_type() + "#" + std::to_string(i) : node.name();
     try {
       rule->build(builder);
     } catch (const Error& e) {
+      scope_.clear();
       throw Error(std::string(e.what()) + " (in the gradient rule of " + node_label(node, i) + ")");
     }
     for (const auto& [k, g] : builder.input_gradients()) {
@@ -715,6 +722,7 @@ void Engine::backward(const std::vector<std::string>& x_values,
       grads_[in].push_back(rule->unbroadcast ? builder.sum_to_shape_of(g, in) : g);
     }
     for (const auto& [j, g] : builder.implicit_gradients()) grads_[implicit[static_cast<size_t>(j)]].push_back(g);
+    scope_.clear();
   }
 }
 

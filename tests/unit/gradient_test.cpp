@@ -381,6 +381,33 @@ TEST(Gradient, LinearLayerIsOneGemmPerInput) {
   }
 }
 
+// The nodes a Gradient expands into are named after the Gradient node and the forward node
+// whose gradient they compute, so that a profile (ONNXTRAIN_PROFILE) or an error about a backward
+// kernel says which layer it belongs to; exporters' names that begin with '/' get no second one.
+TEST(Gradient, BackwardNodesNameTheForwardNodeTheyDifferentiate) {
+  GraphBuilder b;
+  b.input("x", {3, 4});
+  b.input("w", {4, 5});
+  b.node("MatMul", {"x", "w"}, {"y"})->set_name("/layer1/MatMul");
+  b.node("Tanh", {"y"}, {"t"})->set_name("act");
+  b.node("ReduceSum", {"t"}, {"loss"});
+  b.gradient({"w", "x"}, {"dw"}, {"w"}, "loss", {"x"})->set_name("grad");
+  b.output("dw");
+
+  onnx::GraphProto expanded = b.g;
+  autodiff::expand_gradients(expanded, {{"", 17}, {"ai.onnx.preview.training", 1}}, "test graph");
+  int gemms = 0, tanh_grads = 0;
+  for (const auto& n : expanded.node()) {
+    if (n.op_type() == "Gemm") {
+      ++gemms;
+      EXPECT_EQ(n.name().rfind("grad/layer1/MatMul/Gemm_", 0), 0u) << n.name();
+    }
+    if (n.name().rfind("grad/act/", 0) == 0) ++tanh_grads;
+  }
+  EXPECT_EQ(gemms, 1);  // dw alone: x is not among the xs
+  EXPECT_GE(tanh_grads, 1);
+}
+
 // ReduceSumSquare-18 with noop_with_empty_axes = 1 and no axes reduces nothing and keeps the
 // rank (keepdims = 0 notwithstanding): h is [2, 3], and the gradient of the [3]-shaped w
 // broadcast over it sums over the rows. loss = sum(x^2 * w).
