@@ -49,7 +49,7 @@ def runs(scale):
     steps = lambda n, floor: max(floor, round(n * scale))
     listed = lambda counts, floors: ",".join(f"{k}={steps(v, floors[k])}" for k, v in counts.items())
     return [("run_bench.py", ["--reps", "3", "--steps", listed(FASHION_MNIST_STEPS, FASHION_MNIST_FLOORS)]),
-            ("workloads.py", ["--reps", "2", "--steps", listed(WORKLOAD_STEPS, WORKLOAD_FLOORS)])]
+            ("workloads.py", ["--reps", "3", "--steps", listed(WORKLOAD_STEPS, WORKLOAD_FLOORS)])]
 
 
 def main():
