@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training speed when the cores are shared (issue 18, docs/performance.md "Shared cores"): the
 Fashion-MNIST MLP and CNN (Adam, batch 128), `onnxtrain train` without --threads (its default:
-one thread per CPU that other processes leave free, training/cpu_load.h), at 1 thread and at 2
+one thread per CPU that other processes leave free, runtime/cpu_load.h), at 1 thread and at 2
 threads under onnxtrain's wait policy (GOMP_SPINCOUNT=1000, which the command sets for itself
 unless the user chose one), libgomp's own default (GOMP_SPINCOUNT=300000: threads spin that
 long at the end of a parallel region before sleeping) and OMP_WAIT_POLICY=passive (they sleep
@@ -14,10 +14,17 @@ steps by the difference of the wall times; the median of --reps, configurations 
 --spins 10000,30000 adds configurations at 2 threads with those GOMP_SPINCOUNT values (a sweep
 between onnxtrain's 1000 and libgomp's 300000); --busy 0,1 limits the loads measured.
 
+A second table times inference the same way: the CNN at batch 1, median ms of --infer-iters runs
+in process (bench/bench_infer.cpp, a runtime::Session), without a thread count (its default:
+each run follows the load, runtime/cpu_load.h), at 1 and at 2 threads, all with onnxtrain's
+GOMP_SPINCOUNT=1000 (the command and the Python package set it for themselves).
+
 Usage: .venv/bin/python bench/shared_cores.py [--reps 3] [--models mlp,cnn] [--spins N,...] [--busy 0,1,2]
+           [--infer-iters 500] [--no-inference]
        (after scripts/build release)
 """
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
@@ -27,6 +34,8 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ONNXTRAIN = os.path.join(ROOT, "build", "release", "src", "onnxtrain")
+BENCH_INFER = os.path.join(ROOT, "build", "release", "bench", "onnxtrain-bench-infer")
+INFER_CONFIGS = [("default (threads from the load)", 0), ("1 thread", 1), ("2 threads", 2)]
 WORK = os.path.join(ROOT, "build", "bench-shared-cores")
 DATA = "/usr/share/datasets/fashion-mnist"
 WARMUP = 10
@@ -56,12 +65,35 @@ def timed(model, threads, env_extra, steps):
     return time.perf_counter() - start
 
 
+def infer_ms(model, threads, iters):
+    """Median ms per run of `model` at batch 1 (onnxtrain-bench-infer; threads 0: its default)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    env["GOMP_SPINCOUNT"] = "1000"
+    out = subprocess.run([BENCH_INFER, os.path.join(WORK, f"{model}.onnx"), "--batch", "1", "--iters", str(iters),
+                          "--threads", str(threads)], check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])["ms"]
+
+
+def with_busy(busy, measure):
+    """measure() while `busy` spinning processes run."""
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
+    for s in spinners:
+        s.start()
+    try:
+        return measure()
+    finally:
+        for s in spinners:
+            s.terminate()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--spins", default="", help="more GOMP_SPINCOUNT values to time at 2 threads, comma-separated")
     parser.add_argument("--busy", default="0,1,2", help="numbers of other busy processes, comma-separated")
+    parser.add_argument("--infer-iters", type=int, default=500, help="inference runs per measurement")
+    parser.add_argument("--no-inference", action="store_true", help="the training table only")
     args = parser.parse_args()
     configs = CONFIGS + [(f"2 threads, spin {n}", 2, {"GOMP_SPINCOUNT": n}) for n in args.spins.split(",") if n]
     os.makedirs(WORK, exist_ok=True)
@@ -69,7 +101,7 @@ def main():
                    capture_output=True)
     print("| model | other busy processes | " + " | ".join(name for name, _, _ in configs) + " |")
     print("|---|---|" + "---|" * len(configs))
-    for model in args.models.split(","):
+    for model in [m for m in args.models.split(",") if m]:
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{model}.onnx"), "-o",
                         os.path.join(WORK, f"{model}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
                         "--lr", "1e-3"], check=True, capture_output=True)
@@ -89,6 +121,20 @@ def main():
                     s.terminate()
             cells = [f"{statistics.median(rates[name]):.1f}" for name, _, _ in configs]
             print(f"| {model} | {busy} | " + " | ".join(cells) + " |", flush=True)
+    if args.no_inference:
+        return
+    print("\n| inference, batch 1 | other busy processes | " + " | ".join(name for name, _ in INFER_CONFIGS) + " |")
+    print("|---|---|" + "---|" * len(INFER_CONFIGS))
+    for busy in (int(b) for b in args.busy.split(",")):
+        def measure():
+            times = {name: [] for name, _ in INFER_CONFIGS}
+            for _ in range(args.reps):
+                for name, threads in INFER_CONFIGS:
+                    times[name].append(infer_ms("cnn", threads, args.infer_iters))
+            return times
+        times = with_busy(busy, measure)
+        cells = [f"{statistics.median(times[name]):.3f} ms" for name, _ in INFER_CONFIGS]
+        print(f"| cnn | {busy} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

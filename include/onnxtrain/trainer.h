@@ -90,11 +90,11 @@ struct TrainOptions {
   bool initialize = false;                // run the initialization graphs first (not on resume)
   std::filesystem::path export_inference; // also write the inference-only model here (with or without OUTPUT)
   // Threads for kernels. 0: OMP_NUM_THREADS where set; else, in one process, one per CPU that
-  // other processes leave free (training/cpu_load.h ThreadGovernor: their runnable threads in
-  // /proc, read at the start and at most every 0.25 s between steps; a change of load counts
-  // after 2 s; a change of count is logged unless quiet), and the calling thread's OpenMP count
-  // as it was afterwards; with a communicator, OpenMP's default (one per CPU mpirun binds the
-  // rank to). Kernels' sums may round differently on another count, so runs that must be
+  // other processes leave free (runtime/cpu_load.h, as runtime::SessionOptions::threads: their
+  // runnable threads in /proc, read at the start and at most every 0.25 s; a change of load
+  // counts after 2 s; a change of count is logged unless quiet), and the calling thread's OpenMP
+  // count as it was afterwards; with a communicator, OpenMP's default (one per CPU mpirun binds
+  // the rank to). Kernels' sums may round differently on another count, so runs that must be
   // bit-identical (a resume against an uninterrupted run) set it.
   int threads = 0;
   // Data-parallel training (docs/distributed.md): with a communicator of N ranks, each rank

@@ -48,7 +48,8 @@ class Communicator;
 namespace onnxtrain::training {
 
 struct TrainingOptions {
-  // Threads for kernels (see runtime::SessionOptions::threads).
+  // Threads for kernels (see runtime::SessionOptions::threads: 0 follows the machine's load
+  // call by call, but with `reduce` set, where it keeps OpenMP's default).
   int threads = 0;
   // Reject a step or initialization whose bound values hold NaN or Inf.
   bool nan_guard = true;

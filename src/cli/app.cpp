@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   run->add_option("model", run_args.model, "the .onnx file")->required();
   run->add_option("-i,--input", run_args.inputs, "NAME=FILE, one per graph input (FILE: .npy or TensorProto .pb)");
   run->add_option("-o,--output-dir", run_args.output_dir, "write every graph output as DIR/NAME.npy");
-  run->add_option("--threads", run_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+  run->add_option("--threads", run_args.threads, "threads for kernels (default: one per CPU other processes leave free)")->check(CLI::NonNegativeNumber);
 
   onnxtrain::cli::StepArgs step_args;
   auto* step = app.add_subcommand("step", "Run training steps of the model's TrainingInfoProto on fixed feeds and save the result");
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   step->add_flag("--initialize", step_args.initialize, "run the initialization graphs first");
   step->add_option("--steps", step_args.steps, "number of steps (default 1)")->check(CLI::PositiveNumber);
   step->add_option("-o,--output", step_args.output, "where to write the updated model")->required();
-  step->add_option("--threads", step_args.threads, "threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+  step->add_option("--threads", step_args.threads, "threads for kernels (default: one per CPU other processes leave free)")->check(CLI::NonNegativeNumber);
 
   onnxtrain::cli::MakeTrainableFlags mt;
   auto* make = onnxtrain::cli::add_make_trainable(app, mt);

@@ -9,6 +9,7 @@
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
 #include "runtime/constant_folding.h"
+#include "runtime/cpu_load.h"
 #include "runtime/functions.h"
 #include "runtime/fusion.h"
 #include "runtime/graph_runner.h"
@@ -55,7 +56,8 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
 
 namespace {
 // OpenMP's thread count is a setting of the calling thread (omp_set_num_threads): applied at
-// construction and on every run, so that runs from other threads use it too.
+// construction (constant folding runs kernels) and on every run (cpu_load::session_threads, which
+// without a count follows the machine's load), so that runs from other threads use it too.
 void apply(const SessionOptions& options) {
   if (options.threads > 0) omp_set_num_threads(options.threads);
 }
@@ -101,12 +103,12 @@ const std::vector<ValueInfo>& Session::optional_inputs() const { return impl_->r
 const std::vector<ValueInfo>& Session::outputs() const { return impl_->runner.outputs(); }
 
 NamedTensors Session::run(const NamedTensors& feeds) {
-  apply(impl_->options);
+  const cpu_load::ThreadScope threads = cpu_load::session_threads(impl_->options.threads);
   return impl_->runner.run(feeds);
 }
 
 NamedValues Session::run_values(const NamedValues& feeds) {
-  apply(impl_->options);
+  const cpu_load::ThreadScope threads = cpu_load::session_threads(impl_->options.threads);
   return impl_->runner.run_values(feeds);
 }
 

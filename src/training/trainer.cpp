@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "training/cpu_load.h"
+#include "runtime/cpu_load.h"
 #include "core/memory.h"
 #include "distributed/rank_report.h"
 #include "onnxtrain/distributed.h"
@@ -101,7 +101,7 @@ class Loop {
       : o_(o), train_(train), eval_(eval), hooks_(hooks), log_(log), checkpoint_(checkpoint_path(o)), memory_line_(memory_line) {}
   // The calling thread's OpenMP thread count as it was before the loop chose its own.
   ~Loop() {
-    if (governor_) omp_set_num_threads(threads_before_);
+    if (followed_) omp_set_num_threads(threads_before_);
   }
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
@@ -118,8 +118,10 @@ class Loop {
   void load_session();
   void resolve_feeds();
   // Without a thread count from the caller (TrainOptions::threads 0, no OMP_NUM_THREADS) and
-  // outside data-parallel training: starts choosing it from the machine's load
-  // (cpu_load::ThreadGovernor), and between steps follows it.
+  // outside data-parallel training, the session's steps run on the count that follows the
+  // machine's load (cpu_load::followed_threads): start_governor takes the first, logs it when it
+  // leaves CPUs to other processes and sets it for the loop's own work; follow_load, after each
+  // step, takes the count that step ran on and logs a change.
   void start_governor();
   void follow_load();
   // Runs the epoch from batch `first`; returns how it ended, or nullopt when interrupted.
@@ -171,38 +173,28 @@ class Loop {
   Clock::time_point started_, last_line_;
   TrainResult result_;
   const bool memory_line_;  // data-parallel: each rank prints distributed::rank_memory_line at the end
-  std::optional<cpu_load::ThreadGovernor> governor_;
+  std::optional<cpu_load::Followed> followed_;  // while the loop follows the load
   int threads_before_ = 0;
 };
 
-namespace {
-// "threads: N (why)", the line a change of the governor's count prints.
-std::string threads_line(const cpu_load::ThreadGovernor& governor) {
-  const int online = cpu_load::online_cpus(), busy = governor.busy();
-  std::string why = busy == 0        ? "no other process keeps a CPU busy"
-                    : busy >= online ? "other processes keep every CPU busy; the threads share them"
-                                     : "other processes keep " + std::to_string(busy) + " of " + std::to_string(online) + " CPUs busy";
-  return "threads: " + std::to_string(governor.threads()) + " (" + why + ")";
-}
-}  // namespace
-
 void Loop::start_governor() {
-  const int usable = cpu_load::usable_cpus();
-  if (o_.threads > 0 || o_.communicator || std::getenv("OMP_NUM_THREADS") || usable <= 1) return;
+  if (o_.threads > 0 || o_.communicator) return;
+  followed_ = cpu_load::followed_threads();
+  if (!followed_) return;
   threads_before_ = omp_get_max_threads();
-  governor_.emplace();
-  omp_set_num_threads(governor_->threads());
-  if (governor_->threads() < usable && !o_.quiet) {
-    log_ << threads_line(*governor_) << "; --threads sets the count" << std::endl;
+  omp_set_num_threads(followed_->threads);
+  if (followed_->threads < cpu_load::usable_cpus() && !o_.quiet) {
+    log_ << "threads: " << cpu_load::describe(*followed_) << "; --threads sets the count" << std::endl;
   }
 }
 
 void Loop::follow_load() {
-  if (!governor_) return;
-  const int before = governor_->threads();
-  if (governor_->update(Clock::now()) == before) return;
-  omp_set_num_threads(governor_->threads());
-  if (!o_.quiet) log_ << (tty_ ? "\n" : "") << threads_line(*governor_) << std::endl;
+  if (!followed_) return;
+  const std::optional<cpu_load::Followed> now = cpu_load::followed_now();
+  if (!now || now->threads == followed_->threads) return;
+  followed_ = now;
+  omp_set_num_threads(now->threads);
+  if (!o_.quiet) log_ << (tty_ ? "\n" : "") << "threads: " << cpu_load::describe(*now) << std::endl;
 }
 
 void Loop::load_session() {
@@ -380,13 +372,13 @@ void Loop::step(const Batch& batch, int epoch, int64_t b) {
   const runtime::NamedTensors in =
       feeding::inputs(o_.communicator ? share_of(batch, where) : batch, feeds_, where, true);
   runtime::NamedTensors out;
-  follow_load();
   try {
     out = session_->step(in);
   } catch (const Error& e) {
     throw Error(where + ": " + e.what() +
                 (checkpoint_.empty() ? "" : " (the last checkpoint, if any, is " + checkpoint_.string() + ")"));
   }
+  follow_load();
   ++steps_this_run_;
   result_.steps = static_cast<int64_t>(session_->steps_done());
   result_.last_loss = loss_name_.empty() ? std::nan("") : scalar_of(out, loss_name_);

@@ -17,6 +17,7 @@
 #include "onnxtrain/io.h"
 #include "onnxtrain/training.h"
 #include "runtime/constant_folding.h"
+#include "runtime/cpu_load.h"
 #include "runtime/fusion.h"
 #include "runtime/functions.h"
 #include "runtime/graph_runner.h"
@@ -98,14 +99,15 @@ struct TrainingSession::Impl {
 
   // OpenMP's thread count is a setting of the calling thread (omp_set_num_threads): set on
   // every call, so that a session used from another thread than the one that made it still
-  // runs on options.threads.
-  void use_threads() const {
-    if (options.threads > 0) omp_set_num_threads(options.threads);
+  // runs on options.threads; without one, each call follows the machine's load
+  // (cpu_load::session_threads), but for data-parallel ranks, which keep OpenMP's default.
+  [[nodiscard]] cpu_load::ThreadScope use_threads() const {
+    return cpu_load::session_threads(options.threads, !options.reduce);
   }
 
   Impl(onnx::ModelProto m, TrainingOptions opts, std::filesystem::path dir, std::string src)
       : model(std::move(m)), base_dir(std::move(dir)), source(std::move(src)), options(opts) {
-    use_threads();
+    const cpu_load::ThreadScope threads = cpu_load::session_threads(options.threads, false);
     check_bindings(model, source);
     const runtime::OpsetMap opsets = runtime::opsets_of(model, source);
     // The variables: every key of any binding, valued by its initializer.
@@ -543,7 +545,7 @@ const std::vector<runtime::ValueInfo>& TrainingSession::inference_outputs() cons
 }
 
 void TrainingSession::initialize() {
-  impl_->use_threads();
+  const cpu_load::ThreadScope threads = impl_->use_threads();
   runtime::NamedTensors staged;
   const ops::RunContext context{impl_->options.seed, impl_->initializations_done};
   for (auto& init : impl_->initializations) {
@@ -556,7 +558,7 @@ void TrainingSession::initialize() {
 }
 
 runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) {
-  impl_->use_threads();
+  const cpu_load::ThreadScope threads = impl_->use_threads();
   // Each algorithm commits atomically; with several, a failure of a later one rolls back the
   // earlier ones.
   runtime::NamedTensors before;
@@ -586,7 +588,7 @@ runtime::NamedTensors TrainingSession::step(const runtime::NamedTensors& feeds) 
 }
 
 runtime::NamedTensors TrainingSession::step(size_t i, const runtime::NamedTensors& feeds) {
-  impl_->use_threads();
+  const cpu_load::ThreadScope threads = impl_->use_threads();
   if (i >= impl_->algorithms.size()) {
     throw Error(impl_->source + ": step(" + std::to_string(i) + "): the model has " +
                 std::to_string(impl_->algorithms.size()) + " training_info entries");
@@ -597,7 +599,7 @@ runtime::NamedTensors TrainingSession::step(size_t i, const runtime::NamedTensor
 }
 
 runtime::NamedTensors TrainingSession::infer(const runtime::NamedTensors& feeds) {
-  impl_->use_threads();
+  const cpu_load::ThreadScope threads = impl_->use_threads();
   return impl_->inference.runner->run(feeds, impl_->inference.overrides);
 }
 

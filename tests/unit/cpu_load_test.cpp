@@ -1,6 +1,7 @@
-// The load readings, the thread count that follows from them (training/cpu_load.h) and the
-// training loop's use of it. Run with no other test at the same time (tests/CMakeLists.txt).
-#include "training/cpu_load.h"
+// The load readings, the thread count that follows from them (runtime/cpu_load.h) and the
+// sessions' and the training loop's use of it. Run with no other test at the same time
+// (tests/CMakeLists.txt).
+#include "runtime/cpu_load.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -18,7 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "onnxtrain/session.h"
 #include "onnxtrain/trainer.h"
+#include "test_util.h"
 #include "trainer_fixture.h"
 
 namespace onnxtrain::cpu_load {
@@ -206,6 +209,52 @@ TEST(CpuLoad, TrainingLeavesBusyCpusToTheirProcesses) {
       << log.str();
   EXPECT_EQ(step_threads(o.metrics), std::vector<int>(9, 1));
   EXPECT_EQ(step_threads(fixed.metrics), std::vector<int>(9, 2));
+}
+
+TEST(CpuLoad, ThreadScopeSetsTheCountAndRestoresTheCallers) {
+  const int before = omp_get_max_threads();
+  {
+    const ThreadScope scope(before + 1);
+    EXPECT_EQ(omp_get_max_threads(), before + 1);
+  }
+  EXPECT_EQ(omp_get_max_threads(), before);
+  {
+    const ThreadScope none(std::nullopt);
+    EXPECT_EQ(omp_get_max_threads(), before);
+  }
+  EXPECT_EQ(omp_get_max_threads(), before);
+}
+
+// An inference session without a thread count follows the load too: with a spinning process on
+// every CPU but one, its runs make the process's count 1 (the runs take it, and the caller's
+// OpenMP count is as it was after each); a count of the caller's is set for good, as
+// SessionOptions::threads says, whatever the load.
+TEST(CpuLoad, SessionRunsLeaveBusyCpusToTheirProcesses) {
+  if (usable_cpus() < 2 || usable_cpus() != online_cpus() || std::getenv("OMP_NUM_THREADS")) {
+    GTEST_SKIP() << "needs every CPU of the machine usable, 2 or more, and no OMP_NUM_THREADS";
+  }
+  if (const int busy = least_reading(10); busy > 0) GTEST_SKIP() << busy << " runnable threads of other processes already";
+  const Tensor x = testing::f32({4}, {-1.0f, 2.0f, -3.0f, 4.0f});
+  const onnx::ModelProto model = testing::node_model({"Relu"}, {x});
+  runtime::Session session(model);
+  runtime::SessionOptions two;
+  two.threads = 2;
+  runtime::Session fixed(model, two);
+  const int before = omp_get_max_threads();
+  {
+    Spinners spinners(online_cpus() - 1);
+    ASSERT_EQ(static_cast<int>(spinners.size()), online_cpus() - 1);
+    const auto out = session.run({{"in0", x}});
+    testing::expect_close(out.at("out0"), testing::f32({4}, {0.0f, 2.0f, 0.0f, 4.0f}));
+    EXPECT_EQ(omp_get_max_threads(), before);
+    const std::optional<Followed> followed = followed_now();
+    ASSERT_TRUE(followed.has_value());
+    EXPECT_EQ(followed->threads, 1);
+    EXPECT_EQ(followed->busy, online_cpus() - 1);
+    fixed.run({{"in0", x}});
+    EXPECT_EQ(omp_get_max_threads(), 2);
+  }
+  omp_set_num_threads(before);
 }
 
 }  // namespace

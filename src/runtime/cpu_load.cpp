@@ -1,10 +1,14 @@
-#include "training/cpu_load.h"
+#include "runtime/cpu_load.h"
 
+#include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -115,6 +119,86 @@ int ThreadGovernor::update(Clock::time_point now) {
     busy_ = readings_.front();
   }
   return threads_;
+}
+
+namespace {
+
+// The process's governor and the count it last gave (published for readers that find the
+// mutex taken). `state` 0: not made yet, 1: following, 2: not following.
+struct Process {
+  std::mutex mutex;
+  std::optional<ThreadGovernor> governor;
+  std::atomic<int> state{0}, threads{1}, busy{0};
+};
+
+Process& process() {
+  static Process p;
+  return p;
+}
+
+std::optional<Followed> published(const Process& p) {
+  if (p.state.load(std::memory_order_acquire) != 1) return std::nullopt;
+  return Followed{p.threads.load(std::memory_order_relaxed), p.busy.load(std::memory_order_relaxed)};
+}
+
+}  // namespace
+
+std::optional<Followed> followed_threads() {
+  Process& p = process();
+  const int state = p.state.load(std::memory_order_acquire);
+  if (state == 2) return std::nullopt;
+  std::unique_lock lock(p.mutex, std::defer_lock);
+  if (state == 1) {
+    if (!lock.try_lock()) return published(p);  // another thread is reading /proc
+  } else {
+    lock.lock();  // the first calls wait for the governor to be made
+  }
+  if (p.state.load(std::memory_order_relaxed) == 0) {
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    if ((omp && *omp) || usable_cpus() <= 1 || !runnable_elsewhere()) {
+      p.state.store(2, std::memory_order_release);
+      return std::nullopt;
+    }
+    p.governor.emplace();
+  } else {
+    p.governor->update(ThreadGovernor::Clock::now());
+  }
+  p.threads.store(p.governor->threads(), std::memory_order_relaxed);
+  p.busy.store(p.governor->busy(), std::memory_order_relaxed);
+  p.state.store(1, std::memory_order_release);
+  return published(p);
+}
+
+std::optional<Followed> followed_now() { return published(process()); }
+
+std::string describe(const Followed& followed) {
+  const int online = online_cpus();
+  const std::string why = followed.busy == 0 ? "no other process keeps a CPU busy"
+                          : followed.busy >= online
+                              ? "other processes keep every CPU busy; the threads share them"
+                              : "other processes keep " + std::to_string(followed.busy) + " of " +
+                                    std::to_string(online) + " CPUs busy";
+  return std::to_string(followed.threads) + " (" + why + ")";
+}
+
+ThreadScope::ThreadScope(std::optional<int> threads) {
+  if (!threads) return;
+  before_ = omp_get_max_threads();
+  omp_set_num_threads(*threads);
+}
+
+ThreadScope::~ThreadScope() {
+  if (before_ > 0) omp_set_num_threads(before_);
+}
+
+ThreadScope session_threads(int requested, bool follow) {
+  if (requested > 0) {
+    omp_set_num_threads(requested);
+    return ThreadScope(std::nullopt);
+  }
+  if (!follow) return ThreadScope(std::nullopt);
+  const std::optional<Followed> followed = followed_threads();
+  return ThreadScope(followed ? std::optional<int>(followed->threads) : std::nullopt);
 }
 
 }  // namespace onnxtrain::cpu_load
