@@ -196,7 +196,9 @@ ThreadScope session_threads(int requested, bool follow) {
     omp_set_num_threads(requested);
     return ThreadScope(std::nullopt);
   }
-  if (!follow) return ThreadScope(std::nullopt);
+  // A count the caller set (omp_set_num_threads, or the training loop's) stays; OpenMP's default
+  // without OMP_NUM_THREADS is one thread per usable CPU.
+  if (!follow || omp_get_max_threads() != usable_cpus()) return ThreadScope(std::nullopt);
   const std::optional<Followed> followed = followed_threads();
   return ThreadScope(followed ? std::optional<int>(followed->threads) : std::nullopt);
 }

@@ -107,8 +107,10 @@ class ThreadScope {
 };
 
 // The scope a session's call runs in: `requested` threads (> 0: set for good, as
-// SessionOptions::threads and TrainingOptions::threads document), else the followed count while
-// the call runs when `follow` is true and followed_threads() gives one, else nothing.
+// SessionOptions::threads and TrainingOptions::threads document); else, when `follow` is true,
+// the calling thread's OpenMP count is OpenMP's default (one per usable CPU: nobody called
+// omp_set_num_threads on it) and followed_threads() gives a count, that count while the call
+// runs; else nothing (the caller's count holds).
 ThreadScope session_threads(int requested, bool follow = true);
 
 }  // namespace onnxtrain::cpu_load

@@ -118,10 +118,11 @@ class Loop {
   void load_session();
   void resolve_feeds();
   // Without a thread count from the caller (TrainOptions::threads 0, no OMP_NUM_THREADS) and
-  // outside data-parallel training, the session's steps run on the count that follows the
-  // machine's load (cpu_load::followed_threads): start_governor takes the first, logs it when it
-  // leaves CPUs to other processes and sets it for the loop's own work; follow_load, after each
-  // step, takes the count that step ran on and logs a change.
+  // outside data-parallel training, the loop runs on the count that follows the machine's load
+  // (cpu_load::followed_threads, the process's governor that sessions share): start_governor
+  // takes the first and logs it when it leaves CPUs to other processes; follow_load, before each
+  // step, takes the count as it is then and logs a change. Either sets it in the calling thread,
+  // where the session's step runs on it (a count set there holds: cpu_load::session_threads).
   void start_governor();
   void follow_load();
   // Runs the epoch from batch `first`; returns how it ended, or nullopt when interrupted.
@@ -190,7 +191,7 @@ void Loop::start_governor() {
 
 void Loop::follow_load() {
   if (!followed_) return;
-  const std::optional<cpu_load::Followed> now = cpu_load::followed_now();
+  const std::optional<cpu_load::Followed> now = cpu_load::followed_threads();
   if (!now || now->threads == followed_->threads) return;
   followed_ = now;
   omp_set_num_threads(now->threads);
@@ -372,13 +373,13 @@ void Loop::step(const Batch& batch, int epoch, int64_t b) {
   const runtime::NamedTensors in =
       feeding::inputs(o_.communicator ? share_of(batch, where) : batch, feeds_, where, true);
   runtime::NamedTensors out;
+  follow_load();
   try {
     out = session_->step(in);
   } catch (const Error& e) {
     throw Error(where + ": " + e.what() +
                 (checkpoint_.empty() ? "" : " (the last checkpoint, if any, is " + checkpoint_.string() + ")"));
   }
-  follow_load();
   ++steps_this_run_;
   result_.steps = static_cast<int64_t>(session_->steps_done());
   result_.last_loss = loss_name_.empty() ? std::nan("") : scalar_of(out, loss_name_);

@@ -209,8 +209,11 @@ def check(onnxtrain, workdir, name, dtype, steps, opt, check_arena=False, export
     if trained_set != {n for n, _ in model.named_parameters()}:
         raise RuntimeError(f"make-trainable trains {sorted(trained_set ^ {n for n, _ in model.named_parameters()})} "
                            "differently from PyTorch")
+    # A fixed thread count: the two runs below are compared bit for bit, and without one each
+    # follows the machine's load (under ctest -j2 one may run on 2 threads and the other on 1).
     step_cmd = [onnxtrain, "step", trainable, "--input", "input=" + os.path.join(workdir, "input.npy"),
-                "--input", "label=" + os.path.join(workdir, "label.npy"), "--steps", str(steps), "-o", trained]
+                "--input", "label=" + os.path.join(workdir, "label.npy"), "--steps", str(steps),
+                "--threads", str(len(os.sched_getaffinity(0))), "-o", trained]
     out = run(step_cmd)
     got_losses = [float(m.group(1)) for m in re.finditer(r"onnxtrain\.loss=(\S+)", out)]
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(trained).graph.initializer}
