@@ -94,7 +94,8 @@ std::optional<Followed> followed_now();
 std::string describe(const Followed& followed);
 
 // Sets the calling thread's OpenMP thread count (omp_set_num_threads) to `threads` for the
-// scope's lifetime and restores the count it had after; does nothing for nullopt.
+// scope's lifetime and restores the count it had after; does nothing for nullopt or the count
+// the thread has already.
 class ThreadScope {
  public:
   explicit ThreadScope(std::optional<int> threads);
@@ -108,9 +109,9 @@ class ThreadScope {
 
 // The scope a session's call runs in: `requested` threads (> 0: set for good, as
 // SessionOptions::threads and TrainingOptions::threads document); else, when `follow` is true,
-// the calling thread's OpenMP count is OpenMP's default (one per usable CPU: nobody called
-// omp_set_num_threads on it) and followed_threads() gives a count, that count while the call
-// runs; else nothing (the caller's count holds).
+// the calling thread's OpenMP count is OpenMP's default (one per usable CPU, as at the first
+// call: nobody called omp_set_num_threads on it) and followed_threads() gives a count, that count
+// while the call runs; else nothing (the caller's count holds).
 ThreadScope session_threads(int requested, bool follow = true);
 
 }  // namespace onnxtrain::cpu_load
