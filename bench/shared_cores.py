@@ -74,13 +74,18 @@ def infer_ms(model, threads, iters):
     return json.loads(out.strip().splitlines()[-1])["ms"]
 
 
-def with_busy(busy, measure):
-    """measure() while `busy` spinning processes run."""
+def repeated(busy, reps, runs):
+    """{name: [its value at each repetition]} of `runs` ({name: callable}, alternating) while
+    `busy` spinning processes run."""
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
     for s in spinners:
         s.start()
     try:
-        return measure()
+        values = {name: [] for name in runs}
+        for _ in range(reps):
+            for name, run in runs.items():
+                values[name].append(run())
+        return values
     finally:
         for s in spinners:
             s.terminate()
@@ -105,20 +110,13 @@ def main():
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{model}.onnx"), "-o",
                         os.path.join(WORK, f"{model}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
                         "--lr", "1e-3"], check=True, capture_output=True)
+        steps = STEPS[model]
+
+        def rate(threads, extra):
+            took = timed(model, threads, extra, WARMUP + steps) - timed(model, threads, extra, WARMUP)
+            return steps / max(took, 1e-9)
         for busy in (int(b) for b in args.busy.split(",")):
-            spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
-            for s in spinners:
-                s.start()
-            try:
-                rates = {name: [] for name, _, _ in configs}
-                for _ in range(args.reps):
-                    for name, threads, extra in configs:
-                        steps = STEPS[model]
-                        took = timed(model, threads, extra, WARMUP + steps) - timed(model, threads, extra, WARMUP)
-                        rates[name].append(steps / max(took, 1e-9))
-            finally:
-                for s in spinners:
-                    s.terminate()
+            rates = repeated(busy, args.reps, {name: (lambda t=threads, e=extra: rate(t, e)) for name, threads, extra in configs})
             cells = [f"{statistics.median(rates[name]):.1f}" for name, _, _ in configs]
             print(f"| {model} | {busy} | " + " | ".join(cells) + " |", flush=True)
     if args.no_inference:
@@ -126,13 +124,8 @@ def main():
     print("\n| inference, batch 1 | other busy processes | " + " | ".join(name for name, _ in INFER_CONFIGS) + " |")
     print("|---|---|" + "---|" * len(INFER_CONFIGS))
     for busy in (int(b) for b in args.busy.split(",")):
-        def measure():
-            times = {name: [] for name, _ in INFER_CONFIGS}
-            for _ in range(args.reps):
-                for name, threads in INFER_CONFIGS:
-                    times[name].append(infer_ms("cnn", threads, args.infer_iters))
-            return times
-        times = with_busy(busy, measure)
+        times = repeated(busy, args.reps,
+                         {name: (lambda t=threads: infer_ms("cnn", t, args.infer_iters)) for name, threads in INFER_CONFIGS})
         cells = [f"{statistics.median(times[name]):.3f} ms" for name, _ in INFER_CONFIGS]
         print(f"| cnn | {busy} | " + " | ".join(cells) + " |", flush=True)
 

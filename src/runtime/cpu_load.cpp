@@ -169,8 +169,6 @@ std::optional<Followed> followed_threads() {
   return published(p);
 }
 
-std::optional<Followed> followed_now() { return published(process()); }
-
 std::string describe(const Followed& followed) {
   const int online = online_cpus();
   const std::string why = followed.busy == 0 ? "no other process keeps a CPU busy"

@@ -85,9 +85,6 @@ struct Followed {
   int busy = 0;
 };
 std::optional<Followed> followed_threads();
-// The count followed_threads() last returned, without a reading; nullopt as there, or before
-// its first call.
-std::optional<Followed> followed_now();
 
 // "N (why)": a thread count and the load it follows, for logs ("1 (other processes keep 1 of 2
 // CPUs busy)").

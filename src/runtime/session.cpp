@@ -1,10 +1,8 @@
 #include "onnxtrain/session.h"
 
-#include <omp.h>
 #include <onnx/onnx_pb.h>
 
 #include <utility>
-
 
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
@@ -54,15 +52,6 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
 }
 }  // namespace
 
-namespace {
-// OpenMP's thread count is a setting of the calling thread (omp_set_num_threads): applied at
-// construction (constant folding runs kernels) and on every run (cpu_load::session_threads, which
-// without a count follows the machine's load), so that runs from other threads use it too.
-void apply(const SessionOptions& options) {
-  if (options.threads > 0) omp_set_num_threads(options.threads);
-}
-}  // namespace
-
 struct Session::Impl {
   SessionOptions options;
   GraphRunner runner;
@@ -73,8 +62,12 @@ struct Session::Impl {
                options.seed) {}
 };
 
+// OpenMP's thread count is a setting of the calling thread (omp_set_num_threads): a requested
+// count is set at construction (constant folding runs kernels) and on every run, so that runs
+// from other threads use it too; without one, each run follows the machine's load
+// (cpu_load::session_threads).
 Session::Session(const std::filesystem::path& path, SessionOptions options) {
-  apply(options);
+  const cpu_load::ThreadScope threads = cpu_load::session_threads(options.threads, false);
   onnx::ModelProto model = io::load_model(path);
   const OpsetMap opsets = opsets_of(model, path.string());
   onnx::GraphProto graph = has_functions_to_inline(model.graph(), model)
@@ -86,7 +79,7 @@ Session::Session(const std::filesystem::path& path, SessionOptions options) {
 
 Session::Session(const onnx::ModelProto& model, SessionOptions options,
                  const std::filesystem::path& base_dir, const std::string& source) {
-  apply(options);
+  const cpu_load::ThreadScope threads = cpu_load::session_threads(options.threads, false);
   const OpsetMap opsets = opsets_of(model, source);
   impl_ = std::make_unique<Impl>(has_functions_to_inline(model.graph(), model)
                                      ? inline_functions(model.graph(), model, source)
