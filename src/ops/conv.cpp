@@ -446,7 +446,12 @@ dnnl::memory::desc layout_f32(ConvLayout layout, const dnnl::memory::dims& dims)
 // cores, alternating runs: 0.53-0.57 ms blocked everywhere, 0.39-0.41 with oneDNN's choice up
 // to 64, 256, 1024 positions or everywhere alike; at batch 128 oneDNN's choice everywhere was
 // 5-10 % slower; the layer-4 3x3 convolution on a 1x1 map (512 channels) alone: 25-30 us blocked,
-// 7 us oneDNN's choice (bench/conv_peak.py).
+// 7 us oneDNN's choice (bench/conv_peak.py). Not for 1x1 kernels (after crop_unreached_taps)
+// on weights reordered at every run (a training step's): brgconv's weight layouts (Acdb48a,
+// Acdb64a: output channels padded to 48 or 64) take oneDNN 2.6's slow generic reorder. ResNet-18
+// at 32x32, batch 32, layer 4 (AMD EPYC Zen 4, 2 threads, fastest of 30 runs, weight reorder +
+// convolution): 512 -> 512 on 1x1 maps 0.325 + 0.180 ms with oneDNN's choice, 0.031 + 0.276 blocked
+// (jit_1x1); the 256 -> 512 stride-2 shortcut 0.076 + 0.085 against 0.008 + 0.078.
 constexpr int64_t kSmallOutput = 64;
 
 // The bytes of convolution output per chunk of images in ConvKernel::convolve_and_pool: the
@@ -533,7 +538,7 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
           } catch (const dnnl::error&) {  // keep the first choice
           }
         }
-      } else if (g.N * dims_product(d.dst_dims) <= kSmallOutput) {
+      } else if (g.N * dims_product(d.dst_dims) <= kSmallOutput && (weights_constant || g.kernel_size() > 1)) {
         pd = make_pd(any_dst, any_src);
       } else {
         try {
