@@ -67,6 +67,16 @@ inline Floats<W> interleave(Floats<W> e, Floats<W> o) {
   }
 }
 
+// The lane sums of eight vectors, [sum(v[0]), ..., sum(v[7])], each a pairwise tree
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): three rounds of evens + odds instead of
+// 64 scalar additions (ops/rnn.cpp's dot products at batch 1).
+inline Floats<8> lane_sums(const Floats<8> (&v)[8]) {
+  Floats<8> pairs[4], quads[2];
+  for (int i = 0; i < 4; ++i) pairs[i] = evens<8>(v[2 * i], v[2 * i + 1]) + odds<8>(v[2 * i], v[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) quads[i] = evens<8>(pairs[2 * i], pairs[2 * i + 1]) + odds<8>(pairs[2 * i], pairs[2 * i + 1]);
+  return evens<8>(quads[0], quads[1]) + odds<8>(quads[0], quads[1]);
+}
+
 // Calls f.template operator()<W>(s) for chunks [s, s + W) covering [0, n), W = 8 when n >= 8,
 // else 4; the last chunk starts at n - W and may overlap the one before, so f must write the
 // same values whenever it covers an index twice. Requires n >= 4.
