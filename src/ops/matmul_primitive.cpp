@@ -54,6 +54,10 @@ bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K) {
   return du::has_avx512() && N >= 128 && M > N && M * N * K >= (int64_t{1} << 26);
 }
 
+bool transposed_b_prefers_matmul(int64_t M, int64_t N, int64_t K) {
+  return du::has_avx512() && M >= 32 && M <= 512 && N * K >= 32768;
+}
+
 bool transposed_a_prefers_swap(int64_t M, int64_t N, int64_t K) {
   return !du::has_avx512() && N <= 256 && M >= 2 * N && M >= 512 && K >= 1024;
 }

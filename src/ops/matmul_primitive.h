@@ -42,6 +42,16 @@ void execute(MatMulEntry& entry, const float* a, const float* b, float* y, const
 // (gemm:jit), and transposed_a_prefers_swap decides.
 bool transposed_a_prefers_matmul(int64_t M, int64_t N, int64_t K);
 
+// Whether C [M, N] = A B^T (A stored [M, K], B [N, K], row-major) runs faster through oneDNN's
+// matmul primitive, B described by strides, than through sgemm with a transposed B: from 32 to
+// 512 rows, where oneDNN 2.6's sgemm splits the work poorly between threads, such as a recurrent
+// layer's input projection at batch 1 (X W^T over the sequence). Measured alone (AMD EPYC Zen 4,
+// the fastest of 30, bench/bench_gemm.cpp; 2 threads, then 1): [64, 256] by [1024, 256]^T 163
+// against 230 us, 311 against 330; [64, 32] by [1024, 32]^T 24 against 28, 41 against 41; 512 rows
+// of 256 by 1024: 1.18 against 1.25 ms. Not at 8 rows (36 against 21 us) nor 4096 (10.0 against
+// 9.6 ms). CPUs without AVX-512 answer false, as for transposed_a_prefers_matmul.
+bool transposed_b_prefers_matmul(int64_t M, int64_t N, int64_t K);
+
 // Whether C [M, N] = A^T B over K rows (A stored [K, M], B [K, N]) runs faster as its transpose,
 // C^T = B^T A (the same sgemm with a transposed A, N x M), written into a buffer and transposed
 // into C, than directly. On CPUs without AVX-512, oneDNN 2.6's sgemm with a transposed A runs at

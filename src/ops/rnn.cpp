@@ -369,15 +369,17 @@ RnnTensors load_inputs(const KernelContext& ctx, const RnnAttrs& a, bool to_floa
 // Matrix products
 
 namespace {
-// c [M, N] (+)= a^T [M, K] b [K, N] by oneDNN's matmul primitive (ops/matmul_primitive.h), a
-// stored [K, M], every operand described by its leading dimension (accumulate: a sum post-op).
-// The entries are kept per thread (their memory objects are rebound per call) by shape. False
-// when oneDNN has no implementation (the caller's sgemm then).
-bool transposed_a_product(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                          int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+// c [M, N] (+)= op(a) [M, K] op(b) [K, N] by oneDNN's matmul primitive (ops/matmul_primitive.h),
+// op transposing a (stored [K, M]) or b (stored [N, K]) where asked, every operand described by
+// its leading dimension (accumulate: a sum post-op). The entries are kept per thread (their
+// memory objects are rebound per call) by shape. False when oneDNN has no implementation (the
+// caller's sgemm then).
+bool strided_product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
+                     const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   namespace du = dnnl_util;
-  thread_local std::map<std::array<int64_t, 8>, MatMulEntry> cache;
-  const std::array<int64_t, 8> key{M, N, K, lda, ldb, ldc, accumulate ? 1 : 0, omp_get_max_threads()};
+  thread_local std::map<std::array<int64_t, 10>, MatMulEntry> cache;
+  const std::array<int64_t, 10> key{M, N, K, lda, ldb, ldc, accumulate ? 1 : 0, omp_get_max_threads(),
+                                    trans_a ? 1 : 0, trans_b ? 1 : 0};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= 16) cache.clear();  // a handful of shapes per model
@@ -389,7 +391,9 @@ bool transposed_a_product(int64_t M, int64_t N, int64_t K, const float* a, int64
         attr.set_post_ops(ops);
       });
     }
-    it = cache.emplace(key, make_entry(du::strided_f32({M, K}, {1, lda}), du::strided_f32({K, N}, {ldb, 1}),
+    const dnnl::memory::dims a_strides = trans_a ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1};
+    const dnnl::memory::dims b_strides = trans_b ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1};
+    it = cache.emplace(key, make_entry(du::strided_f32({M, K}, a_strides), du::strided_f32({K, N}, b_strides),
                                        du::strided_f32({M, N}, {ldc, 1}), attr))
              .first;
   }
@@ -410,7 +414,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
       return;
     }
     if (trans_a && !trans_b && transposed_a_prefers_matmul(M, N, K) && !omp_in_parallel() &&
-        transposed_a_product(M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
+        strided_product(true, false, M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
+      return;
+    }
+    if (!trans_a && trans_b && K > 0 && transposed_b_prefers_matmul(M, N, K) && !omp_in_parallel() &&
+        strided_product(false, true, M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
       return;
     }
   }
