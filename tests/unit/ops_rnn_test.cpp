@@ -321,6 +321,39 @@ TEST(Lstm, BatchOneRunsRowByRowAndMatchesTheReference) {
   expect_matches_reference(reverse_lstm_with_input_forget_clip_and_activations(1, 16), 5);
 }
 
+// The input projection X W^T of 32 to 512 rows (sequence x batch) by a wide W runs through
+// oneDNN's matmul primitive on CPUs with AVX-512 (ops/matmul_primitive.h
+// transposed_b_prefers_matmul), through sgemm elsewhere: 64 rows of 64 inputs by 4 x 128 gates
+// at batch 1 (the recurrence row by row) and batch 4, both directions; a GRU of 3 x 192 gates.
+// W and R are scaled by 1 / sqrt(fan-in), as PyTorch initializes them: with the other tests'
+// weights in [-1, 1) a recurrence this wide is chaotic over 64 steps, and float32 rounding alone
+// (on the sgemm path too) moved outputs by up to 6e-4.
+TEST(Lstm, InputProjectionsOfDozensOfRowsMatchTheReference) {
+  const auto scaled = [](const Tensor& t, double k) {
+    std::vector<double> v = t.to_double_vector();
+    for (double& x : v) x *= k;
+    return Tensor::from_vector<double>(t.shape(), v);
+  };
+  const auto check = [&](const Problem& p, uint32_t seed) {
+    std::vector<Tensor> in = p.inputs(seed);
+    in[1] = scaled(in[1], 1 / std::sqrt(static_cast<double>(p.I)));
+    in[2] = scaled(in[2], 1 / std::sqrt(static_cast<double>(p.H)));
+    const auto want = reference(p, in);
+    const auto got = p.run(cast_floats(in, DataType::Float32));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("float32 output " + std::to_string(i));
+      expect_close(got[i].cast(DataType::Float64), want[i], 1e-4, 1e-5);
+    }
+  };
+  for (int64_t n : {1, 4}) {
+    SCOPED_TRACE("batch " + std::to_string(n));
+    check(Problem{.op = "LSTM", .direction = "bidirectional", .S = 64 / n, .N = n, .I = 64, .H = 128},
+          static_cast<uint32_t>(41 + n));
+  }
+  check(Problem{.op = "GRU", .S = 40, .N = 1, .I = 64, .H = 192}, 47);
+}
+
 // From 16 batch entries on two threads, a float32 LSTM runs as rnn.cpp's lstm_batch_split (each
 // thread the whole sequence of its half of the batch, sgemm per thread, no barrier): ragged
 // sequence_lens (entries ending early, one of length 0, the longest on either thread), both
