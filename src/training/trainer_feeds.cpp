@@ -63,11 +63,9 @@ Tensor convert_column(const Tensor& rows, const Feed& f) {
     const int64_t count = rows.numel();
     visit_dtype<AllTypes>(rows.dtype(), "column '" + f.column + "'", [&]<class From>() {
       visit_dtype<FloatTypes>(to, "input '" + in.name + "'", [&]<class To>() {
-        const From* __restrict src = rows.data<From>();
-        To* __restrict dst = t.data<To>();
-        const double scale = f.scale;
-#pragma omp simd
-        for (int64_t i = 0; i < count; ++i) dst[i] = convert<To>(convert<double>(src[i]) * scale);
+        const From* src = rows.data<From>();
+        To* dst = t.data<To>();
+        for (int64_t i = 0; i < count; ++i) dst[i] = convert<To>(convert<double>(src[i]) * f.scale);
       });
     });
   } else if (rows.dtype() != to) {
