@@ -38,10 +38,10 @@ struct SessionOptions {
   // thread per CPU that other processes leave free, at least 1, and every usable CPU when they
   // leave none (src/runtime/cpu_load.h: one reading of /proc for the whole process at most every
   // 250 ms; a change of load counts after ~2 s), and the calling thread's count is restored
-  // after the run. On 2 CPUs with one busy, ResNet-18's batch-1 inference took
-  // 2.65 ms a run on OpenMP's default of 2 threads against 0.99 ms on 1 (docs/performance.md,
-  // "Shared cores"). Sums may round differently on another count, so outputs that must be
-  // bit-identical from run to run set a count.
+  // after the run. On 2 CPUs with one busy, ResNet-18's batch-1 inference took 2.65 ms a run on
+  // OpenMP's default of 2 threads against 0.99 ms on 1 (docs/performance.md, "Shared cores").
+  // Sums may round differently on another count, so outputs that must be bit-identical from run
+  // to run set a count.
   int threads = 0;
   // Seed of random ops (RandomNormal, Dropout in training mode, ...) that have no `seed`
   // attribute. The same seed gives the same numbers, run after run of a new Session.

@@ -71,10 +71,11 @@ inline Floats<W> interleave(Floats<W> e, Floats<W> o) {
 // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): three rounds of evens + odds instead of
 // 64 scalar additions (ops/rnn.cpp's dot products at batch 1).
 inline Floats<8> lane_sums(const Floats<8> (&v)[8]) {
-  Floats<8> pairs[4], quads[2];
-  for (int i = 0; i < 4; ++i) pairs[i] = evens<8>(v[2 * i], v[2 * i + 1]) + odds<8>(v[2 * i], v[2 * i + 1]);
-  for (int i = 0; i < 2; ++i) quads[i] = evens<8>(pairs[2 * i], pairs[2 * i + 1]) + odds<8>(pairs[2 * i], pairs[2 * i + 1]);
-  return evens<8>(quads[0], quads[1]) + odds<8>(quads[0], quads[1]);
+  // Adjacent lanes of (a, b) added: a's four pair sums, then b's.
+  const auto pair_sums = [](Floats<8> a, Floats<8> b) { return evens<8>(a, b) + odds<8>(a, b); };
+  const Floats<8> quads[2] = {pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3])),
+                              pair_sums(pair_sums(v[4], v[5]), pair_sums(v[6], v[7]))};
+  return pair_sums(quads[0], quads[1]);
 }
 
 // Calls f.template operator()<W>(s) for chunks [s, s + W) covering [0, n), W = 8 when n >= 8,

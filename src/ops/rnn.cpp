@@ -417,7 +417,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const V* 
         strided_product(true, false, M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
       return;
     }
-    if (!trans_a && trans_b && K > 0 && transposed_b_prefers_matmul(M, N, K) && !omp_in_parallel() &&
+    if (!trans_a && trans_b && transposed_b_prefers_matmul(M, N, K) && !omp_in_parallel() &&
         strided_product(false, true, M, N, K, a, lda, b, ldb, c, ldc, accumulate)) {
       return;
     }

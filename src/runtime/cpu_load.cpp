@@ -196,12 +196,12 @@ ThreadScope session_threads(int requested, bool follow) {
     omp_set_num_threads(requested);
     return ThreadScope(std::nullopt);
   }
-  // A count the caller set (omp_set_num_threads, or the training loop's) stays; OpenMP's default
-  // without OMP_NUM_THREADS is one thread per usable CPU.
-  // The affinity mask is read once. Read at every run (and the count set even when it was the
-  // caller's already), the Fashion-MNIST MLP's batch-1 inference took 22.1-22.6 us a run without
-  // a count against 21.7-21.9 on 2 threads; this way 21.6-22.1 against 21.6-21.9 (three
-  // alternating pairs of 5000 runs).
+  // A count the caller set (omp_set_num_threads, or the training loop's) stays: only OpenMP's
+  // default without OMP_NUM_THREADS, one thread per usable CPU, follows the load. The affinity
+  // mask is read once: read at every run (and the count set even when it was the caller's
+  // already), the Fashion-MNIST MLP's batch-1 inference took 22.1-22.6 us a run without a count
+  // against 21.7-21.9 on 2 threads; this way 21.6-22.1 against 21.6-21.9 (three alternating pairs
+  // of 5000 runs).
   static const int usable = usable_cpus();
   if (!follow || omp_get_max_threads() != usable) return ThreadScope(std::nullopt);
   const std::optional<Followed> followed = followed_threads();

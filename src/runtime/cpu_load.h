@@ -38,11 +38,11 @@ int threads_for(int usable, int online, int busy);
 
 // A thread count that follows the load (the process's sessions share one: followed_threads),
 // chosen from readings of runnable_elsewhere(): at the start from a few readings 2 ms apart
-// (their least), then, called between runs or steps, from one reading at most every `interval`. It changes only when the last `window` readings all
-// give the same thread count, so a process that is busy for a moment, or a reading off by one
-// thread, changes nothing; a process busy throughout takes its CPU in about window x interval
-// (2 s by default), and gives it back as long after it stops. Without /proc, or with one
-// usable CPU, it keeps `usable`.
+// (their least), then, called between runs or steps, from one reading at most every `interval`.
+// It changes only when the last `window` readings all give the same thread count, so a process
+// that is busy for a moment, or a reading off by one thread, changes nothing; a process busy
+// throughout takes its CPU in about window x interval (2 s by default), and gives it back as long
+// after it stops. Without /proc, or with one usable CPU, it keeps `usable`.
 class ThreadGovernor {
  public:
   using Clock = std::chrono::steady_clock;

@@ -98,7 +98,7 @@ void require_finite(const Tensor& t, const std::string& what) {
   visit_dtype<FloatTypes>(t.dtype(), what, [&]<class T>() {
     const T* p = t.data<T>();
     const int64_t count = t.numel();
-    if (all_finite(p, 0, count)) return;  // one vectorized pass; the first bad element for the message:
+    if (all_finite(p, 0, count)) return;  // one vectorized pass; else find the first bad element below
     for (int64_t i = 0; i < count; ++i) {
       const auto v = static_cast<compute_t<T>>(p[i]);
       if (!std::isfinite(v)) throw Error(what + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at element " + std::to_string(i));

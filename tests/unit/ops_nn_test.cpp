@@ -736,8 +736,7 @@ TEST(ConvTest, Random2dMatchesDirectLoops) {
 // and partial channel blocks, on either side of the limit, each against the ONNX definition.
 TEST(ConvTest, SmallMapsOnEitherSideOfTheOutputSizeLimit) {
   const std::vector<Conv2dCase> cases = {
-      {1, 40, 24, 1, 1, 1, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false},  // 1 position: the centre tap, 1x1 on
-                                                                        // fed weights: channel-blocked
+      {1, 40, 24, 1, 1, 1, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false},  // 1 position: the centre tap, blocked
       {1, 20, 36, 1, 2, 2, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, true},   // 1 position, 4 taps
       {3, 20, 19, 1, 2, 2, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, true},   // 12 positions
       {1, 17, 33, 1, 4, 4, 1, 1, {2, 2}, {0, 0, 0, 0}, {1, 1}, false},  // strided 1x1: channel-blocked
