@@ -27,7 +27,10 @@
 // use_channels_last). Between two pooled FusedConvs (runtime/fusion.h block_pooled_conv_pairs) the
 // first, with attribute y_channel_block = b, writes Y blocked by b channels, [N, M / b, O..., b],
 // and the second, with x_channel_block = b, reads X so ([N, C / b, D..., b]; b is
-// conv_geometry.h pooled_conv_channel_block()). Without the pool, float32 applies Relu while copying
+// conv_geometry.h pooled_conv_channel_block()). Without a pool the same attributes (made by
+// runtime/fusion.h block_convolution_tensors for a training graph, b = conv_channel_block()) read X
+// and write Y blocked by b channels, through oneDNN on those tensors as they are (float32), else the
+// plain path between permutations. Without the pool and the attributes, float32 applies Relu while copying
 // oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
 // a scratch block, channel-blocked (where pooled_conv_channel_block() is not 0, M divides by it and
 // Y is not channels-last) or else channels-last, and max_pool_channels_last (pool.cpp) reads it, so
@@ -672,6 +675,12 @@ class ConvKernel final : public Kernel {
       for (int64_t d : pool->out) out.push_back(d);
       if (epilogue_.channels_last_y) out.push_back(g.M);
       if (yb) out.push_back(yb);
+    } else if (const int64_t yb = epilogue_.y_channel_block) {
+      if (g.M % yb != 0) {
+        fail("input " + ctx.input_name(1) + " has " + std::to_string(g.M) +
+             " output channels, which attribute y_channel_block = " + std::to_string(yb) + " does not divide");
+      }
+      out = channel_blocked_shape(out, yb);
     }
     if (is_half(x.dtype())) {  // through float32
       Tensor y(DataType::Float32, out);
@@ -683,13 +692,6 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  // [N, C, D...] for a tensor [N, C / b, D..., b] blocked by b channels.
-  static Shape merged_channels(const Shape& blocked, int64_t b) {
-    Shape s{blocked[0], blocked[1] * b};
-    for (size_t d = 2; d + 1 < blocked.size(); ++d) s.push_back(blocked[d]);
-    return s;
-  }
-
   // The shape [N, C, D...] of x [N, C / b, D..., b] (attribute x_channel_block = b, input 0).
   Shape unblocked_shape(KernelContext& ctx, const Tensor& x) const {
     const int64_t b = epilogue_.x_channel_block;
@@ -699,24 +701,7 @@ class ConvKernel final : public Kernel {
            std::to_string(rank) + " with last dim " + std::to_string(b) +
            " ([N, C / b, spatial..., b]: attribute x_channel_block = " + std::to_string(b) + ")");
     }
-    return merged_channels(x.shape(), b);
-  }
-
-  // x [N, C, D...] from x blocked by b channels, [N, C / b, D..., b].
-  static Tensor unblocked(const Tensor& x, int64_t b) {
-    std::vector<int64_t> order{0, 1, static_cast<int64_t>(x.rank()) - 1};
-    for (size_t d = 2; d + 1 < x.rank(); ++d) order.push_back(static_cast<int64_t>(d));
-    return permuted(x, order).view(merged_channels(x.shape(), b));  // via [N, C / b, b, D...]
-  }
-
-  // y [N, M / b, O..., b] = plain [N, M, O...] blocked by b channels.
-  static void copy_blocked(const Tensor& plain, Tensor& y, int64_t b) {
-    Shape s{plain.dim(0), plain.dim(1) / b, b};
-    for (size_t d = 2; d < plain.rank(); ++d) s.push_back(plain.dim(d));
-    std::vector<int64_t> order{0, 1};
-    for (size_t d = 3; d < s.size(); ++d) order.push_back(static_cast<int64_t>(d));
-    order.push_back(2);
-    copy_permuted(plain.view(s), y, order);
+    return channels_merged_shape(x.shape(), b);
   }
 
   // The geometry of the node's convolution of x [N, C, D...] (ctx's input 0, or its
@@ -805,15 +790,7 @@ class ConvKernel final : public Kernel {
                                         conv.data<float>(), relu);
         return;
       }
-      ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(2),
-                                [&] { return plan(run_g, false, has_bias, weights_constant_, ConvLayout::ChannelsLast, ConvLayout::ChannelsLast); });
-      if (!e.use_reference && !e.dims.embed) {
-        Tensor gathered;
-        execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, conv.data<float>(),
-                weights_constant_);
-        if (relu) relu_in_place<float>(conv.data<float>(), conv.numel());
-        return;
-      }
+      if (convolve_in_layouts(g, crop, x, w, bias, conv, relu, ConvLayout::ChannelsLast, ConvLayout::ChannelsLast)) return;
     }
     const Tensor x_first = permuted(x, channels_first_order(x.rank()));
     Tensor conv_first(is_half(x.dtype()) ? DataType::Float32 : x.dtype(), conv_output_shape(g));
@@ -876,6 +853,10 @@ class ConvKernel final : public Kernel {
     if (y.numel() == 0) return;
     const T* bias = b.defined() ? b.data<T>() : nullptr;
     if (!pool) {
+      if (epilogue_.x_channel_block || epilogue_.y_channel_block) {
+        convolve_blocked<T>(g, x_in, w, bias, y, relu);
+        return;
+      }
       if constexpr (std::is_same_v<T, float>) {
         if (relu && convolve_relu(g, x_in, w, bias, y.data<float>())) return;
       }
@@ -888,7 +869,7 @@ class ConvKernel final : public Kernel {
         return;
       }
     }
-    const Tensor x = epilogue_.x_channel_block ? unblocked(x_in, epilogue_.x_channel_block) : x_in;
+    const Tensor x = epilogue_.x_channel_block ? unblocked_channels(x_in, epilogue_.x_channel_block) : x_in;
     // The convolution's output lives for this run only (a block of the tensor block cache).
     Tensor conv_out(x.dtype(), conv_output_shape(g));
     convolve<T>(g, x, w, bias, conv_out.data<T>());
@@ -903,10 +884,52 @@ class ConvKernel final : public Kernel {
     max_pool_forward(*pool, conv_out, pooled);
     if (relu) relu_in_place<T>(pooled.data<T>(), pooled.numel());
     if (epilogue_.y_channel_block) {
-      copy_blocked(pooled, y, epilogue_.y_channel_block);
+      copy_into_channel_blocks(pooled, y, epilogue_.y_channel_block);
     } else {
       copy_permuted(pooled, y, channels_last_order(plain.size()));
     }
+  }
+
+  // y = the float32 convolution of x through oneDNN (over the taps of `crop` when there is one)
+  // reading x in `src_layout` and writing y in `dst_layout`, then Relu when `relu`. Returns false,
+  // having written nothing, where oneDNN has no implementation for them.
+  bool convolve_in_layouts(const ConvGeometry& g, const std::optional<TapCrop>& crop, const Tensor& x, const Tensor& w,
+                           const float* bias, Tensor& y, bool relu, ConvLayout dst_layout, ConvLayout src_layout) {
+    const ConvGeometry& run_g = crop ? crop->geometry : g;
+    // Kinds 2 (channels-last) and 5 + layouts (blocked or plain), beside the others' 0, 1, 3, 4.
+    const int kind = dst_layout == ConvLayout::ChannelsLast ? 2 : 5 + 2 * (dst_layout == ConvLayout::Blocked) +
+                                                                  (src_layout == ConvLayout::Blocked);
+    ConvEntry& e = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(bias != nullptr).add(kind), [&] {
+      return plan(run_g, false, bias != nullptr, weights_constant_, dst_layout, src_layout);
+    });
+    if (e.use_reference || e.dims.embed) return false;
+    Tensor gathered;
+    execute(e, run_g, x.data<float>(), run_weights(e, g, crop, w, gathered), bias, y.data<float>(), weights_constant_);
+    if (relu) relu_in_place<float>(y.data<float>(), y.numel());
+    return true;
+  }
+
+  // y = the convolution (then Relu when `relu`) without a pool, x and y each plain or blocked by
+  // channels (attributes x_channel_block / y_channel_block). float32 through oneDNN reads and writes
+  // the blocked tensors as they are when the block is conv_channel_block(), so no reorder remains;
+  // anything else runs the plain path between permutations.
+  template <class T>
+  void convolve_blocked(const ConvGeometry& g, const Tensor& x, const Tensor& w, const T* bias, Tensor& y, bool relu) {
+    const int64_t xb = epilogue_.x_channel_block, yb = epilogue_.y_channel_block, block = channel_block();
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.rank() <= 3 && !attrs_.transpose && x.numel() > 0 && w.numel() > 0 && (!xb || xb == block) &&
+          (!yb || yb == block)) {
+        if (convolve_in_layouts(g, tap_crop(g), x, w, bias, y, relu, yb ? ConvLayout::Blocked : ConvLayout::Plain,
+                                xb ? ConvLayout::Blocked : ConvLayout::Plain)) {
+          return;
+        }
+      }
+    }
+    const Tensor x_plain = xb ? unblocked_channels(x, xb) : x;
+    Tensor conv_out = yb ? Tensor(y.dtype(), conv_output_shape(g)) : y;
+    convolve<T>(g, x_plain, w, bias, conv_out.data<T>());
+    if (relu) relu_in_place<T>(conv_out.data<T>(), conv_out.numel());
+    if (yb) copy_into_channel_blocks(conv_out, y, yb);
   }
 
   // y = the pool (then Relu when `relu`) of the convolution of float32 x through oneDNN, which
@@ -1111,6 +1134,8 @@ int pooled_conv_channel_block() {
   return channel_block() == 8 ? 8 : 0;  // the block blocked_channels_f32 gives, on AVX2 alone
 }
 
+int conv_channel_block() { return channel_block(); }
+
 ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {
   ConvAttrs a;
   a.transpose = transpose;
@@ -1181,14 +1206,14 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
     }
     epilogue.pool = parse_pool_attrs(KernelInit(init.graph(), pool_node, init.opset()), true);
     epilogue.channels_last_y = init.attr_int("channels_last", 0) != 0;
-    for (auto [name, block] : {std::pair{"x_channel_block", &epilogue.x_channel_block},
-                               std::pair{"y_channel_block", &epilogue.y_channel_block}}) {
-      *block = init.attr_int(name, 0);
-      if (*block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(*block) + ", expected >= 0");
-    }
-    if (epilogue.channels_last_y && epilogue.y_channel_block) {
-      throw Error("attributes 'channels_last' and 'y_channel_block' are both set; Y has one layout");
-    }
+  }
+  for (auto [name, block] : {std::pair{"x_channel_block", &epilogue.x_channel_block},
+                             std::pair{"y_channel_block", &epilogue.y_channel_block}}) {
+    *block = init.attr_int(name, 0);
+    if (*block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(*block) + ", expected >= 0");
+  }
+  if (epilogue.channels_last_y && epilogue.y_channel_block) {
+    throw Error("attributes 'channels_last' and 'y_channel_block' are both set; Y has one layout");
   }
   return std::make_unique<ConvKernel>(init, parse_conv_attrs(init, false), std::move(epilogue));
 }

@@ -51,6 +51,12 @@ Shape conv_output_shape(const ConvGeometry& g);
 // ms nChw8c against 18.0-19.4 channels-last at batch 128, 2.64-2.89 against 2.87-3.14 at 20.
 int pooled_conv_channel_block();
 
+// The channel block b of the layout oneDNN's direct convolutions read and write fastest on this
+// CPU: 16 with AVX-512 (nChw16c for 2 spatial dims), 8 with AVX2 alone (nChw8c), else 0. A
+// training graph passes the tensors between its convolutions, max pools and their gradients in
+// it, [N, C / b, D..., b] (runtime/fusion.h block_convolution_tensors).
+int conv_channel_block();
+
 // ---------------------------------------------------------------------------------------------
 // oneDNN's view of a geometry (float32, plain layouts)
 

@@ -22,6 +22,12 @@
 // crop_unreached_taps): their W gathered for dX, their dW scattered into zeros. A Conv whose
 // output maps are small runs dX and dW as one matrix product over the batch each instead of
 // oneDNN's primitives where conv_gemm.h's prefer_conv_gemm says so (CPUs without AVX-512).
+//
+// ConvGrad with attributes dy_channel_block, x_channel_block and/or dx_channel_block = b (made by
+// runtime/fusion.h block_convolution_tensors, never saved) reads dY and/or X and writes dX blocked
+// by b channels, [N, C / b, D..., b]: float32 with b = conv_channel_block() runs oneDNN's primitives
+// on those tensors as they are (its direct backward passes read and write that layout), anything
+// else the plain path between permutations.
 #include <algorithm>
 #include <unordered_map>
 
@@ -29,6 +35,7 @@
 #include "core/parallel.h"
 #include "ops/conv_gemm.h"
 #include "ops/conv_geometry.h"
+#include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
 #include "ops/factories.h"
 
@@ -146,9 +153,12 @@ struct GradEntry {
 
 // Makes the primitives of one direction (Conv: convolution_*, ConvTranspose: deconvolution_*)
 // and their operands; throws dnnl::error when oneDNN has no implementation.
+// x_plain, dy_plain and dx_plain are the ONNX tensors' descriptors (plain, or blocked by channels
+// for the attributes *_channel_block).
 template <class Fwd, class BwdData, class BwdWeights>
 void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory::desc& x_plain,
-                     const dnnl::memory::desc& dy_plain, const dnnl::memory::desc& w_plain) {
+                     const dnnl::memory::desc& dy_plain, const dnnl::memory::desc& w_plain,
+                     const dnnl::memory::desc& dx_plain) {
   using dnnl::memory;
   const auto any = [](const memory::desc& plain) {
     return memory::desc(plain.dims(), memory::data_type::f32, memory::format_tag::any);
@@ -169,7 +179,7 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
     data_dy = pd.diff_dst_desc();
     e.data_dy = du::Operand(dy_plain, data_dy, true);
     e.w = du::Operand(w_plain, pd.weights_desc(), true);
-    e.dx = du::Operand(x_plain, pd.diff_src_desc(), false);
+    e.dx = du::Operand(dx_plain, pd.diff_src_desc(), false);
     e.data_args = {{DNNL_ARG_DIFF_DST, e.data_dy.arg()}, {DNNL_ARG_WEIGHTS, e.w.arg()},
                    {DNNL_ARG_DIFF_SRC, e.dx.arg()}};
     e.data_scratchpad.add_to(e.data_args);
@@ -196,7 +206,25 @@ void make_primitives(GradEntry& e, dnnl::algorithm algorithm, const dnnl::memory
   }
 }
 
-GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw, bool want_db) {
+// The channel blocks of dY, X and dX (0: plain).
+struct GradBlocks {
+  int64_t dy = 0, x = 0, dx = 0;
+  bool any() const { return dy || x || dx; }
+};
+
+// A plain descriptor, or one blocked by `block` channels (conv_channel_block(), whose layout
+// oneDNN's direct convolutions read and write themselves).
+dnnl::memory::desc tensor_desc(const dnnl::memory::dims& dims, int64_t block) {
+  using tag = dnnl::memory::format_tag;
+  if (block == 0) return du::plain_f32(dims);
+  const size_t rank = dims.size();
+  const tag t = block == 16 ? (rank == 3 ? tag::aBc16b : rank == 4 ? tag::aBcd16b : tag::aBcde16b)
+                            : (rank == 3 ? tag::aBc8b : rank == 4 ? tag::aBcd8b : tag::aBcde8b);
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, t);
+}
+
+GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw, bool want_db,
+               GradBlocks blocks = {}) {
   GradEntry e;
   e.dims = dnnl_conv_dims(g);
   e.data = want_dx;
@@ -206,18 +234,19 @@ GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw
     e.use_reference = true;
     return e;
   }
-  const auto x = du::plain_f32(dims_of(g.N, g.C, g.in));
-  const auto dy = du::plain_f32(dims_of(g.N, g.M, e.dims.dst_dims));
+  const auto x = tensor_desc(dims_of(g.N, g.C, g.in), blocks.x);
+  const auto dx = tensor_desc(dims_of(g.N, g.C, g.in), blocks.dx);
+  const auto dy = tensor_desc(dims_of(g.N, g.M, e.dims.dst_dims), blocks.dy);
   const auto w = conv_weights_desc(g, transpose);
   try {
     if (transpose) {
       make_primitives<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
                       dnnl::deconvolution_backward_weights>(
-          e, dnnl::algorithm::deconvolution_direct, x, dy, w);
+          e, dnnl::algorithm::deconvolution_direct, x, dy, w, dx);
     } else {
       make_primitives<dnnl::convolution_forward, dnnl::convolution_backward_data,
                       dnnl::convolution_backward_weights>(e, dnnl::algorithm::convolution_direct, x,
-                                                          dy, w);
+                                                          dy, w, dx);
     }
   } catch (const dnnl::error&) {  // no implementation for these shapes: use the reference
     GradEntry fallback;
@@ -274,48 +303,130 @@ void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* 
 
 class ConvGradKernel final : public Kernel {
  public:
-  explicit ConvGradKernel(ConvAttrs attrs) : attrs_(std::move(attrs)) {}
+  ConvGradKernel(ConvAttrs attrs, GradBlocks blocks) : attrs_(std::move(attrs)), blocks_(blocks) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
     const Tensor& w = ctx.input(2);
+    const Shape x_shape = blocks_.x ? merged_shape(ctx, 1, x, blocks_.x) : x.shape();
     const ConvGeometry g =
-        resolve_conv_geometry(attrs_, {x, ctx.input_name(1)}, {w, ctx.input_name(2)});
+        resolve_conv_geometry(attrs_, {x.view(x_shape), ctx.input_name(1)}, {w, ctx.input_name(2)});
     const Shape y_shape = conv_output_shape(g);
     const std::string forward = attrs_.transpose ? "ConvTranspose" : "Conv";
     if (dy.dtype() != x.dtype()) {
       fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected " +
            std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(1));
     }
-    if (!(dy.shape() == y_shape)) {
+    const Shape dy_expected = blocks_.dy ? blocked_or_fail(ctx, y_shape, blocks_.dy, "dy_channel_block") : y_shape;
+    if (!(dy.shape() == dy_expected)) {
       fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
-           y_shape.to_string() + " (the output of " + forward + " for " + ctx.input_name(1) + " " +
-           x.shape().to_string() + " and " + ctx.input_name(2) + " " + w.shape().to_string() + ")");
+           dy_expected.to_string() + " (the output of " + forward + " for " + ctx.input_name(1) + " " +
+           x.shape().to_string() + " and " + ctx.input_name(2) + " " + w.shape().to_string() +
+           (blocks_.dy ? ", blocked by attribute dy_channel_block" : "") + ")");
     }
+    const Shape dx_shape = blocks_.dx ? blocked_or_fail(ctx, x_shape, blocks_.dx, "dx_channel_block") : x_shape;
+    if (blocks_.any() && run_blocked(ctx, g, dy, x, w, dx_shape)) return;
+    // Blocked operands run the plain path between permutations.
+    const Tensor dy_plain = blocks_.dy ? unblocked_channels(dy, blocks_.dy) : dy;
+    const Tensor x_plain = blocks_.x ? unblocked_channels(x, blocks_.x) : x;
     const std::string what = ctx.node().op_type + " input " + ctx.input_name(1);
     visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
+      Tensor grads[3];
+      for (int i = 0; i < 3; ++i) {
+        if (!ctx.has_output(i)) continue;
+        const bool direct = !is_half_v<T> && !(i == 0 && blocks_.dx);  // written where the output lies
+        grads[i] = direct ? ctx.allocate_output(i, x.dtype(), shape_of(g, i, x_plain, w))
+                          : Tensor(is_half_v<T> ? DataType::Float32 : x.dtype(), shape_of(g, i, x_plain, w));
+      }
       if constexpr (is_half_v<T>) {
         const auto f32 = [](const Tensor& t) { return t.cast(DataType::Float32); };
-        Tensor grads[3];
-        for (int i = 0; i < 3; ++i) {
-          if (ctx.has_output(i)) grads[i] = Tensor(DataType::Float32, shape_of(g, i, x, w));
-        }
-        compute<float>(g, f32(dy), f32(x), f32(w), grads);
-        for (int i = 0; i < 3; ++i) {
-          if (ctx.has_output(i)) ctx.set_output(i, grads[i].cast(x.dtype()));
-        }
+        compute<float>(g, f32(dy_plain), f32(x_plain), f32(w), grads);
       } else {
-        Tensor grads[3];
-        for (int i = 0; i < 3; ++i) {
-          if (ctx.has_output(i)) grads[i] = ctx.allocate_output(i, x.dtype(), shape_of(g, i, x, w));
+        compute<T>(g, dy_plain, x_plain, w, grads);
+      }
+      for (int i = 0; i < 3; ++i) {
+        if (!ctx.has_output(i)) continue;
+        const Tensor out = grads[i].dtype() == x.dtype() ? grads[i] : grads[i].cast(x.dtype());
+        if (i == 0 && blocks_.dx) {
+          copy_into_channel_blocks(out, ctx.allocate_output(0, x.dtype(), dx_shape), blocks_.dx);
+        } else if (is_half_v<T>) {
+          ctx.set_output(i, out);
         }
-        compute<T>(g, dy, x, w, grads);
       }
     });
   }
 
  private:
+  // The plain shape [N, C, D...] of input `index`, blocked by b channels ([N, C / b, D..., b]).
+  static Shape merged_shape(KernelContext& ctx, int index, const Tensor& t, int64_t b) {
+    const size_t rank = ctx.input(2).rank() + 1;
+    if (t.rank() != rank || t.dim(t.rank() - 1) != b) {
+      fail("input " + ctx.input_name(index) + " has shape " + t.shape().to_string() + ", expected rank " +
+           std::to_string(rank) + " with last dim " + std::to_string(b) +
+           " ([N, C / b, spatial..., b]: a channel block of " + std::to_string(b) + ")");
+    }
+    return channels_merged_shape(t.shape(), b);
+  }
+
+  // `plain` [N, C, D...] blocked by b channels; fails unless b divides C.
+  static Shape blocked_or_fail(KernelContext& ctx, const Shape& plain, int64_t b, const char* attribute) {
+    if (plain[1] % b != 0) {
+      fail("attribute " + std::string(attribute) + " = " + std::to_string(b) + " does not divide the " +
+           std::to_string(plain[1]) + " channels of " + plain.to_string() + " (node inputs " + ctx.input_name(1) +
+           ", " + ctx.input_name(2) + ")");
+    }
+    return channel_blocked_shape(plain, b);
+  }
+
+  // With blocked operands (attributes *_channel_block): float32 through oneDNN's primitives on the
+  // blocked tensors as they are, where the blocks are conv_channel_block() and oneDNN's direct
+  // backward passes take the shapes. Returns false, having written nothing, elsewhere.
+  bool run_blocked(KernelContext& ctx, const ConvGeometry& g, const Tensor& dy, const Tensor& x, const Tensor& w,
+                   const Shape& dx_shape) {
+    const int64_t block = conv_channel_block();
+    for (int64_t b : {blocks_.dy, blocks_.x, blocks_.dx}) {
+      if (b != 0 && b != block) return false;
+    }
+    const bool want_dx = ctx.has_output(0), want_dw = ctx.has_output(1), want_db = ctx.has_output(2);
+    if (x.dtype() != DataType::Float32 || w.dtype() != DataType::Float32 || attrs_.transpose || g.rank() > 3 ||
+        !(want_dx || want_dw) || (want_db && !want_dw) || dy.numel() == 0 || x.numel() == 0 || w.numel() == 0) {
+      return false;
+    }
+    const std::optional<TapCrop> crop = crop_unreached_taps(g);
+    const ConvGeometry& run_g = crop ? crop->geometry : g;
+    if ((!want_dx && prefer_weight_grad_per_image(run_g)) || prefer_conv_gemm(run_g)) return false;
+    du::CacheKey key;
+    key.add(dy.shape()).add(x.shape()).add(w.shape()).add(want_dx).add(want_dw).add(want_db).add(blocks_.dy);
+    key.add(blocks_.x).add(blocks_.dx);
+    GradEntry& e = cache_.get(key, [&] { return plan(run_g, false, want_dx, want_dw, want_db, blocks_); });
+    if (e.use_reference || e.dims.embed || (want_db && !e.bias)) return false;
+    float* dx = want_dx ? ctx.allocate_output(0, x.dtype(), dx_shape).data<float>() : nullptr;
+    float* dw = want_dw ? ctx.allocate_output(1, x.dtype(), w.shape()).data<float>() : nullptr;
+    float* db = want_db ? ctx.allocate_output(2, x.dtype(), Shape{g.M}).data<float>() : nullptr;
+    execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db);
+    return true;
+  }
+
+  // execute() over the taps of `crop` when there is one: W's gathered for dX, dW's scattered back
+  // with zeros at the others (conv_geometry.h crop_unreached_taps).
+  static void execute_cropped(GradEntry& e, const ConvGeometry& g, const std::optional<TapCrop>& crop, const float* dy,
+                              const float* x, const float* w, float* dx, float* dw, float* db) {
+    Tensor w_cropped, dw_cropped;
+    const float* w_run = w;
+    float* dw_run = dw;
+    if (crop && dx) {
+      w_cropped = gather_taps(g, *crop, w_run);
+      w_run = w_cropped.data<float>();
+    }
+    if (crop && dw) {
+      dw_cropped = Tensor(DataType::Float32, crop->weights_shape());
+      dw_run = dw_cropped.data<float>();
+    }
+    execute(e, crop ? crop->geometry : g, dy, x, w_run, dx, dw_run, db);
+    if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
+  }
+
   // The shape of output i: dX like X, dW like W, dB [M].
   static Shape shape_of(const ConvGeometry& g, int i, const Tensor& x, const Tensor& w) {
     return i == 0 ? x.shape() : i == 1 ? w.shape() : Shape{g.M};
@@ -369,19 +480,7 @@ class ConvGradKernel final : public Kernel {
           return plan(run_g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
         });
         if (!e.use_reference) {
-          const float* w_run = w.data<float>();
-          float* dw_run = dw;
-          Tensor w_cropped, dw_cropped;
-          if (crop && dx) {
-            w_cropped = gather_taps(g, *crop, w_run);
-            w_run = w_cropped.data<float>();
-          }
-          if (crop && dw) {
-            dw_cropped = Tensor(DataType::Float32, crop->weights_shape());
-            dw_run = dw_cropped.data<float>();
-          }
-          execute(e, run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run, db);
-          if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
+          execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db);
           if (db && !e.bias) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }
@@ -392,14 +491,20 @@ class ConvGradKernel final : public Kernel {
   }
 
   ConvAttrs attrs_;
+  GradBlocks blocks_;
   du::PrimitiveCache<GradEntry> cache_;
 };
 
 }  // namespace
 
 std::unique_ptr<Kernel> make_conv_grad(const KernelInit& init) {
-  return std::make_unique<ConvGradKernel>(
-      parse_conv_attrs(init, init.op_type() == "ConvTransposeGrad"));
+  GradBlocks blocks;
+  for (auto [name, block] : {std::pair{"dy_channel_block", &blocks.dy}, std::pair{"x_channel_block", &blocks.x},
+                             std::pair{"dx_channel_block", &blocks.dx}}) {
+    *block = init.attr_int(name, 0);
+    if (*block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(*block) + ", expected >= 0");
+  }
+  return std::make_unique<ConvGradKernel>(parse_conv_attrs(init, init.op_type() == "ConvTransposeGrad"), blocks);
 }
 
 }  // namespace onnxtrain::ops

@@ -298,4 +298,40 @@ inline Tensor permuted(const Tensor& x, std::span<const int64_t> perm) {
   return y;
 }
 
+// Tensors blocked by b channels: [N, C, D...] stored as [N, C / b, D..., b] (oneDNN's nChw16c and
+// nChw8c for two spatial dims), the layout of the attributes x_channel_block / y_channel_block /
+// dy_channel_block / dx_channel_block of the internal convolution and pooling ops.
+
+// [N, C / b, D..., b] for [N, C, D...] (b divides C, checked by the caller).
+inline Shape channel_blocked_shape(const Shape& plain, int64_t b) {
+  Shape s{plain[0], plain[1] / b};
+  for (size_t d = 2; d < plain.size(); ++d) s.push_back(plain[d]);
+  s.push_back(b);
+  return s;
+}
+
+// [N, C, D...] for [N, C / b, D..., b].
+inline Shape channels_merged_shape(const Shape& blocked, int64_t b) {
+  Shape s{blocked[0], blocked[1] * b};
+  for (size_t d = 2; d + 1 < blocked.size(); ++d) s.push_back(blocked[d]);
+  return s;
+}
+
+// The plain [N, C, D...] tensor of x [N, C / b, D..., b], as a new tensor.
+inline Tensor unblocked_channels(const Tensor& x, int64_t b) {
+  std::vector<int64_t> order{0, 1, static_cast<int64_t>(x.rank()) - 1};
+  for (size_t d = 2; d + 1 < x.rank(); ++d) order.push_back(static_cast<int64_t>(d));
+  return permuted(x, order).view(channels_merged_shape(x.shape(), b));  // via [N, C / b, b, D...]
+}
+
+// y [N, C / b, D..., b] = plain [N, C, D...] blocked by b channels.
+inline void copy_into_channel_blocks(const Tensor& plain, Tensor& y, int64_t b) {
+  Shape s{plain.dim(0), plain.dim(1) / b, b};
+  for (size_t d = 2; d < plain.rank(); ++d) s.push_back(plain.dim(d));
+  std::vector<int64_t> order{0, 1};
+  for (size_t d = 3; d < s.size(); ++d) order.push_back(static_cast<int64_t>(d));
+  order.push_back(2);
+  copy_permuted(plain.view(s), y, order);
+}
+
 }  // namespace onnxtrain::ops

@@ -46,6 +46,7 @@ std::unique_ptr<Kernel> make_relu_grad(const KernelInit& init);   // ai.onnxtrai
 
 // pool.cpp
 std::unique_ptr<Kernel> make_pool(const KernelInit& init);         // MaxPool, AveragePool
+std::unique_ptr<Kernel> make_max_pool_channel_blocked(const KernelInit& init);  // ai.onnxtrain.MaxPoolChannelBlocked
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init);  // GlobalAveragePool, GlobalMaxPool
 
 // normalization.cpp

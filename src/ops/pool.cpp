@@ -16,6 +16,13 @@
 // plus the spatial offset in row-major (storage_order 0) or column-major (storage_order 1)
 // order. A NaN in a window makes its maximum NaN. Pooling runs in parallel over N * C.
 //
+// ai.onnxtrain.MaxPoolChannelBlocked (made by runtime/fusion.h block_convolution_tensors, never
+// saved) is MaxPool without Indices on X blocked by b channels (attribute x_channel_block = b):
+// X [N, C / b, D..., b] -> Y [N, C / b, O..., b] with y_channel_block = b, or the plain Y
+// [N, C, O...] with y_channel_block = 0; MaxPool's other attributes and windows; float32 only.
+// With attribute activation = "Relu" it is Relu(MaxPool(X)), which equals MaxPool(Relu(X)) (both
+// monotonic, NaN kept; only the sign of a zero may differ).
+//
 // Attribute parsing, the window plan and the divisors are declared in pool_plan.h:
 // MaxPoolGrad / AveragePoolGrad (pool_grad.cpp) use them to see the windows the forward saw.
 #include <algorithm>
@@ -25,6 +32,7 @@
 
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/data_movement.h"
 #include "ops/factories.h"
 #include "ops/pool_plan.h"
 
@@ -384,6 +392,88 @@ class PoolKernel final : public Kernel {
   std::optional<PoolPlan> plan_;
 };
 
+// The 2x2 pool (p.windows_2x2) of x [images, H, W, B] into y [images, OH, OW, B] when
+// `y_blocked`, else [images, B, OH, OW]: the four taps in vectors of 8 lanes (max_or_nan's rule),
+// then Relu when `relu`.
+template <int B>
+void max_pool_2x2_blocked(const PoolPlan& p, int64_t images, bool relu, const float* x, float* y, bool y_blocked) {
+  using namespace simd;
+  constexpr int W = 8;  // lanes per vector (AVX): B / W vectors per position
+  const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
+  const int64_t image_in = p.in_size * B, image_out = p.out_size;
+  parallel_for(images * oh_count, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 4 * ow_count * B)),
+               [&](int64_t begin, int64_t end) {
+    std::vector<float> row(y_blocked ? 0 : static_cast<size_t>(ow_count * B));  // [OW, B], then lane by lane
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t image = r / oh_count, oh = r % oh_count;
+      const float* x0 = x + image * image_in + 2 * oh * in_w * B;
+      const float* x1 = x0 + in_w * B;
+      float* out = y_blocked ? y + (image * image_out + oh * ow_count) * B : row.data();
+      for (int64_t ow = 0; ow < ow_count; ++ow) {
+        for (int h = 0; h < B; h += W) {
+          const int64_t at = 2 * ow * B + h;
+          using pool_detail::max_or_nan;
+          Floats<W> m = max_or_nan(max_or_nan(load<W>(x0 + at + B), load<W>(x0 + at)),
+                                   max_or_nan(load<W>(x1 + at + B), load<W>(x1 + at)));
+          if (relu) m = m < Floats<W>{} ? Floats<W>{} : m;
+          store<W>(out + ow * B + h, m);
+        }
+      }
+      if (!y_blocked) {  // each lane's OW outputs, contiguous in the plain y
+        float* yr = y + image * B * image_out + oh * ow_count;
+        for (int l = 0; l < B; ++l) {
+          for (int64_t ow = 0; ow < ow_count; ++ow) yr[l * image_out + ow] = row[static_cast<size_t>(ow * B + l)];
+        }
+      }
+    }
+  });
+}
+
+// ai.onnxtrain.MaxPoolChannelBlocked: MaxPool without Indices on x blocked by b channels.
+class BlockedMaxPoolKernel final : public Kernel {
+ public:
+  BlockedMaxPoolKernel(PoolAttrs attrs, int64_t x_block, int64_t y_block, bool relu)
+      : a_(std::move(attrs)), x_block_(x_block), y_block_(y_block), relu_(relu) {}
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const int64_t b = x_block_;
+    if (x.rank() != a_.kernel.size() + 3 || x.dim(x.rank() - 1) != b) {
+      fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() + ", expected rank " +
+           std::to_string(a_.kernel.size() + 3) + " with last dim " + std::to_string(b) +
+           " ([N, C / b, spatial..., b]: attribute x_channel_block = " + std::to_string(b) + ")");
+    }
+    if (x.dtype() != DataType::Float32) {
+      fail("input " + ctx.input_name(0) + " is " + x.description() + ", expected float32 (" + ctx.node().op_type +
+           " runs float32 only)");
+    }
+    const Shape plain = channels_merged_shape(x.shape(), b);
+    if (!plan_ || !(plan_shape_ == plain)) {
+      plan_ = make_pool_plan(a_, plain, ctx.input_name(0));
+      plan_shape_ = plain;
+    }
+    Shape out{plain[0], plain[1]};
+    for (int64_t d : plan_->out) out.push_back(d);
+    Tensor& y = ctx.allocate_output(0, x.dtype(), y_block_ ? channel_blocked_shape(out, y_block_) : out);
+    // N x C / b images of b channels each, channels-last; a plain y is [N x C / b, b, O...].
+    const int64_t images = plain[0] * plain[1] / b;
+    if (plan_->windows_2x2 && b == 16) {
+      max_pool_2x2_blocked<16>(*plan_, images, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
+    } else if (plan_->windows_2x2 && b == 8) {
+      max_pool_2x2_blocked<8>(*plan_, images, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
+    } else {
+      max_pool_channels_last(*plan_, images, b, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
+    }
+  }
+
+ private:
+  PoolAttrs a_;
+  int64_t x_block_ = 0, y_block_ = 0;
+  bool relu_ = false;  // attribute activation = "Relu": Relu after the pool
+  Shape plan_shape_;  // the plain input shape plan_ was made for
+  std::optional<PoolPlan> plan_;
+};
+
 // GlobalMaxPool / GlobalAveragePool: X [N, C, D...] -> Y [N, C, 1, ...], over all spatial dims.
 template <class T>
 void global_pool(bool is_max, int64_t channels, int64_t size, const T* x, T* y) {
@@ -494,6 +584,20 @@ PoolAttrs parse_pool_attrs(const KernelInit& init, bool is_max) {
 
 std::unique_ptr<Kernel> make_pool(const KernelInit& init) {
   return std::make_unique<PoolKernel>(parse_pool_attrs(init, init.op_type() == "MaxPool"));
+}
+
+std::unique_ptr<Kernel> make_max_pool_channel_blocked(const KernelInit& init) {
+  const int64_t x_block = init.attr_int("x_channel_block", 0), y_block = init.attr_int("y_channel_block", 0);
+  if (x_block < 1) throw Error("attribute 'x_channel_block' is " + std::to_string(x_block) + ", expected >= 1");
+  if (y_block != 0 && y_block != x_block) {
+    throw Error("attribute 'y_channel_block' is " + std::to_string(y_block) + ", expected 0 (plain Y) or " +
+                std::to_string(x_block) + " (x_channel_block)");
+  }
+  const std::string activation = init.attr_string("activation", "");
+  if (!activation.empty() && activation != "Relu") {
+    throw Error("attribute 'activation' is '" + activation + "', expected Relu or none");
+  }
+  return std::make_unique<BlockedMaxPoolKernel>(parse_pool_attrs(init, true), x_block, y_block, activation == "Relu");
 }
 
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init) {

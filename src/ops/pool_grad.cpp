@@ -15,6 +15,10 @@
 // storage_order does not matter to the gradient. Plain loops, in parallel over N * C;
 // float16/bfloat16 accumulate in float.
 //
+// MaxPoolGrad with attribute x_channel_block = b (8 or 16; made by runtime/fusion.h
+// block_convolution_tensors, never saved) reads X and writes dX blocked by b channels, [N, C / b,
+// H, W, b] for two spatial dims, and dY so too with dy_channel_block = b, else plain; float32.
+//
 // MaxPoolGrad with attribute activation = "Relu" (made by runtime/fusion.h, never saved) is
 // MaxPoolGrad followed by ReluGrad over the same X: X is a Relu's output, and dX is 0 also where
 // X > 0 fails (ReluGrad's rule), in the same pass for 2x2 windows.
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "ops/data_movement.h"
 #include "ops/factories.h"
 #include "ops/pool_plan.h"
 
@@ -156,6 +161,26 @@ void max_pool_grad_2d(const PoolPlan& p, const T* x, const T* dy, T* dx) {
   });
 }
 
+// The gradients of W 2x2 windows' taps v[0..3] (row-major: top left, top right, bottom left,
+// bottom right) for their output gradients g: g to each window's first maximum (the order and NaN
+// rule of first_argmax), 0 to the other three; with kRelu, 0 also where that maximum > 0 fails.
+template <int W, bool kRelu>
+inline void route_2x2(const simd::Floats<W> (&v)[4], simd::Floats<W> g, simd::Floats<W> (&out)[4]) {
+  using simd::Floats;
+  const auto beats = [](Floats<W> a, Floats<W> best) { return (a > best) | ((a != a) & (best == best)); };
+  const auto t1 = beats(v[1], v[0]);
+  const Floats<W> best01 = t1 ? v[1] : v[0];
+  const auto t2 = beats(v[2], best01);
+  const Floats<W> best012 = t2 ? v[2] : best01;
+  const auto t3 = beats(v[3], best012);
+  const Floats<W> zero{};
+  if constexpr (kRelu) g = (t3 ? v[3] : best012) > zero ? g : zero;
+  out[0] = (t1 | t2 | t3) ? zero : g;
+  out[1] = (t1 & ~(t2 | t3)) ? g : zero;
+  out[2] = (t2 & ~t3) ? g : zero;
+  out[3] = t3 ? g : zero;
+}
+
 // max_pool_grad for p.windows_2x2, one output row at a time: the first maximum of the four
 // inputs (the order and NaN rule of first_argmax) gets dY, the other three 0, so every dX
 // element is written once and none is read; the row and column no window reads get 0. float32
@@ -187,20 +212,12 @@ void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
             const Floats<W> b0 = load<W>(x1 + 2 * s), b1 = load<W>(x1 + 2 * s + W);
             const Floats<W> v0 = evens<W>(a0, a1), v1 = odds<W>(a0, a1);
             const Floats<W> v2 = evens<W>(b0, b1), v3 = odds<W>(b0, b1);
-            const auto t1 = beats(v1, v0);
-            const Floats<W> best01 = t1 ? v1 : v0;
-            const auto t2 = beats(v2, best01);
-            const Floats<W> best012 = t2 ? v2 : best01;
-            const auto t3 = beats(v3, best012);
-            Floats<W> gv = load<W>(g + s);
-            const Floats<W> zero{};
-            if constexpr (kRelu) gv = (t3 ? v3 : best012) > zero ? gv : zero;
-            const Floats<W> g0 = (t1 | t2 | t3) ? zero : gv, g1 = (t1 & ~(t2 | t3)) ? gv : zero;
-            const Floats<W> g2 = (t2 & ~t3) ? gv : zero, g3 = t3 ? gv : zero;
-            store<W>(d0 + 2 * s, interleave<W, 0>(g0, g1));
-            store<W>(d0 + 2 * s + W, interleave<W, 1>(g0, g1));
-            store<W>(d1 + 2 * s, interleave<W, 0>(g2, g3));
-            store<W>(d1 + 2 * s + W, interleave<W, 1>(g2, g3));
+            Floats<W> gs[4];
+            route_2x2<W, kRelu>({v0, v1, v2, v3}, load<W>(g + s), gs);
+            store<W>(d0 + 2 * s, interleave<W, 0>(gs[0], gs[1]));
+            store<W>(d0 + 2 * s + W, interleave<W, 1>(gs[0], gs[1]));
+            store<W>(d1 + 2 * s, interleave<W, 0>(gs[2], gs[3]));
+            store<W>(d1 + 2 * s + W, interleave<W, 1>(gs[2], gs[3]));
           });
           done = true;
         }
@@ -267,6 +284,118 @@ void max_pool_grad(const PoolPlan& p, int64_t window, bool relu, const T* x, con
   });
 }
 
+// MaxPoolGrad with x_channel_block = B for two spatial dims: x and dx [images, H, W, B] (images =
+// N x C / B), dy [images, OH, OW, B] when dy_blocked, else the plain [N, C, OH, OW] (its channel c
+// = image % (C / B) x B + lane). Per window, lane by lane, the first maximum in row-major window
+// order (the first NaN if any: first_argmax's rule) over the taps inside the input gets dY, then
+// 0 where x > 0 fails with kRelu; dx is 0 elsewhere.
+// For p.windows_2x2 every dx element is written once (the four taps in vectors of 8 lanes, the row
+// and column no window reads 0) instead of zeroed and added to.
+template <int B, bool kRelu>
+void max_pool_grad_blocked_2d(const PoolPlan& p, int64_t images, int64_t channels, const float* x, const float* dy,
+                              bool dy_blocked, float* dx) {
+  const int64_t in_h = p.in[0], in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
+  if (p.windows_2x2) {
+    using namespace simd;
+    constexpr int W = 8;  // lanes per vector (AVX): B / W vectors per position
+    const int64_t image_in = in_h * in_w * B, image_out = oh_count * ow_count, blocks = channels / B;
+    parallel_for(images * oh_count, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 4 * ow_count * B)),
+                 [&](int64_t begin, int64_t end) {
+      std::vector<float> lanes(dy_blocked ? 0 : static_cast<size_t>(ow_count * B));  // a plain dY row as [OW, B]
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t image = r / oh_count, oh = r % oh_count;
+        const int64_t row = image * image_in + 2 * oh * in_w * B;
+        const float* x0 = x + row;
+        const float* x1 = x0 + in_w * B;
+        float* d0 = dx + row;
+        float* d1 = d0 + in_w * B;
+        const float* g_plain = dy + ((image / blocks) * channels + (image % blocks) * B) * image_out + oh * ow_count;
+        const float* g_blocked = dy + (image * image_out + oh * ow_count) * B;
+        if (!dy_blocked) {  // read each lane's OW values contiguously
+          for (int l = 0; l < B; ++l) {
+            for (int64_t ow = 0; ow < ow_count; ++ow) lanes[static_cast<size_t>(ow * B + l)] = g_plain[l * image_out + ow];
+          }
+        }
+        for (int64_t ow = 0; ow < ow_count; ++ow) {
+          const float* g_lanes = dy_blocked ? g_blocked + ow * B : lanes.data() + ow * B;
+          for (int h = 0; h < B; h += W) {
+            const int64_t at = 2 * ow * B + h;
+            Floats<W> gs[4];
+            route_2x2<W, kRelu>({load<W>(x0 + at), load<W>(x0 + at + B), load<W>(x1 + at), load<W>(x1 + at + B)},
+                                load<W>(g_lanes + h), gs);
+            store<W>(d0 + at, gs[0]);
+            store<W>(d0 + at + B, gs[1]);
+            store<W>(d1 + at, gs[2]);
+            store<W>(d1 + at + B, gs[3]);
+          }
+        }
+        for (int64_t i = 2 * ow_count * B; i < in_w * B; ++i) d0[i] = d1[i] = 0.0f;  // odd width
+        if (oh == oh_count - 1) {  // the rows below the last window (odd height)
+          std::fill(dx + image * image_in + 2 * oh_count * in_w * B, dx + (image + 1) * image_in, 0.0f);
+        }
+      }
+    });
+    return;
+  }
+  const int64_t dh = p.dilations[0], dw = p.dilations[1];
+  const int64_t image_in = in_h * in_w * B, image_out = oh_count * ow_count;
+  const int64_t blocks = channels / B;
+  parallel_for(images, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, image_in)),
+               [&](int64_t begin, int64_t end) {
+    alignas(64) float best[B], grad[B];
+    alignas(64) int32_t at[B];
+    for (int64_t image = begin; image < end; ++image) {
+      const float* xi = x + image * image_in;
+      float* di = dx + image * image_in;
+      std::fill(di, di + image_in, 0.0f);
+      // dY of output o, lane l: blocked, or channel (n, block x B + l) of the plain tensor.
+      const float* dyi = dy_blocked ? dy + image * image_out * B
+                                    : dy + ((image / blocks) * channels + (image % blocks) * B) * image_out;
+      const int64_t lane_stride = dy_blocked ? 1 : image_out;
+      for (int64_t oh = 0; oh < oh_count; ++oh) {
+        const Taps& th = p.taps[0][static_cast<size_t>(oh)];
+        if (th.lo == th.hi) continue;  // no input row: nothing flows back
+        for (int64_t ow = 0; ow < ow_count; ++ow) {
+          const Taps& tw = p.taps[1][static_cast<size_t>(ow)];
+          if (tw.lo == tw.hi) continue;
+          bool first = true;
+          for (int64_t kh = th.lo; kh < th.hi; ++kh) {
+            const int64_t h = th.start + kh * dh;
+            for (int64_t kw = tw.lo; kw < tw.hi; ++kw) {
+              const auto offset = static_cast<int32_t>((h * in_w + tw.start + kw * dw) * B);
+              const float* v = xi + offset;
+              if (first) {
+                for (int l = 0; l < B; ++l) {
+                  best[l] = v[l];
+                  at[l] = offset;
+                }
+                first = false;
+                continue;
+              }
+#pragma omp simd
+              for (int l = 0; l < B; ++l) {
+                const bool take = (v[l] > best[l]) | ((v[l] != v[l]) & (best[l] == best[l]));
+                best[l] = take ? v[l] : best[l];
+                at[l] = take ? offset : at[l];
+              }
+            }
+          }
+          const int64_t o = oh * ow_count + ow;
+          if (dy_blocked) {
+            for (int l = 0; l < B; ++l) grad[l] = dyi[o * B + l];
+          } else {
+            for (int l = 0; l < B; ++l) grad[l] = dyi[l * lane_stride + o];
+          }
+          for (int l = 0; l < B; ++l) {
+            const float g = !kRelu || best[l] > 0.0f ? grad[l] : 0.0f;
+            di[at[l] + l] += g;
+          }
+        }
+      }
+    }
+  });
+}
+
 // dx = dy / count spread over each window, walking the windows as the forward pool does.
 template <class T>
 void average_pool_grad(const PoolPlan& p, int64_t window, bool count_include_pad, const T* dy,
@@ -301,11 +430,16 @@ void average_pool_grad(const PoolPlan& p, int64_t window, bool count_include_pad
 
 class PoolGradKernel final : public Kernel {
  public:
-  PoolGradKernel(PoolAttrs attrs, bool relu) : a_(std::move(attrs)), relu_(relu) {
+  PoolGradKernel(PoolAttrs attrs, bool relu, int64_t x_block, int64_t dy_block)
+      : a_(std::move(attrs)), relu_(relu), x_block_(x_block), dy_block_(dy_block) {
     for (int64_t k : a_.kernel) window_ *= k;
   }
 
   void run(KernelContext& ctx) override {
+    if (x_block_) {
+      run_blocked(ctx);
+      return;
+    }
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
     if (!plan_ || !(plan_shape_ == x.shape())) {
@@ -337,8 +471,54 @@ class PoolGradKernel final : public Kernel {
   }
 
  private:
+  // MaxPoolGrad with x_channel_block = b: X and dX [N, C / b, H, W, b], dY [N, C / b, OH, OW, b]
+  // with dy_channel_block = b, else [N, C, OH, OW]. float32.
+  void run_blocked(KernelContext& ctx) {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    const int64_t b = x_block_;
+    if (x.rank() != 5 || x.dim(4) != b) {
+      fail("input " + ctx.input_name(1) + " has shape " + x.shape().to_string() + ", expected [N, C / " +
+           std::to_string(b) + ", H, W, " + std::to_string(b) + "] (attribute x_channel_block = " + std::to_string(b) +
+           ")");
+    }
+    if (x.dtype() != DataType::Float32 || dy.dtype() != DataType::Float32) {
+      fail("inputs " + ctx.input_name(0) + " and " + ctx.input_name(1) + " are " + dy.description() + " and " +
+           x.description() + ", expected float32 (attribute x_channel_block runs float32 only)");
+    }
+    const Shape plain = channels_merged_shape(x.shape(), b);
+    if (!plan_ || !(plan_shape_ == plain)) {
+      plan_ = make_pool_plan(a_, plain, ctx.input_name(1));
+      plan_shape_ = plain;
+    }
+    const PoolPlan& p = *plan_;
+    Shape y_shape{plain[0], plain[1]};
+    for (int64_t d : p.out) y_shape.push_back(d);
+    const Shape dy_expected = dy_block_ ? channel_blocked_shape(y_shape, b) : y_shape;
+    if (!(dy.shape() == dy_expected)) {
+      fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
+           dy_expected.to_string() + " (the output of MaxPool for " + ctx.input_name(1) + " " + plain.to_string() +
+           (dy_block_ ? ", blocked by attribute dy_channel_block)" : ")"));
+    }
+    if (!ctx.has_output(0)) return;
+    float* dx = ctx.allocate_output(0, x.dtype(), x.shape()).data<float>();
+    const int64_t images = plain[0] * plain[1] / b;
+    const auto run = [&]<int B>() {
+      (relu_ ? max_pool_grad_blocked_2d<B, true> : max_pool_grad_blocked_2d<B, false>)(
+          p, images, plain[1], x.data<float>(), dy.data<float>(), dy_block_ != 0, dx);
+    };
+    if (b == 16) {
+      run.template operator()<16>();
+    } else if (b == 8) {
+      run.template operator()<8>();
+    } else {
+      fail("attribute x_channel_block is " + std::to_string(b) + ", expected 8 or 16");
+    }
+  }
+
   PoolAttrs a_;
   bool relu_ = false;   // MaxPoolGrad with activation = "Relu"
+  int64_t x_block_ = 0, dy_block_ = 0;  // attributes x_channel_block, dy_channel_block
   int64_t window_ = 1;  // kernel elements
   Shape plan_shape_;    // the X shape plan_ was made for
   std::optional<PoolPlan> plan_;
@@ -353,7 +533,21 @@ std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init) {
     throw Error("attribute 'activation' is '" + activation + "', expected " +
                 (is_max ? "Relu or none" : "none (only MaxPoolGrad takes one)"));
   }
-  return std::make_unique<PoolGradKernel>(parse_pool_attrs(init, is_max), activation == "Relu");
+  const int64_t x_block = init.attr_int("x_channel_block", 0), dy_block = init.attr_int("dy_channel_block", 0);
+  if (x_block != 0 && (!is_max || (x_block != 8 && x_block != 16))) {
+    throw Error("attribute 'x_channel_block' is " + std::to_string(x_block) + ", expected " +
+                (is_max ? "8 or 16" : "none (only MaxPoolGrad takes one)"));
+  }
+  if (dy_block != 0 && dy_block != x_block) {
+    throw Error("attribute 'dy_channel_block' is " + std::to_string(dy_block) + ", expected 0 (plain dY) or x_channel_block " +
+                std::to_string(x_block));
+  }
+  PoolAttrs attrs = parse_pool_attrs(init, is_max);
+  if (x_block != 0 && attrs.kernel.size() != 2) {
+    throw Error("attribute 'x_channel_block' is set for a pool of " + std::to_string(attrs.kernel.size()) +
+                " spatial dims, expected 2");
+  }
+  return std::make_unique<PoolGradKernel>(std::move(attrs), activation == "Relu", x_block, dy_block);
 }
 
 }  // namespace onnxtrain::ops

@@ -395,6 +395,7 @@ const KernelDef kKernels[] = {
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)
   {kInternal, "ConvChannelsLast",   1, 1,    kFloat,            make_conv_channels_last},  // Conv on [N, D..., C] (conv.cpp)
+  {kInternal, "MaxPoolChannelBlocked", 1, 1, DTypeSet{DataType::Float32}, make_max_pool_channel_blocked},  // MaxPool on [N, C / b, D..., b] (pool.cpp)
   {kInternal, "FusedGemm",          1, 1,    kNumeric,          make_fused_gemm},   // Gemm -> Relu (matmul.cpp)
   {kInternal, "MatMulAdd",          1, 1,    DTypeSet{DataType::Float32}, make_matmul_add},  // MatMul -> Add of a bias
   {kInternal, "MatMulTransposed",   1, 1,    kNumeric,          make_matmul_transposed},  // Transpose -> MatMul

@@ -1726,4 +1726,208 @@ int fuse_conv_add(onnx::GraphProto& graph) {
   return static_cast<int>(matches.size());
 }
 
+namespace {
+
+// A node block_convolution_tensors can run on channel-blocked tensors, with the dims of the
+// float32 rank-4 weights it reads.
+struct BlockableNode {
+  enum Kind { kNone, kConv, kPool, kPoolGrad, kConvGrad } kind = kNone;
+  std::vector<int64_t> weights;
+};
+
+// The float32 values whose dims the graph states: an initializer's, or a graph input's static
+// shape (the training graph's parameters, fed at every step).
+using StatedDims = std::unordered_map<std::string, std::vector<int64_t>>;
+StatedDims stated_float_dims(const onnx::GraphProto& graph) {
+  StatedDims dims;
+  for (const auto& init : graph.initializer()) {
+    if (init.data_type() == onnx::TensorProto::FLOAT) dims[init.name()].assign(init.dims().begin(), init.dims().end());
+  }
+  for (const auto& in : graph.input()) {
+    const auto& type = in.type();
+    if (!type.has_tensor_type() || type.tensor_type().elem_type() != onnx::TensorProto::FLOAT ||
+        !type.tensor_type().has_shape()) {
+      continue;
+    }
+    std::vector<int64_t> shape;
+    for (const auto& d : type.tensor_type().shape().dim()) {
+      if (!d.has_dim_value()) break;
+      shape.push_back(d.dim_value());
+    }
+    if (static_cast<int>(shape.size()) == type.tensor_type().shape().dim_size()) dims[in.name()] = shape;
+  }
+  return dims;
+}
+
+// The dims of the 2-D convolution weights (float32, rank 4) a Conv / FusedConv / ConvGrad reads as
+// input `index`, for group 1, else empty.
+std::vector<int64_t> blockable_weights(const onnx::NodeProto& node, int index, const StatedDims& stated) {
+  if (node.input_size() <= index || int_attribute(node, "group") > 1) return {};
+  const auto it = stated.find(node.input(index));
+  return it != stated.end() && it->second.size() == 4 ? it->second : std::vector<int64_t>{};
+}
+
+bool has_attribute(const onnx::NodeProto& node, const std::string& name) {
+  return std::any_of(node.attribute().begin(), node.attribute().end(),
+                     [&](const auto& attr) { return attr.name() == name; });
+}
+
+// Whether a pool node's kernel_shape has two dims.
+bool two_spatial_dims(const onnx::NodeProto& node) {
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() == "kernel_shape") return attr.ints_size() == 2;
+  }
+  return false;
+}
+
+BlockableNode blockable(const onnx::NodeProto& node, const StatedDims& stated) {
+  BlockableNode b;
+  const bool internal = node.domain() == kInternalDomain;
+  if ((is_onnx_op(node, "Conv") || (internal && node.op_type() == "FusedConv" &&
+                                    !has_attribute(node, "pool_kernel_shape") && !has_attribute(node, "channels_last") &&
+                                    !has_attribute(node, "x_channel_block") && !has_attribute(node, "y_channel_block"))) &&
+      node.output_size() == 1) {
+    b.weights = blockable_weights(node, 1, stated);
+    if (!b.weights.empty()) b.kind = BlockableNode::kConv;
+  } else if (is_onnx_op(node, "MaxPool") && two_spatial_dims(node) &&
+             (node.output_size() == 1 || node.output(1).empty())) {
+    b.kind = BlockableNode::kPool;
+  } else if (internal && node.op_type() == "MaxPoolGrad" && two_spatial_dims(node) && node.input_size() == 2) {
+    b.kind = BlockableNode::kPoolGrad;
+  } else if (internal && node.op_type() == "ConvGrad" && node.input_size() == 3) {
+    b.weights = blockable_weights(node, 2, stated);
+    if (!b.weights.empty()) b.kind = BlockableNode::kConvGrad;
+  }
+  return b;
+}
+
+}  // namespace
+
+int block_convolution_tensors(onnx::GraphProto& graph) {
+  const int64_t block = ops::conv_channel_block();
+  if (block == 0) return 0;
+  const StatedDims stated = stated_float_dims(graph);
+  std::vector<BlockableNode> nodes;
+  for (const auto& node : graph.node()) nodes.push_back(blockable(node, stated));
+  Matcher m(graph);
+  // The channels of each value a blockable node writes (its output 0), where known.
+  std::unordered_map<std::string, int64_t> channels;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    const BlockableNode& b = nodes[static_cast<size_t>(i)];
+    if (b.kind == BlockableNode::kNone || node.output(0).empty()) continue;
+    int64_t c = 0;
+    if (b.kind == BlockableNode::kConv) c = b.weights[0];
+    if (b.kind == BlockableNode::kConvGrad) c = b.weights[1];
+    if (b.kind == BlockableNode::kPool || b.kind == BlockableNode::kPoolGrad) {  // those of X; producers come first
+      const auto it = channels.find(node.input(b.kind == BlockableNode::kPool ? 0 : 1));
+      if (it != channels.end()) c = it->second;
+    }
+    if (c > 0) channels[node.output(0)] = c;
+  }
+  // Whether reader `r` reads `value` only where it can read it blocked.
+  const auto reads_blocked = [&](int r, const std::string& value) {
+    const onnx::NodeProto& node = graph.node(r);
+    const BlockableNode& b = nodes[static_cast<size_t>(r)];
+    for (int k = 0; k < node.input_size(); ++k) {
+      if (node.input(k) != value) continue;
+      const bool ok = (b.kind == BlockableNode::kConv && k == 0 && b.weights[1] % block == 0) ||
+                      (b.kind == BlockableNode::kPool && k == 0) || (b.kind == BlockableNode::kPoolGrad && k <= 1) ||
+                      (b.kind == BlockableNode::kConvGrad && k <= 1);
+      if (!ok) return false;
+    }
+    return true;
+  };
+  std::set<std::string> blocked;
+  for (const auto& [value, c] : channels) {
+    if (c % block != 0 || m.pinned(value) || m.readers(value).empty()) continue;
+    const std::vector<int>& readers = m.readers(value);
+    if (std::all_of(readers.begin(), readers.end(), [&](int r) { return reads_blocked(r, value); })) {
+      blocked.insert(value);
+    }
+  }
+  // A pool writes blocked only from a blocked input; MaxPoolGrad reads X and writes dX both blocked
+  // or both plain, and reads dY blocked only with them.
+  for (bool changed = true; changed;) {
+    changed = false;
+    const auto drop = [&](const std::string& value) { changed |= blocked.erase(value) > 0; };
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& node = graph.node(i);
+      const BlockableNode::Kind kind = nodes[static_cast<size_t>(i)].kind;
+      if (kind == BlockableNode::kPool && !blocked.contains(node.input(0))) drop(node.output(0));
+      if (kind == BlockableNode::kPoolGrad) {
+        if (blocked.contains(node.input(1)) != blocked.contains(node.output(0))) {
+          drop(node.input(1));
+          drop(node.output(0));
+        }
+        if (!blocked.contains(node.input(1))) drop(node.input(0));
+      }
+    }
+  }
+  if (blocked.empty()) return 0;
+  const auto set_block = [&](onnx::NodeProto& node, const char* name, const std::string& value) {
+    if (!value.empty() && blocked.contains(value)) *node.add_attribute() = autodiff::attr_int(name, block);
+  };
+  for (int i = 0; i < graph.node_size(); ++i) {
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    switch (nodes[static_cast<size_t>(i)].kind) {
+      case BlockableNode::kConv:
+        if (!blocked.contains(node.input(0)) && !blocked.contains(node.output(0))) break;
+        node.set_domain(kInternalDomain);
+        node.set_op_type("FusedConv");
+        set_block(node, "x_channel_block", node.input(0));
+        set_block(node, "y_channel_block", node.output(0));
+        break;
+      case BlockableNode::kPool:
+        if (!blocked.contains(node.input(0))) break;
+        node.set_domain(kInternalDomain);
+        node.set_op_type("MaxPoolChannelBlocked");
+        if (node.output_size() > 1) node.mutable_output()->RemoveLast();  // an absent Indices output
+        set_block(node, "x_channel_block", node.input(0));
+        set_block(node, "y_channel_block", node.output(0));
+        break;
+      case BlockableNode::kPoolGrad:
+        set_block(node, "x_channel_block", node.input(1));
+        set_block(node, "dy_channel_block", node.input(0));
+        break;
+      case BlockableNode::kConvGrad:
+        set_block(node, "dy_channel_block", node.input(0));
+        set_block(node, "x_channel_block", node.input(1));
+        set_block(node, "dx_channel_block", node.output(0));
+        break;
+      case BlockableNode::kNone:
+        break;
+    }
+  }
+  // A blocked convolution's Relu moves past the pools reading its output when only those pools and
+  // MaxPoolGrads with activation Relu (as X) read it: MaxPool(Relu(c)) = Relu(MaxPool(c)), and
+  // MaxPoolGrad's mask X > 0 picks the same maximum in c as in Relu(c) where it passes anything.
+  // The convolution then writes c, and no pass over its largest output applies Relu.
+  for (int i = 0; i < graph.node_size(); ++i) {
+    onnx::NodeProto& conv = *graph.mutable_node(i);
+    if (nodes[static_cast<size_t>(i)].kind != BlockableNode::kConv || !blocked.contains(conv.output(0))) continue;
+    const auto activation = std::find_if(conv.attribute().begin(), conv.attribute().end(),
+                                         [](const auto& attr) { return attr.name() == "activation"; });
+    if (activation == conv.attribute().end() || activation->s() != "Relu") continue;
+    const std::vector<int>& readers = m.readers(conv.output(0));
+    std::vector<int> pools;
+    bool movable = true;
+    for (int r : readers) {
+      const onnx::NodeProto& reader = graph.node(r);
+      const auto reader_activation = std::find_if(reader.attribute().begin(), reader.attribute().end(),
+                                                  [](const auto& attr) { return attr.name() == "activation"; });
+      if (reader.op_type() == "MaxPoolChannelBlocked" && reader_activation == reader.attribute().end()) {
+        pools.push_back(r);
+      } else if (!(reader.op_type() == "MaxPoolGrad" && reader.input(0) != conv.output(0) &&
+                   reader_activation != reader.attribute().end() && reader_activation->s() == "Relu")) {
+        movable = false;
+      }
+    }
+    if (!movable || pools.empty()) continue;
+    conv.mutable_attribute()->erase(conv.mutable_attribute()->begin() + (activation - conv.attribute().begin()));
+    for (int r : pools) *graph.mutable_node(r)->add_attribute() = autodiff::attr_string("activation", "Relu");
+  }
+  return static_cast<int>(blocked.size());
+}
+
 }  // namespace onnxtrain::runtime

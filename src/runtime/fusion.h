@@ -92,6 +92,29 @@ int use_channels_last(onnx::GraphProto& graph);
 // of writers.
 int block_pooled_conv_pairs(onnx::GraphProto& graph);
 
+// Passes the tensors between a training graph's 2-D convolutions, max pools and their gradients
+// blocked by b = ops::conv_channel_block() channels (conv_geometry.h: 16 with AVX-512, 8 with
+// AVX2; else the pass does nothing), [N, C / b, H, W, b], the layout oneDNN's direct convolutions
+// read and write themselves, instead of reordering them from and to the plain tensors at every
+// convolution and gradient. A value goes blocked when it is written by
+//   - a Conv or an ai.onnxtrain.FusedConv without a pool (group 1, weights a float32 rank-4
+//     initializer: M from their dims): it becomes a FusedConv with y_channel_block = b;
+//   - a MaxPool without Indices of a blocked value: it becomes ai.onnxtrain.MaxPoolChannelBlocked
+//     (ops/pool.cpp) with y_channel_block = b;
+//   - an ai.onnxtrain.MaxPoolGrad whose X is blocked (x_channel_block = b: X and dX);
+//   - an ai.onnxtrain.ConvGrad as its dX (dx_channel_block = b, W a float32 rank-4 initializer),
+// its channels divide by b, it is neither a graph output nor read by a subgraph, and each of its
+// readers reads it only as a convolution's X (x_channel_block = b, C dividing by b), a MaxPool's X
+// (MaxPoolChannelBlocked with x_channel_block = b), a MaxPoolGrad's dY or X, or a ConvGrad's dY or
+// X (dy_channel_block / x_channel_block = b). A MaxPoolGrad's X and dX are blocked together or not
+// at all, and its dY only with them. Every other value stays plain; the kernels read and write
+// both layouts. The Fashion-MNIST CNN's training step passes its convolutions' inputs, outputs
+// and gradients this way, from conv1's output to conv2's pooled output (which Flatten reads plain).
+// Results are the ops' own (oneDNN may sum in another order, so values may differ in the last
+// bits). Run on training graphs after fuse_max_pool_relu_grad. Returns the number of values
+// blocked.
+int block_convolution_tensors(onnx::GraphProto& graph);
+
 // Replaces each ai.onnxtrain.ConvChannelsLast without an activation whose output is read only by
 // an Add (either operand; not a graph output nor read by a subgraph) — a residual connection —
 // with one ConvChannelsLast taking the Add's other operand as input 3, z, and writing the Add's

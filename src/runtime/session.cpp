@@ -32,9 +32,8 @@ namespace {
 ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const std::filesystem::path& base_dir,
                           const std::string& source, bool rewrite) {
   if (rewrite) fuse_before_expansion(graph, opsets);  // their backward passes are the simpler ones
-  if (autodiff::has_gradient_nodes(graph)) {
-    autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
-  }
+  const bool gradients = autodiff::has_gradient_nodes(graph);
+  if (gradients) autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
   if (rewrite) {
     fold_constants(graph, opsets, base_dir);
     fold_batch_norm_into_conv(graph, opsets);
@@ -46,6 +45,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fuse_matrix_products(graph);
     fuse_gemm_relu(graph);
     fuse_max_pool_relu_grad(graph);
+    if (gradients) block_convolution_tensors(graph);  // a backward pass's convolutions
     share_rnn_trace(graph);
   }
   return ir::Graph::from_proto(graph, source, base_dir);

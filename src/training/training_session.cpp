@@ -354,6 +354,7 @@ struct TrainingSession::Impl {
       runtime::fuse_matrix_products(graph);
       runtime::fuse_gemm_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);
+      runtime::block_convolution_tensors(graph);
       runtime::share_rnn_trace(graph);
     }
     BoundGraph::Part part;
