@@ -28,7 +28,7 @@
 // first, with attribute y_channel_block = b, writes Y blocked by b channels, [N, M / b, O..., b],
 // and the second, with x_channel_block = b, reads X so ([N, C / b, D..., b]; b is
 // conv_geometry.h pooled_conv_channel_block()). Without a pool the same attributes (made by
-// runtime/fusion.h block_convolution_tensors for a training graph, b = conv_channel_block()) read X
+// runtime/fusion.h block_convolution_tensors for a training graph on AVX-512, b = 16) read X
 // and write Y blocked by b channels, through oneDNN on those tensors as they are (float32), else the
 // plain path between permutations. Without the pool and the attributes, float32 applies Relu while copying
 // oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes

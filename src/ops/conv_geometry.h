@@ -52,9 +52,9 @@ Shape conv_output_shape(const ConvGeometry& g);
 int pooled_conv_channel_block();
 
 // The channel block b of the layout oneDNN's direct convolutions read and write fastest on this
-// CPU: 16 with AVX-512 (nChw16c for 2 spatial dims), 8 with AVX2 alone (nChw8c), else 0. A
-// training graph passes the tensors between its convolutions, max pools and their gradients in
-// it, [N, C / b, D..., b] (runtime/fusion.h block_convolution_tensors).
+// CPU: 16 with AVX-512 (nChw16c for 2 spatial dims), 8 with AVX2 alone (nChw8c), else 0. On
+// AVX-512 a training graph passes the tensors between its convolutions, max pools and their
+// gradients in it, [N, C / b, D..., b] (runtime/fusion.h block_convolution_tensors).
 int conv_channel_block();
 
 // ---------------------------------------------------------------------------------------------

@@ -1805,7 +1805,7 @@ BlockableNode blockable(const onnx::NodeProto& node, const StatedDims& stated) {
 
 int block_convolution_tensors(onnx::GraphProto& graph) {
   const int64_t block = ops::conv_channel_block();
-  if (block == 0) return 0;
+  if (block != 16) return 0;  // AVX-512 only: see fusion.h
   const StatedDims stated = stated_float_dims(graph);
   std::vector<BlockableNode> nodes;
   for (const auto& node : graph.node()) nodes.push_back(blockable(node, stated));

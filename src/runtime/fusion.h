@@ -93,8 +93,9 @@ int use_channels_last(onnx::GraphProto& graph);
 int block_pooled_conv_pairs(onnx::GraphProto& graph);
 
 // Passes the tensors between a training graph's 2-D convolutions, max pools and their gradients
-// blocked by b = ops::conv_channel_block() channels (conv_geometry.h: 16 with AVX-512, 8 with
-// AVX2; else the pass does nothing), [N, C / b, H, W, b], the layout oneDNN's direct convolutions
+// blocked by b = ops::conv_channel_block() = 16 channels (conv_geometry.h; CPUs with AVX-512 only:
+// without it, convolutions of small maps run as matrix products on plain tensors, conv_gemm.h, and
+// the pass does nothing), [N, C / b, H, W, b], the layout oneDNN's direct convolutions
 // read and write themselves, instead of reordering them from and to the plain tensors at every
 // convolution and gradient. A value goes blocked when it is written by
 //   - a Conv or an ai.onnxtrain.FusedConv without a pool (group 1, weights a float32 rank-4
