@@ -1839,8 +1839,9 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
     return true;
   };
   std::set<std::string> blocked;
-  for (const auto& [value, c] : channels) {
-    if (c % block != 0 || m.pinned(value) || m.readers(value).empty()) continue;
+  for (const auto& entry : channels) {
+    const std::string& value = entry.first;  // a plain name: lambdas below capture it
+    if (entry.second % block != 0 || m.pinned(value) || m.readers(value).empty()) continue;
     const std::vector<int>& readers = m.readers(value);
     if (std::all_of(readers.begin(), readers.end(), [&](int r) { return reads_blocked(r, value); })) {
       blocked.insert(value);
