@@ -34,6 +34,28 @@ inline void store(float* p, Floats<W> v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// Masks<W>: the lane masks comparisons of Floats<W> give (all bits set where true, 0 where false).
+template <int W>
+using Masks = decltype(Floats<W>{} < Floats<W>{});
+
+// The 8 lanes of a mask as the bits of one byte, lane l in bit l (vmovmskps where the build has
+// AVX; GCC turns a float-to-byte vector conversion into a scalar one per lane).
+inline uint8_t mask_bits(Masks<8> m) {
+#if defined(__AVX__)
+  return static_cast<uint8_t>(__builtin_ia32_movmskps256((Floats<8>)m));  // a bit cast: same size
+#else
+  uint8_t bits = 0;
+  for (int l = 0; l < 8; ++l) bits = static_cast<uint8_t>(bits | ((m[l] & 1) << l));
+  return bits;
+#endif
+}
+
+// The inverse of mask_bits: lane l set where bit l of `bits` is.
+inline Masks<8> bits_mask(uint8_t bits) {
+  const Masks<8> lane = {1, 2, 4, 8, 16, 32, 64, 128};
+  return ((Masks<8>{} + bits) & lane) != Masks<8>{};
+}
+
 // Every other element of the 2W floats (a, b), from element kFirst: 0 for the even ones, 1 for
 // the odd ones.
 template <int W, int kFirst>

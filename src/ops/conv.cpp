@@ -27,7 +27,13 @@
 // use_channels_last). Between two pooled FusedConvs (runtime/fusion.h block_pooled_conv_pairs) the
 // first, with attribute y_channel_block = b, writes Y blocked by b channels, [N, M / b, O..., b],
 // and the second, with x_channel_block = b, reads X so ([N, C / b, D..., b]; b is
-// conv_geometry.h pooled_conv_channel_block()). Without a pool the same attributes (made by
+// conv_geometry.h pooled_conv_channel_block()). A pooled FusedConv with a second output (made by
+// runtime/fusion.h block_convolution_tensors for a training graph; float32, activation Relu, 2x2
+// windows at stride 2) writes there the routing bit mask of MaxPoolGrad over the convolution's
+// output, one bit per element of it blocked by conv_channel_block() channels, uint8 [N, M / b,
+// O..., b / 8] (pool_plan.h max_pool_relu_with_mask), for a
+// MaxPoolGrad with routing_mask = 1; the convolution's output itself is made chunk by chunk in
+// cache and not kept. Without a pool the same channel-block attributes (made by
 // runtime/fusion.h block_convolution_tensors for a training graph on AVX-512, b = 16) read X
 // and write Y blocked by b channels, through oneDNN on those tensors as they are (float32), else the
 // plain path between permutations. Without the pool and the attributes, float32 applies Relu while copying
@@ -597,8 +603,10 @@ ConvEntry plan(const ConvGeometry& g, bool transpose, bool has_bias, bool weight
 // Runs the convolution into y; with `reorder_dst` false a blocked result stays in e.dst's own
 // buffer (e.dst.arg()) and y is not written.
 // `weights_constant`: w holds the same values at every run (see ConvKernel::weights_constant_).
+// `weights_ready`: the previous call on `e`, in this run and with no other use of the thread's
+// scratch memory since, reordered the same w (chunks of one batch), so this one skips it.
 void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w, const float* b,
-             float* y, bool weights_constant, bool reorder_dst = true) {
+             float* y, bool weights_constant, bool reorder_dst = true, bool weights_ready = false) {
   const bool embed = e.dims.embed;
   if (embed) conv_ref_detail::fill_bias(g.N, g.M, g.out_size(), b, y);
   dnnl::stream& stream = du::cpu_stream();
@@ -614,7 +622,7 @@ void execute(ConvEntry& e, const ConvGeometry& g, const float* x, const float* w
     e.user_weights.set_data_handle(const_cast<float*>(w));
     e.dst.bind(embed ? e.dst_buffer.data() : y);
     if (b) e.bias.set_data_handle(const_cast<float*>(b));
-    if (e.reorder_weights && !(weights_constant && e.weights_reordered_from == w)) {
+    if (e.reorder_weights && !weights_ready && !(weights_constant && e.weights_reordered_from == w)) {
       e.weights_reorder.execute(stream, e.user_weights, e.weights);
       e.weights_reordered_from = weights_constant ? w : nullptr;
     }
@@ -681,6 +689,10 @@ class ConvKernel final : public Kernel {
              " output channels, which attribute y_channel_block = " + std::to_string(yb) + " does not divide");
       }
       out = channel_blocked_shape(out, yb);
+    }
+    if (ctx.has_output(1)) {  // the pool's routing mask (output 1)
+      forward_with_mask(ctx, g, pool, x, out);
+      return;
     }
     if (is_half(x.dtype())) {  // through float32
       Tensor y(DataType::Float32, out);
@@ -888,6 +900,69 @@ class ConvKernel final : public Kernel {
     } else {
       copy_permuted(pooled, y, channels_last_order(plain.size()));
     }
+  }
+
+  // A pooled FusedConv with output 1: y (output 0, `y_shape`) = Relu(MaxPool(the convolution)),
+  // and output 1 the routing bit mask of MaxPoolGrad with activation Relu over the convolution's
+  // output, uint8 [N, M / b, O..., b / 8] with b = channel_block() (pool_plan.h
+  // max_pool_relu_with_mask).
+  // float32, 2x2 windows at stride 2. The convolution runs through oneDNN in chunks of images
+  // whose output (blocked by b channels) fits kPooledChunkBytes, so the pool reads it from cache
+  // and it is never stored whole; where oneDNN has no implementation, once over the batch.
+  void forward_with_mask(KernelContext& ctx, const ConvGeometry& g, const PoolPlan* pool, const Tensor& x,
+                         const Shape& y_shape) {
+    const int64_t b = channel_block(), xb = epilogue_.x_channel_block, yb = epilogue_.y_channel_block;
+    const Tensor& w = ctx.input(1);
+    if (!pool || !epilogue_.relu || epilogue_.channels_last_y || attrs_.transpose || x.dtype() != DataType::Float32 ||
+        w.dtype() != DataType::Float32 || g.rank() != 2 || b == 0 || g.M % b != 0 || (xb && xb != b) ||
+        (yb && yb != b) || !pool->windows_2x2) {
+      fail("output 1 (the routing mask) needs a float32 2-D convolution with activation Relu and a 2x2 pool at stride "
+           "2, output channels dividing by " + std::to_string(b) + " and channel blocks of " + std::to_string(b));
+    }
+    const float* bias = ctx.has_input(2) ? ctx.input(2).data<float>() : nullptr;
+    Tensor& y = ctx.allocate_output(0, DataType::Float32, y_shape);
+    Shape mask_shape = channel_blocked_shape(conv_output_shape(g), b);
+    mask_shape[mask_shape.size() - 1] = b / 8;  // one bit per element
+    Tensor& mask = ctx.allocate_output(1, DataType::UInt8, mask_shape);
+    if (y.numel() == 0 && mask.numel() == 0) return;
+    const int64_t image_output = g.M * g.out_size();
+    const int64_t chunk = std::clamp<int64_t>(kPooledChunkBytes / static_cast<int64_t>(sizeof(float)) /
+                                                  std::max<int64_t>(1, image_output), 1, std::max<int64_t>(1, g.N));
+    const int64_t x_image = x.numel() / std::max<int64_t>(1, g.N), y_image = y.numel() / std::max<int64_t>(1, g.N);
+    const std::optional<TapCrop> crop = tap_crop(g);
+    ConvGeometry gc = crop ? crop->geometry : g;
+    gc.N = chunk;
+    Tensor conv_out(DataType::Float32, conv_output_shape(gc));  // this run's only (the block cache)
+    bool chunked = x.numel() > 0 && w.numel() > 0;
+    Tensor gathered;
+    const ConvEntry* previous = nullptr;  // the weights are reordered once per entry and run
+    for (int64_t n0 = 0; chunked && n0 < g.N; n0 += chunk) {
+      gc.N = std::min(chunk, g.N - n0);
+      Shape chunk_shape = x.shape();
+      chunk_shape[0] = gc.N;
+      ConvEntry& e = cache_.get(du::CacheKey().add(chunk_shape).add(w.shape()).add(bias != nullptr).add(9), [&] {
+        return plan(gc, false, bias != nullptr, weights_constant_, ConvLayout::Blocked,
+                    xb ? ConvLayout::Blocked : ConvLayout::Plain);
+      });
+      if (e.use_reference || e.dims.embed) {
+        chunked = false;  // every chunk plans alike: the first decides
+        break;
+      }
+      execute(e, gc, x.data<float>() + n0 * x_image, run_weights(e, g, crop, w, gathered), bias, conv_out.data<float>(),
+              weights_constant_, true, previous == &e);
+      previous = &e;
+      max_pool_relu_with_mask(*pool, gc.N * g.M / b, b, conv_out.data<float>(), y.data<float>() + n0 * y_image, yb != 0,
+                              mask.data<uint8_t>() + n0 * image_output / 8);
+    }
+    if (chunked) return;
+    // The whole batch: the convolution plain, then blocked for the pool.
+    const Tensor x_plain = xb ? unblocked_channels(x, xb) : x;
+    Tensor plain(DataType::Float32, conv_output_shape(g));
+    Tensor blocked(DataType::Float32, channel_blocked_shape(plain.shape(), b));
+    convolve<float>(g, x_plain, w, bias, plain.data<float>());
+    copy_into_channel_blocks(plain, blocked, b);
+    max_pool_relu_with_mask(*pool, g.N * g.M / b, b, blocked.data<float>(), y.data<float>(), yb != 0,
+                            mask.data<uint8_t>());
   }
 
   // y = the float32 convolution of x through oneDNN (over the taps of `crop` when there is one)

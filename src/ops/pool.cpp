@@ -27,6 +27,7 @@
 // MaxPoolGrad / AveragePoolGrad (pool_grad.cpp) use them to see the windows the forward saw.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -394,11 +395,13 @@ class PoolKernel final : public Kernel {
 
 // The 2x2 pool (p.windows_2x2) of x [images, H, W, B] into y [images, OH, OW, B] when
 // `y_blocked`, else [images, B, OH, OW]: the four taps in vectors of 8 lanes (max_or_nan's rule),
-// then Relu when `relu`.
+// then Relu when `relu`. With `mask` (and `relu`), also the routing bit mask of
+// max_pool_relu_with_mask (pool_plan.h).
 template <int B>
-void max_pool_2x2_blocked(const PoolPlan& p, int64_t images, bool relu, const float* x, float* y, bool y_blocked) {
+void max_pool_2x2_blocked(const PoolPlan& p, int64_t images, bool relu, const float* x, float* y, bool y_blocked,
+                          uint8_t* mask = nullptr) {
   using namespace simd;
-  constexpr int W = 8;  // lanes per vector (AVX): B / W vectors per position
+  constexpr int W = 8;  // lanes per vector (AVX): B / W vectors, and mask bytes, per position
   const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
   const int64_t image_in = p.in_size * B, image_out = p.out_size;
   parallel_for(images * oh_count, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 4 * ow_count * B)),
@@ -406,17 +409,35 @@ void max_pool_2x2_blocked(const PoolPlan& p, int64_t images, bool relu, const fl
     std::vector<float> row(y_blocked ? 0 : static_cast<size_t>(ow_count * B));  // [OW, B], then lane by lane
     for (int64_t r = begin; r < end; ++r) {
       const int64_t image = r / oh_count, oh = r % oh_count;
-      const float* x0 = x + image * image_in + 2 * oh * in_w * B;
+      const int64_t offset = image * image_in + 2 * oh * in_w * B;
+      const float* x0 = x + offset;
       const float* x1 = x0 + in_w * B;
       float* out = y_blocked ? y + (image * image_out + oh * ow_count) * B : row.data();
       for (int64_t ow = 0; ow < ow_count; ++ow) {
         for (int h = 0; h < B; h += W) {
           const int64_t at = 2 * ow * B + h;
+          const Floats<W> v[4] = {load<W>(x0 + at), load<W>(x0 + at + B), load<W>(x1 + at), load<W>(x1 + at + B)};
           using pool_detail::max_or_nan;
-          Floats<W> m = max_or_nan(max_or_nan(load<W>(x0 + at + B), load<W>(x0 + at)),
-                                   max_or_nan(load<W>(x1 + at + B), load<W>(x1 + at)));
+          Floats<W> m = max_or_nan(max_or_nan(v[1], v[0]), max_or_nan(v[3], v[2]));
           if (relu) m = m < Floats<W>{} ? Floats<W>{} : m;
           store<W>(out + ow * B + h, m);
+          if (mask) {
+            Masks<W> routed[4];
+            pool_detail::first_max_2x2<W, true>(v, routed);
+            uint8_t* m0 = mask + (offset + at) / W;
+            m0[0] = mask_bits(routed[0]);
+            m0[B / W] = mask_bits(routed[1]);
+            m0[in_w * B / W] = mask_bits(routed[2]);
+            m0[(in_w + 1) * B / W] = mask_bits(routed[3]);
+          }
+        }
+      }
+      if (mask) {  // the column and row no window reads (odd width, odd height)
+        uint8_t* m0 = mask + offset / W;
+        std::fill(m0 + 2 * ow_count * B / W, m0 + in_w * B / W, uint8_t{0});
+        std::fill(m0 + (in_w + 2 * ow_count) * B / W, m0 + 2 * in_w * B / W, uint8_t{0});
+        if (oh == oh_count - 1) {
+          std::fill(mask + (image * image_in + 2 * oh_count * in_w * B) / W, mask + (image + 1) * image_in / W, uint8_t{0});
         }
       }
       if (!y_blocked) {  // each lane's OW outputs, contiguous in the plain y
@@ -558,6 +579,22 @@ void max_pool_channels_last(const PoolPlan& p, int64_t images, int64_t channels,
       }
     }
   });
+}
+
+void max_pool_relu_with_mask(const PoolPlan& p, int64_t images, int64_t block, const float* x, float* y, bool y_blocked,
+                             uint8_t* mask) {
+  if (!p.windows_2x2 || (block != 8 && block != 16)) {
+    throw Error("max_pool_relu_with_mask takes 2x2 windows at stride 2 over channel blocks of 8 or 16");
+  }
+  if (images == 0 || p.out_size == 0) {
+    std::fill(mask, mask + images * p.in_size * block / 8, uint8_t{0});
+    return;
+  }
+  if (block == 16) {
+    max_pool_2x2_blocked<16>(p, images, true, x, y, y_blocked, mask);
+  } else {
+    max_pool_2x2_blocked<8>(p, images, true, x, y, y_blocked, mask);
+  }
 }
 
 PoolAttrs parse_pool_attrs(const KernelInit& init, bool is_max) {

@@ -19,10 +19,17 @@
 // block_convolution_tensors, never saved) reads X and writes dX blocked by b channels, [N, C / b,
 // H, W, b] for two spatial dims, and dY so too with dy_channel_block = b, else plain; float32.
 //
+// MaxPoolGrad with attribute routing_mask = 1 (with x_channel_block = b; made by runtime/fusion.h
+// block_convolution_tensors, never saved) reads, instead of X, the bit mask [N, C / b, H, W, b / 8]
+// (uint8) a pooled ai.onnxtrain.FusedConv wrote beside its output (set where the gradient of its
+// 2x2 window goes: pool_plan.h max_pool_relu_with_mask) and writes dX [N, C / b, H, W, b] = dY of
+// the element's window where the bit is set, else 0.
+//
 // MaxPoolGrad with attribute activation = "Relu" (made by runtime/fusion.h, never saved) is
 // MaxPoolGrad followed by ReluGrad over the same X: X is a Relu's output, and dX is 0 also where
 // X > 0 fails (ReluGrad's rule), in the same pass for 2x2 windows.
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -161,26 +168,6 @@ void max_pool_grad_2d(const PoolPlan& p, const T* x, const T* dy, T* dx) {
   });
 }
 
-// The gradients of W 2x2 windows' taps v[0..3] (row-major: top left, top right, bottom left,
-// bottom right) for their output gradients g: g to each window's first maximum (the order and NaN
-// rule of first_argmax), 0 to the other three; with kRelu, 0 also where that maximum > 0 fails.
-template <int W, bool kRelu>
-inline void route_2x2(const simd::Floats<W> (&v)[4], simd::Floats<W> g, simd::Floats<W> (&out)[4]) {
-  using simd::Floats;
-  const auto beats = [](Floats<W> a, Floats<W> best) { return (a > best) | ((a != a) & (best == best)); };
-  const auto t1 = beats(v[1], v[0]);
-  const Floats<W> best01 = t1 ? v[1] : v[0];
-  const auto t2 = beats(v[2], best01);
-  const Floats<W> best012 = t2 ? v[2] : best01;
-  const auto t3 = beats(v[3], best012);
-  const Floats<W> zero{};
-  if constexpr (kRelu) g = (t3 ? v[3] : best012) > zero ? g : zero;
-  out[0] = (t1 | t2 | t3) ? zero : g;
-  out[1] = (t1 & ~(t2 | t3)) ? g : zero;
-  out[2] = (t2 & ~t3) ? g : zero;
-  out[3] = t3 ? g : zero;
-}
-
 // max_pool_grad for p.windows_2x2, one output row at a time: the first maximum of the four
 // inputs (the order and NaN rule of first_argmax) gets dY, the other three 0, so every dX
 // element is written once and none is read; the row and column no window reads get 0. float32
@@ -213,7 +200,7 @@ void max_pool_grad_2x2(const PoolPlan& p, const T* x, const T* dy, T* dx) {
             const Floats<W> v0 = evens<W>(a0, a1), v1 = odds<W>(a0, a1);
             const Floats<W> v2 = evens<W>(b0, b1), v3 = odds<W>(b0, b1);
             Floats<W> gs[4];
-            route_2x2<W, kRelu>({v0, v1, v2, v3}, load<W>(g + s), gs);
+            pool_detail::route_2x2<W, kRelu>({v0, v1, v2, v3}, load<W>(g + s), gs);
             store<W>(d0 + 2 * s, interleave<W, 0>(gs[0], gs[1]));
             store<W>(d0 + 2 * s + W, interleave<W, 1>(gs[0], gs[1]));
             store<W>(d1 + 2 * s, interleave<W, 0>(gs[2], gs[3]));
@@ -284,59 +271,75 @@ void max_pool_grad(const PoolPlan& p, int64_t window, bool relu, const T* x, con
   });
 }
 
+// MaxPoolGrad for p.windows_2x2 on tensors blocked by B channels: dx [images, H, W, B] = dY of the
+// element's window where the window routes it, else 0 (the row and column no window reads too);
+// every dx element is written once. The route comes from x [images, H, W, B] (first_max_2x2, with
+// kRelu its mask) or, when x is null, from the bit mask [images, H, W, B / 8] of
+// max_pool_relu_with_mask (pool.cpp). dy [images, OH, OW, B] when dy_blocked, else the plain
+// [N, C, OH, OW] (channel c = image % (C / B) x B + lane).
+template <int B, bool kRelu>
+void max_pool_grad_2x2_blocked(const PoolPlan& p, int64_t images, int64_t channels, const float* x, const uint8_t* mask,
+                               const float* dy, bool dy_blocked, float* dx) {
+  using namespace simd;
+  constexpr int W = 8;  // lanes per vector (AVX): B / W vectors, and mask bytes, per position
+  const int64_t in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
+  const int64_t image_in = p.in_size * B, image_out = oh_count * ow_count, blocks = channels / B;
+  parallel_for(images * oh_count, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 4 * ow_count * B)),
+               [&](int64_t begin, int64_t end) {
+    std::vector<float> lanes(dy_blocked ? 0 : static_cast<size_t>(ow_count * B));  // a plain dY row as [OW, B]
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t image = r / oh_count, oh = r % oh_count;
+      const int64_t offset = image * image_in + 2 * oh * in_w * B;
+      float* d0 = dx + offset;
+      float* d1 = d0 + in_w * B;
+      const float* g_row = dy + (image * image_out + oh * ow_count) * B;
+      if (!dy_blocked) {  // read each lane's OW values contiguously
+        const float* g_plain = dy + ((image / blocks) * channels + (image % blocks) * B) * image_out + oh * ow_count;
+        for (int l = 0; l < B; ++l) {
+          for (int64_t ow = 0; ow < ow_count; ++ow) lanes[static_cast<size_t>(ow * B + l)] = g_plain[l * image_out + ow];
+        }
+        g_row = lanes.data();
+      }
+      for (int64_t ow = 0; ow < ow_count; ++ow) {
+        for (int h = 0; h < B; h += W) {
+          const int64_t at = 2 * ow * B + h;
+          Masks<W> routed[4];
+          if (x) {
+            const float* x0 = x + offset + at;
+            pool_detail::first_max_2x2<W, kRelu>({load<W>(x0), load<W>(x0 + B), load<W>(x0 + in_w * B),
+                                                  load<W>(x0 + (in_w + 1) * B)}, routed);
+          } else {
+            const uint8_t* m0 = mask + (offset + at) / W;
+            routed[0] = bits_mask(m0[0]);
+            routed[1] = bits_mask(m0[B / W]);
+            routed[2] = bits_mask(m0[in_w * B / W]);
+            routed[3] = bits_mask(m0[(in_w + 1) * B / W]);
+          }
+          const Floats<W> g = load<W>(g_row + ow * B + h), zero{};
+          store<W>(d0 + at, routed[0] ? g : zero);
+          store<W>(d0 + at + B, routed[1] ? g : zero);
+          store<W>(d1 + at, routed[2] ? g : zero);
+          store<W>(d1 + at + B, routed[3] ? g : zero);
+        }
+      }
+      for (int64_t i = 2 * ow_count * B; i < in_w * B; ++i) d0[i] = d1[i] = 0.0f;  // odd width
+      if (oh == oh_count - 1) {  // the rows below the last window (odd height)
+        std::fill(dx + image * image_in + 2 * oh_count * in_w * B, dx + (image + 1) * image_in, 0.0f);
+      }
+    }
+  });
+}
+
 // MaxPoolGrad with x_channel_block = B for two spatial dims: x and dx [images, H, W, B] (images =
 // N x C / B), dy [images, OH, OW, B] when dy_blocked, else the plain [N, C, OH, OW] (its channel c
 // = image % (C / B) x B + lane). Per window, lane by lane, the first maximum in row-major window
 // order (the first NaN if any: first_argmax's rule) over the taps inside the input gets dY, then
 // 0 where x > 0 fails with kRelu; dx is 0 elsewhere.
-// For p.windows_2x2 every dx element is written once (the four taps in vectors of 8 lanes, the row
-// and column no window reads 0) instead of zeroed and added to.
 template <int B, bool kRelu>
 void max_pool_grad_blocked_2d(const PoolPlan& p, int64_t images, int64_t channels, const float* x, const float* dy,
                               bool dy_blocked, float* dx) {
   const int64_t in_h = p.in[0], in_w = p.in[1], oh_count = p.out[0], ow_count = p.out[1];
-  if (p.windows_2x2) {
-    using namespace simd;
-    constexpr int W = 8;  // lanes per vector (AVX): B / W vectors per position
-    const int64_t image_in = in_h * in_w * B, image_out = oh_count * ow_count, blocks = channels / B;
-    parallel_for(images * oh_count, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, 4 * ow_count * B)),
-                 [&](int64_t begin, int64_t end) {
-      std::vector<float> lanes(dy_blocked ? 0 : static_cast<size_t>(ow_count * B));  // a plain dY row as [OW, B]
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t image = r / oh_count, oh = r % oh_count;
-        const int64_t row = image * image_in + 2 * oh * in_w * B;
-        const float* x0 = x + row;
-        const float* x1 = x0 + in_w * B;
-        float* d0 = dx + row;
-        float* d1 = d0 + in_w * B;
-        const float* g_plain = dy + ((image / blocks) * channels + (image % blocks) * B) * image_out + oh * ow_count;
-        const float* g_blocked = dy + (image * image_out + oh * ow_count) * B;
-        if (!dy_blocked) {  // read each lane's OW values contiguously
-          for (int l = 0; l < B; ++l) {
-            for (int64_t ow = 0; ow < ow_count; ++ow) lanes[static_cast<size_t>(ow * B + l)] = g_plain[l * image_out + ow];
-          }
-        }
-        for (int64_t ow = 0; ow < ow_count; ++ow) {
-          const float* g_lanes = dy_blocked ? g_blocked + ow * B : lanes.data() + ow * B;
-          for (int h = 0; h < B; h += W) {
-            const int64_t at = 2 * ow * B + h;
-            Floats<W> gs[4];
-            route_2x2<W, kRelu>({load<W>(x0 + at), load<W>(x0 + at + B), load<W>(x1 + at), load<W>(x1 + at + B)},
-                                load<W>(g_lanes + h), gs);
-            store<W>(d0 + at, gs[0]);
-            store<W>(d0 + at + B, gs[1]);
-            store<W>(d1 + at, gs[2]);
-            store<W>(d1 + at + B, gs[3]);
-          }
-        }
-        for (int64_t i = 2 * ow_count * B; i < in_w * B; ++i) d0[i] = d1[i] = 0.0f;  // odd width
-        if (oh == oh_count - 1) {  // the rows below the last window (odd height)
-          std::fill(dx + image * image_in + 2 * oh_count * in_w * B, dx + (image + 1) * image_in, 0.0f);
-        }
-      }
-    });
-    return;
-  }
+  if (p.windows_2x2) return max_pool_grad_2x2_blocked<B, kRelu>(p, images, channels, x, nullptr, dy, dy_blocked, dx);
   const int64_t dh = p.dilations[0], dw = p.dilations[1];
   const int64_t image_in = in_h * in_w * B, image_out = oh_count * ow_count;
   const int64_t blocks = channels / B;
@@ -430,12 +433,16 @@ void average_pool_grad(const PoolPlan& p, int64_t window, bool count_include_pad
 
 class PoolGradKernel final : public Kernel {
  public:
-  PoolGradKernel(PoolAttrs attrs, bool relu, int64_t x_block, int64_t dy_block)
-      : a_(std::move(attrs)), relu_(relu), x_block_(x_block), dy_block_(dy_block) {
+  PoolGradKernel(PoolAttrs attrs, bool relu, int64_t x_block, int64_t dy_block, bool routing_mask)
+      : a_(std::move(attrs)), relu_(relu), x_block_(x_block), dy_block_(dy_block), routing_mask_(routing_mask) {
     for (int64_t k : a_.kernel) window_ *= k;
   }
 
   void run(KernelContext& ctx) override {
+    if (routing_mask_) {
+      run_mask(ctx);
+      return;
+    }
     if (x_block_) {
       run_blocked(ctx);
       return;
@@ -516,9 +523,47 @@ class PoolGradKernel final : public Kernel {
     }
   }
 
+  // MaxPoolGrad with routing_mask = 1: input 1 is the bit mask [N, C / b, H, W, b / 8] of X (b =
+  // x_channel_block) that a pooled ai.onnxtrain.FusedConv wrote beside its output.
+  void run_mask(KernelContext& ctx) {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& mask = ctx.input(1);
+    const int64_t b = x_block_;
+    if (mask.rank() != 5 || mask.dim(4) != b / 8 || mask.dtype() != DataType::UInt8) {
+      fail("input " + ctx.input_name(1) + " is " + mask.description() + ", expected uint8 [N, C / " + std::to_string(b) +
+           ", H, W, " + std::to_string(b / 8) + "] (attribute routing_mask = 1: the bit mask of a pooled FusedConv)");
+    }
+    if (dy.dtype() != DataType::Float32) {
+      fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected float32 (attribute routing_mask)");
+    }
+    Shape plain{mask.dim(0), mask.dim(1) * b, mask.dim(2), mask.dim(3)};  // X's, [N, C, H, W]
+    if (!plan_ || !(plan_shape_ == plain)) {
+      plan_ = make_pool_plan(a_, plain, ctx.input_name(1));
+      plan_shape_ = plain;
+    }
+    const PoolPlan& p = *plan_;
+    if (!p.windows_2x2) {
+      fail("attribute routing_mask = 1 takes 2x2 windows at stride 2, not those of kernel_shape " + ints_to_string(a_.kernel) +
+           " over " + ctx.input_name(1) + " " + plain.to_string());
+    }
+    Shape y_shape{plain[0], plain[1]};
+    for (int64_t d : p.out) y_shape.push_back(d);
+    const Shape dy_expected = dy_block_ ? channel_blocked_shape(y_shape, b) : y_shape;
+    if (!(dy.shape() == dy_expected)) {
+      fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " + dy_expected.to_string() +
+           " (the pooled output for the mask " + ctx.input_name(1) + " " + mask.shape().to_string() + ")");
+    }
+    if (!ctx.has_output(0)) return;
+    float* dx = ctx.allocate_output(0, DataType::Float32, channel_blocked_shape(plain, b)).data<float>();
+    const int64_t images = plain[0] * plain[1] / b;
+    (b == 16 ? max_pool_grad_2x2_blocked<16, false> : max_pool_grad_2x2_blocked<8, false>)(
+        p, images, plain[1], nullptr, mask.data<uint8_t>(), dy.data<float>(), dy_block_ != 0, dx);
+  }
+
   PoolAttrs a_;
   bool relu_ = false;   // MaxPoolGrad with activation = "Relu"
   int64_t x_block_ = 0, dy_block_ = 0;  // attributes x_channel_block, dy_channel_block
+  bool routing_mask_ = false;  // attribute routing_mask
   int64_t window_ = 1;  // kernel elements
   Shape plan_shape_;    // the X shape plan_ was made for
   std::optional<PoolPlan> plan_;
@@ -547,7 +592,11 @@ std::unique_ptr<Kernel> make_pool_grad(const KernelInit& init) {
     throw Error("attribute 'x_channel_block' is set for a pool of " + std::to_string(attrs.kernel.size()) +
                 " spatial dims, expected 2");
   }
-  return std::make_unique<PoolGradKernel>(std::move(attrs), activation == "Relu", x_block, dy_block);
+  const bool routing_mask = init.attr_int("routing_mask", 0) != 0;
+  if (routing_mask && (x_block == 0 || !activation.empty())) {
+    throw Error("attribute 'routing_mask' = 1 needs x_channel_block and no activation (the mask has the Relu in it)");
+  }
+  return std::make_unique<PoolGradKernel>(std::move(attrs), activation == "Relu", x_block, dy_block, routing_mask);
 }
 
 }  // namespace onnxtrain::ops

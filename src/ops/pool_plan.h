@@ -80,6 +80,17 @@ void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y);
 void max_pool_channels_last(const PoolPlan& p, int64_t images, int64_t channels, bool relu, const float* x, float* y,
                             bool y_channels_last = false);
 
+// For p.windows_2x2 (two spatial dims), float32 x blocked by `block` (8 or 16) channels as
+// `images` images [H, W, block]: y = Relu(MaxPool(x)), blocked [images, OH, OW, block] when
+// `y_blocked`, else plain [images, block, OH, OW], and the routing mask of its gradient, one bit
+// per element of x, mask [images, H, W, block / 8] (bit l of byte k: channel 8 k + l of the block):
+// set at each window's first maximum (first_argmax's order and NaN rule) where that maximum is > 0,
+// clear elsewhere (the row and column no window reads too). MaxPoolGrad with activation = "Relu"
+// over x sends each dY element exactly where the bit is set, so max_pool_grad_2x2_blocked
+// (pool_grad.cpp) gives its dX without x.
+void max_pool_relu_with_mask(const PoolPlan& p, int64_t images, int64_t block, const float* x, float* y, bool y_blocked,
+                             uint8_t* mask);
+
 // The divisor of AveragePool for output o of output line l (see PoolPlan): the number of
 // window elements inside the input, or inside the padded input with count_include_pad.
 inline int64_t average_pool_count(const PoolPlan& p, size_t l, int64_t o, bool count_include_pad) {
@@ -114,6 +125,38 @@ inline V max_or_nan(V v, V m) {
 inline int64_t grain_for(const PoolPlan& p, int64_t window) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, p.out_size * window));
 }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // vectors of core/simd.h, inline only
+// Which of W 2x2 windows' taps v[0..3] (row-major: top left, top right, bottom left, bottom
+// right) gets each window's gradient: lane masks, set at each window's first maximum (the order and
+// NaN rule of first_argmax) and clear at the other three; with kRelu, clear also where that
+// maximum > 0 fails.
+template <int W, bool kRelu>
+inline void first_max_2x2(const simd::Floats<W> (&v)[4], simd::Masks<W> (&routed)[4]) {
+  using simd::Floats;
+  const auto beats = [](Floats<W> a, Floats<W> best) { return (a > best) | ((a != a) & (best == best)); };
+  const auto t1 = beats(v[1], v[0]);
+  const Floats<W> best01 = t1 ? v[1] : v[0];
+  const auto t2 = beats(v[2], best01);
+  const Floats<W> best012 = t2 ? v[2] : best01;
+  const auto t3 = beats(v[3], best012);
+  const simd::Masks<W> passes = kRelu ? (t3 ? v[3] : best012) > Floats<W>{} : ~simd::Masks<W>{};
+  routed[0] = ~(t1 | t2 | t3) & passes;
+  routed[1] = t1 & ~(t2 | t3) & passes;
+  routed[2] = t2 & ~t3 & passes;
+  routed[3] = t3 & passes;
+}
+
+// The gradients of those taps for the windows' output gradients g: g where first_max_2x2 routes
+// it, else 0.
+template <int W, bool kRelu>
+inline void route_2x2(const simd::Floats<W> (&v)[4], simd::Floats<W> g, simd::Floats<W> (&out)[4]) {
+  simd::Masks<W> routed[4];
+  first_max_2x2<W, kRelu>(v, routed);
+  for (int k = 0; k < 4; ++k) out[k] = routed[k] ? g : simd::Floats<W>{};
+}
+#pragma GCC diagnostic pop
 
 }  // namespace pool_detail
 

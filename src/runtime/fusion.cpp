@@ -1780,6 +1780,22 @@ bool two_spatial_dims(const onnx::NodeProto& node) {
   return false;
 }
 
+// Whether a pool node (MaxPool, MaxPoolChannelBlocked, MaxPoolGrad) has 2x2 windows at stride 2
+// and no padding, dilations or ceil_mode: windows that never overlap nor reach past the input.
+bool pool_2x2_stride_2(const onnx::NodeProto& node) {
+  bool kernel = false, strides = false;
+  for (const auto& a : node.attribute()) {
+    const auto all = [&](int64_t v) { return std::all_of(a.ints().begin(), a.ints().end(), [&](int64_t i) { return i == v; }); };
+    if (a.name() == "kernel_shape") kernel = a.ints_size() == 2 && all(2);
+    if (a.name() == "strides") strides = a.ints_size() == 2 && all(2);
+    if ((a.name() == "pads" && !all(0)) || (a.name() == "dilations" && !all(1)) || (a.name() == "ceil_mode" && a.i() != 0) ||
+        (a.name() == "auto_pad" && a.s() != "NOTSET")) {
+      return false;
+    }
+  }
+  return kernel && strides;
+}
+
 BlockableNode blockable(const onnx::NodeProto& node, const StatedDims& stated) {
   BlockableNode b;
   const bool internal = node.domain() == kInternalDomain;
@@ -1866,6 +1882,48 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
     }
   }
   if (blocked.empty()) return 0;
+  // A blocked convolution whose output c, after the Relu moved past its pool, only one pool of
+  // 2x2 windows at stride 2 and MaxPoolGrads with activation Relu read takes the pool in: output 0
+  // becomes the pool's output (pool_<name> attributes, activation Relu, y_channel_block as the
+  // pool's), output 1 the pool's routing mask (ops/pool_plan.h max_pool_relu_with_mask), which the
+  // MaxPoolGrads read instead of c (routing_mask = 1, their Relu in the mask). c is then made chunk
+  // by chunk in cache and never stored: not written, nor read by the pool and its gradient.
+  ValueNames names(graph);
+  std::vector<int> dropped;
+  const auto pool_into_conv = [&](onnx::GraphProto& g, int conv_index, int pool_index, const std::vector<int>& readers) {
+    onnx::NodeProto& conv = *g.mutable_node(conv_index);
+    const onnx::NodeProto& pool = g.node(pool_index);
+    const std::string c = conv.output(0);
+    for (int r : readers) {
+      const onnx::NodeProto& reader = g.node(r);
+      if (r != pool_index && !(reader.op_type() == "MaxPoolGrad" && pool_2x2_stride_2(reader))) return;
+    }
+    const std::string mask = names.fresh(c + "/routing_mask");
+    auto& attrs = *conv.mutable_attribute();
+    attrs.erase(std::remove_if(attrs.begin(), attrs.end(), [](const auto& a) { return a.name() == "y_channel_block"; }),
+                attrs.end());
+    for (const auto& a : pool.attribute()) {
+      if (a.name() == "kernel_shape" || a.name() == "strides") {
+        *conv.add_attribute() = a;
+        conv.mutable_attribute(conv.attribute_size() - 1)->set_name("pool_" + a.name());
+      } else if (a.name() == "y_channel_block" || a.name() == "activation") {
+        *conv.add_attribute() = a;
+      }
+    }
+    conv.set_output(0, pool.output(0));
+    conv.add_output(mask);
+    for (int r : readers) {
+      if (r == pool_index) continue;
+      onnx::NodeProto& grad = *g.mutable_node(r);
+      grad.set_input(1, mask);
+      auto& grad_attrs = *grad.mutable_attribute();
+      grad_attrs.erase(std::remove_if(grad_attrs.begin(), grad_attrs.end(),
+                                      [](const auto& a) { return a.name() == "activation"; }),
+                       grad_attrs.end());
+      *grad.add_attribute() = autodiff::attr_int("routing_mask", 1);
+    }
+    dropped.push_back(pool_index);
+  };
   const auto set_block = [&](onnx::NodeProto& node, const char* name, const std::string& value) {
     if (!value.empty() && blocked.contains(value)) *node.add_attribute() = autodiff::attr_int(name, block);
   };
@@ -1927,6 +1985,12 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
     if (!movable || pools.empty()) continue;
     conv.mutable_attribute()->erase(conv.mutable_attribute()->begin() + (activation - conv.attribute().begin()));
     for (int r : pools) *graph.mutable_node(r)->add_attribute() = autodiff::attr_string("activation", "Relu");
+    if (pools.size() == 1 && pool_2x2_stride_2(graph.node(pools[0]))) pool_into_conv(graph, i, pools[0], readers);
+  }
+  if (!dropped.empty()) {
+    std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+    for (int i : dropped) drop[static_cast<size_t>(i)] = true;
+    drop_nodes(graph, drop);
   }
   return static_cast<int>(blocked.size());
 }

@@ -109,8 +109,15 @@ int block_pooled_conv_pairs(onnx::GraphProto& graph);
 // (MaxPoolChannelBlocked with x_channel_block = b), a MaxPoolGrad's dY or X, or a ConvGrad's dY or
 // X (dy_channel_block / x_channel_block = b). A MaxPoolGrad's X and dX are blocked together or not
 // at all, and its dY only with them. Every other value stays plain; the kernels read and write
-// both layouts. The Fashion-MNIST CNN's training step passes its convolutions' inputs, outputs
-// and gradients this way, from conv1's output to conv2's pooled output (which Flatten reads plain).
+// both layouts. A blocked convolution's Relu then moves past the pools reading its output when
+// only they and MaxPoolGrads with activation Relu read it (MaxPool(Relu(c)) = Relu(MaxPool(c));
+// the MaxPoolGrads' mask X > 0 picks the same maximum in c), and where that is one pool of 2x2
+// windows at stride 2 without padding, the convolution takes it in: a pooled FusedConv writing
+// the pool's output and, as output 1, the uint8 mask of where its gradient goes (ops/pool_plan.h
+// max_pool_relu_with_mask), which the MaxPoolGrads read instead of c (routing_mask = 1), so c is
+// made in cache-sized chunks and never stored. The Fashion-MNIST CNN's training step passes its
+// convolutions' inputs, outputs and gradients this way, from conv1 to conv2's pooled output (which
+// Flatten reads plain).
 // Results are the ops' own (oneDNN may sum in another order, so values may differ in the last
 // bits). Run on training graphs after fuse_max_pool_relu_grad. Returns the number of values
 // blocked.
