@@ -30,14 +30,13 @@
 // conv_geometry.h pooled_conv_channel_block()). A pooled FusedConv with a second output (made by
 // runtime/fusion.h block_convolution_tensors for a training graph; float32, activation Relu, 2x2
 // windows at stride 2) writes there the routing bit mask of MaxPoolGrad over the convolution's
-// output, one bit per element of it blocked by conv_channel_block() channels, uint8 [N, M / b,
-// O..., b / 8] (pool_plan.h max_pool_relu_with_mask), for a
-// MaxPoolGrad with routing_mask = 1; the convolution's output itself is made chunk by chunk in
-// cache and not kept. Without a pool the same channel-block attributes (made by
-// runtime/fusion.h block_convolution_tensors for a training graph on AVX-512, b = 16) read X
-// and write Y blocked by b channels, through oneDNN on those tensors as they are (float32), else the
-// plain path between permutations. Without the pool and the attributes, float32 applies Relu while copying
-// oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
+// output, one bit per element of it blocked by b = conv_channel_block() channels, uint8 [N, M / b,
+// O..., b / 8] (pool_plan.h max_pool_relu_with_mask), for a MaxPoolGrad with routing_mask = 1; the
+// convolution's output itself is made chunk by chunk in cache and not kept. Without a pool the
+// same channel-block attributes (block_convolution_tensors on AVX-512, b = 16) read X and write Y
+// blocked by b channels, through oneDNN on those tensors as they are (float32), else the plain
+// path between permutations. Without the pool and the attributes, float32 applies Relu while
+// copying oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
 // a scratch block, channel-blocked (where pooled_conv_channel_block() is not 0, M divides by it and
 // Y is not channels-last) or else channels-last, and max_pool_channels_last (pool.cpp) reads it, so
 // the largest tensor of a CNN is never reordered nor kept; otherwise the three run one by one.
