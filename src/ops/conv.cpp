@@ -410,8 +410,9 @@ dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
   return du::strided_f32(dims, strides);
 }
 
-// A descriptor blocked by channels the way oneDNN's direct convolutions write fastest on this
-// CPU (nChw16c with AVX-512, nChw8c with AVX2), or format any elsewhere. A Conv whose output
+// blocked_channels_f32 (conv_geometry.h): a descriptor blocked by channels the way oneDNN's direct
+// convolutions write fastest on this CPU (nChw16c with AVX-512, nChw8c with AVX2), or format any
+// elsewhere. A Conv whose output
 // is read as a plain NCHW tensor asks for it instead of leaving the choice to oneDNN, which
 // picks channels-last (brgconv) for inference on AVX-512: reordering a channels-last output to
 // NCHW costs several times the blocked one (Fashion-MNIST CNN conv1, 128x32x28x28 on two
@@ -420,15 +421,6 @@ dnnl::memory::desc channels_last_f32(const dnnl::memory::dims& dims) {
 // The channel block of that layout: 16, 8, or 0 for none.
 int channel_block() {
   return du::has_avx512() ? 16 : du::has_isa(dnnl::cpu_isa::avx2) ? 8 : 0;
-}
-
-dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
-  using tag = dnnl::memory::format_tag;
-  const int block = channel_block();
-  tag t = tag::any;
-  if (block == 16) t = dims.size() == 3 ? tag::aBc16b : dims.size() == 4 ? tag::aBcd16b : tag::aBcde16b;
-  if (block == 8) t = dims.size() == 3 ? tag::aBc8b : dims.size() == 4 ? tag::aBcd8b : tag::aBcde8b;
-  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, t);
 }
 
 // The layout of a convolution's source or destination in oneDNN: ONNX's [N, C, D...], channels-last
@@ -663,15 +655,15 @@ class ConvKernel final : public Kernel {
       return;
     }
     const Tensor& x = ctx.input(0);
-    const ConvGeometry g = geometry(ctx, epilogue_.x_channel_block ? x.view(unblocked_shape(ctx, x)) : x);
+    const int64_t xb = epilogue_.x_channel_block;
+    const ConvGeometry g =
+        geometry(ctx, xb ? x.view(channels_merged_shape(x, ctx.input_name(0), ctx.input(1).rank() - 2, xb,
+                                                        "x_channel_block"))
+                         : x);
     Shape out = conv_output_shape(g);
     const PoolPlan* pool = nullptr;
     if (epilogue_.pool) {
-      if (!pool_plan_ || !(pool_shape_ == out)) {
-        pool_plan_ = make_pool_plan(*epilogue_.pool, out, "(the convolution's output)");
-        pool_shape_ = out;
-      }
-      pool = &*pool_plan_;
+      pool = &pool_plans_.get(*epilogue_.pool, out, "(the convolution's output)");
       const int64_t yb = epilogue_.y_channel_block;
       if (yb && g.M % yb != 0) {
         fail("input " + ctx.input_name(1) + " has " + std::to_string(g.M) +
@@ -703,18 +695,6 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  // The shape [N, C, D...] of x [N, C / b, D..., b] (attribute x_channel_block = b, input 0).
-  Shape unblocked_shape(KernelContext& ctx, const Tensor& x) const {
-    const int64_t b = epilogue_.x_channel_block;
-    const size_t rank = ctx.input(1).rank() + 1;
-    if (x.rank() != rank || x.dim(x.rank() - 1) != b) {
-      fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() + ", expected rank " +
-           std::to_string(rank) + " with last dim " + std::to_string(b) +
-           " ([N, C / b, spatial..., b]: attribute x_channel_block = " + std::to_string(b) + ")");
-    }
-    return channels_merged_shape(x.shape(), b);
-  }
-
   // The geometry of the node's convolution of x [N, C, D...] (ctx's input 0, or its
   // channels-first or unblocked view) with input 1, after checking input 2 (the bias) against it.
   ConvGeometry geometry(KernelContext& ctx, const Tensor& x) const {
@@ -1198,8 +1178,7 @@ class ConvKernel final : public Kernel {
   const bool weights_constant_;
   const bool channels_last_;  // ai.onnxtrain.ConvChannelsLast
   du::PrimitiveCache<ConvEntry> cache_;
-  Shape pool_shape_;  // the convolution output shape pool_plan_ was made for
-  std::optional<PoolPlan> pool_plan_;
+  PoolPlanCache pool_plans_;  // for the convolution's output shape
 };
 
 }  // namespace
@@ -1209,6 +1188,21 @@ int pooled_conv_channel_block() {
 }
 
 int conv_channel_block() { return channel_block(); }
+
+dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims) {
+  using tag = dnnl::memory::format_tag;
+  const int block = channel_block();
+  tag t = tag::any;
+  if (block == 16) t = dims.size() == 3 ? tag::aBc16b : dims.size() == 4 ? tag::aBcd16b : tag::aBcde16b;
+  if (block == 8) t = dims.size() == 3 ? tag::aBc8b : dims.size() == 4 ? tag::aBcd8b : tag::aBcde8b;
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, t);
+}
+
+int64_t parse_channel_block(const KernelInit& init, const char* name) {
+  const int64_t block = init.attr_int(name, 0);
+  if (block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(block) + ", expected >= 0");
+  return block;
+}
 
 ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose) {
   ConvAttrs a;
@@ -1281,11 +1275,8 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
     epilogue.pool = parse_pool_attrs(KernelInit(init.graph(), pool_node, init.opset()), true);
     epilogue.channels_last_y = init.attr_int("channels_last", 0) != 0;
   }
-  for (auto [name, block] : {std::pair{"x_channel_block", &epilogue.x_channel_block},
-                             std::pair{"y_channel_block", &epilogue.y_channel_block}}) {
-    *block = init.attr_int(name, 0);
-    if (*block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(*block) + ", expected >= 0");
-  }
+  epilogue.x_channel_block = parse_channel_block(init, "x_channel_block");
+  epilogue.y_channel_block = parse_channel_block(init, "y_channel_block");
   if (epilogue.channels_last_y && epilogue.y_channel_block) {
     throw Error("attributes 'channels_last' and 'y_channel_block' are both set; Y has one layout");
   }

@@ -28,6 +28,10 @@ struct ConvAttrs {
 // Parses and checks the attributes of Conv (transpose = false) or ConvTranspose; throws Error.
 ConvAttrs parse_conv_attrs(const KernelInit& init, bool transpose);
 
+// Integer attribute `name` of the internal convolution ops, a channel block b (0, its default, for
+// the plain layout; [N, C / b, D..., b] otherwise); throws Error when it is negative.
+int64_t parse_channel_block(const KernelInit& init, const char* name);
+
 // An input of a conv op: the tensor and its ONNX name for messages (ctx.input_name(i)).
 struct ConvOperand {
   const Tensor& tensor;
@@ -56,6 +60,10 @@ int pooled_conv_channel_block();
 // AVX-512 a training graph passes the tensors between its convolutions, max pools and their
 // gradients in it, [N, C / b, D..., b] (runtime/fusion.h block_convolution_tensors).
 int conv_channel_block();
+
+// The descriptor of a float32 tensor of `dims` ([N, C, D...]) blocked by conv_channel_block()
+// channels (format_tag aBcd16b / aBcd8b for two spatial dims), or format any where it is 0.
+dnnl::memory::desc blocked_channels_f32(const dnnl::memory::dims& dims);
 
 // ---------------------------------------------------------------------------------------------
 // oneDNN's view of a geometry (float32, plain layouts)

@@ -212,15 +212,10 @@ struct GradBlocks {
   bool any() const { return dy || x || dx; }
 };
 
-// A plain descriptor, or one blocked by `block` channels (conv_channel_block(), whose layout
-// oneDNN's direct convolutions read and write themselves).
-dnnl::memory::desc tensor_desc(const dnnl::memory::dims& dims, int64_t block) {
-  using tag = dnnl::memory::format_tag;
-  if (block == 0) return du::plain_f32(dims);
-  const size_t rank = dims.size();
-  const tag t = block == 16 ? (rank == 3 ? tag::aBc16b : rank == 4 ? tag::aBcd16b : tag::aBcde16b)
-                            : (rank == 3 ? tag::aBc8b : rank == 4 ? tag::aBcd8b : tag::aBcde8b);
-  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, t);
+// A plain descriptor, or one blocked by conv_channel_block() channels where `blocked` (the only
+// block run_blocked plans for).
+dnnl::memory::desc tensor_desc(const dnnl::memory::dims& dims, int64_t blocked) {
+  return blocked ? blocked_channels_f32(dims) : du::plain_f32(dims);
 }
 
 GradEntry plan(const ConvGeometry& g, bool transpose, bool want_dx, bool want_dw, bool want_db,
@@ -309,7 +304,8 @@ class ConvGradKernel final : public Kernel {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
     const Tensor& w = ctx.input(2);
-    const Shape x_shape = blocks_.x ? merged_shape(ctx, 1, x, blocks_.x) : x.shape();
+    const Shape x_shape =
+        blocks_.x ? channels_merged_shape(x, ctx.input_name(1), w.rank() - 2, blocks_.x, "x_channel_block") : x.shape();
     const ConvGeometry g =
         resolve_conv_geometry(attrs_, {x.view(x_shape), ctx.input_name(1)}, {w, ctx.input_name(2)});
     const Shape y_shape = conv_output_shape(g);
@@ -358,17 +354,6 @@ class ConvGradKernel final : public Kernel {
   }
 
  private:
-  // The plain shape [N, C, D...] of input `index`, blocked by b channels ([N, C / b, D..., b]).
-  static Shape merged_shape(KernelContext& ctx, int index, const Tensor& t, int64_t b) {
-    const size_t rank = ctx.input(2).rank() + 1;
-    if (t.rank() != rank || t.dim(t.rank() - 1) != b) {
-      fail("input " + ctx.input_name(index) + " has shape " + t.shape().to_string() + ", expected rank " +
-           std::to_string(rank) + " with last dim " + std::to_string(b) +
-           " ([N, C / b, spatial..., b]: a channel block of " + std::to_string(b) + ")");
-    }
-    return channels_merged_shape(t.shape(), b);
-  }
-
   // `plain` [N, C, D...] blocked by b channels; fails unless b divides C.
   static Shape blocked_or_fail(KernelContext& ctx, const Shape& plain, int64_t b, const char* attribute) {
     if (plain[1] % b != 0) {
@@ -498,12 +483,8 @@ class ConvGradKernel final : public Kernel {
 }  // namespace
 
 std::unique_ptr<Kernel> make_conv_grad(const KernelInit& init) {
-  GradBlocks blocks;
-  for (auto [name, block] : {std::pair{"dy_channel_block", &blocks.dy}, std::pair{"x_channel_block", &blocks.x},
-                             std::pair{"dx_channel_block", &blocks.dx}}) {
-    *block = init.attr_int(name, 0);
-    if (*block < 0) throw Error(std::string("attribute '") + name + "' is " + std::to_string(*block) + ", expected >= 0");
-  }
+  const GradBlocks blocks{parse_channel_block(init, "dy_channel_block"), parse_channel_block(init, "x_channel_block"),
+                          parse_channel_block(init, "dx_channel_block")};
   return std::make_unique<ConvGradKernel>(parse_conv_attrs(init, init.op_type() == "ConvTransposeGrad"), blocks);
 }
 

@@ -317,6 +317,19 @@ inline Shape channels_merged_shape(const Shape& blocked, int64_t b) {
   return s;
 }
 
+// [N, C, D...] for `t`, input `name` read as [N, C / b, D..., b] with `spatial` spatial dims
+// (attribute `attribute` = b); throws Error naming the input for any other rank or last dim.
+inline Shape channels_merged_shape(const Tensor& t, const std::string& name, size_t spatial, int64_t b,
+                                   const std::string& attribute) {
+  const size_t rank = spatial + 3;
+  if (t.rank() != rank || t.dim(t.rank() - 1) != b) {
+    throw Error("input " + name + " has shape " + t.shape().to_string() + ", expected rank " + std::to_string(rank) +
+                " with last dim " + std::to_string(b) + " ([N, C / b, spatial..., b]: attribute " + attribute + " = " +
+                std::to_string(b) + ")");
+  }
+  return channels_merged_shape(t.shape(), b);
+}
+
 // The plain [N, C, D...] tensor of x [N, C / b, D..., b], as a new tensor.
 inline Tensor unblocked_channels(const Tensor& x, int64_t b) {
   std::vector<int64_t> order{0, 1, static_cast<int64_t>(x.rank()) - 1};

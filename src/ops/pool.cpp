@@ -359,11 +359,7 @@ class PoolKernel final : public Kernel {
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    if (!plan_ || !(plan_shape_ == x.shape())) {
-      plan_ = make_pool_plan(a_, x.shape(), ctx.input_name(0));
-      plan_shape_ = x.shape();
-    }
-    const PoolPlan& p = *plan_;
+    const PoolPlan& p = plans_.get(a_, x.shape(), ctx.input_name(0));
     Shape out{x.dim(0), x.dim(1)};
     for (int64_t d : p.out) out.push_back(d);
     int64_t window = 1;
@@ -389,8 +385,7 @@ class PoolKernel final : public Kernel {
 
  private:
   PoolAttrs a_;
-  Shape plan_shape_;  // the input shape plan_ was made for
-  std::optional<PoolPlan> plan_;
+  PoolPlanCache plans_;
 };
 
 // The 2x2 pool (p.windows_2x2) of x [images, H, W, B] into y [images, OH, OW, B] when
@@ -459,31 +454,23 @@ class BlockedMaxPoolKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const int64_t b = x_block_;
-    if (x.rank() != a_.kernel.size() + 3 || x.dim(x.rank() - 1) != b) {
-      fail("input " + ctx.input_name(0) + " has shape " + x.shape().to_string() + ", expected rank " +
-           std::to_string(a_.kernel.size() + 3) + " with last dim " + std::to_string(b) +
-           " ([N, C / b, spatial..., b]: attribute x_channel_block = " + std::to_string(b) + ")");
-    }
+    const Shape plain = channels_merged_shape(x, ctx.input_name(0), a_.kernel.size(), b, "x_channel_block");
     if (x.dtype() != DataType::Float32) {
       fail("input " + ctx.input_name(0) + " is " + x.description() + ", expected float32 (" + ctx.node().op_type +
            " runs float32 only)");
     }
-    const Shape plain = channels_merged_shape(x.shape(), b);
-    if (!plan_ || !(plan_shape_ == plain)) {
-      plan_ = make_pool_plan(a_, plain, ctx.input_name(0));
-      plan_shape_ = plain;
-    }
+    const PoolPlan& p = plans_.get(a_, plain, ctx.input_name(0));
     Shape out{plain[0], plain[1]};
-    for (int64_t d : plan_->out) out.push_back(d);
+    for (int64_t d : p.out) out.push_back(d);
     Tensor& y = ctx.allocate_output(0, x.dtype(), y_block_ ? channel_blocked_shape(out, y_block_) : out);
     // N x C / b images of b channels each, channels-last; a plain y is [N x C / b, b, O...].
     const int64_t images = plain[0] * plain[1] / b;
-    if (plan_->windows_2x2 && b == 16) {
-      max_pool_2x2_blocked<16>(*plan_, images, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
-    } else if (plan_->windows_2x2 && b == 8) {
-      max_pool_2x2_blocked<8>(*plan_, images, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
+    if (p.windows_2x2 && b == 16) {
+      max_pool_2x2_blocked<16>(p, images, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
+    } else if (p.windows_2x2 && b == 8) {
+      max_pool_2x2_blocked<8>(p, images, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
     } else {
-      max_pool_channels_last(*plan_, images, b, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
+      max_pool_channels_last(p, images, b, relu_, x.data<float>(), y.data<float>(), y_block_ != 0);
     }
   }
 
@@ -491,8 +478,7 @@ class BlockedMaxPoolKernel final : public Kernel {
   PoolAttrs a_;
   int64_t x_block_ = 0, y_block_ = 0;
   bool relu_ = false;  // attribute activation = "Relu": Relu after the pool
-  Shape plan_shape_;  // the plain input shape plan_ was made for
-  std::optional<PoolPlan> plan_;
+  PoolPlanCache plans_;  // for the plain input shape
 };
 
 // GlobalMaxPool / GlobalAveragePool: X [N, C, D...] -> Y [N, C, 1, ...], over all spatial dims.

@@ -439,33 +439,60 @@ class PoolGradKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    if (routing_mask_) {
-      run_mask(ctx);
-      return;
-    }
-    if (x_block_) {
-      run_blocked(ctx);
-      return;
-    }
     const Tensor& dy = ctx.input(0);
-    const Tensor& x = ctx.input(1);
-    if (!plan_ || !(plan_shape_ == x.shape())) {
-      plan_ = make_pool_plan(a_, x.shape(), ctx.input_name(1));
-      plan_shape_ = x.shape();
+    const Tensor& x = ctx.input(1);  // or the routing mask
+    const int64_t b = x_block_;
+    // X's plain shape [N, C, D...]: input 1's own, or read blocked by b channels, or the mask's.
+    Shape plain = x.shape();
+    if (routing_mask_) {
+      if (x.rank() != 5 || x.dim(4) != b / 8 || x.dtype() != DataType::UInt8) {
+        fail("input " + ctx.input_name(1) + " is " + x.description() + ", expected uint8 [N, C / " + std::to_string(b) +
+             ", H, W, " + std::to_string(b / 8) + "] (attribute routing_mask = 1: the bit mask of a pooled FusedConv)");
+      }
+      plain = Shape{x.dim(0), x.dim(1) * b, x.dim(2), x.dim(3)};
+    } else if (b) {
+      plain = channels_merged_shape(x, ctx.input_name(1), 2, b, "x_channel_block");
     }
-    const PoolPlan& p = *plan_;
-    Shape y_shape{x.dim(0), x.dim(1)};
+    // The channel-blocked forms run float32 only.
+    const DataType dtype = b ? DataType::Float32 : x.dtype();
+    for (int i : {0, 1}) {
+      const Tensor& t = ctx.input(i);
+      if ((i == 0 || !routing_mask_) && t.dtype() != dtype) {
+        fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected " + std::string(dtype_name(dtype)) +
+             (b ? " (attribute x_channel_block)" : " like " + ctx.input_name(1)));
+      }
+    }
+    const PoolPlan& p = plans_.get(a_, plain, ctx.input_name(1));
+    Shape y_shape{plain[0], plain[1]};
     for (int64_t d : p.out) y_shape.push_back(d);
-    if (dy.dtype() != x.dtype()) {
-      fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected " +
-           std::string(dtype_name(x.dtype())) + " like " + ctx.input_name(1));
-    }
-    if (!(dy.shape() == y_shape)) {
+    const Shape dy_expected = dy_block_ ? channel_blocked_shape(y_shape, b) : y_shape;
+    if (!(dy.shape() == dy_expected)) {
       fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
-           y_shape.to_string() + " (the output of " + (a_.is_max ? "MaxPool" : "AveragePool") +
-           " for " + ctx.input_name(1) + " " + x.shape().to_string() + ")");
+           dy_expected.to_string() + " (the output of " + (a_.is_max ? "MaxPool" : "AveragePool") + " for " +
+           ctx.input_name(1) + " " + x.shape().to_string() + (dy_block_ ? ", blocked by attribute dy_channel_block" : "") +
+           ")");
+    }
+    if (routing_mask_ && !p.windows_2x2) {
+      fail("attribute routing_mask = 1 takes 2x2 windows at stride 2, not those of kernel_shape " + ints_to_string(a_.kernel) +
+           " over " + ctx.input_name(1) + " " + plain.to_string());
     }
     if (!ctx.has_output(0)) return;
+    if (b) {  // float32, X and dX [N, C / b, H, W, b]
+      float* dx = ctx.allocate_output(0, DataType::Float32, channel_blocked_shape(plain, b)).data<float>();
+      const int64_t images = plain[0] * plain[1] / b;
+      const float* xb = routing_mask_ ? nullptr : x.data<float>();
+      const uint8_t* mask = routing_mask_ ? x.data<uint8_t>() : nullptr;
+      const auto run = [&]<int B>() {
+        if (routing_mask_) {
+          max_pool_grad_2x2_blocked<B, false>(p, images, plain[1], nullptr, mask, dy.data<float>(), dy_block_ != 0, dx);
+        } else {
+          (relu_ ? max_pool_grad_blocked_2d<B, true> : max_pool_grad_blocked_2d<B, false>)(p, images, plain[1], xb,
+                                                                                         dy.data<float>(), dy_block_ != 0, dx);
+        }
+      };
+      b == 16 ? run.template operator()<16>() : run.template operator()<8>();  // make_pool_grad allows 8 or 16
+      return;
+    }
     const std::string what = ctx.node().op_type + " input " + ctx.input_name(1);
     visit_dtype<FloatTypes>(x.dtype(), what, [&]<class T>() {
       T* dx = ctx.allocate_output(0, x.dtype(), x.shape()).data<T>();
@@ -478,95 +505,12 @@ class PoolGradKernel final : public Kernel {
   }
 
  private:
-  // MaxPoolGrad with x_channel_block = b: X and dX [N, C / b, H, W, b], dY [N, C / b, OH, OW, b]
-  // with dy_channel_block = b, else [N, C, OH, OW]. float32.
-  void run_blocked(KernelContext& ctx) {
-    const Tensor& dy = ctx.input(0);
-    const Tensor& x = ctx.input(1);
-    const int64_t b = x_block_;
-    if (x.rank() != 5 || x.dim(4) != b) {
-      fail("input " + ctx.input_name(1) + " has shape " + x.shape().to_string() + ", expected [N, C / " +
-           std::to_string(b) + ", H, W, " + std::to_string(b) + "] (attribute x_channel_block = " + std::to_string(b) +
-           ")");
-    }
-    if (x.dtype() != DataType::Float32 || dy.dtype() != DataType::Float32) {
-      fail("inputs " + ctx.input_name(0) + " and " + ctx.input_name(1) + " are " + dy.description() + " and " +
-           x.description() + ", expected float32 (attribute x_channel_block runs float32 only)");
-    }
-    const Shape plain = channels_merged_shape(x.shape(), b);
-    if (!plan_ || !(plan_shape_ == plain)) {
-      plan_ = make_pool_plan(a_, plain, ctx.input_name(1));
-      plan_shape_ = plain;
-    }
-    const PoolPlan& p = *plan_;
-    Shape y_shape{plain[0], plain[1]};
-    for (int64_t d : p.out) y_shape.push_back(d);
-    const Shape dy_expected = dy_block_ ? channel_blocked_shape(y_shape, b) : y_shape;
-    if (!(dy.shape() == dy_expected)) {
-      fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " +
-           dy_expected.to_string() + " (the output of MaxPool for " + ctx.input_name(1) + " " + plain.to_string() +
-           (dy_block_ ? ", blocked by attribute dy_channel_block)" : ")"));
-    }
-    if (!ctx.has_output(0)) return;
-    float* dx = ctx.allocate_output(0, x.dtype(), x.shape()).data<float>();
-    const int64_t images = plain[0] * plain[1] / b;
-    const auto run = [&]<int B>() {
-      (relu_ ? max_pool_grad_blocked_2d<B, true> : max_pool_grad_blocked_2d<B, false>)(
-          p, images, plain[1], x.data<float>(), dy.data<float>(), dy_block_ != 0, dx);
-    };
-    if (b == 16) {
-      run.template operator()<16>();
-    } else if (b == 8) {
-      run.template operator()<8>();
-    } else {
-      fail("attribute x_channel_block is " + std::to_string(b) + ", expected 8 or 16");
-    }
-  }
-
-  // MaxPoolGrad with routing_mask = 1: input 1 is the bit mask [N, C / b, H, W, b / 8] of X (b =
-  // x_channel_block) that a pooled ai.onnxtrain.FusedConv wrote beside its output.
-  void run_mask(KernelContext& ctx) {
-    const Tensor& dy = ctx.input(0);
-    const Tensor& mask = ctx.input(1);
-    const int64_t b = x_block_;
-    if (mask.rank() != 5 || mask.dim(4) != b / 8 || mask.dtype() != DataType::UInt8) {
-      fail("input " + ctx.input_name(1) + " is " + mask.description() + ", expected uint8 [N, C / " + std::to_string(b) +
-           ", H, W, " + std::to_string(b / 8) + "] (attribute routing_mask = 1: the bit mask of a pooled FusedConv)");
-    }
-    if (dy.dtype() != DataType::Float32) {
-      fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected float32 (attribute routing_mask)");
-    }
-    Shape plain{mask.dim(0), mask.dim(1) * b, mask.dim(2), mask.dim(3)};  // X's, [N, C, H, W]
-    if (!plan_ || !(plan_shape_ == plain)) {
-      plan_ = make_pool_plan(a_, plain, ctx.input_name(1));
-      plan_shape_ = plain;
-    }
-    const PoolPlan& p = *plan_;
-    if (!p.windows_2x2) {
-      fail("attribute routing_mask = 1 takes 2x2 windows at stride 2, not those of kernel_shape " + ints_to_string(a_.kernel) +
-           " over " + ctx.input_name(1) + " " + plain.to_string());
-    }
-    Shape y_shape{plain[0], plain[1]};
-    for (int64_t d : p.out) y_shape.push_back(d);
-    const Shape dy_expected = dy_block_ ? channel_blocked_shape(y_shape, b) : y_shape;
-    if (!(dy.shape() == dy_expected)) {
-      fail("input " + ctx.input_name(0) + " has shape " + dy.shape().to_string() + ", expected " + dy_expected.to_string() +
-           " (the pooled output for the mask " + ctx.input_name(1) + " " + mask.shape().to_string() + ")");
-    }
-    if (!ctx.has_output(0)) return;
-    float* dx = ctx.allocate_output(0, DataType::Float32, channel_blocked_shape(plain, b)).data<float>();
-    const int64_t images = plain[0] * plain[1] / b;
-    (b == 16 ? max_pool_grad_2x2_blocked<16, false> : max_pool_grad_2x2_blocked<8, false>)(
-        p, images, plain[1], nullptr, mask.data<uint8_t>(), dy.data<float>(), dy_block_ != 0, dx);
-  }
-
   PoolAttrs a_;
   bool relu_ = false;   // MaxPoolGrad with activation = "Relu"
   int64_t x_block_ = 0, dy_block_ = 0;  // attributes x_channel_block, dy_channel_block
   bool routing_mask_ = false;  // attribute routing_mask
   int64_t window_ = 1;  // kernel elements
-  Shape plan_shape_;    // the X shape plan_ was made for
-  std::optional<PoolPlan> plan_;
+  PoolPlanCache plans_;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -67,6 +68,22 @@ struct PoolPlan {
 // Throws Error when X's rank does not fit kernel_shape or a window does not fit.
 PoolPlan make_pool_plan(const PoolAttrs& a, const Shape& x, const std::string& x_name);
 
+// A kernel's plan for the last input shape it saw: made again only when the shape changes.
+class PoolPlanCache {
+ public:
+  const PoolPlan& get(const PoolAttrs& a, const Shape& x, const std::string& x_name) {
+    if (!plan_ || !(shape_ == x)) {
+      plan_ = make_pool_plan(a, x, x_name);
+      shape_ = x;
+    }
+    return *plan_;
+  }
+
+ private:
+  Shape shape_;
+  std::optional<PoolPlan> plan_;
+};
+
 // MaxPool without the Indices output: y [N, C, O...] = the maximum of each window of the plain
 // x [N, C, D...] (`p` made for x's shape); a NaN in a window gives NaN. Any numeric dtype.
 void max_pool_forward(const PoolPlan& p, const Tensor& x, Tensor& y);
@@ -87,7 +104,7 @@ void max_pool_channels_last(const PoolPlan& p, int64_t images, int64_t channels,
 // set at each window's first maximum (first_argmax's order and NaN rule) where that maximum is > 0,
 // clear elsewhere (the row and column no window reads too). MaxPoolGrad with activation = "Relu"
 // over x sends each dY element exactly where the bit is set, so max_pool_grad_2x2_blocked
-// (pool_grad.cpp) gives its dX without x.
+// (pool_grad.cpp) gives its dX without x. Throws Error for other windows or blocks.
 void max_pool_relu_with_mask(const PoolPlan& p, int64_t images, int64_t block, const float* x, float* y, bool y_blocked,
                              uint8_t* mask);
 

@@ -1767,9 +1767,26 @@ std::vector<int64_t> blockable_weights(const onnx::NodeProto& node, int index, c
   return it != stated.end() && it->second.size() == 4 ? it->second : std::vector<int64_t>{};
 }
 
-bool has_attribute(const onnx::NodeProto& node, const std::string& name) {
-  return std::any_of(node.attribute().begin(), node.attribute().end(),
-                     [&](const auto& attr) { return attr.name() == name; });
+// The node's attribute `name`, or null.
+const onnx::AttributeProto* find_attribute(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& attr : node.attribute()) {
+    if (attr.name() == name) return &attr;
+  }
+  return nullptr;
+}
+
+bool has_attribute(const onnx::NodeProto& node, const std::string& name) { return find_attribute(node, name); }
+
+// Whether the node's attribute activation is "Relu".
+bool relu_activation(const onnx::NodeProto& node) {
+  const onnx::AttributeProto* a = find_attribute(node, "activation");
+  return a && a->s() == "Relu";
+}
+
+// Removes the node's attribute `name`, if it has one.
+void drop_attribute(onnx::NodeProto& node, const std::string& name) {
+  auto& attrs = *node.mutable_attribute();
+  attrs.erase(std::remove_if(attrs.begin(), attrs.end(), [&](const auto& a) { return a.name() == name; }), attrs.end());
 }
 
 // Whether a pool node's kernel_shape has two dims.
@@ -1890,18 +1907,14 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
   // by chunk in cache and never stored: not written, nor read by the pool and its gradient.
   ValueNames names(graph);
   std::vector<int> dropped;
-  const auto pool_into_conv = [&](onnx::GraphProto& g, int conv_index, int pool_index, const std::vector<int>& readers) {
-    onnx::NodeProto& conv = *g.mutable_node(conv_index);
-    const onnx::NodeProto& pool = g.node(pool_index);
-    const std::string c = conv.output(0);
+  const auto pool_into_conv = [&](int conv_index, int pool_index, const std::vector<int>& readers) {
+    onnx::NodeProto& conv = *graph.mutable_node(conv_index);
+    const onnx::NodeProto& pool = graph.node(pool_index);
     for (int r : readers) {
-      const onnx::NodeProto& reader = g.node(r);
-      if (r != pool_index && !(reader.op_type() == "MaxPoolGrad" && pool_2x2_stride_2(reader))) return;
+      if (r != pool_index && !pool_2x2_stride_2(graph.node(r))) return;  // the MaxPoolGrads'
     }
-    const std::string mask = names.fresh(c + "/routing_mask");
-    auto& attrs = *conv.mutable_attribute();
-    attrs.erase(std::remove_if(attrs.begin(), attrs.end(), [](const auto& a) { return a.name() == "y_channel_block"; }),
-                attrs.end());
+    const std::string mask = names.fresh(conv.output(0) + "/routing_mask");
+    drop_attribute(conv, "y_channel_block");
     for (const auto& a : pool.attribute()) {
       if (a.name() == "kernel_shape" || a.name() == "strides") {
         *conv.add_attribute() = a;
@@ -1914,12 +1927,9 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
     conv.add_output(mask);
     for (int r : readers) {
       if (r == pool_index) continue;
-      onnx::NodeProto& grad = *g.mutable_node(r);
+      onnx::NodeProto& grad = *graph.mutable_node(r);
       grad.set_input(1, mask);
-      auto& grad_attrs = *grad.mutable_attribute();
-      grad_attrs.erase(std::remove_if(grad_attrs.begin(), grad_attrs.end(),
-                                      [](const auto& a) { return a.name() == "activation"; }),
-                       grad_attrs.end());
+      drop_attribute(grad, "activation");
       *grad.add_attribute() = autodiff::attr_int("routing_mask", 1);
     }
     dropped.push_back(pool_index);
@@ -1965,27 +1975,22 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
   for (int i = 0; i < graph.node_size(); ++i) {
     onnx::NodeProto& conv = *graph.mutable_node(i);
     if (nodes[static_cast<size_t>(i)].kind != BlockableNode::kConv || !blocked.contains(conv.output(0))) continue;
-    const auto activation = std::find_if(conv.attribute().begin(), conv.attribute().end(),
-                                         [](const auto& attr) { return attr.name() == "activation"; });
-    if (activation == conv.attribute().end() || activation->s() != "Relu") continue;
+    if (!relu_activation(conv)) continue;
     const std::vector<int>& readers = m.readers(conv.output(0));
     std::vector<int> pools;
     bool movable = true;
     for (int r : readers) {
       const onnx::NodeProto& reader = graph.node(r);
-      const auto reader_activation = std::find_if(reader.attribute().begin(), reader.attribute().end(),
-                                                  [](const auto& attr) { return attr.name() == "activation"; });
-      if (reader.op_type() == "MaxPoolChannelBlocked" && reader_activation == reader.attribute().end()) {
+      if (reader.op_type() == "MaxPoolChannelBlocked" && !has_attribute(reader, "activation")) {
         pools.push_back(r);
-      } else if (!(reader.op_type() == "MaxPoolGrad" && reader.input(0) != conv.output(0) &&
-                   reader_activation != reader.attribute().end() && reader_activation->s() == "Relu")) {
+      } else if (!(reader.op_type() == "MaxPoolGrad" && reader.input(0) != conv.output(0) && relu_activation(reader))) {
         movable = false;
       }
     }
     if (!movable || pools.empty()) continue;
-    conv.mutable_attribute()->erase(conv.mutable_attribute()->begin() + (activation - conv.attribute().begin()));
-    for (int r : pools) *graph.mutable_node(r)->add_attribute() = autodiff::attr_string("activation", "Relu");
-    if (pools.size() == 1 && pool_2x2_stride_2(graph.node(pools[0]))) pool_into_conv(graph, i, pools[0], readers);
+    drop_attribute(conv, "activation");
+    for (int r : pools) add_activation(*graph.mutable_node(r));
+    if (pools.size() == 1 && pool_2x2_stride_2(graph.node(pools[0]))) pool_into_conv(i, pools[0], readers);
   }
   if (!dropped.empty()) {
     std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
