@@ -35,7 +35,10 @@
 // convolution's output itself is made chunk by chunk in cache and not kept. Without a pool the
 // same channel-block attributes (block_convolution_tensors on AVX-512, b = 16) read X and write Y
 // blocked by b channels, through oneDNN on those tensors as they are (float32), else the plain
-// path between permutations. Without the pool and the attributes, float32 applies Relu while
+// path between permutations. A FusedConv without the pool with attribute weight_taps = 1 (made by
+// runtime/fusion.h share_weight_taps for a training graph) writes as output 1 the taps of W the
+// convolution runs with when crop_unreached_taps crops them (float32 [M, C/group, cropped k...]),
+// else an empty float32 [0]; its ConvGrad reads them as input 3. Without the pool and the attributes, float32 applies Relu while
 // copying oneDNN's channel-blocked output into the plain tensor. For float32 through oneDNN the convolution writes
 // a scratch block, channel-blocked (where pooled_conv_channel_block() is not 0, M divides by it and
 // Y is not channels-last) or else channels-last, and max_pool_channels_last (pool.cpp) reads it, so
@@ -349,14 +352,24 @@ Shape TapCrop::weights_shape() const {
   return shape;
 }
 
-Tensor gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w) {
-  Tensor cropped(DataType::Float32, crop.weights_shape());
-  float* wc = cropped.data<float>();
+void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, float* wc) {
   const std::vector<int64_t> offsets = kept_tap_offsets(g, crop);
   for_each_weight_block(g, offsets, [&](int64_t full, int64_t cropped) {
     for (size_t j = 0; j < offsets.size(); ++j) wc[cropped + static_cast<int64_t>(j)] = w[full + offsets[j]];
   });
+}
+
+Tensor gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w) {
+  Tensor cropped(DataType::Float32, crop.weights_shape());
+  gather_taps(g, crop, w, cropped.data<float>());
   return cropped;
+}
+
+Tensor weight_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, const Tensor* given) {
+  if (given && given->defined() && given->dtype() == DataType::Float32 && given->shape() == crop.weights_shape()) {
+    return *given;
+  }
+  return gather_taps(g, crop, w);
 }
 
 void scatter_taps(const ConvGeometry& g, const TapCrop& crop, const float* dwc, float* dw) {
@@ -636,6 +649,9 @@ struct ConvEpilogue {
   // With the pool: x [N, C / b, D..., b] and y [N, M / b, O..., b] for b not 0 (attributes
   // x_channel_block and y_channel_block).
   int64_t x_channel_block = 0, y_channel_block = 0;
+  // Without the pool: output 1 = the taps of W the convolution runs with (attribute weight_taps = 1;
+  // ConvKernel::write_weight_taps).
+  bool weight_taps = false;
 };
 
 bool is_half(DataType t) { return t == DataType::Float16 || t == DataType::BFloat16; }
@@ -681,10 +697,16 @@ class ConvKernel final : public Kernel {
       }
       out = channel_blocked_shape(out, yb);
     }
-    if (ctx.has_output(1)) {  // the pool's routing mask (output 1)
+    if (epilogue_.weight_taps) {
+      write_weight_taps(ctx, g);
+    } else if (ctx.has_output(1)) {  // the pool's routing mask (output 1)
       forward_with_mask(ctx, g, pool, x, out);
       return;
     }
+    struct ForgetTaps {  // run_taps_ holds this run's output 1 only
+      Tensor& taps;
+      ~ForgetTaps() { taps = Tensor(); }
+    } forget{run_taps_};
     if (is_half(x.dtype())) {  // through float32
       Tensor y(DataType::Float32, out);
       forward(ctx, g, pool, x, y, epilogue_.relu);
@@ -695,6 +717,23 @@ class ConvKernel final : public Kernel {
   }
 
  private:
+  // Attribute weight_taps = 1: output 1 = the taps of W (input 1) that tap_crop keeps, which this
+  // run's convolution runs with (run_taps_) and the node's ConvGrad reads as its input 3 instead of
+  // gathering them again (runtime/fusion.h share_weight_taps): ResNet-18's layer-4 convolutions on
+  // 1x1 maps keep 1 tap of 9, and each gather reads all 9.4 MB of a 512 x 512 x 3 x 3 W. An empty
+  // float32 [0] where the run crops nothing (or runs other than float32 with at most 3 spatial dims).
+  void write_weight_taps(KernelContext& ctx, const ConvGeometry& g) {
+    const Tensor& w = ctx.input(1);
+    std::optional<TapCrop> crop;
+    if (ctx.input(0).dtype() == DataType::Float32 && w.dtype() == DataType::Float32 && g.rank() <= 3) crop = tap_crop(g);
+    if (!crop || weights_constant_) {
+      ctx.allocate_output(1, DataType::Float32, Shape{0});
+      return;
+    }
+    run_taps_ = ctx.allocate_output(1, DataType::Float32, crop->weights_shape());
+    gather_taps(g, *crop, w.data<float>(), run_taps_.data<float>());
+  }
+
   // The geometry of the node's convolution of x [N, C, D...] (ctx's input 0, or its
   // channels-first or unblocked view) with input 1, after checking input 2 (the bias) against it.
   ConvGeometry geometry(KernelContext& ctx, const Tensor& x) const {
@@ -1124,7 +1163,7 @@ class ConvKernel final : public Kernel {
     const std::optional<TapCrop> crop = tap_crop(g);
     const ConvGeometry& run_g = crop ? crop->geometry : g;
     if (!prefer_conv_gemm(run_g)) return false;
-    const Tensor cropped = crop ? gather_taps(g, *crop, w.data<float>()) : Tensor();
+    const Tensor cropped = crop ? weight_taps(g, *crop, w.data<float>(), &run_taps_) : Tensor();
     conv_gemm_forward(run_g, x.data<float>(), (crop ? cropped : w).data<float>(), bias, y, relu);
     return true;
   }
@@ -1149,7 +1188,7 @@ class ConvKernel final : public Kernel {
                            Tensor& gathered, bool channel_dim_last = false) const {
     if (!crop && !channel_dim_last) return w.data<float>();
     const auto make = [&] {
-      const Tensor taps = crop ? gather_taps(g, *crop, w.data<float>()) : w;
+      const Tensor taps = crop ? weight_taps(g, *crop, w.data<float>(), &run_taps_) : w;
       return channel_dim_last ? permuted(taps, channels_last_order(taps.rank())) : taps;
     };
     if (!weights_constant_) {
@@ -1177,6 +1216,7 @@ class ConvKernel final : public Kernel {
   // training step, where they are variables fed from the session's state.
   const bool weights_constant_;
   const bool channels_last_;  // ai.onnxtrain.ConvChannelsLast
+  Tensor run_taps_;            // during a run with attribute weight_taps: its output 1 where it crops
   du::PrimitiveCache<ConvEntry> cache_;
   PoolPlanCache pool_plans_;  // for the convolution's output shape
 };
@@ -1277,6 +1317,11 @@ std::unique_ptr<Kernel> make_fused_conv(const KernelInit& init) {
   }
   epilogue.x_channel_block = parse_channel_block(init, "x_channel_block");
   epilogue.y_channel_block = parse_channel_block(init, "y_channel_block");
+  epilogue.weight_taps = init.attr_int("weight_taps", 0) != 0;
+  if (epilogue.weight_taps && epilogue.pool) {
+    throw Error("attributes 'weight_taps' and 'pool_kernel_shape' are both set; output 1 is either W's taps or the "
+                "pool's routing mask");
+  }
   if (epilogue.channels_last_y && epilogue.y_channel_block) {
     throw Error("attributes 'channels_last' and 'y_channel_block' are both set; Y has one layout");
   }

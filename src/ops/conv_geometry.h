@@ -123,6 +123,14 @@ std::optional<TapCrop> crop_unreached_taps(const ConvGeometry& g);
 // The taps of float32 w [M, C/G, kernel...] that `crop` keeps: a new float32 tensor of
 // crop.weights_shape().
 Tensor gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w);
+// The same into wc, crop.weights_shape().numel() floats.
+void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, float* wc);
+
+// W's taps under `crop` for a run of a training step: `given` when it is a float32 tensor of
+// crop.weights_shape() (the forward node's output 1, attribute weight_taps: runtime/fusion.h
+// share_weight_taps), which the convolution's ConvGrad reads instead of gathering them again;
+// else gather_taps. `given` may be null.
+Tensor weight_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, const Tensor* given);
 
 // dw [M, C/G, kernel...] = dwc [M, C/G, cropped kernel...] at the taps `crop` keeps, 0 at the
 // others (whose products were all with padding).

@@ -23,6 +23,10 @@
 // output maps are small runs dX and dW as one matrix product over the batch each instead of
 // oneDNN's primitives where conv_gemm.h's prefer_conv_gemm says so (CPUs without AVX-512).
 //
+// ConvGrad's optional input 3 (runtime/fusion.h share_weight_taps, never saved) is the forward
+// FusedConv's output 1, W's taps under the crop (attribute weight_taps): used instead of gathering
+// them again when it has the crop's shape (conv_geometry.h weight_taps).
+//
 // ConvGrad with attributes dy_channel_block, x_channel_block and/or dx_channel_block = b (made by
 // runtime/fusion.h block_convolution_tensors, never saved) reads dY and/or X and writes dX blocked
 // by b channels, [N, C / b, D..., b]: float32 with b = conv_channel_block() runs oneDNN's primitives
@@ -304,6 +308,7 @@ class ConvGradKernel final : public Kernel {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
     const Tensor& w = ctx.input(2);
+    taps_ = ctx.has_input(3) ? &ctx.input(3) : nullptr;
     const Shape x_shape =
         blocks_.x ? channels_merged_shape(x, ctx.input_name(1), w.rank() - 2, blocks_.x, "x_channel_block") : x.shape();
     const ConvGeometry g =
@@ -389,19 +394,20 @@ class ConvGradKernel final : public Kernel {
     float* dx = want_dx ? ctx.allocate_output(0, x.dtype(), dx_shape).data<float>() : nullptr;
     float* dw = want_dw ? ctx.allocate_output(1, x.dtype(), w.shape()).data<float>() : nullptr;
     float* db = want_db ? ctx.allocate_output(2, x.dtype(), Shape{g.M}).data<float>() : nullptr;
-    execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db);
+    execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db, taps_);
     return true;
   }
 
-  // execute() over the taps of `crop` when there is one: W's gathered for dX, dW's scattered back
-  // with zeros at the others (conv_geometry.h crop_unreached_taps).
+  // execute() over the taps of `crop` when there is one: W's for dX (`taps` where it holds them,
+  // else gathered), dW's scattered back with zeros at the others (conv_geometry.h
+  // crop_unreached_taps).
   static void execute_cropped(GradEntry& e, const ConvGeometry& g, const std::optional<TapCrop>& crop, const float* dy,
-                              const float* x, const float* w, float* dx, float* dw, float* db) {
+                              const float* x, const float* w, float* dx, float* dw, float* db, const Tensor* taps) {
     Tensor w_cropped, dw_cropped;
     const float* w_run = w;
     float* dw_run = dw;
     if (crop && dx) {
-      w_cropped = gather_taps(g, *crop, w_run);
+      w_cropped = weight_taps(g, *crop, w_run, taps);
       w_run = w_cropped.data<float>();
     }
     if (crop && dw) {
@@ -452,7 +458,7 @@ class ConvGradKernel final : public Kernel {
           return;
         }
         if (!attrs_.transpose && prefer_conv_gemm(run_g)) {  // one product over the batch per output
-          const Tensor w_cropped = crop && dx ? gather_taps(g, *crop, w.data<float>()) : Tensor();
+          const Tensor w_cropped = crop && dx ? weight_taps(g, *crop, w.data<float>(), taps_) : Tensor();
           const float* w_run = crop && dx ? w_cropped.data<float>() : w.data<float>();
           Tensor dw_cropped = crop && dw ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
           float* dw_run = crop && dw ? dw_cropped.data<float>() : dw;
@@ -465,7 +471,7 @@ class ConvGradKernel final : public Kernel {
           return plan(run_g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
         });
         if (!e.use_reference) {
-          execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db);
+          execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db, taps_);
           if (db && !e.bias) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }
@@ -478,6 +484,7 @@ class ConvGradKernel final : public Kernel {
   ConvAttrs attrs_;
   GradBlocks blocks_;
   du::PrimitiveCache<GradEntry> cache_;
+  const Tensor* taps_ = nullptr;  // the run's input 3, if any
 };
 
 }  // namespace

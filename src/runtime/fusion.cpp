@@ -2000,4 +2000,51 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
   return static_cast<int>(blocked.size());
 }
 
+int share_weight_taps(onnx::GraphProto& graph) {
+  std::set<std::string> initializers;
+  for (const auto& init : graph.initializer()) initializers.insert(init.name());
+  // The attributes that decide which taps of W a convolution reads, serialized.
+  const auto geometry = [](const onnx::NodeProto& node) {
+    std::map<std::string, std::string> out;
+    for (const auto& attr : node.attribute()) {
+      const std::string& n = attr.name();
+      if (n == "kernel_shape" || n == "strides" || n == "pads" || n == "dilations" || n == "auto_pad" || n == "group") {
+        out[n] = attr.SerializeAsString();
+      }
+    }
+    return out;
+  };
+  ValueNames names(graph);
+  Matcher m(graph);
+  int rewritten = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& conv = graph.node(i);
+    const bool plain_conv = is_onnx_op(conv, "Conv") ||
+                            (conv.domain() == kInternalDomain && conv.op_type() == "FusedConv" &&
+                             !has_attribute(conv, "pool_kernel_shape") && !has_attribute(conv, "weight_taps"));
+    if (!plain_conv || conv.output_size() != 1 || conv.input_size() < 2 || conv.input(1).empty() ||
+        initializers.contains(conv.input(1))) {
+      continue;
+    }
+    std::vector<int> grads;
+    for (int r : m.readers(conv.input(1))) {
+      const onnx::NodeProto& grad = graph.node(r);
+      if (grad.domain() == kInternalDomain && grad.op_type() == "ConvGrad" && grad.input_size() == 3 &&
+          grad.input(1) == conv.input(0) && grad.input(2) == conv.input(1) && geometry(grad) == geometry(conv)) {
+        grads.push_back(r);
+      }
+    }
+    if (grads.empty()) continue;
+    const std::string taps = names.fresh(conv.input(1) + "/onnxtrain.taps");
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    node.set_domain(kInternalDomain);
+    node.set_op_type("FusedConv");
+    *node.add_attribute() = autodiff::attr_int("weight_taps", 1);
+    node.add_output(taps);
+    for (int r : grads) graph.mutable_node(r)->add_input(taps);
+    ++rewritten;
+  }
+  return rewritten;
+}
+
 }  // namespace onnxtrain::runtime

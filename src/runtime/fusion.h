@@ -268,4 +268,15 @@ std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& gr
 // twice. Returns the number of forward nodes rewritten.
 int share_rnn_trace(onnx::GraphProto& graph);
 
+// Gives each convolution of a training graph (Conv, or ai.onnxtrain.FusedConv without a pool)
+// whose weights are not an initializer and whose ai.onnxtrain.ConvGrad reads the same X and W
+// with the same kernel_shape, strides, pads, dilations, auto_pad and group the taps of W that
+// both run with: the convolution becomes a FusedConv with attribute weight_taps = 1 and a second
+// output, W's taps where conv_geometry.h crop_unreached_taps crops them (an empty tensor
+// otherwise), which each such ConvGrad takes as input 3 instead of gathering them again (ops/conv.cpp).
+// Results are unchanged (the same taps); W is read once a step for them instead of twice.
+// Run on training graphs after block_convolution_tensors. Returns the number of convolutions
+// rewritten.
+int share_weight_taps(onnx::GraphProto& graph);
+
 }  // namespace onnxtrain::runtime

@@ -45,7 +45,10 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fuse_matrix_products(graph);
     fuse_gemm_relu(graph);
     fuse_max_pool_relu_grad(graph);
-    if (gradients) block_convolution_tensors(graph);  // a backward pass's convolutions
+    if (gradients) {  // a backward pass's convolutions
+      block_convolution_tensors(graph);
+      share_weight_taps(graph);
+    }
     share_rnn_trace(graph);
   }
   return ir::Graph::from_proto(graph, source, base_dir);
