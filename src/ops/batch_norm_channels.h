@@ -62,52 +62,90 @@ inline Tensor channel_tensor(DataType dtype, const std::vector<double>& values) 
 // small planes (ResNet's late layers, 4x4 to 1x1; [N, C] input) its set-up costs more than its
 // work (BatchNormalization of [32, 512, 1, 1] took 0.13 ms, one of [32, 64, 16, 16] 0.07 ms).
 // Planes smaller than kColumnPlanes are summed column by column instead: each column over the
-// rows, vectorized across the columns, then the columns of each channel added.
+// rows, vectorized across the columns, then the columns of each channel added. The kernels below
+// work on the columns of a range of whole channels [c0, c1); for_channel_ranges splits the
+// channels between the threads, so that one task can run every pass of a kernel over its range
+// while the range stays in its core's cache, with one parallel region per kernel.
 inline constexpr int64_t kColumnPlanes = 64;
 
-inline int64_t column_grain(const Layout& l) {
-  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, l.batch));
+// Runs f(c0, c1) over ranges of whole channels in parallel, each of at least kColumnGrain elements
+// (a [32, 256, 2, 2] X: two ranges of 128 channels; a [32, 512, 1, 1] one, on one thread).
+inline constexpr int64_t kColumnGrain = 1 << 14;
+template <class F>
+void for_channel_ranges(const Layout& l, F&& f) {
+  parallel_for(l.channels, std::max<int64_t>(1, kColumnGrain / std::max<int64_t>(1, l.batch * l.size)), f);
 }
 
-// Per channel, the sum of its columns.
-inline std::vector<double> add_columns(const std::vector<double>& columns, const Layout& l) {
-  std::vector<double> sums(static_cast<size_t>(l.channels), 0.0);
-  for (size_t j = 0; j < columns.size(); ++j) sums[j / static_cast<size_t>(l.size)] += columns[j];
-  return sums;
-}
-
-// A per-channel value repeated for each column of its channel.
+// For the columns of channels [c0, c1): value(c) of each column's channel c.
 template <class V>
-std::vector<V> per_column(const Layout& l, auto value) {
-  std::vector<V> v(static_cast<size_t>(l.channels * l.size));
-  for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<V>(value(j / static_cast<size_t>(l.size)));
+std::vector<V> per_column(const Layout& l, int64_t c0, int64_t c1, auto value) {
+  std::vector<V> v(static_cast<size_t>((c1 - c0) * l.size));
+  for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<V>(value(c0 + static_cast<int64_t>(j) / l.size));
   return v;
+}
+
+// out[c] for each channel c of [c0, c1): the sum of its columns in `columns` (those of c0 first).
+inline void add_columns(const std::vector<double>& columns, const Layout& l, int64_t c0, int64_t c1, double* out) {
+  for (int64_t c = c0; c < c1; ++c) {
+    double s = 0;
+    for (int64_t k = 0; k < l.size; ++k) s += columns[static_cast<size_t>((c - c0) * l.size + k)];
+    out[c] = s;
+  }
+}
+
+// out[c] for each channel c of [c0, c1): the sum in double of x over channel c, or with `center`
+// (per channel), of (x - center[c])^2.
+template <class T>
+void column_sums(const T* x, const Layout& l, int64_t c0, int64_t c1, double* out, const double* center = nullptr) {
+  const int64_t width = l.channels * l.size, first = c0 * l.size, count = (c1 - c0) * l.size;
+  std::vector<double> columns(static_cast<size_t>(count), 0.0);
+  const std::vector<double> m =
+      center ? per_column<double>(l, c0, c1, [&](int64_t c) { return center[c]; }) : std::vector<double>();
+  double* __restrict acc = columns.data();
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const T* __restrict row = x + n * width + first;
+    if (center) {
+      const double* __restrict pm = m.data();
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) {
+        const double d = convert<double>(row[j]) - pm[j];
+        acc[j] += d * d;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < count; ++j) acc[j] += convert<double>(row[j]);
+    }
+  }
+  add_columns(columns, l, c0, c1, out);
 }
 
 // Per channel c, the sum in double of x, or with `center`, of (x - center[c])^2, column by column.
 template <class T>
 std::vector<double> column_channel_sums(const T* x, const Layout& l, const std::vector<double>* center = nullptr) {
-  const int64_t width = l.channels * l.size;
-  std::vector<double> columns(static_cast<size_t>(width), 0.0);
-  const std::vector<double> m = center ? per_column<double>(l, [&](size_t c) { return (*center)[c]; }) : std::vector<double>();
-  parallel_for(width, column_grain(l), [&](int64_t begin, int64_t end) {
-    double* __restrict acc = columns.data();
-    for (int64_t n = 0; n < l.batch; ++n) {
-      const T* __restrict row = x + n * width;
-      if (center) {
-        const double* __restrict pm = m.data();
-#pragma omp simd
-        for (int64_t j = begin; j < end; ++j) {
-          const double d = convert<double>(row[j]) - pm[j];
-          acc[j] += d * d;
-        }
-      } else {
-#pragma omp simd
-        for (int64_t j = begin; j < end; ++j) acc[j] += convert<double>(row[j]);
-      }
-    }
+  std::vector<double> sums(static_cast<size_t>(l.channels), 0.0);
+  for_channel_ranges(l, [&](int64_t c0, int64_t c1) {
+    column_sums(x, l, c0, c1, sums.data(), center ? center->data() : nullptr);
   });
-  return add_columns(columns, l);
+  return sums;
+}
+
+// y = (x - center[c]) factor[c] + shift[c] over the columns of channels [c0, c1), computed in
+// compute_t<T> (float for float32) from the double per-channel values.
+template <class T>
+void column_normalize(const T* x, T* y, const Layout& l, int64_t c0, int64_t c1, const double* center,
+                      const double* factor, const double* shift) {
+  using V = compute_t<T>;
+  const int64_t width = l.channels * l.size, first = c0 * l.size, count = (c1 - c0) * l.size;
+  const std::vector<V> m = per_column<V>(l, c0, c1, [&](int64_t c) { return center[c]; });
+  const std::vector<V> f = per_column<V>(l, c0, c1, [&](int64_t c) { return factor[c]; });
+  const std::vector<V> s = per_column<V>(l, c0, c1, [&](int64_t c) { return shift[c]; });
+  const V *__restrict pm = m.data(), *__restrict pf = f.data(), *__restrict ps = s.data();
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const T* __restrict row = x + n * width + first;
+    T* __restrict out = y + n * width + first;
+#pragma omp simd
+    for (int64_t j = 0; j < count; ++j) out[j] = convert<T>((convert<V>(row[j]) - pm[j]) * pf[j] + ps[j]);
+  }
 }
 
 }  // namespace onnxtrain::ops::batch_norm

@@ -18,8 +18,9 @@
 // run channel by channel, vectorized along the plane; with one process each channel in one go
 // (its planes stay in cache between the statistics, the sums and dX). Smaller planes (ResNet's
 // late layers: 4x4 to 1x1; [N, C] input) are run column by column: X as rows [N, C size], each
-// column summed over the rows, vectorized across the columns. Across ranks, or column by
-// column, one pass over all channels between the sums across ranks.
+// column summed over the rows, vectorized across the columns, each thread's range of channels
+// through every pass in one task. Across ranks, one pass over all channels between the sums
+// across ranks.
 // Sums accumulate in double; dX is computed in compute_t<T> (float for float32, Float16 and
 // BFloat16 data) from double per-channel factors.
 #include <algorithm>
@@ -152,47 +153,76 @@ void grad_local(GradPass<T>& p) {
 
 // ---- column by column: X as rows [N, width = C size], column j in channel j / size ----
 
+// sums[c] for each channel c of [c0, c1): sum(d^2) (when `squares`), sum(g) and sum(g d) over
+// channel c, d = x - mean[c].
 template <class T>
-std::vector<GradSums> column_grad_sums(const T* x, const T* g, const Layout& l, const std::vector<double>& mean, bool squares) {
-  const int64_t width = l.channels * l.size;
-  const std::vector<double> m = per_column<double>(l, [&](size_t c) { return mean[c]; });
+void column_grad_sums(const T* x, const T* g, const Layout& l, int64_t c0, int64_t c1, const double* mean, bool squares,
+                      GradSums* sums) {
+  const int64_t width = l.channels * l.size, first = c0 * l.size, count = (c1 - c0) * l.size;
+  const std::vector<double> m = per_column<double>(l, c0, c1, [&](int64_t c) { return mean[c]; });
   std::vector<double> sq(m.size(), 0.0), sg(m.size(), 0.0), sgd(m.size(), 0.0);
-  parallel_for(width, column_grain(l), [&](int64_t begin, int64_t end) {
-    double *__restrict a_sq = sq.data(), *__restrict a_g = sg.data(), *__restrict a_gd = sgd.data();
-    const double* __restrict pm = m.data();
-    for (int64_t n = 0; n < l.batch; ++n) {
-      const T *__restrict px = x + n * width, *__restrict pg = g + n * width;
+  double *__restrict a_sq = sq.data(), *__restrict a_g = sg.data(), *__restrict a_gd = sgd.data();
+  const double* __restrict pm = m.data();
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const T *__restrict px = x + n * width + first, *__restrict pg = g + n * width + first;
 #pragma omp simd
-      for (int64_t j = begin; j < end; ++j) {
-        const double d = convert<double>(px[j]) - pm[j], v = convert<double>(pg[j]);
-        if (squares) a_sq[j] += d * d;
-        a_g[j] += v;
-        a_gd[j] += v * d;
-      }
+    for (int64_t j = 0; j < count; ++j) {
+      const double d = convert<double>(px[j]) - pm[j], v = convert<double>(pg[j]);
+      if (squares) a_sq[j] += d * d;
+      a_g[j] += v;
+      a_gd[j] += v * d;
     }
-  });
-  const std::vector<double> s_sq = add_columns(sq, l), s_g = add_columns(sg, l), s_gd = add_columns(sgd, l);
-  std::vector<GradSums> sums(s_g.size());
-  for (size_t c = 0; c < sums.size(); ++c) sums[c] = {s_sq[c], s_g[c], s_gd[c]};
-  return sums;
+  }
+  std::vector<double> s_sq(static_cast<size_t>(c1)), s_g(static_cast<size_t>(c1)), s_gd(static_cast<size_t>(c1));
+  add_columns(sq, l, c0, c1, s_sq.data());
+  add_columns(sg, l, c0, c1, s_g.data());
+  add_columns(sgd, l, c0, c1, s_gd.data());
+  for (int64_t c = c0; c < c1; ++c) {
+    const size_t k = static_cast<size_t>(c);
+    sums[k] = {s_sq[k], s_g[k], s_gd[k]};
+  }
 }
 
+// dX over the columns of channels [c0, c1), as write_channel_dx.
 template <class T>
-void column_dx(const T* x, const T* g, T* dx, const Layout& l, const std::vector<DxTerms>& terms) {
+void column_dx(const T* x, const T* g, T* dx, const Layout& l, int64_t c0, int64_t c1, const DxTerms* terms) {
   using V = compute_t<T>;
-  const int64_t width = l.channels * l.size;
-  const std::vector<V> m = per_column<V>(l, [&](size_t c) { return terms[c].mean; });
-  const std::vector<V> a = per_column<V>(l, [&](size_t c) { return terms[c].a; });
-  const std::vector<V> b = per_column<V>(l, [&](size_t c) { return terms[c].b; });
-  const std::vector<V> k = per_column<V>(l, [&](size_t c) { return terms[c].k; });
-  parallel_for(width, column_grain(l), [&](int64_t begin, int64_t end) {
-    const V *__restrict pm = m.data(), *__restrict pa = a.data(), *__restrict pb = b.data(), *__restrict pk = k.data();
-    for (int64_t n = 0; n < l.batch; ++n) {
-      const T *__restrict px = x + n * width, *__restrict pg = g + n * width;
-      T* __restrict out = dx + n * width;
+  const int64_t width = l.channels * l.size, first = c0 * l.size, count = (c1 - c0) * l.size;
+  const std::vector<V> m = per_column<V>(l, c0, c1, [&](int64_t c) { return terms[c].mean; });
+  const std::vector<V> a = per_column<V>(l, c0, c1, [&](int64_t c) { return terms[c].a; });
+  const std::vector<V> b = per_column<V>(l, c0, c1, [&](int64_t c) { return terms[c].b; });
+  const std::vector<V> k = per_column<V>(l, c0, c1, [&](int64_t c) { return terms[c].k; });
+  const V *__restrict pm = m.data(), *__restrict pa = a.data(), *__restrict pb = b.data(), *__restrict pk = k.data();
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const T *__restrict px = x + n * width + first, *__restrict pg = g + n * width + first;
+    T* __restrict out = dx + n * width + first;
 #pragma omp simd
-      for (int64_t j = begin; j < end; ++j) out[j] = convert<T>(pa[j] * convert<V>(pg[j]) + pb[j] * (convert<V>(px[j]) - pm[j]) + pk[j]);
+    for (int64_t j = 0; j < count; ++j) out[j] = convert<T>(pa[j] * convert<V>(pg[j]) + pb[j] * (convert<V>(px[j]) - pm[j]) + pk[j]);
+  }
+}
+
+// One process, planes under kColumnPlanes: each thread's range of channels through the statistics,
+// the sums and dX in one task (the range stays in its core's cache between the passes).
+template <class T>
+void grad_columns_local(GradPass<T>& p) {
+  const double count = p.l.count();
+  std::vector<GradSums> sums(static_cast<size_t>(p.l.channels));
+  std::vector<DxTerms> terms(static_cast<size_t>(p.l.channels));
+  for_channel_ranges(p.l, [&](int64_t c0, int64_t c1) {
+    if (!p.given) {
+      column_sums(p.x, p.l, c0, c1, p.mean.data());
+      for (int64_t c = c0; c < c1; ++c) p.mean[static_cast<size_t>(c)] /= count;
     }
+    column_grad_sums(p.x, p.g, p.l, c0, c1, p.mean.data(), !p.given, sums.data());
+    for (int64_t c = c0; c < c1; ++c) {
+      const size_t k = static_cast<size_t>(c);
+      if (!p.given) p.var[k] = sums[k].squares / count;
+      const double invstd = 1 / std::sqrt(p.var[k] + p.epsilon);
+      p.p1[k] = sums[k].g;
+      p.p2[k] = sums[k].gd * invstd;
+      terms[k] = dx_terms(p.mean[k], p.scale[k], invstd, sums[k].g / count, p.p2[k] / count);
+    }
+    if (p.dx) column_dx(p.x, p.g, p.dx, p.l, c0, c1, terms.data());
   });
 }
 
@@ -210,8 +240,11 @@ std::vector<double> sums_of_x(const T* x, const Layout& l) {
 
 template <class T>
 std::vector<GradSums> grad_sums(const T* x, const T* g, const Layout& l, const std::vector<double>& mean, bool squares) {
-  if (l.size < kColumnPlanes) return column_grad_sums(x, g, l, mean, squares);
   std::vector<GradSums> sums(static_cast<size_t>(l.channels));
+  if (l.size < kColumnPlanes) {
+    for_channel_ranges(l, [&](int64_t c0, int64_t c1) { column_grad_sums(x, g, l, c0, c1, mean.data(), squares, sums.data()); });
+    return sums;
+  }
   parallel_for(l.channels, channel_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       sums[static_cast<size_t>(c)] = channel_grad_sums(x, g, l, c, mean[static_cast<size_t>(c)], squares);
@@ -222,14 +255,17 @@ std::vector<GradSums> grad_sums(const T* x, const T* g, const Layout& l, const s
 
 template <class T>
 void write_dx(const T* x, const T* g, T* dx, const Layout& l, const std::vector<DxTerms>& terms) {
-  if (l.size < kColumnPlanes) return column_dx(x, g, dx, l, terms);
+  if (l.size < kColumnPlanes) {
+    for_channel_ranges(l, [&](int64_t c0, int64_t c1) { column_dx(x, g, dx, l, c0, c1, terms.data()); });
+    return;
+  }
   parallel_for(l.channels, channel_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) write_channel_dx(x, g, dx, l, c, terms[static_cast<size_t>(c)]);
   });
 }
 
-// Across ranks (`ranks`: RunContext::sum_across_ranks), or with small planes: a pass over all
-// channels between the sums across ranks, which every rank makes in the same order.
+// Across ranks (`ranks`: RunContext::sum_across_ranks): a pass over all channels between the sums
+// across ranks, which every rank makes in the same order.
 template <class T>
 void grad_in_passes(const KernelContext& ctx, GradPass<T>& p, int xi, bool ranks) {
   auto sum = [&](std::vector<double>& values) {
@@ -294,10 +330,12 @@ void run_batch_norm_grad(KernelContext& ctx, double epsilon, bool across_ranks) 
                   given ? per_channel(ctx, 3, l, 1) : std::vector<double>(channels),
                   given ? per_channel(ctx, 4, l, 1) : std::vector<double>(channels),
                   std::vector<double>(channels), std::vector<double>(channels)};
-    if (!ranks && l.size >= kColumnPlanes) {
+    if (ranks) {
+      grad_in_passes(ctx, p, 1, ranks);
+    } else if (l.size >= kColumnPlanes) {
       grad_local(p);
     } else {
-      grad_in_passes(ctx, p, 1, ranks);
+      grad_columns_local(p);
     }
     const DataType param = ctx.input(2).dtype();
     if (ctx.has_output(1)) ctx.set_output(1, channel_tensor(param, p.p2));

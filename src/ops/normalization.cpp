@@ -12,7 +12,8 @@
 //   asking for them with training_mode = 0 is an error, as the spec calls them invalid).
 //   The batch statistics take two passes (the mean, then the squared deviations from it), over
 //   each channel's planes, or for planes smaller than batch_norm::kColumnPlanes column by column
-//   (batch_norm_channels.h).
+//   (batch_norm_channels.h), where each thread takes a range of channels through both passes and
+//   Y in one task.
 //   Deliberate limit: spatial = 0 (opset 1-8, per-activation statistics) is rejected; the spec
 //   itself deprecated it in opset 9 in favour of flattening X to [N, C * D1 * .. * Dn].
 // InstanceNormalization: per (n, c) plane, Y = (X - mean) / sqrt(var + epsilon) * scale[c] + B[c].
@@ -162,37 +163,59 @@ void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
   a.shift = bias;
   a.factor.resize(static_cast<size_t>(channels));
   std::vector<double> current_mean, current_var;
-  if (spec.training) {
-    if (batch * size == 0) fail("input " + ctx.input_name(0) + " is " + x.description() + ": no batch statistics in training mode");
-    current_mean.resize(static_cast<size_t>(channels));
-    current_var.resize(static_cast<size_t>(channels));
+  if (spec.training && batch * size == 0) {
+    fail("input " + ctx.input_name(0) + " is " + x.description() + ": no batch statistics in training mode");
+  }
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  if (size < batch_norm::kColumnPlanes) {
+    // Small planes, column by column (batch_norm_channels.h): each thread's range of channels
+    // through the statistics (training: two passes) and Y in one task, while it is in cache.
+    const batch_norm::Layout l{batch, channels, size};
+    if (spec.training) {
+      current_mean.resize(static_cast<size_t>(channels));
+      current_var.resize(static_cast<size_t>(channels));
+    }
     visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
       const T* px = x.data<T>();
-      if (size < batch_norm::kColumnPlanes) {  // small planes: column by column, two passes
-        const batch_norm::Layout l{batch, channels, size};
-        current_mean = batch_norm::column_channel_sums(px, l);
-        for (double& m : current_mean) m /= l.count();
-        current_var = batch_norm::column_channel_sums(px, l, &current_mean);
-        for (double& v : current_var) v /= l.count();
-        return;
-      }
-      parallel_for(channels, std::max<int64_t>(1, kParallelGrain / (batch * size)), [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          const Moments m = moments(px + c * size, batch, channels * size, size);
-          current_mean[static_cast<size_t>(c)] = m.mean;
-          current_var[static_cast<size_t>(c)] = m.var;
+      batch_norm::for_channel_ranges(l, [&](int64_t c0, int64_t c1) {
+        if (spec.training) {
+          batch_norm::column_sums(px, l, c0, c1, current_mean.data());
+          for (int64_t c = c0; c < c1; ++c) current_mean[static_cast<size_t>(c)] /= l.count();
+          batch_norm::column_sums(px, l, c0, c1, current_var.data(), current_mean.data());
+          for (int64_t c = c0; c < c1; ++c) current_var[static_cast<size_t>(c)] /= l.count();
         }
+        const std::vector<double>& center = spec.training ? current_mean : mean;
+        const std::vector<double>& used_var = spec.training ? current_var : var;
+        for (int64_t c = c0; c < c1; ++c) {
+          const size_t k = static_cast<size_t>(c);
+          a.factor[k] = scale[k] / std::sqrt(used_var[k] + spec.epsilon);
+        }
+        batch_norm::column_normalize(px, y.data<T>(), l, c0, c1, center.data(), a.factor.data(), a.shift.data());
       });
     });
-    a.center = current_mean;
   } else {
-    a.center = mean;
+    if (spec.training) {
+      current_mean.resize(static_cast<size_t>(channels));
+      current_var.resize(static_cast<size_t>(channels));
+      visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+        const T* px = x.data<T>();
+        parallel_for(channels, std::max<int64_t>(1, kParallelGrain / (batch * size)), [&](int64_t begin, int64_t end) {
+          for (int64_t c = begin; c < end; ++c) {
+            const Moments m = moments(px + c * size, batch, channels * size, size);
+            current_mean[static_cast<size_t>(c)] = m.mean;
+            current_var[static_cast<size_t>(c)] = m.var;
+          }
+        });
+      });
+      a.center = current_mean;
+    } else {
+      a.center = mean;
+    }
+    const std::vector<double>& used_var = spec.training ? current_var : var;
+    for (size_t c = 0; c < a.factor.size(); ++c) a.factor[c] = scale[c] / std::sqrt(used_var[c] + spec.epsilon);
+    visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0),
+                            [&]<class T>() { normalize_planes(x.data<T>(), y.data<T>(), batch * channels, size, a); });
   }
-  const std::vector<double>& used_var = spec.training ? current_var : var;
-  for (size_t c = 0; c < a.factor.size(); ++c) a.factor[c] = scale[c] / std::sqrt(used_var[c] + spec.epsilon);
-  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
-  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0),
-                          [&]<class T>() { normalize_planes(x.data<T>(), y.data<T>(), batch * channels, size, a); });
   if (!spec.training) return;
   std::vector<double> running_mean(mean.size()), running_var(var.size());
   for (size_t c = 0; c < mean.size(); ++c) {

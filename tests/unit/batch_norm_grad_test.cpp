@@ -85,8 +85,10 @@ std::vector<Tensor> run_grad(const std::string& op, const std::vector<Tensor>& i
   return run_node(NodeSpec{op, "ai.onnxtrain", 1, {attr("epsilon", eps)}, 3}, inputs);
 }
 
+// {16, 520, 2, 2}: small planes in two ranges of channels on two threads (batch_norm_channels.h
+// for_channel_ranges: 260 each).
 const std::vector<Shape> kShapes{{1, 13, 5, 3}, {7}, {6, 11}, {4, 3, 1, 1}, {1, 5, 1, 1}, {2, 19, 9},
-                                 {3, 5, 7, 6}, {8, 17, 33}, {5, 64, 4, 4}};
+                                 {3, 5, 7, 6}, {8, 17, 33}, {5, 64, 4, 4}, {16, 520, 2, 2}};
 
 TEST(BatchNormalizationGrad, MatchesFloat64ReferenceOnOddShapes) {
   uint32_t seed = 1;

@@ -205,7 +205,10 @@ TEST(BatchNorm, TrainingUsesBatchStatisticsAndUpdatesTheRunningOnes) {
 // plane size below which they are summed column by column (batch_norm_channels.h kColumnPlanes:
 // 64), with values far from 0 (1000 + noise), where a one-pass variance would lose digits.
 TEST(BatchNorm, TrainingStatisticsOfSmallAndLargePlanes) {
-  for (const Shape& shape : {Shape{5, 7, 3, 2}, Shape{4, 33, 1, 1}, Shape{6, 5}, Shape{3, 4, 9, 9}, Shape{2, 3, 70}}) {
+  // {16, 520, 2, 2}: small planes in two ranges of 260 channels on two threads (batch_norm_channels.h
+  // for_channel_ranges).
+  for (const Shape& shape : {Shape{5, 7, 3, 2}, Shape{4, 33, 1, 1}, Shape{6, 5}, Shape{3, 4, 9, 9}, Shape{2, 3, 70},
+                             Shape{16, 520, 2, 2}}) {
     SCOPED_TRACE(shape.to_string());
     Tensor x = random(shape, 11);
     for (double& v : std::span(x.data<double>(), static_cast<size_t>(x.numel()))) v += 1000;
