@@ -365,6 +365,15 @@ Tensor gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w) {
   return cropped;
 }
 
+Tensor kept_taps_description(const ConvGeometry& g, const TapCrop& crop) {
+  const std::vector<int64_t> offsets = kept_tap_offsets(g, crop);
+  Tensor t(DataType::Int64, Shape{static_cast<int64_t>(offsets.size()) + 1});
+  int64_t* p = t.data<int64_t>();
+  p[0] = g.kernel_size();
+  std::copy(offsets.begin(), offsets.end(), p + 1);
+  return t;
+}
+
 Tensor weight_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, const Tensor* given) {
   if (given && given->defined() && given->dtype() == DataType::Float32 && given->shape() == crop.weights_shape()) {
     return *given;

@@ -132,6 +132,14 @@ void gather_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, flo
 // else gather_taps. `given` may be null.
 Tensor weight_taps(const ConvGeometry& g, const TapCrop& crop, const float* w, const Tensor* given);
 
+// The int64 description of the taps `crop` keeps, [1 + kept]: the kernel's tap count k (the
+// product of g's kernel dims), then the offset within each block of k elements of W (one output
+// and input channel's taps, row-major) of each kept tap, in the cropped W's row-major order. W's
+// element b k + offsets[j] is then the cropped W's element b kept + j. ConvGrad with attribute
+// dw_taps writes it as output 3 beside a cropped dW, for an optimizer that reads such a gradient
+// (ops/optimizers.cpp, attribute gradient_taps).
+Tensor kept_taps_description(const ConvGeometry& g, const TapCrop& crop);
+
 // dw [M, C/G, kernel...] = dwc [M, C/G, cropped kernel...] at the taps `crop` keeps, 0 at the
 // others (whose products were all with padding).
 void scatter_taps(const ConvGeometry& g, const TapCrop& crop, const float* dwc, float* dw);

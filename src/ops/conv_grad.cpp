@@ -302,9 +302,19 @@ void execute(GradEntry& e, const ConvGeometry& g, const float* dy, const float* 
 
 class ConvGradKernel final : public Kernel {
  public:
-  ConvGradKernel(ConvAttrs attrs, GradBlocks blocks) : attrs_(std::move(attrs)), blocks_(blocks) {}
+  ConvGradKernel(ConvAttrs attrs, GradBlocks blocks, bool dw_taps)
+      : attrs_(std::move(attrs)), blocks_(blocks), dw_taps_(dw_taps) {}
 
   void run(KernelContext& ctx) override {
+    dw_crop_.reset();
+    gradients(ctx);
+    if (dw_taps_ && ctx.has_output(3)) {  // the taps dW holds, or an empty tensor for all of them
+      ctx.set_output(3, dw_crop_ ? kept_taps_description(dw_geometry_, *dw_crop_) : Tensor(DataType::Int64, Shape{0}));
+    }
+  }
+
+ private:
+  void gradients(KernelContext& ctx) {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
     const Tensor& w = ctx.input(2);
@@ -313,6 +323,12 @@ class ConvGradKernel final : public Kernel {
         blocks_.x ? channels_merged_shape(x, ctx.input_name(1), w.rank() - 2, blocks_.x, "x_channel_block") : x.shape();
     const ConvGeometry g =
         resolve_conv_geometry(attrs_, {x.view(x_shape), ctx.input_name(1)}, {w, ctx.input_name(2)});
+    // Attribute dw_taps: dW over the taps that reach the input only, where the float32 paths crop.
+    if (dw_taps_ && ctx.has_output(1) && x.dtype() == DataType::Float32 && w.dtype() == DataType::Float32 &&
+        !attrs_.transpose && g.rank() <= 3) {
+      dw_crop_ = crop_unreached_taps(g);
+      dw_geometry_ = g;
+    }
     const Shape y_shape = conv_output_shape(g);
     const std::string forward = attrs_.transpose ? "ConvTranspose" : "Conv";
     if (dy.dtype() != x.dtype()) {
@@ -358,7 +374,6 @@ class ConvGradKernel final : public Kernel {
     });
   }
 
- private:
   // `plain` [N, C, D...] blocked by b channels; fails unless b divides C.
   static Shape blocked_or_fail(KernelContext& ctx, const Shape& plain, int64_t b, const char* attribute) {
     if (plain[1] % b != 0) {
@@ -392,35 +407,37 @@ class ConvGradKernel final : public Kernel {
     GradEntry& e = cache_.get(key, [&] { return plan(run_g, false, want_dx, want_dw, want_db, blocks_); });
     if (e.use_reference || e.dims.embed || (want_db && !e.bias)) return false;
     float* dx = want_dx ? ctx.allocate_output(0, x.dtype(), dx_shape).data<float>() : nullptr;
-    float* dw = want_dw ? ctx.allocate_output(1, x.dtype(), w.shape()).data<float>() : nullptr;
+    float* dw = want_dw ? ctx.allocate_output(1, x.dtype(), shape_of(g, 1, x, w)).data<float>() : nullptr;
     float* db = want_db ? ctx.allocate_output(2, x.dtype(), Shape{g.M}).data<float>() : nullptr;
-    execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db, taps_);
+    execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db, taps_, dw_crop_.has_value());
     return true;
   }
 
   // execute() over the taps of `crop` when there is one: W's for dX (`taps` where it holds them,
   // else gathered), dW's scattered back with zeros at the others (conv_geometry.h
-  // crop_unreached_taps).
+  // crop_unreached_taps), or with `dw_cropped` written as they are into dw, crop's shape.
   static void execute_cropped(GradEntry& e, const ConvGeometry& g, const std::optional<TapCrop>& crop, const float* dy,
-                              const float* x, const float* w, float* dx, float* dw, float* db, const Tensor* taps) {
-    Tensor w_cropped, dw_cropped;
+                              const float* x, const float* w, float* dx, float* dw, float* db, const Tensor* taps,
+                              bool dw_cropped) {
+    Tensor w_cropped, dw_taps;
     const float* w_run = w;
     float* dw_run = dw;
     if (crop && dx) {
       w_cropped = weight_taps(g, *crop, w_run, taps);
       w_run = w_cropped.data<float>();
     }
-    if (crop && dw) {
-      dw_cropped = Tensor(DataType::Float32, crop->weights_shape());
-      dw_run = dw_cropped.data<float>();
+    const bool scatter = crop && dw && !dw_cropped;
+    if (scatter) {
+      dw_taps = Tensor(DataType::Float32, crop->weights_shape());
+      dw_run = dw_taps.data<float>();
     }
     execute(e, crop ? crop->geometry : g, dy, x, w_run, dx, dw_run, db);
-    if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
+    if (scatter) scatter_taps(g, *crop, dw_run, dw);
   }
 
-  // The shape of output i: dX like X, dW like W, dB [M].
-  static Shape shape_of(const ConvGeometry& g, int i, const Tensor& x, const Tensor& w) {
-    return i == 0 ? x.shape() : i == 1 ? w.shape() : Shape{g.M};
+  // The shape of output i: dX like X, dW like W (dw_crop_'s cropped W where it is set), dB [M].
+  Shape shape_of(const ConvGeometry& g, int i, const Tensor& x, const Tensor& w) const {
+    return i == 0 ? x.shape() : i == 1 ? (dw_crop_ ? dw_crop_->weights_shape() : w.shape()) : Shape{g.M};
   }
 
   // grads: dX, dW, dB, each undefined when not requested.
@@ -436,7 +453,7 @@ class ConvGradKernel final : public Kernel {
     }
     if (dy.numel() == 0 || x.numel() == 0 || w.numel() == 0) {  // nothing flows back
       if (dx) std::fill(dx, dx + x.numel(), T(0));
-      if (dw) std::fill(dw, dw + w.numel(), T(0));
+      if (dw) std::fill(dw, dw + grads[1].numel(), T(0));
       if (db) bias_grad<T>(g, dy.data<T>(), db);
       return;
     }
@@ -450,20 +467,22 @@ class ConvGradKernel final : public Kernel {
         const std::optional<TapCrop> crop =
             attrs_.transpose ? std::nullopt : crop_unreached_taps(g);
         const ConvGeometry& run_g = crop ? crop->geometry : g;
+        // With dw_crop_ (then crop is the same) dW is written over the cropped taps as it is.
+        const bool scatter = crop && dw && !dw_crop_;
         if (!attrs_.transpose && !dx && prefer_weight_grad_per_image(run_g)) {  // sums of products per image
-          Tensor dw_cropped = crop ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
-          float* dw_run = crop ? dw_cropped.data<float>() : dw;
+          Tensor dw_taps = scatter ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
+          float* dw_run = scatter ? dw_taps.data<float>() : dw;
           conv_gemm_weight_grad_per_image(run_g, dy.data<float>(), x.data<float>(), dw_run, db);
-          if (crop) scatter_taps(g, *crop, dw_run, dw);
+          if (scatter) scatter_taps(g, *crop, dw_run, dw);
           return;
         }
         if (!attrs_.transpose && prefer_conv_gemm(run_g)) {  // one product over the batch per output
           const Tensor w_cropped = crop && dx ? weight_taps(g, *crop, w.data<float>(), taps_) : Tensor();
           const float* w_run = crop && dx ? w_cropped.data<float>() : w.data<float>();
-          Tensor dw_cropped = crop && dw ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
-          float* dw_run = crop && dw ? dw_cropped.data<float>() : dw;
+          Tensor dw_taps = scatter ? Tensor(DataType::Float32, crop->weights_shape()) : Tensor();
+          float* dw_run = scatter ? dw_taps.data<float>() : dw;
           conv_gemm_backward(run_g, dy.data<float>(), x.data<float>(), w_run, dx, dw_run);
-          if (crop && dw) scatter_taps(g, *crop, dw_run, dw);
+          if (scatter) scatter_taps(g, *crop, dw_run, dw);
           if (db) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }
@@ -471,10 +490,20 @@ class ConvGradKernel final : public Kernel {
           return plan(run_g, attrs_.transpose, dx != nullptr, dw != nullptr, db != nullptr);
         });
         if (!e.use_reference) {
-          execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db, taps_);
+          execute_cropped(e, g, crop, dy.data<float>(), x.data<float>(), w.data<float>(), dx, dw, db, taps_,
+                          dw_crop_.has_value());
           if (db && !e.bias) bias_grad<T>(g, dy.data<T>(), db);
           return;
         }
+      }
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (dw && dw_crop_) {  // the reference's whole dW, then the kept taps
+        Tensor full(DataType::Float32, w.shape());
+        conv_backward_reference<T>(g, attrs_.transpose, dy.data<T>(), x.data<T>(), w.data<T>(), dx, full.data<T>());
+        gather_taps(g, *dw_crop_, full.data<float>(), dw);
+        if (db) bias_grad<T>(g, dy.data<T>(), db);
+        return;
       }
     }
     conv_backward_reference<T>(g, attrs_.transpose, dy.data<T>(), x.data<T>(), w.data<T>(), dx, dw);
@@ -483,8 +512,11 @@ class ConvGradKernel final : public Kernel {
 
   ConvAttrs attrs_;
   GradBlocks blocks_;
+  bool dw_taps_;  // attribute dw_taps
   du::PrimitiveCache<GradEntry> cache_;
   const Tensor* taps_ = nullptr;  // the run's input 3, if any
+  std::optional<TapCrop> dw_crop_;  // this run's crop of dW (attribute dw_taps), if any
+  ConvGeometry dw_geometry_;        // and the geometry it crops
 };
 
 }  // namespace
@@ -492,7 +524,8 @@ class ConvGradKernel final : public Kernel {
 std::unique_ptr<Kernel> make_conv_grad(const KernelInit& init) {
   const GradBlocks blocks{parse_channel_block(init, "dy_channel_block"), parse_channel_block(init, "x_channel_block"),
                           parse_channel_block(init, "dx_channel_block")};
-  return std::make_unique<ConvGradKernel>(parse_conv_attrs(init, init.op_type() == "ConvTransposeGrad"), blocks);
+  return std::make_unique<ConvGradKernel>(parse_conv_attrs(init, init.op_type() == "ConvTransposeGrad"), blocks,
+                                          init.attr_int("dw_taps", 0) != 0);
 }
 
 }  // namespace onnxtrain::ops

@@ -14,7 +14,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -34,9 +36,45 @@ struct Scalars {
   int64_t t;
 };
 
-// Checks the input layout and returns R and T. `states` is the number of state tensors per X.
-Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int trailing = 0) {
-  const int per_tensor = 2 + states;
+// G's cropped taps (Momentum's attribute gradient_taps): G holds, of each block of k elements of
+// X, the `offsets` ones (conv_geometry.h kept_taps_description); the others are 0.
+struct GradientTaps {
+  int64_t k = 0;
+  std::vector<int64_t> offsets;
+};
+
+// The taps input of optimized tensor i (input 2 + (2 + states) n + i, after the states), when
+// the node has attribute gradient_taps and the input is given and not empty; checks it and G
+// against X. Else nullopt: G is X's shape.
+std::optional<GradientTaps> gradient_taps(const KernelContext& ctx, int states, int n, int i) {
+  const int j = 2 + (2 + states) * n + i;
+  if (!ctx.has_input(j) || ctx.input(j).numel() == 0) return std::nullopt;
+  const Tensor& t = ctx.input(j);
+  const Tensor& x = ctx.input(2 + i);
+  const Tensor& g = ctx.input(2 + n + i);
+  const auto bad = [&](const std::string& why) {
+    fail("input " + ctx.input_name(j) + " (the taps of gradient " + ctx.input_name(2 + n + i) + ") " + why);
+  };
+  if (t.dtype() != DataType::Int64 || t.rank() != 1) bad("is " + t.description() + ", expected int64 [1 + taps]");
+  GradientTaps taps;
+  const int64_t* p = t.data<int64_t>();
+  taps.k = p[0];
+  taps.offsets.assign(p + 1, p + t.numel());
+  if (taps.k <= 0 || x.numel() % taps.k != 0) bad("names blocks of " + std::to_string(taps.k) + " elements of " + x.description());
+  for (int64_t o : taps.offsets) {
+    if (o < 0 || o >= taps.k) bad("names tap " + std::to_string(o) + " of blocks of " + std::to_string(taps.k));
+  }
+  if (g.dtype() != x.dtype() || g.numel() != x.numel() / taps.k * static_cast<int64_t>(taps.offsets.size())) {
+    fail("input " + ctx.input_name(2 + n + i) + " (" + g.description() + ") must be X " + ctx.input_name(2 + i) + "'s (" +
+         x.description() + ") " + std::to_string(taps.offsets.size()) + " of every " + std::to_string(taps.k) + " taps");
+  }
+  return taps;
+}
+
+// Checks the input layout and returns R and T. `states` is the number of state tensors per X;
+// with `taps` (Momentum's attribute gradient_taps) one more input per X follows them.
+Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int trailing = 0, bool taps = false) {
+  const int per_tensor = 2 + states + (taps ? 1 : 0);
   const int inputs = ctx.num_inputs() - trailing;
   if (inputs < 2 + per_tensor || (inputs - 2) % per_tensor != 0) {
     fail("expected inputs R, T, then " + std::to_string(per_tensor) +
@@ -62,8 +100,9 @@ Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int
     if (x.dtype() != DataType::Float32 && x.dtype() != DataType::Float64) {
       fail("X " + ctx.input_name(2 + i) + " must be float32 or float64, got " + x.description());
     }
-    for (int k = 1; k < per_tensor; ++k) {
+    for (int k = 1; k < 2 + states; ++k) {
       const int j = 2 + k * n + i;
+      if (k == 1 && taps && gradient_taps(ctx, states, n, i)) continue;  // G holds X's cropped taps
       const Tensor& other = ctx.input(j);
       if (other.dtype() != x.dtype() || !(other.shape() == x.shape())) {
         fail("input " + ctx.input_name(j) + " (" + other.description() + ") must match X " +
@@ -215,6 +254,7 @@ class Momentum final : public Kernel {
       fail("attribute 'mode' is '" + mode + "', expected 'standard' or 'nesterov'");
     }
     nesterov_ = mode == "nesterov";
+    gradient_taps_ = init.attr_int("gradient_taps", 0) != 0;
   }
 
   // G_regularized = norm_coefficient * X + G
@@ -223,9 +263,16 @@ class Momentum final : public Kernel {
   // standard: X_new = X - R * V_new;  nesterov: X_new = X - R * (G_regularized + alpha * V_new)
   // One pass per tensor; with the run's nan_guard it checks X_new and V_new while writing them
   // (checks_outputs_for_nan_guard) and fails on NaN or Inf, naming them.
+  // With attribute gradient_taps = 1 (made by runtime/fusion.h crop_momentum_gradients, never
+  // saved) n more inputs follow V...: for tensor i an int64 description of G's taps
+  // (conv_geometry.h kept_taps_description: ConvGrad's output 3 with attribute dw_taps), where G
+  // holds only those taps of each block of k elements of X and the others are 0; an absent or
+  // empty one leaves G as X's shape. The update is the same element for element; the zeros are
+  // made in cache, chunk by chunk, instead of being written and read as a whole tensor (the 3x3
+  // convolutions on ResNet-18's 1x1 layer-4 maps: 9.4 MB of dW each, of which 1 tap in 9 is not 0).
   void run(KernelContext& ctx) override {
     int n = 0;
-    const Scalars s = read_scalars_and_check(ctx, 1, n);
+    const Scalars s = read_scalars_and_check(ctx, 1, n, 0, gradient_taps_);
     const double beta_adjusted = s.t > 0 ? beta_ : 1.0;
     timed_pass(store_choice_, [&](bool stream) {
       for (int i = 0; i < n; ++i) {
@@ -254,9 +301,10 @@ class Momentum final : public Kernel {
     const bool guard = ctx.run_context().nan_guard;
     std::atomic<bool> non_finite{false};
     std::atomic<bool>* flag = &non_finite;
-    parallel_for(x_in.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
+    // Elements [begin, end), G's element e at g[e - g_first].
+    const auto range = [=](int64_t begin, int64_t end, const T* g, int64_t g_first) {
       const auto one = [&](int64_t e) {
-        const T gr = norm * xs[e] + gs[e];
+        const T gr = norm * xs[e] + g[e - g_first];
         const T v = a * vs[e] + b * gr;
         v_out[e] = v;
         x_out[e] = Nesterov ? xs[e] - r * (gr + a * v) : xs[e] - r * v;
@@ -268,7 +316,7 @@ class Momentum final : public Kernel {
         const __m256 zero = _mm256_setzero_ps();
         const auto eight = [&](int64_t e, __m256& check) {
           const __m256 x = _mm256_loadu_ps(xs + e);
-          const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), _mm256_loadu_ps(gs + e));
+          const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), _mm256_loadu_ps(g + (e - g_first)));
           const __m256 v = _mm256_add_ps(_mm256_mul_ps(va, _mm256_loadu_ps(vs + e)), _mm256_mul_ps(vb, gr));
           const __m256 step = Nesterov ? _mm256_add_ps(gr, _mm256_mul_ps(va, v)) : v;
           const __m256 x_new = _mm256_sub_ps(x, _mm256_mul_ps(vr, step));
@@ -283,7 +331,33 @@ class Momentum final : public Kernel {
 #pragma omp simd
       for (int64_t e = begin; e < end; ++e) one(e);
       if (guard && !finite(begin, end)) flag->store(true, std::memory_order_relaxed);
-    });
+    };
+    const std::optional<GradientTaps> taps = gradient_taps_ ? gradient_taps(ctx, 1, n, i) : std::nullopt;
+    if (!taps) {
+      parallel_for(x_in.numel(), kParallelGrain, [&](int64_t begin, int64_t end) { range(begin, end, gs, 0); });
+    } else {
+      // G's kept taps into a zeroed chunk of elements in cache, then the same pass over the chunk.
+      // Chunks start at multiples of 8 elements, as the whole tensor's threads' shares do on the
+      // tensors this is made for, so the same elements take the scalar head and tail code of
+      // float32_pass as without the taps (which rounds a * v + b * g through one FMA): the results
+      // are those of G made whole, to the bit.
+      const int64_t k = taps->k, kept = static_cast<int64_t>(taps->offsets.size()), count = x_in.numel();
+      constexpr int64_t kChunk = 4096;  // elements: 16 KB of float32 G
+      parallel_for((count + 7) / 8, kParallelGrain / 8, [&](int64_t first, int64_t last) {
+        std::vector<T> g(static_cast<size_t>(kChunk));
+        for (int64_t c0 = first * 8; c0 < std::min(count, last * 8); c0 += kChunk) {
+          const int64_t c1 = std::min({c0 + kChunk, last * 8, count});
+          std::fill(g.begin(), g.begin() + (c1 - c0), T(0));
+          for (int64_t blk = c0 / k; blk * k < c1; ++blk) {
+            for (int64_t j = 0; j < kept; ++j) {
+              const int64_t e = blk * k + taps->offsets[static_cast<size_t>(j)];
+              if (e >= c0 && e < c1) g[static_cast<size_t>(e - c0)] = gs[blk * kept + j];
+            }
+          }
+          range(c0, c1, g.data(), c0);
+        }
+      });
+    }
     if (non_finite.load()) {
       fail("output " + ctx.output_name(i) + " or " + ctx.output_name(n + i) +
            " holds NaN or Inf (NaN guard: the step is rejected)");
@@ -292,6 +366,7 @@ class Momentum final : public Kernel {
 
   float alpha_, beta_, norm_coefficient_;
   bool nesterov_ = false;
+  bool gradient_taps_ = false;  // attribute gradient_taps
   StoreChoice store_choice_;
 };
 

@@ -2047,4 +2047,65 @@ int share_weight_taps(onnx::GraphProto& graph) {
   return rewritten;
 }
 
+int crop_momentum_gradients(onnx::GraphProto& graph) {
+  Matcher m(graph);
+  ValueNames names(graph);
+  int rewritten = 0;
+  std::vector<int> dropped;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& opt = graph.node(i);
+    if (opt.domain() != "ai.onnx.preview.training" || opt.op_type() != "Momentum" || has_attribute(opt, "gradient_taps") ||
+        opt.input_size() < 5 || (opt.input_size() - 2) % 3 != 0) {
+      continue;
+    }
+    const int n = (opt.input_size() - 2) / 3;
+    struct Crop {
+      int tensor, grad;
+      std::vector<int> identities;  // Identity nodes between the ConvGrad and the Momentum node
+    };
+    std::vector<Crop> crops;
+    for (int t = 0; t < n; ++t) {
+      std::string g = opt.input(2 + n + t);
+      int reader = i;
+      std::vector<int> identities;
+      int producer = m.producer_index(g);
+      // Through Identity nodes (the Gradient op's outputs), each the sole reader of its input.
+      while (!g.empty() && producer >= 0 && m.sole_reader(g) == reader && is_onnx_op(graph.node(producer), "Identity")) {
+        identities.push_back(producer);
+        reader = producer;
+        g = graph.node(producer).input(0);
+        producer = m.producer_index(g);
+      }
+      if (g.empty() || producer < 0 || m.sole_reader(g) != reader) continue;
+      const onnx::NodeProto& grad = graph.node(producer);
+      if (grad.domain() != kInternalDomain || grad.op_type() != "ConvGrad" || grad.output_size() < 2 ||
+          grad.output(1) != g || has_attribute(grad, "dw_taps")) {
+        continue;
+      }
+      crops.push_back({t, producer, identities});
+    }
+    if (crops.empty()) continue;
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    *node.add_attribute() = autodiff::attr_int("gradient_taps", 1);
+    for (int t = 0; t < n; ++t) node.add_input("");
+    for (const Crop& c : crops) {
+      onnx::NodeProto& grad = *graph.mutable_node(c.grad);
+      const std::string taps = names.fresh(grad.output(1) + "/onnxtrain.taps");
+      *grad.add_attribute() = autodiff::attr_int("dw_taps", 1);
+      while (grad.output_size() < 3) grad.add_output("");
+      grad.add_output(taps);
+      node.set_input(2 + n + c.tensor, grad.output(1));  // dW itself: the Identity nodes go
+      node.set_input(2 + 3 * n + c.tensor, taps);
+      for (int k : c.identities) dropped.push_back(k);
+      ++rewritten;
+    }
+  }
+  if (!dropped.empty()) {
+    std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+    for (int k : dropped) drop[static_cast<size_t>(k)] = true;
+    drop_nodes(graph, drop);
+  }
+  return rewritten;
+}
+
 }  // namespace onnxtrain::runtime

@@ -48,6 +48,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     if (gradients) {  // a backward pass's convolutions
       block_convolution_tensors(graph);
       share_weight_taps(graph);
+      crop_momentum_gradients(graph);
     }
     share_rnn_trace(graph);
   }

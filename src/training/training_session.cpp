@@ -356,6 +356,7 @@ struct TrainingSession::Impl {
       runtime::fuse_max_pool_relu_grad(graph);
       runtime::block_convolution_tensors(graph);
       runtime::share_weight_taps(graph);
+      runtime::crop_momentum_gradients(graph);
       runtime::share_rnn_trace(graph);
     }
     BoundGraph::Part part;
