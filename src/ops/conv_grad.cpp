@@ -27,6 +27,12 @@
 // FusedConv's output 1, W's taps under the crop (attribute weight_taps): used instead of gathering
 // them again when it has the crop's shape (conv_geometry.h weight_taps).
 //
+// ConvGrad with attribute dw_taps = 1 (runtime/fusion.h crop_momentum_gradients, never saved)
+// writes, where a float32 run crops (1 to 3 spatial dims, not ConvTranspose), dW over the kept
+// taps only, [M, C/group, cropped k...], and as output 3 their int64 description
+// (conv_geometry.h kept_taps_description), for a Momentum node with attribute gradient_taps
+// (optimizers.cpp); elsewhere dW whole and an empty int64 [0] as output 3.
+//
 // ConvGrad with attributes dy_channel_block, x_channel_block and/or dx_channel_block = b (made by
 // runtime/fusion.h block_convolution_tensors, never saved) reads dY and/or X and writes dX blocked
 // by b channels, [N, C / b, D..., b]: float32 with b = conv_channel_block() runs oneDNN's primitives

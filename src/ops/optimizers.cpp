@@ -4,7 +4,8 @@
 // T (update count, int64 scalar), then the n tensors X, the n gradients G, then the n tensors
 // of each optimizer state (Adagrad: H; Momentum: V; Adam: V, H). Outputs: the n new X, then
 // the n new values of each state. X, G and the states of one tensor must have the same
-// shape and element type (float32 or float64). The arithmetic is the pseudo code of each op's
+// shape and element type (float32 or float64); Momentum with attribute gradient_taps (internal,
+// see there) takes G over a convolution weight's kept taps instead. The arithmetic is the pseudo code of each op's
 // schema doc, quoted above its kernel; scalars are computed in float64, element-wise math in
 // the tensors' type.
 #include <algorithm>

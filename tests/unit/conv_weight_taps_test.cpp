@@ -117,18 +117,30 @@ TEST(ConvWeightTaps, ConvGradReadsTheForwardsTaps) {
   }
 }
 
-// A training step's convolution and its gradient, the weights fed as graph inputs with static
-// shapes (a training graph's parameters) and, as `W2`, an initializer.
-onnx::ModelProto conv_step(const Attrs& attrs, const Attrs& grad_attrs) {
-  onnx::ModelProto m = testing::empty_model("conv_step");
-  auto* internal = m.add_opset_import();
-  internal->set_domain(kInternal);
-  internal->set_version(1);
+// An empty model importing the internal and the training domains, with graph inputs x and dy
+// (any float32 shape) and W [24, 16, 3, 3] (a training graph's parameter: a graph input with a
+// static shape).
+onnx::ModelProto step_model(const std::string& name) {
+  onnx::ModelProto m = testing::empty_model(name);
+  for (const char* domain : {"ai.onnxtrain", "ai.onnx.preview.training"}) {
+    auto* o = m.add_opset_import();
+    o->set_domain(domain);
+    o->set_version(1);
+  }
   auto& g = *m.mutable_graph();
   const int kFloat = onnx::TensorProto::FLOAT;
   testing::typed_value(g.add_input(), "x", kFloat, {});
   testing::typed_value(g.add_input(), "dy", kFloat, {});
   testing::typed_value(g.add_input(), "W", kFloat, {24, 16, 3, 3});
+  return m;
+}
+
+// A training step's convolution and its gradient, the weights fed as graph inputs with static
+// shapes (a training graph's parameters) and, as `W2`, an initializer.
+onnx::ModelProto conv_step(const Attrs& attrs, const Attrs& grad_attrs) {
+  onnx::ModelProto m = step_model("conv_step");
+  auto& g = *m.mutable_graph();
+  const int kFloat = onnx::TensorProto::FLOAT;
   const auto add = [&](const std::string& op, const std::vector<std::string>& in, const std::vector<std::string>& out,
                        const Attrs& a) {
     auto* n = testing::add_node(g, op, in, out);
@@ -264,17 +276,9 @@ TEST(ConvWeightTaps, MomentumReadsAGradientOverItsTaps) {
 // A training step's convolution on 1x1 maps, its ConvGrad and a Momentum update of W (through the
 // Identity the Gradient op's output is), the weights and state fed as graph inputs.
 onnx::ModelProto momentum_step() {
-  onnx::ModelProto m = testing::empty_model("momentum_step");
-  for (const char* domain : {"ai.onnxtrain", "ai.onnx.preview.training"}) {
-    auto* o = m.add_opset_import();
-    o->set_domain(domain);
-    o->set_version(1);
-  }
+  onnx::ModelProto m = step_model("momentum_step");
   auto& g = *m.mutable_graph();
   const int kFloat = onnx::TensorProto::FLOAT;
-  testing::typed_value(g.add_input(), "x", kFloat, {});
-  testing::typed_value(g.add_input(), "dy", kFloat, {});
-  testing::typed_value(g.add_input(), "W", kFloat, {24, 16, 3, 3});
   testing::typed_value(g.add_input(), "V", kFloat, {24, 16, 3, 3});
   testing::typed_value(g.add_input(), "B", kFloat, {24});
   testing::typed_value(g.add_input(), "VB", kFloat, {24});
