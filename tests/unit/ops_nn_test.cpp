@@ -374,9 +374,10 @@ Tensor naive_gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool ta, bo
 }
 
 // M = 1 takes the matrix-vector path (float32); K and N long enough for several column blocks
-// and both threads.
+// and both threads. With transB each row's sum runs in one order whichever group of rows it falls
+// in (12, 4 or 1 at a time): B's rows reversed give y reversed, to the bit.
 TEST(GemmTest, OneRowProducts) {
-  const int64_t K = 300, N = 701;  // rows in fours and a remainder on each thread
+  const int64_t K = 300, N = 705;  // per thread (352, 353 rows): 29 twelves, a four, 0 or 1 left
   uint32_t seed = 200;
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
@@ -390,6 +391,15 @@ TEST(GemmTest, OneRowProducts) {
         const Tensor c = random(cs, seed++);
         expect_both_paths("Gemm", {a, b, c}, attrs, naive_gemm(a, b, c, ta, tb, 0.5, 2.0));
       }
+      if (!tb) continue;
+      const Tensor a32 = a.cast(DataType::Float32), b32 = b.cast(DataType::Float32);
+      Tensor reversed(DataType::Float32, b32.shape());
+      for (int64_t j = 0; j < N; ++j) {
+        std::copy_n(b32.data<float>() + j * K, K, reversed.data<float>() + (N - 1 - j) * K);
+      }
+      const Tensor y = run1("Gemm", {a32, b32}, attrs, 17);
+      const Tensor y_reversed = run1("Gemm", {a32, reversed}, attrs, 17);
+      for (int64_t j = 0; j < N; ++j) EXPECT_EQ(y.data<float>()[j], y_reversed.data<float>()[N - 1 - j]) << "row " << j;
     }
   }
 }
