@@ -141,41 +141,48 @@ void update_tensor(KernelContext& ctx, int n, int i, F&& update) {
 // ScaledAdam (669 K parameters, 8 MB written per step) took 0.22 ms per step with streaming
 // stores against 0.85-1.14 with ordinary ones on the AVX-512 VM of issue 7, and on the AVX2 VM of
 // issue 18 1.28-1.35 against 0.84-1.07 ms (three 400-step profiles each; the whole step's kernels
-// 10-17 % faster with ordinary stores, the products reading W from cache). So each kernel times
-// its runs after kWarmup both ways, kTrials each, alternating, and keeps the faster (the
-// fastest run of each way: a busy machine only slows runs down). On the AVX2 VM every workload's
-// optimizer chose ordinary stores (fastest runs, streaming against ordinary: the MLP's ScaledAdam
-// 0.97-1.05 against 0.71-0.97 ms, ResNet-18's Momentum 15.1 against 10.8, BERT's ScaledAdam 21.6
-// against 20.5, the LSTM's 2.5 against 1.3).
+// 10-17 % faster with ordinary stores, the products reading W from cache). So each kernel tries
+// both ways after kWarmup runs, kTrials each, alternating, and keeps the faster, timing the
+// period from a run's start to the next run's start: in a training loop a whole step, so that
+// what the stores leave in cache, or not, for the step's other kernels counts too (the fastest
+// period of each way: a busy machine only slows runs down). Timing the kernel alone chose
+// streaming stores for the MLP's ScaledAdam on the Zen 4 VM of 2026-11-29, while its training ran
+// at 375.7-395.9 steps/s with ordinary stores against 364.6-402.0 with the choice (five
+// alternating pairs of 300-step runs, ordinary faster in four).
 class StoreChoice {
  public:
-  bool stream() const { return chosen_ >= 0 ? chosen_ == 1 : runs_ < kWarmup || (runs_ - kWarmup) % 2 == 0; }
-  // The seconds of a whole run made with stream() as it is now.
-  void record(double seconds) {
-    if (chosen_ >= 0) return;
-    if (runs_ >= kWarmup) {
-      double& best = best_[stream() ? 1 : 0];
-      best = std::min(best, seconds);
+  // Called as a run starts; returns whether the run writes with streaming stores.
+  bool start() {
+    const auto now = std::chrono::steady_clock::now();
+    if (chosen_ >= 0) return chosen_ == 1;
+    if (runs_ > kWarmup) {  // the previous run was a trial: its period
+      double& best = best_[streaming(runs_ - 1) ? 1 : 0];
+      best = std::min(best, std::chrono::duration<double>(now - last_).count());
     }
-    if (++runs_ == kWarmup + 2 * kTrials) chosen_ = best_[1] <= best_[0] ? 1 : 0;
+    if (runs_ == kWarmup + 2 * kTrials) {
+      chosen_ = best_[1] <= best_[0] ? 1 : 0;
+      return chosen_ == 1;
+    }
+    last_ = now;
+    return streaming(runs_++);
   }
 
  private:
   static constexpr int kWarmup = 2;  // the first runs fault in the outputs' pages
   static constexpr int kTrials = 3;
+  // The store kind of run `run` while still timing: streaming through the warm-up, then each way
+  // in turn.
+  static bool streaming(int run) { return run < kWarmup || (run - kWarmup) % 2 == 0; }
   int runs_ = 0;
   int chosen_ = -1;  // 1: streaming stores, 0: ordinary ones, -1: still timing
+  std::chrono::steady_clock::time_point last_;  // the previous run's start
   double best_[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
 };
 
-// Runs `pass` (which writes with streaming stores when given true) as choice says, and tells
-// choice how long it took.
+// Runs `pass` (which writes with streaming stores when given true) as choice says.
 template <class Pass>
 void timed_pass(StoreChoice& choice, Pass&& pass) {
-  const bool stream = choice.stream();
-  const auto start = std::chrono::steady_clock::now();
-  pass(stream);
-  choice.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  pass(choice.start());
 }
 
 #if defined(__AVX2__)
