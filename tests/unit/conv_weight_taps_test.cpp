@@ -135,6 +135,13 @@ onnx::ModelProto step_model(const std::string& name) {
   return m;
 }
 
+// step_model's feeds x [2, 16, size, size], dy [2, 24, size, size] and W, float32.
+runtime::NamedTensors step_feeds(int64_t size) {
+  return {{"x", testing::random_f64({2, 16, size, size}, 6).cast(DataType::Float32)},
+          {"dy", testing::random_f64({2, 24, size, size}, 7).cast(DataType::Float32)},
+          {"W", testing::random_f64({24, 16, 3, 3}, 8, 0.3).cast(DataType::Float32)}};
+}
+
 // A training step's convolution and its gradient, the weights fed as graph inputs with static
 // shapes (a training graph's parameters) and, as `W2`, an initializer.
 onnx::ModelProto conv_step(const Attrs& attrs, const Attrs& grad_attrs) {
@@ -177,10 +184,7 @@ TEST(ConvWeightTaps, TheRewrittenStepGivesTheSameResults) {
   runtime::Session original(model, {.fuse = false}), shared(rewritten, {.fuse = false});
   for (const int64_t size : {int64_t{1}, int64_t{5}}) {
     SCOPED_TRACE("maps " + std::to_string(size));
-    const runtime::NamedTensors feeds{
-        {"x", testing::random_f64({2, 16, size, size}, 6).cast(DataType::Float32)},
-        {"dy", testing::random_f64({2, 24, size, size}, 7).cast(DataType::Float32)},
-        {"W", testing::random_f64({24, 16, 3, 3}, 8, 0.3).cast(DataType::Float32)}};
+    const runtime::NamedTensors feeds = step_feeds(size);
     const runtime::NamedTensors want = original.run(feeds);
     const runtime::NamedTensors got = shared.run(feeds);
     for (const char* out : {"z", "dx", "dW", "dy2"}) {
@@ -319,16 +323,14 @@ TEST(ConvWeightTaps, TheMomentumRewriteGivesTheSameResults) {
   runtime::Session original(model, {.fuse = false}), cropped(rewritten, {.fuse = false});
   for (const int64_t size : {int64_t{1}, int64_t{5}}) {
     SCOPED_TRACE("maps " + std::to_string(size));
-    const runtime::NamedTensors feeds{
-        {"x", testing::random_f64({2, 16, size, size}, 6).cast(DataType::Float32)},
-        {"dy", testing::random_f64({2, 24, size, size}, 7).cast(DataType::Float32)},
-        {"W", testing::random_f64({24, 16, 3, 3}, 8, 0.3).cast(DataType::Float32)},
+    runtime::NamedTensors feeds = step_feeds(size);
+    feeds.insert({
         {"V", testing::random_f64({24, 16, 3, 3}, 9, 0.1).cast(DataType::Float32)},
         {"B", testing::random_f64({24}, 10).cast(DataType::Float32)},
         {"VB", testing::random_f64({24}, 11).cast(DataType::Float32)},
         {"dB", testing::random_f64({24}, 12).cast(DataType::Float32)},
         {"R", Tensor::scalar<float>(0.1f)},
-        {"T", Tensor::scalar<int64_t>(2)}};
+        {"T", Tensor::scalar<int64_t>(2)}});
     const runtime::NamedTensors want = original.run(feeds);
     const runtime::NamedTensors got = cropped.run(feeds);
     for (const char* out : {"dx", "W.new", "B.new", "V.new", "VB.new"}) {
