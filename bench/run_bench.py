@@ -12,7 +12,8 @@ costs, the arena's page faults and oneDNN's JIT, took ~30 ms of the MLP's ~200 m
 Reports the median steps/s at each one's best thread count (a count whose first run is far behind
 the other's is not timed again: bench/thread_counts.py), the ratio,
 the peak resident memory (VmHWM) of each process, onnxtrain's achieved GFLOP/s as a
-fraction of the oneDNN sgemm peak measured in the same run, and the share of onnxtrain's step
+fraction of the oneDNN sgemm peak measured in the same run (and the median fraction of the peak
+measured just before each of its runs: bench/peak_beside.py), and the share of onnxtrain's step
 that oneDNN's own kernels at the model's shapes need when timed alone (bench/gemm_peak.py,
 bench/conv_peak.py).
 Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
@@ -33,6 +34,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BUILD = os.path.join(ROOT, "build", "release")
 ONNXTRAIN = os.path.join(BUILD, "src", "onnxtrain")
+SGEMM = os.path.join(BUILD, "bench", "onnxtrain-bench-sgemm")
 WORK = os.path.join(ROOT, "build", "bench")
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
@@ -44,6 +46,7 @@ INFER_ITERS = {("cnn", 128): 40}
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
+import peak_beside  # noqa: E402
 from docs_section import machine, write_section  # noqa: E402
 from thread_counts import contending  # noqa: E402
 
@@ -142,7 +145,7 @@ def main():
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{m}.onnx"), "-o",
                         os.path.join(WORK, f"{m}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
                         "--lr", "1e-3"], check=True, stdout=subprocess.DEVNULL)
-    sgemm = max(json.loads(subprocess.run([os.path.join(BUILD, "bench", "onnxtrain-bench-sgemm"), "--threads", str(t)],
+    sgemm = max(json.loads(subprocess.run([SGEMM, "--threads", str(t)],
                                           capture_output=True, text=True, check=True).stdout)["gflops"] for t in (1, 2))
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -156,17 +159,20 @@ def main():
              "the weight gradients and the input gradients of every layer but the first; the last column is the "
              "time oneDNN's own kernels at the model's shapes need, its matrix products (bench/gemm_peak.py) and "
              "convolutions (bench/conv_peak.py) forward and backward, each timed alone, warm, the fastest of 10 "
-             "runs, at onnxtrain's best thread count, and its share of onnxtrain's step):", ""]
+             "runs, at onnxtrain's best thread count, and its share of onnxtrain's step; the fraction of the peak beside each "
+             "run is the median, over onnxtrain's runs at its best thread count, of each run's GFLOP/s over the sgemm "
+             "peak measured just before it, bench/peak_beside.py):", ""]
 
     def emit(line):
         print(line, flush=True)
         lines.append(line)
     emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch "
          "(onnxtrain's step arena) | "
-         "onnxtrain GFLOP/s (of peak) | oneDNN's kernels alone, ms (of the step) |")
+         "onnxtrain GFLOP/s (of the run's peak; of the peak beside each run) | oneDNN's kernels alone, ms (of the step) |")
     emit("|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
+        beside = {t: [] for t in (1, 2)}  # onnxtrain's (steps/s, sgemm GFLOP/s just before the run)
         peaks = {"onnxtrain": 0.0, "pytorch": 0.0}
         arena = 0.0  # MiB: what onnxtrain's step plan holds for the values its kernels compute
         for rep in range(args.reps):
@@ -174,8 +180,11 @@ def main():
                 for impl, fn in (("onnxtrain", onnxtrain_train), ("pytorch", torch_train)):
                     if rep > 0 and not contending({k: results[(impl, k)][0] for k in (1, 2)}, t):
                         continue
+                    sgemm_now = peak_beside.sgemm_gflops(SGEMM, 2) if impl == "onnxtrain" else None
                     rate, peak, step_arena = fn(model, t, steps[model])
                     results[(impl, t)].append(rate)
+                    if sgemm_now:
+                        beside[t].append((rate, sgemm_now))
                     peaks[impl] = max(peaks[impl], peak)
                     arena = max(arena, step_arena or 0.0)
         best = {}
@@ -183,9 +192,10 @@ def main():
             best[impl] = max(((statistics.median(results[(impl, t)]), t) for t in (1, 2)))
         gflops = best["onnxtrain"][0] * flops_per_step(model) / 1e9
         alone = kernels_alone_ms(model, best["onnxtrain"][1])
+        matched = peak_beside.median_fraction(beside[best["onnxtrain"][1]], flops_per_step(model) / 1e9)
         emit(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
-              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB ({arena:.1f}) | {gflops:.0f} ({gflops / sgemm:.0%}) | "
+              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB ({arena:.1f}) | {gflops:.0f} ({gflops / sgemm:.0%}; {matched:.0%}) | "
               f"{alone:.3f} ({alone * best['onnxtrain'][0] / 1e3:.0%}) |")
 
     lines += ["", "Inference (the best of the runs at 1 and 2 threads, each side):", ""]

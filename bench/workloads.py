@@ -59,6 +59,7 @@ SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
 sys.path.insert(0, BENCH)
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
+import peak_beside  # noqa: E402
 import workload_models  # noqa: E402
 from docs_section import machine, write_section  # noqa: E402
 from thread_counts import contending  # noqa: E402
@@ -179,6 +180,7 @@ def train_section(names, prepared, tools, args, errors):
     for name in names:
         paths = prepared.get(name)
         mine, theirs, peaks = {t: [] for t in args.threads}, {t: [] for t in args.threads}, {"o": 0.0, "p": 0.0}
+        beside = {t: [] for t in args.threads}  # onnxtrain's (steps/s, sgemm GFLOP/s just before the run)
         arena = 0.0
         first_loss = {}
         began = time.perf_counter()
@@ -189,10 +191,12 @@ def train_section(names, prepared, tools, args, errors):
                 if (paths and paths["trainable"] and (name, "train") not in errors
                         and (rep == 0 or contending(first_mine, t))):
                     try:
+                        sgemm_now = peak_beside.sgemm_gflops(tools["bench_sgemm"], max(args.threads))
                         rate, peak, first_loss["o"], step_arena = onnxtrain_rate(name, paths, tools, t,
                                                                                  args.steps[name], args.timeout)
                         arena = max(arena, step_arena)
                         mine[t].append(rate)
+                        beside[t].append((rate, sgemm_now))
                         peaks["o"] = max(peaks["o"], peak)
                     except Failed as e:
                         errors[(name, "train")] = f"--threads {t}: {e}"
@@ -217,21 +221,23 @@ def train_section(names, prepared, tools, args, errors):
         ratio = f"{o[0] / p[0]:.2f}" if o and p else "-"
         rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB ({arena:.0f})" if o and p else "-"
         losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
-        results.append((name, o, p, f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | ",
+        matched = peak_beside.median_fraction(beside[o[1]], args.flops[name] / 1e9) if o else None
+        results.append((name, o, p, matched, f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | ",
                         f" | {losses} |"))
-        print(results[-1][3] + f"... ({eager_s:.0f} s, torch.compile {time.perf_counter() - began - eager_s:.0f} s)",
+        print(results[-1][4] + f"... ({eager_s:.0f} s, torch.compile {time.perf_counter() - began - eager_s:.0f} s)",
               file=sys.stderr, flush=True)
     args.sgemm = max(args.sgemm, sgemm_peak(tools, args.threads))
     rows = []
-    for name, o, p, head, tail in results:
+    for name, o, p, matched, head, tail in results:
         gflop = args.flops[name] / 1e9
-        roofline = (f"{gflop:.1f}: {o[0] * gflop:.0f} ({o[0] * gflop / args.sgemm:.0%}) / {p[0] * gflop:.0f} "
-                    f"({p[0] * gflop / args.sgemm:.0%})") if o and p else "-"
+        roofline = (f"{gflop:.1f}: {o[0] * gflop:.0f} ({o[0] * gflop / args.sgemm:.0%}; {matched:.0%}) / "
+                    f"{p[0] * gflop:.0f} ({p[0] * gflop / args.sgemm:.0%})") if o and p and matched else "-"
         rows.append(head + roofline + tail)
     return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
             "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager (onnxtrain's step arena) "
             "| GFLOP per step: GFLOP/s "
-            "(of the sgemm peak) onnxtrain / PyTorch eager | step-1 loss onnxtrain / PyTorch |",
+            "(of the sgemm peak; onnxtrain's of the peak beside each of its runs) onnxtrain / PyTorch eager "
+            "| step-1 loss onnxtrain / PyTorch |",
             "|---|---|---|---|---|---|---|---|"] + rows
 
 
@@ -388,7 +394,9 @@ def main():
     lines += [f"Training (steps/s without start-up; best thread count of each side). The machine's peak: oneDNN's "
               f"sgemm (2048^3, bench/bench_sgemm.cpp) at {args.sgemm:.0f} GFLOP/s in this run (the larger of two "
               "measurements, before and after the training runs); GFLOP per step counts the matrix products and "
-              "convolutions of the forward and backward passes (bench/workload_models.py train_flops).", ""]
+              "convolutions of the forward and backward passes (bench/workload_models.py train_flops); the second "
+              "fraction of onnxtrain's is the median, over its runs at its best thread count, of each run's GFLOP/s "
+              "over the sgemm peak measured just before it (bench/peak_beside.py).", ""]
     lines += table
     progress("training done")
     lines += ["", "Inference (median ms per run of the eval-mode export; best thread count of each):", ""]
