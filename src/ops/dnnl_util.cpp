@@ -66,6 +66,52 @@ dnnl::memory::desc strided_f32(const dnnl::memory::dims& dims, const dnnl::memor
                  [&] { return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, strides); });
 }
 
+namespace {
+
+// The offset of the element at `index` in a blocked descriptor, as oneDNN lays it out: each
+// inner block, the last innermost, takes the index's remainder in that dim; what is left of
+// each index then steps by the dim's outer stride.
+int64_t blocked_offset(const dnnl_memory_desc_t& md, const int64_t* index) {
+  const dnnl_blocking_desc_t& blocking = md.format_desc.blocking;
+  int64_t left[DNNL_MAX_NDIMS];
+  std::copy(index, index + md.ndims, left);
+  int64_t offset = md.offset0, inner = 1;
+  for (int b = blocking.inner_nblks - 1; b >= 0; --b) {
+    const int d = static_cast<int>(blocking.inner_idxs[b]);
+    offset += (left[d] % blocking.inner_blks[b]) * inner;
+    inner *= blocking.inner_blks[b];
+    left[d] /= blocking.inner_blks[b];
+  }
+  for (int d = 0; d < md.ndims; ++d) offset += left[d] * blocking.strides[d];
+  return offset;
+}
+
+}  // namespace
+
+bool same_layout(const dnnl::memory::desc& a, const dnnl::memory::desc& b) {
+  if (a == b) return true;
+  const dnnl_memory_desc_t &x = a.data, &y = b.data;
+  if (x.format_kind != dnnl_blocked || y.format_kind != dnnl_blocked || x.data_type != y.data_type ||
+      x.ndims != y.ndims || a.get_size() != b.get_size()) {
+    return false;
+  }
+  for (int d = 0; d < x.ndims; ++d) {
+    if (x.dims[d] != y.dims[d] || x.padded_dims[d] != x.dims[d] || y.padded_dims[d] != y.dims[d]) return false;
+    if (x.dims[d] <= 0) return false;
+  }
+  // Every index, in order (layouts that differ mostly do at one of the first indices).
+  int64_t index[DNNL_MAX_NDIMS] = {};
+  for (;;) {
+    if (blocked_offset(x, index) != blocked_offset(y, index)) return false;
+    int d = x.ndims - 1;
+    for (; d >= 0; --d) {
+      if (++index[d] < x.dims[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) return true;
+  }
+}
+
 CacheKey::CacheKey() { values_.push_back(omp_get_max_threads()); }
 
 CacheKey& CacheKey::add(const Shape& shape) {

@@ -35,6 +35,13 @@ dnnl::memory::desc plain_f32(const dnnl::memory::dims& dims);
 // A float32 descriptor with explicit element strides (transposed or permuted views).
 dnnl::memory::desc strided_f32(const dnnl::memory::dims& dims, const dnnl::memory::dims& strides);
 
+// Whether a and b put every element at the same place: the same element type and dims, no
+// padding, and equal offsets for every index under oneDNN's blocking (outer strides, then the
+// inner blocks). True for descriptors that differ in name only, such as a channel-blocked layout
+// (aBcd16b) of a tensor whose spatial dims are all 1 and whose channels the block divides, which
+// is the row-major layout: a reorder between them would copy every byte to where it already is.
+bool same_layout(const dnnl::memory::desc& a, const dnnl::memory::desc& b);
+
 // Whether oneDNN runs its kernels for `wanted` (or a superset) on this CPU
 // (dnnl::get_effective_cpu_isa(), whose values are bit sets of the instruction sets they hold).
 bool has_isa(dnnl::cpu_isa wanted);
@@ -92,14 +99,16 @@ inline size_t scratch_size(const dnnl::memory::desc& desc) { return (desc.get_si
 // One operand of a primitive that chose its own layouts (format any): the ONNX tensor (plain
 // layout, its pointer bound per run) and, when the primitive wants another layout, a buffer in
 // that layout and the reorder between them (tensor -> buffer for an input, buffer -> tensor for
-// an output). The buffer is placed per call (place) in thread_scratch memory.
+// an output). The buffer is placed per call (place) in thread_scratch memory. Where the wanted
+// layout is the tensor's own under another name (same_layout), the primitive reads or writes the
+// tensor through a descriptor of the wanted layout, and nothing is copied.
 class Operand {
  public:
   Operand() = default;
   Operand(const dnnl::memory::desc& plain, const dnnl::memory::desc& wanted, bool input)
-      : input_(input), reordered_(wanted != plain) {
+      : input_(input), reordered_(!same_layout(plain, wanted)) {
     const dnnl::engine& engine = cpu_engine();
-    user_ = dnnl::memory(plain, engine, nullptr);
+    user_ = dnnl::memory(reordered_ ? plain : wanted, engine, nullptr);
     if (!reordered_) return;
     inner_ = dnnl::memory(wanted, engine, nullptr);
     reorder_ = input ? dnnl::reorder(user_, inner_) : dnnl::reorder(inner_, user_);

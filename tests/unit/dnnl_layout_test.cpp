@@ -1,0 +1,69 @@
+// ops/dnnl_util.h same_layout: which pairs of oneDNN descriptors put every element at the same
+// place (so an Operand binds the tensor itself instead of reordering it), and a convolution and
+// its gradient on 1x1 maps, where oneDNN's channel-blocked layout is the tensor's own, against
+// float64 references.
+#include <gtest/gtest.h>
+
+#include "ops/dnnl_util.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+namespace du = ops::dnnl_util;
+using tag = dnnl::memory::format_tag;
+using testing::attr;
+using testing::expect_close;
+using testing::NodeSpec;
+using testing::random_f64;
+using testing::run_node;
+
+dnnl::memory::desc desc(const dnnl::memory::dims& dims, tag format) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, format);
+}
+
+TEST(SameLayoutTest, ChannelBlocksOfOneByOneMapsAreRowMajor) {
+  // [N, C, 1, 1] with 16 | C: channel c of image n is at n * C + c either way.
+  EXPECT_TRUE(du::same_layout(desc({32, 512, 1, 1}, tag::abcd), desc({32, 512, 1, 1}, tag::aBcd16b)));
+  EXPECT_TRUE(du::same_layout(desc({3, 16, 1, 1}, tag::aBcd16b), desc({3, 16, 1, 1}, tag::abcd)));
+  EXPECT_TRUE(du::same_layout(desc({2, 3, 4}, tag::abc), desc({2, 3, 4}, tag::abc)));
+  // A row vector is its own transpose.
+  EXPECT_TRUE(du::same_layout(desc({1, 5}, tag::ab), desc({1, 5}, tag::ba)));
+}
+
+TEST(SameLayoutTest, LayoutsThatMoveElementsDiffer) {
+  // 2x2 maps: channel 0's second position is element 1 in rows, 16 in channel blocks.
+  EXPECT_FALSE(du::same_layout(desc({32, 256, 2, 2}, tag::abcd), desc({32, 256, 2, 2}, tag::aBcd16b)));
+  // 24 channels pad to 32 in blocks of 16: more bytes, never the same.
+  EXPECT_FALSE(du::same_layout(desc({2, 24, 1, 1}, tag::abcd), desc({2, 24, 1, 1}, tag::aBcd16b)));
+  // Weights blocked by both channel dims transpose each 16 x 16 tile.
+  EXPECT_FALSE(du::same_layout(desc({16, 16, 1, 1}, tag::abcd), desc({16, 16, 1, 1}, tag::ABcd16b16a)));
+  EXPECT_FALSE(du::same_layout(desc({2, 5}, tag::ab), desc({2, 5}, tag::ba)));
+  // Other dims or element types.
+  EXPECT_FALSE(du::same_layout(desc({32, 512, 1, 1}, tag::abcd), desc({32, 512, 1, 2}, tag::abcd)));
+  EXPECT_FALSE(du::same_layout(
+      desc({4, 16}, tag::ab), dnnl::memory::desc({4, 16}, dnnl::memory::data_type::s32, tag::ab)));
+}
+
+// Convolutions on 1x1 maps with 32 channels (a 3x3 kernel with pads 1, as ResNet-18's last layer
+// on its 1x1 maps, and a 1x1 kernel), and their gradients, against float64: oneDNN's blocked
+// convolutions read and write such tensors in place of a reorder (the Operand's same layout).
+TEST(SameLayoutTest, ConvolutionsOnOneByOneMapsMatchFloat64) {
+  for (const int64_t k : {3, 1}) {
+    SCOPED_TRACE("kernel " + std::to_string(k));
+    const int64_t p = k / 2;
+    const std::vector<onnx::AttributeProto> attrs{attr("pads", std::vector<int64_t>{p, p, p, p})};
+    const Tensor x = random_f64(Shape{4, 32, 1, 1}, 11), w = random_f64(Shape{48, 32, k, k}, 12);
+    const Tensor dy = random_f64(Shape{4, 48, 1, 1}, 13);
+    const auto f32 = [](const Tensor& t) { return t.cast(DataType::Float32); };
+    const Tensor y = run_node(NodeSpec{"Conv", "", 17, attrs, 1}, {f32(x), f32(w)}).at(0);
+    expect_close(y, f32(run_node(NodeSpec{"Conv", "", 17, attrs, 1}, {x, w}).at(0)), 1e-5, 1e-5);
+    const auto g = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs, 2}, {f32(dy), f32(x), f32(w)});
+    const auto want = run_node(NodeSpec{"ConvGrad", "ai.onnxtrain", 1, attrs, 2}, {dy, x, w});
+    expect_close(g.at(0), f32(want.at(0)), 1e-5, 1e-5);
+    expect_close(g.at(1), f32(want.at(1)), 1e-5, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
