@@ -1,7 +1,9 @@
 // Unit tests for the ai.onnxtrain backward ops ConvGrad, ConvTransposeGrad, MaxPoolGrad and
-// AveragePoolGrad: central differences in float64 of L = sum(Y * R) with Y the forward op run
+// AveragePoolGrad (and GatherGrad's rows split between threads, at the end): central differences in float64 of L = sum(Y * R) with Y the forward op run
 // through onnxtrain (so dY = R), the float32 (oneDNN) and float16 paths against float64,
 // omitted outputs, the max tie rule, and errors.
+#include <omp.h>
+
 #include <limits>
 #include <random>
 
@@ -469,6 +471,52 @@ TEST(SumToShapeTest, LargeInputsSplitAcrossThreadsSumLikeFloat64) {
       ref[static_cast<size_t>(offset)] += v[static_cast<size_t>(i)];
     }
     expect_close(want, Tensor::from_vector<double>(target, ref), 1e-12, 1e-12);
+  }
+}
+
+// GatherGrad of Gather on axis 0 (an embedding) and 1, with outputs large enough for the rows to
+// split between threads, indices repeated and negative: every output row sums the dY rows that
+// index it in index order, so one and two threads give the same bits, and the sums match float64.
+TEST(GatherGradTest, RowsSplitBetweenThreadsSumInIndexOrder) {
+  struct Case {
+    Shape data;
+    int64_t axis;
+    int64_t n;  // indices
+  };
+  for (const Case& c : {Case{{3000, 40}, 0, 500}, Case{{3, 2000, 12}, 1, 300}}) {
+    SCOPED_TRACE(c.data.to_string());
+    const int64_t dim = c.data[static_cast<size_t>(c.axis)];
+    std::mt19937 rng(7);
+    std::vector<int64_t> idx(static_cast<size_t>(c.n));
+    // 60 rows spread over the whole dim (so over every thread's part), each indexed ~n / 60 times,
+    // a quarter of them as negative indices.
+    for (auto& i : idx) i = static_cast<int64_t>(rng() % 60) * (dim / 60) + 7 - (rng() % 4 == 0 ? dim : 0);
+    Shape dy_shape = c.data;
+    dy_shape[static_cast<size_t>(c.axis)] = c.n;
+    const Tensor dy64 = random(dy_shape, 21);
+    const std::vector<Tensor> in{dy64.cast(DataType::Float32), testing::i64(idx), testing::i64(std::vector<int64_t>(c.data.begin(), c.data.end()))};
+    const Attrs attrs{attr("axis", c.axis)};
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Tensor one = run_node(NodeSpec{"GatherGrad", kInternal, 1, attrs, 1}, in).at(0);
+    omp_set_num_threads(2);
+    const Tensor two = run_node(NodeSpec{"GatherGrad", kInternal, 1, attrs, 1}, in).at(0);
+    omp_set_num_threads(threads);
+    ASSERT_EQ(one.shape(), c.data);
+    for (int64_t i = 0; i < one.numel(); ++i) ASSERT_EQ(one.data<float>()[i], two.data<float>()[i]) << "element " << i;
+    // float64: out[b, idx[j], r] += dy[b, j, r].
+    const int64_t outer = c.data.numel(0, static_cast<size_t>(c.axis));
+    const int64_t inner = c.data.numel(static_cast<size_t>(c.axis) + 1, c.data.size());
+    std::vector<double> want(static_cast<size_t>(c.data.numel()), 0.0);
+    for (int64_t b = 0; b < outer; ++b) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        const int64_t row = (idx[static_cast<size_t>(j)] + dim) % dim;
+        for (int64_t r = 0; r < inner; ++r) {
+          want[static_cast<size_t>((b * dim + row) * inner + r)] += dy64.data<double>()[(b * c.n + j) * inner + r];
+        }
+      }
+    }
+    expect_close(two, Tensor::from_vector<double>(c.data, want).cast(DataType::Float32), 1e-5, 1e-5);
   }
 }
 
