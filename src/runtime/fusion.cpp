@@ -1361,6 +1361,67 @@ int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::str
   return static_cast<int>(found.size());
 }
 
+int gather_before_transpose(onnx::GraphProto& graph) {
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  std::unordered_set<std::string> removed;  // the Transposes' outputs
+  {
+    Matcher m(graph);
+    std::unordered_set<std::string> named;  // values named by attributes (Gradient's xs, zs, y)
+    for (const auto& node : graph.node()) {
+      for (const auto& attr : node.attribute()) {
+        if (attr.type() == onnx::AttributeProto::STRING) named.insert(attr.s());
+        for (const auto& v : attr.strings()) named.insert(v);
+      }
+    }
+    for (int i = 0; i < graph.node_size(); ++i) {
+      onnx::NodeProto& gather = *graph.mutable_node(i);
+      if (!is_onnx_op(gather, "Gather") || gather.input_size() != 2 || gather.output_size() != 1) continue;
+      const std::string& y = gather.input(0);
+      const int t = m.producer_index(y);
+      if (t < 0 || drop[static_cast<size_t>(t)] || named.contains(y) || m.sole_reader(y) != std::optional<int>(i)) continue;
+      const std::optional<std::vector<int64_t>> perm = stated_perm(graph.node(t));
+      const auto index = constant_type(graph, m, gather.input(1));
+      if (!perm || perm->empty() || !index || !index->second.empty() ||
+          (index->first != onnx::TensorProto::INT64 && index->first != onnx::TensorProto::INT32)) {
+        continue;
+      }
+      const auto rank = static_cast<int64_t>(perm->size());
+      int64_t axis = int_attribute(gather, "axis");
+      if (axis < -rank || axis >= rank) continue;  // the kernel names the error
+      if (axis < 0) axis += rank;
+      // The input dims the output keeps, in the output's order, must ascend.
+      const int64_t from = (*perm)[static_cast<size_t>(axis)];
+      int64_t last = -1;
+      bool ordered = true;
+      for (int64_t d = 0; d < rank && ordered; ++d) {
+        const int64_t p = (*perm)[static_cast<size_t>(d)];
+        if (d == axis) continue;
+        ordered = p > last && p >= 0 && p < rank && p != from;
+        last = p;
+      }
+      if (!ordered || from < 0 || from >= rank) continue;
+      gather.set_input(0, graph.node(t).input(0));
+      bool set = false;
+      for (auto& attr : *gather.mutable_attribute()) {
+        if (attr.name() == "axis") {
+          attr.set_i(from);
+          set = true;
+        }
+      }
+      if (!set) *gather.add_attribute() = autodiff::attr_int("axis", from);
+      drop[static_cast<size_t>(t)] = true;
+      removed.insert(y);
+    }
+  }
+  if (removed.empty()) return 0;
+  drop_nodes(graph, drop);
+  auto* infos = graph.mutable_value_info();
+  for (int k = infos->size() - 1; k >= 0; --k) {
+    if (removed.contains(infos->Get(k).name())) infos->DeleteSubrange(k, 1);
+  }
+  return static_cast<int>(removed.size());
+}
+
 void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
   fuse_gelu(graph, opsets);
   drop_zero_dropout(graph, opsets);

@@ -233,6 +233,17 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 // by 1 / (1 - ratio). Returns the number of nodes replaced.
 int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
+// Replaces each Gather of a Transpose's output by a constant scalar index (a 0-D int32 / int64
+// constant: an initializer that is not a graph input, or a Constant node) with the Gather of the
+// Transpose's input on the axis the Transpose moved there, where the Transpose's output has that
+// Gather as its only reader, is neither a graph output nor read by a subgraph nor named by an
+// attribute, the Transpose states its perm, and the dims left after the Gather keep their order
+// (so no Transpose is needed after it): Gather(Transpose(x, perm), i, axis a) is Gather(x, i, axis
+// perm[a]) then. PyTorch exports `y[:, -1]` of a batch-first LSTM's output so (a [1, 0, 2]
+// Transpose of the whole sequence, then the last step): the step is read where the LSTM wrote it
+// instead of after a copy of every step. Values equal. Returns the number of Transposes removed.
+int gather_before_transpose(onnx::GraphProto& graph);
+
 // The rewrites that must see the forward ops before the Gradient expansion (so that the backward
 // pass is built from the fused ops): fuse_gelu, then drop_zero_dropout. Sessions call this on
 // every graph they plan, before expand_gradients where there is one.

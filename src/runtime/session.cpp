@@ -36,6 +36,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
   if (gradients) autodiff::expand_gradients(graph, opsets, source + ", graph '" + graph.name() + "'");
   if (rewrite) {
     fold_constants(graph, opsets, base_dir);
+    gather_before_transpose(graph);
     fold_batch_norm_into_conv(graph, opsets);
     fuse_conv_pool(graph);
     fuse_conv_relu(graph);

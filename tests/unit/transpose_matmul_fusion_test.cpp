@@ -12,6 +12,9 @@
 // permute_product_outputs: a Transpose of rank >= 3 of a product's output (attention's head merge)
 // becomes perm_y of the MatMulPermuted writing it, Shape readers of the product read
 // Gather(Shape(y), inverse perm); values equal for every path, and other readers keep it.
+// gather_before_transpose: a Gather by a constant scalar of a Transpose's output (a batch-first
+// LSTM's last step) reads the Transpose's input on the moved axis when the kept dims stay in
+// order; values equal; other perms, indices, readers and pinned values keep the Transpose.
 #include <map>
 
 #include "onnxtrain/io.h"
@@ -589,6 +592,66 @@ TEST(PermutedProductOutput, APermYThatIsNotAPermutationIsAnErrorNamingIt) {
   EXPECT_NE(message.find("attribute perm_y [0,2] is not a permutation of the dims of the product [2,3,2]"),
             std::string::npos)
       << message;
+}
+
+// y_k = Gather(Transpose(a, perm_k), index_k, axis_k) for the cases below, index_k an initializer.
+struct GatherCase {
+  std::vector<int64_t> perm;
+  int64_t axis;
+  std::vector<int64_t> index_dims;  // {} for a scalar
+  bool folds;
+  const char* label;
+};
+
+TEST(GatherBeforeTranspose, AScalarGatherReadsTheTransposesInput) {
+  const std::vector<GatherCase> cases = {
+      {{1, 0, 2}, 1, {}, true, "a batch-first LSTM's last step: perm [1, 0, 2], axis 1"},
+      {{1, 0, 2}, -2, {}, true, "the same by a negative axis"},
+      {{1, 0, 2}, 0, {}, true, "axis 0 (kept dims 0 and 2)"},
+      {{2, 0, 1}, 0, {}, true, "perm [2, 0, 1], axis 0"},
+      {{2, 1, 0}, 1, {}, false, "perm [2, 1, 0], axis 1: the kept dims swap"},
+      {{1, 0, 2}, 1, {1}, false, "a one-element index of rank 1"},
+  };
+  for (const GatherCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    onnx::ModelProto m = model_with_inputs("gather", onnx::TensorProto::FLOAT);
+    auto& g = *m.mutable_graph();
+    transpose(g, "a", "a_t", c.perm);
+    Tensor index = testing::i64(Shape(c.index_dims), {-1});
+    onnx::TensorProto* init = g.add_initializer();
+    init->set_name("index");
+    init->set_data_type(onnx::TensorProto::INT64);
+    for (int64_t d : c.index_dims) init->add_dims(d);
+    init->add_int64_data(index.data<int64_t>()[0]);
+    *node(g, "Gather", {"a_t", "index"}, "y")->add_attribute() = testing::attr("axis", c.axis);
+    g.add_output()->set_name("y");
+
+    onnx::GraphProto fused = g;
+    EXPECT_EQ(runtime::gather_before_transpose(fused), c.folds ? 1 : 0);
+    EXPECT_EQ(count_op(fused, "Transpose"), c.folds ? 0 : 1);
+    const runtime::NamedTensors feeds{{"a", testing::iota(Shape{4, 3, 5})}, {"b", testing::iota(Shape{1})}};
+    const Tensor got = runtime::Session(m).run(feeds).at("y"), want = runtime::Session(m, {.fuse = false}).run(feeds).at("y");
+    ASSERT_EQ(got.shape(), want.shape());
+    expect_close(got, want, 0, 0);
+  }
+}
+
+TEST(GatherBeforeTranspose, ATransposeReadElsewhereOrPinnedStays) {
+  onnx::ModelProto m = model_with_inputs("kept", onnx::TensorProto::FLOAT);
+  auto& g = *m.mutable_graph();
+  auto* one = g.add_initializer();
+  one->set_name("one");
+  one->set_data_type(onnx::TensorProto::INT64);
+  one->add_int64_data(1);
+  transpose(g, "a", "read_twice", {1, 0, 2});
+  *node(g, "Gather", {"read_twice", "one"}, "y1")->add_attribute() = testing::attr("axis", int64_t{1});
+  node(g, "Relu", {"read_twice"}, "y2");
+  transpose(g, "a", "pinned", {1, 0, 2});
+  *node(g, "Gather", {"pinned", "one"}, "y3")->add_attribute() = testing::attr("axis", int64_t{1});
+  for (const char* out : {"y1", "y2", "y3", "pinned"}) g.add_output()->set_name(out);
+  onnx::GraphProto fused = g;
+  EXPECT_EQ(runtime::gather_before_transpose(fused), 0);
+  EXPECT_EQ(count_op(fused, "Transpose"), 2);
 }
 
 }  // namespace
