@@ -1361,18 +1361,27 @@ int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::str
   return static_cast<int>(found.size());
 }
 
+namespace {
+// The values the graph's nodes name in string attributes (a Gradient node's xs, zs and y), which
+// a rewrite must not make disappear.
+std::unordered_set<std::string> attribute_named_values(const onnx::GraphProto& graph) {
+  std::unordered_set<std::string> named;
+  for (const auto& node : graph.node()) {
+    for (const auto& attr : node.attribute()) {
+      if (attr.type() == onnx::AttributeProto::STRING) named.insert(attr.s());
+      for (const auto& v : attr.strings()) named.insert(v);
+    }
+  }
+  return named;
+}
+}  // namespace
+
 int gather_before_transpose(onnx::GraphProto& graph) {
   std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
   std::unordered_set<std::string> removed;  // the Transposes' outputs
   {
     Matcher m(graph);
-    std::unordered_set<std::string> named;  // values named by attributes (Gradient's xs, zs, y)
-    for (const auto& node : graph.node()) {
-      for (const auto& attr : node.attribute()) {
-        if (attr.type() == onnx::AttributeProto::STRING) named.insert(attr.s());
-        for (const auto& v : attr.strings()) named.insert(v);
-      }
-    }
+    const std::unordered_set<std::string> named = attribute_named_values(graph);
     for (int i = 0; i < graph.node_size(); ++i) {
       onnx::NodeProto& gather = *graph.mutable_node(i);
       if (!is_onnx_op(gather, "Gather") || gather.input_size() != 2 || gather.output_size() != 1) continue;
@@ -1435,13 +1444,7 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
   std::vector<Chain> chains;
   {
     Matcher m(graph);
-    std::unordered_set<std::string> named;  // values named by attributes (Gradient's xs, zs, y)
-    for (const auto& node : graph.node()) {
-      for (const auto& attr : node.attribute()) {
-        if (attr.type() == onnx::AttributeProto::STRING) named.insert(attr.s());
-        for (const auto& v : attr.strings()) named.insert(v);
-      }
-    }
+    const std::unordered_set<std::string> named = attribute_named_values(graph);
     // The index of the sole reader of `value`, of op `op_type`, when `value` may disappear; -1 if none.
     auto only_reader = [&](const std::string& value, const char* op_type) {
       const std::optional<int> r = named.contains(value) ? std::nullopt : m.sole_reader(value);
