@@ -1385,7 +1385,7 @@ int gather_before_transpose(onnx::GraphProto& graph) {
     for (int i = 0; i < graph.node_size(); ++i) {
       onnx::NodeProto& gather = *graph.mutable_node(i);
       if (!is_onnx_op(gather, "Gather") || gather.input_size() != 2 || gather.output_size() != 1) continue;
-      const std::string& y = gather.input(0);
+      const std::string y = gather.input(0);  // a copy: the input is replaced below
       const int t = m.producer_index(y);
       if (t < 0 || drop[static_cast<size_t>(t)] || named.contains(y) || m.sole_reader(y) != std::optional<int>(i)) continue;
       const std::optional<std::vector<int64_t>> perm = stated_perm(graph.node(t));

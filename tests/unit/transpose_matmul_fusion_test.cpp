@@ -616,7 +616,9 @@ TEST(GatherBeforeTranspose, AScalarGatherReadsTheTransposesInput) {
     SCOPED_TRACE(c.label);
     onnx::ModelProto m = model_with_inputs("gather", onnx::TensorProto::FLOAT);
     auto& g = *m.mutable_graph();
-    transpose(g, "a", "a_t", c.perm);
+    node(g, "Relu", {"a"}, "r");
+    transpose(g, "r", "a_t", c.perm);
+    for (const char* v : {"r", "a_t"}) testing::typed_value(g.add_value_info(), v, onnx::TensorProto::FLOAT, {});
     Tensor index = testing::i64(Shape(c.index_dims), {-1});
     onnx::TensorProto* init = g.add_initializer();
     init->set_name("index");
@@ -629,6 +631,10 @@ TEST(GatherBeforeTranspose, AScalarGatherReadsTheTransposesInput) {
     onnx::GraphProto fused = g;
     EXPECT_EQ(runtime::gather_before_transpose(fused), c.folds ? 1 : 0);
     EXPECT_EQ(count_op(fused, "Transpose"), c.folds ? 0 : 1);
+    // The removed Transpose's output loses its value_info; its input keeps its own.
+    std::vector<std::string> infos;
+    for (const auto& v : fused.value_info()) infos.push_back(v.name());
+    EXPECT_EQ(infos, (c.folds ? std::vector<std::string>{"r"} : std::vector<std::string>{"r", "a_t"}));
     const runtime::NamedTensors feeds{{"a", testing::iota(Shape{4, 3, 5})}, {"b", testing::iota(Shape{1})}};
     const Tensor got = runtime::Session(m).run(feeds).at("y"), want = runtime::Session(m, {.fuse = false}).run(feeds).at("y");
     ASSERT_EQ(got.shape(), want.shape());
