@@ -9,6 +9,7 @@
 
 #include "core/dispatch.h"
 #include "core/finite.h"
+#include "core/parallel.h"
 #include "onnxtrain/error.h"
 
 namespace onnxtrain::training::feeding {
@@ -58,14 +59,19 @@ Tensor convert_column(const Tensor& rows, const Feed& f) {
   const DataType to = in.dtype == DataType::Undefined ? rows.dtype() : in.dtype;
   Tensor t = rows;
   if (is_floating(to)) {
-    // One pass: each value goes through double, is scaled, and lands in the input's type.
+    // One pass, split between the threads the steps run on (the batch is converted between two
+    // steps, while they would wait): each value goes through double, is scaled, and lands in the
+    // input's type.
     t = Tensor(to, rows.shape());
     const int64_t count = rows.numel();
     visit_dtype<AllTypes>(rows.dtype(), "column '" + f.column + "'", [&]<class From>() {
       visit_dtype<FloatTypes>(to, "input '" + in.name + "'", [&]<class To>() {
         const From* src = rows.data<From>();
         To* dst = t.data<To>();
-        for (int64_t i = 0; i < count; ++i) dst[i] = convert<To>(convert<double>(src[i]) * f.scale);
+        const double scale = f.scale;
+        parallel_for(count, kParallelGrain, [=](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) dst[i] = convert<To>(convert<double>(src[i]) * scale);
+        });
       });
     });
   } else if (rows.dtype() != to) {
