@@ -15,12 +15,14 @@ import json
 import statistics
 import subprocess
 
-REPEATS = 10  # 2048^3 products per measurement (0.1 s each at ~200 GFLOP/s; the fastest counts)
+REPEATS = 10  # 2048^3 products per measurement beside a run (0.1 s each at ~200 GFLOP/s; the fastest counts)
+RUN_REPEATS = 20  # per measurement of the run's peak (before and after the runs: the scripts' headline figure)
 
 
-def sgemm_gflops(tool, threads, timeout=120):
-    """oneDNN's sgemm at 2048^3 on `threads` threads, the fastest of REPEATS (onnxtrain-bench-sgemm)."""
-    out = subprocess.run([tool, "--threads", str(threads), "--repeats", str(REPEATS)], capture_output=True,
+def sgemm_gflops(tool, threads, repeats=REPEATS, timeout=120):
+    """oneDNN's sgemm at 2048^3 on `threads` threads, the fastest of `repeats` (onnxtrain-bench-sgemm),
+    GFLOP/s. Raises subprocess.CalledProcessError or TimeoutExpired when the tool fails."""
+    out = subprocess.run([tool, "--threads", str(threads), "--repeats", str(repeats)], capture_output=True,
                          text=True, check=True, timeout=timeout).stdout
     return json.loads(out)["gflops"]
 

@@ -145,8 +145,7 @@ def main():
         subprocess.run([ONNXTRAIN, "make-trainable", os.path.join(WORK, f"{m}.onnx"), "-o",
                         os.path.join(WORK, f"{m}_train.onnx"), "--loss", "cross_entropy", "--optimizer", "adam",
                         "--lr", "1e-3"], check=True, stdout=subprocess.DEVNULL)
-    sgemm = max(json.loads(subprocess.run([SGEMM, "--threads", str(t)],
-                                          capture_output=True, text=True, check=True).stdout)["gflops"] for t in (1, 2))
+    sgemm = max(peak_beside.sgemm_gflops(SGEMM, t, peak_beside.RUN_REPEATS) for t in (1, 2))
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     import torch
@@ -159,16 +158,17 @@ def main():
              "the weight gradients and the input gradients of every layer but the first; the last column is the "
              "time oneDNN's own kernels at the model's shapes need, its matrix products (bench/gemm_peak.py) and "
              "convolutions (bench/conv_peak.py) forward and backward, each timed alone, warm, the fastest of 10 "
-             "runs, at onnxtrain's best thread count, and its share of onnxtrain's step; the fraction of the peak beside each "
-             "run is the median, over onnxtrain's runs at its best thread count, of each run's GFLOP/s over the sgemm "
-             "peak measured just before it, bench/peak_beside.py):", ""]
+             "runs, at onnxtrain's best thread count, and its share of onnxtrain's step; the fraction of the peak "
+             "beside each run is the median, over onnxtrain's runs at its best thread count, of each run's GFLOP/s "
+             "over the sgemm peak measured just before it, bench/peak_beside.py):", ""]
 
     def emit(line):
         print(line, flush=True)
         lines.append(line)
     emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch "
          "(onnxtrain's step arena) | "
-         "onnxtrain GFLOP/s (of the run's peak; of the peak beside each run) | oneDNN's kernels alone, ms (of the step) |")
+         "onnxtrain GFLOP/s (of the run's peak; of the peak beside each run) | "
+         "oneDNN's kernels alone, ms (of the step) |")
     emit("|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
@@ -195,7 +195,8 @@ def main():
         matched = peak_beside.median_fraction(beside[best["onnxtrain"][1]], flops_per_step(model) / 1e9)
         emit(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
-              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB ({arena:.1f}) | {gflops:.0f} ({gflops / sgemm:.0%}; {matched:.0%}) | "
+              f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB ({arena:.1f}) | "
+              f"{gflops:.0f} ({gflops / sgemm:.0%}; {'-' if matched is None else f'{matched:.0%}'}) | "
               f"{alone:.3f} ({alone * best['onnxtrain'][0] / 1e3:.0%}) |")
 
     lines += ["", "Inference (the best of the runs at 1 and 2 threads, each side):", ""]

@@ -222,8 +222,8 @@ def train_section(names, prepared, tools, args, errors):
         rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB ({arena:.0f})" if o and p else "-"
         losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
         matched = peak_beside.median_fraction(beside[o[1]], args.flops[name] / 1e9) if o else None
-        results.append((name, o, p, matched, f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | ",
-                        f" | {losses} |"))
+        head = f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | "
+        results.append((name, o, p, matched, head, f" | {losses} |"))
         print(results[-1][4] + f"... ({eager_s:.0f} s, torch.compile {time.perf_counter() - began - eager_s:.0f} s)",
               file=sys.stderr, flush=True)
     args.sgemm = max(args.sgemm, sgemm_peak(tools, args.threads))
@@ -330,8 +330,8 @@ def alone_section(names, prepared, tools, args, errors):
 
 
 def sgemm_peak(tools, threads):
-    """GFLOP/s of oneDNN's sgemm at 2048^3, the best of the thread counts, in GFLOP/s."""
-    return max(json.loads(measured([tools["bench_sgemm"], "--threads", str(t)], 120)[0])["gflops"] for t in threads)
+    """GFLOP/s of oneDNN's sgemm at 2048^3, the best of the thread counts."""
+    return max(peak_beside.sgemm_gflops(tools["bench_sgemm"], t, peak_beside.RUN_REPEATS) for t in threads)
 
 
 def find_tools(build):

@@ -40,6 +40,8 @@ dnnl::memory::desc strided_f32(const dnnl::memory::dims& dims, const dnnl::memor
 // inner blocks). True for descriptors that differ in name only, such as a channel-blocked layout
 // (aBcd16b) of a tensor whose spatial dims are all 1 and whose channels the block divides, which
 // is the row-major layout: a reorder between them would copy every byte to where it already is.
+// Throws nothing: a pair it cannot compare (a format other than blocked, a dim of 0) is false.
+// Walks every index once when the layouts match (called where a primitive is planned, not per run).
 bool same_layout(const dnnl::memory::desc& a, const dnnl::memory::desc& b);
 
 // Whether oneDNN runs its kernels for `wanted` (or a superset) on this CPU

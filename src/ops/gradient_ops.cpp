@@ -158,7 +158,7 @@ void gather_grad(KernelContext& ctx, GatherKind kind, int64_t axis_attr, int64_t
              shape.to_string() + " by indices " + ishape.to_string());
       }
       std::vector<int64_t> rows(indices.size());
-      for (int64_t j = 0; j < n; ++j) rows[static_cast<size_t>(j)] = resolve_index(indices[static_cast<size_t>(j)], dim, ctx);
+      for (size_t j = 0; j < rows.size(); ++j) rows[j] = resolve_index(indices[j], dim, ctx);
       // The output's rows (outer x dim of `inner` elements; an embedding's gradient: one per
       // vocabulary entry) split between the threads: each zeroes its rows and adds to them the
       // rows of dY that index them, in index order, as one thread would, so the sums are the

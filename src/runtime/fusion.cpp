@@ -1387,7 +1387,8 @@ int gather_before_transpose(onnx::GraphProto& graph) {
       if (!is_onnx_op(gather, "Gather") || gather.input_size() != 2 || gather.output_size() != 1) continue;
       const std::string y = gather.input(0);  // a copy: the input is replaced below
       const int t = m.producer_index(y);
-      if (t < 0 || drop[static_cast<size_t>(t)] || named.contains(y) || m.sole_reader(y) != std::optional<int>(i)) continue;
+      if (t < 0 || drop[static_cast<size_t>(t)] || named.contains(y)) continue;
+      if (m.sole_reader(y) != std::optional<int>(i)) continue;
       const std::optional<std::vector<int64_t>> perm = stated_perm(graph.node(t));
       const auto index = constant_type(graph, m, gather.input(1));
       if (!perm || perm->empty() || !index || !index->second.empty() ||

@@ -295,13 +295,14 @@ int share_weight_taps(onnx::GraphProto& graph);
 // crop_unreached_taps), instead of scattered into W's shape with zeros at the others: each
 // gradient G that a ConvGrad writes as its dW and only the Momentum node reads (directly or
 // through Identity nodes each reading it alone, the Gradient op's outputs, which are removed and
-// the Momentum node reads dW itself) gets attribute dw_taps = 1 on its ConvGrad, which then writes dW cropped where its run crops, with the
-// description of the kept taps as output 3 (an empty tensor where it does not crop); the Momentum
-// node gets attribute gradient_taps = 1 and, after its inputs, one input per tensor, that
-// description ("" for the other tensors). The update is the same to the bit (ops/optimizers.cpp
-// makes the zeros in cache); ResNet-18's four layer-4 convolutions at 32x32 keep 1 or 4 taps of 9, and
-// their dW, 9.4 MB each, are neither written whole nor read whole. Run on training graphs after
-// share_weight_taps. Returns the number of gradients handed over this way.
+// the Momentum node reads dW itself) gets attribute dw_taps = 1 on its ConvGrad, which then
+// writes dW cropped where its run crops, with the description of the kept taps as output 3 (an
+// empty tensor where it does not crop); the Momentum node gets attribute gradient_taps = 1 and,
+// after its inputs, one input per tensor, that description ("" for the other tensors). The update
+// is the same to the bit (ops/optimizers.cpp makes the zeros in cache); ResNet-18's four layer-4
+// convolutions at 32x32 keep 1 or 4 taps of 9, and their dW, 9.4 MB each, are neither written
+// whole nor read whole. Run on training graphs after share_weight_taps. Returns the number of
+// gradients handed over this way.
 int crop_momentum_gradients(onnx::GraphProto& graph);
 
 }  // namespace onnxtrain::runtime

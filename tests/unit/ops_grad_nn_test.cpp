@@ -1,7 +1,7 @@
 // Unit tests for the ai.onnxtrain backward ops ConvGrad, ConvTransposeGrad, MaxPoolGrad and
-// AveragePoolGrad (and GatherGrad's rows split between threads, at the end): central differences in float64 of L = sum(Y * R) with Y the forward op run
+// AveragePoolGrad: central differences in float64 of L = sum(Y * R) with Y the forward op run
 // through onnxtrain (so dY = R), the float32 (oneDNN) and float16 paths against float64,
-// omitted outputs, the max tie rule, and errors.
+// omitted outputs, the max tie rule, and errors; and GatherGrad's rows split between threads.
 #include <omp.h>
 
 #include <limits>
@@ -494,7 +494,8 @@ TEST(GatherGradTest, RowsSplitBetweenThreadsSumInIndexOrder) {
     Shape dy_shape = c.data;
     dy_shape[static_cast<size_t>(c.axis)] = c.n;
     const Tensor dy64 = random(dy_shape, 21);
-    const std::vector<Tensor> in{dy64.cast(DataType::Float32), testing::i64(idx), testing::i64(std::vector<int64_t>(c.data.begin(), c.data.end()))};
+    const std::vector<Tensor> in{dy64.cast(DataType::Float32), testing::i64(idx),
+                                 testing::i64(std::vector<int64_t>(c.data.begin(), c.data.end()))};
     const Attrs attrs{attr("axis", c.axis)};
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);

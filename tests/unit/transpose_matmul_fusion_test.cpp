@@ -636,7 +636,8 @@ TEST(GatherBeforeTranspose, AScalarGatherReadsTheTransposesInput) {
     for (const auto& v : fused.value_info()) infos.push_back(v.name());
     EXPECT_EQ(infos, (c.folds ? std::vector<std::string>{"r"} : std::vector<std::string>{"r", "a_t"}));
     const runtime::NamedTensors feeds{{"a", testing::iota(Shape{4, 3, 5})}, {"b", testing::iota(Shape{1})}};
-    const Tensor got = runtime::Session(m).run(feeds).at("y"), want = runtime::Session(m, {.fuse = false}).run(feeds).at("y");
+    const Tensor got = runtime::Session(m).run(feeds).at("y");
+    const Tensor want = runtime::Session(m, {.fuse = false}).run(feeds).at("y");
     ASSERT_EQ(got.shape(), want.shape());
     expect_close(got, want, 0, 0);
   }
