@@ -13,7 +13,9 @@
 //   shares too. With one rank, Q1 / (m m_s) = mean(g): the ordinary BatchNormalization gradient.
 // BatchNormalizationGrad (same inputs, outputs and attribute) is that one-rank gradient, never
 //   summed across ranks: the rule of BatchNormalization in training mode emits it
-//   (autodiff/rules_nn.cpp).
+//   (autodiff/rules_nn.cpp). With attribute channel_block = b, dY, X and dX are blocked by b
+//   channels, [N, C / b, D1..Dn, b] (runtime/fusion.h block_convolution_tensors), and run column
+//   by column: the sums of a plain X of planes under kColumnPlanes, in the same order.
 // Loops: planes (the D1..Dn of one sample and channel) of kColumnPlanes elements or more are
 // run channel by channel, vectorized along the plane; with one process each channel in one go
 // (its planes stay in cache between the statistics, the sums and dX). Smaller planes (ResNet's
@@ -201,6 +203,21 @@ void column_dx(const T* x, const T* g, T* dx, const Layout& l, int64_t c0, int64
   }
 }
 
+// From the sums of channels [c0, c1) of one process: their variances (unless given), the
+// outputs dscale (p2) and dB (p1), and the terms of dX.
+template <class T>
+void finish_channels(GradPass<T>& p, const GradSums* sums, int64_t c0, int64_t c1, DxTerms* terms) {
+  const double count = p.l.count();
+  for (int64_t c = c0; c < c1; ++c) {
+    const size_t k = static_cast<size_t>(c);
+    if (!p.given) p.var[k] = sums[k].squares / count;
+    const double invstd = 1 / std::sqrt(p.var[k] + p.epsilon);
+    p.p1[k] = sums[k].g;
+    p.p2[k] = sums[k].gd * invstd;
+    terms[k] = dx_terms(p.mean[k], p.scale[k], invstd, sums[k].g / count, p.p2[k] / count);
+  }
+}
+
 // One process, planes under kColumnPlanes: each thread's range of channels through the statistics,
 // the sums and dX in one task (the range stays in its core's cache between the passes).
 template <class T>
@@ -214,15 +231,81 @@ void grad_columns_local(GradPass<T>& p) {
       for (int64_t c = c0; c < c1; ++c) p.mean[static_cast<size_t>(c)] /= count;
     }
     column_grad_sums(p.x, p.g, p.l, c0, c1, p.mean.data(), !p.given, sums.data());
-    for (int64_t c = c0; c < c1; ++c) {
-      const size_t k = static_cast<size_t>(c);
-      if (!p.given) p.var[k] = sums[k].squares / count;
-      const double invstd = 1 / std::sqrt(p.var[k] + p.epsilon);
-      p.p1[k] = sums[k].g;
-      p.p2[k] = sums[k].gd * invstd;
-      terms[k] = dx_terms(p.mean[k], p.scale[k], invstd, sums[k].g / count, p.p2[k] / count);
-    }
+    finish_channels(p, sums.data(), c0, c1, terms.data());
     if (p.dx) column_dx(p.x, p.g, p.dx, p.l, c0, c1, terms.data());
+  });
+}
+
+// ---- block by block: dY, X and dX blocked, planes of kColumnPlanes or more ----
+
+// sums[c] for the B channels c of block cb, as column_grad_sums, with one accumulator per channel
+// of the block (batch_norm_channels.h: block_sums).
+template <int B, class T>
+void block_grad_sums(const T* x, const T* g, const Layout& l, int64_t cb, const double* mean, bool squares,
+                     GradSums* sums) {
+  const int64_t blocks = l.channels / B, first = cb * B;
+  double m[B], sq[B] = {}, sg[B] = {}, sgd[B] = {};
+  std::copy(mean + first, mean + first + B, m);
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const int64_t offset = (n * blocks + cb) * l.size * B;
+    const T *__restrict px = x + offset, *__restrict pg = g + offset;
+    for (int64_t s = 0; s < l.size; ++s) {
+#pragma omp simd
+      for (int k = 0; k < B; ++k) {
+        const double d = convert<double>(px[s * B + k]) - m[k], v = convert<double>(pg[s * B + k]);
+        if (squares) sq[k] += d * d;
+        sg[k] += v;
+        sgd[k] += v * d;
+      }
+    }
+  }
+  for (int k = 0; k < B; ++k) sums[first + k] = {sq[k], sg[k], sgd[k]};
+}
+
+// dX over block cb, as write_channel_dx.
+template <int B, class T>
+void block_dx(const T* x, const T* g, T* dx, const Layout& l, int64_t cb, const DxTerms* terms) {
+  using V = compute_t<T>;
+  const int64_t blocks = l.channels / B, first = cb * B;
+  V m[B], a[B], b[B], k0[B];
+  for (int k = 0; k < B; ++k) {
+    const DxTerms& t = terms[first + k];
+    m[k] = static_cast<V>(t.mean);
+    a[k] = static_cast<V>(t.a);
+    b[k] = static_cast<V>(t.b);
+    k0[k] = static_cast<V>(t.k);
+  }
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const int64_t offset = (n * blocks + cb) * l.size * B;
+    const T *__restrict px = x + offset, *__restrict pg = g + offset;
+    T* __restrict out = dx + offset;
+    for (int64_t s = 0; s < l.size; ++s) {
+#pragma omp simd
+      for (int k = 0; k < B; ++k) {
+        out[s * B + k] = convert<T>(a[k] * convert<V>(pg[s * B + k]) + b[k] * (convert<V>(px[s * B + k]) - m[k]) + k0[k]);
+      }
+    }
+  }
+}
+
+// One process, blocked tensors of larger planes: each thread's blocks through the statistics, the
+// sums and dX, one block at a time (it stays in cache between the passes).
+template <class T>
+void grad_blocks_local(GradPass<T>& p) {
+  const double count = p.l.count();
+  std::vector<GradSums> sums(static_cast<size_t>(p.l.channels));
+  std::vector<DxTerms> terms(static_cast<size_t>(p.l.channels));
+  with_block(p.l, [&]<int B>() {
+    for_channel_blocks(p.l, [&](int64_t cb) {
+      const int64_t c0 = cb * B, c1 = c0 + B;
+      if (!p.given) {
+        block_sums<B>(p.x, p.l, cb, p.mean.data());
+        for (int64_t c = c0; c < c1; ++c) p.mean[static_cast<size_t>(c)] /= count;
+      }
+      block_grad_sums<B>(p.x, p.g, p.l, cb, p.mean.data(), !p.given, sums.data());
+      finish_channels(p, sums.data(), c0, c1, terms.data());
+      if (p.dx) block_dx<B>(p.x, p.g, p.dx, p.l, cb, terms.data());
+    });
   });
 }
 
@@ -230,7 +313,7 @@ void grad_columns_local(GradPass<T>& p) {
 
 template <class T>
 std::vector<double> sums_of_x(const T* x, const Layout& l) {
-  if (l.size < kColumnPlanes) return column_channel_sums(x, l);
+  if (by_columns(l)) return column_channel_sums(x, l);
   std::vector<double> sums(static_cast<size_t>(l.channels));
   parallel_for(l.channels, channel_grain(l), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) sums[static_cast<size_t>(c)] = channel_sum(x, l, c);
@@ -241,7 +324,7 @@ std::vector<double> sums_of_x(const T* x, const Layout& l) {
 template <class T>
 std::vector<GradSums> grad_sums(const T* x, const T* g, const Layout& l, const std::vector<double>& mean, bool squares) {
   std::vector<GradSums> sums(static_cast<size_t>(l.channels));
-  if (l.size < kColumnPlanes) {
+  if (by_columns(l)) {
     for_channel_ranges(l, [&](int64_t c0, int64_t c1) { column_grad_sums(x, g, l, c0, c1, mean.data(), squares, sums.data()); });
     return sums;
   }
@@ -255,7 +338,7 @@ std::vector<GradSums> grad_sums(const T* x, const T* g, const Layout& l, const s
 
 template <class T>
 void write_dx(const T* x, const T* g, T* dx, const Layout& l, const std::vector<DxTerms>& terms) {
-  if (l.size < kColumnPlanes) {
+  if (by_columns(l)) {
     for_channel_ranges(l, [&](int64_t c0, int64_t c1) { column_dx(x, g, dx, l, c0, c1, terms.data()); });
     return;
   }
@@ -309,14 +392,14 @@ void grad_in_passes(const KernelContext& ctx, GradPass<T>& p, int xi, bool ranks
 }
 
 // SyncBatchNormalizationGrad (across_ranks) and BatchNormalizationGrad (never across ranks).
-void run_batch_norm_grad(KernelContext& ctx, double epsilon, bool across_ranks) {
+void run_batch_norm_grad(KernelContext& ctx, double epsilon, bool across_ranks, int64_t channel_block) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   if (dy.dtype() != x.dtype() || !(dy.shape() == x.shape())) {
     fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected the type and shape of input " +
          ctx.input_name(1) + " (" + x.description() + ")");
   }
-  const Layout l = layout_of(ctx, 1);
+  const Layout l = layout_of(ctx, 1, channel_block);
   const std::vector<double> scale = per_channel(ctx, 2, l, 1);
   const bool given = ctx.has_input(3) && ctx.has_input(4);
   const bool ranks = across_ranks && ctx.run_context().sum_across_ranks;
@@ -331,8 +414,10 @@ void run_batch_norm_grad(KernelContext& ctx, double epsilon, bool across_ranks) 
                   given ? per_channel(ctx, 4, l, 1) : std::vector<double>(channels),
                   std::vector<double>(channels), std::vector<double>(channels)};
     if (ranks) {
-      grad_in_passes(ctx, p, 1, ranks);
-    } else if (l.size >= kColumnPlanes) {
+      grad_in_passes(ctx, p, 1, ranks);  // never blocked: SyncBatchNormalizationGrad takes no channel_block
+    } else if (by_blocks(l)) {
+      grad_blocks_local(p);
+    } else if (!by_columns(l)) {
       grad_local(p);
     } else {
       grad_columns_local(p);
@@ -350,7 +435,7 @@ std::unique_ptr<Kernel> make_sync_batch_norm_grad(const KernelInit& init) {
     fail("SyncBatchNormalizationGrad takes 3 or 5 inputs (dY, X, scale[, current_mean, current_var])");
   }
   const double epsilon = init.attr_float("epsilon", 1e-5f);
-  return make_kernel([epsilon](KernelContext& ctx) { run_batch_norm_grad(ctx, epsilon, true); });
+  return make_kernel([epsilon](KernelContext& ctx) { run_batch_norm_grad(ctx, epsilon, true, 0); });
 }
 
 std::unique_ptr<Kernel> make_batch_norm_grad(const KernelInit& init) {
@@ -358,7 +443,9 @@ std::unique_ptr<Kernel> make_batch_norm_grad(const KernelInit& init) {
     fail("BatchNormalizationGrad takes 3 or 5 inputs (dY, X, scale[, mean, var])");
   }
   const double epsilon = init.attr_float("epsilon", 1e-5f);
-  return make_kernel([epsilon](KernelContext& ctx) { run_batch_norm_grad(ctx, epsilon, false); });
+  const int64_t channel_block = init.attr_int("channel_block", 0);
+  if (channel_block < 0) fail("attribute channel_block is " + std::to_string(channel_block) + ", expected 0 or more");
+  return make_kernel([epsilon, channel_block](KernelContext& ctx) { run_batch_norm_grad(ctx, epsilon, false, channel_block); });
 }
 
 }  // namespace onnxtrain::ops

@@ -51,6 +51,8 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init);  // GlobalAver
 
 // normalization.cpp
 std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init);
+// ai.onnxtrain.BatchNormalizationChannelBlocked: training mode on X blocked by channel_block channels
+std::unique_ptr<Kernel> make_batch_norm_channel_blocked(const KernelInit& init);
 std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_dropout(const KernelInit& init);
@@ -58,7 +60,8 @@ std::unique_ptr<Kernel> make_dropout(const KernelInit& init);
 // sync_batch_norm.cpp, batch_norm_grad.cpp: ai.onnxtrain.SyncBatchNormalization and its Grad (train --sync-batch-norm)
 std::unique_ptr<Kernel> make_sync_batch_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_sync_batch_norm_grad(const KernelInit& init);
-// ai.onnxtrain.BatchNormalizationGrad: BatchNormalization's training-mode gradient (one process)
+// ai.onnxtrain.BatchNormalizationGrad: BatchNormalization's training-mode gradient (one process;
+// dY, X and dX blocked by attribute channel_block channels when it is set)
 std::unique_ptr<Kernel> make_batch_norm_grad(const KernelInit& init);
 
 // softmax.cpp

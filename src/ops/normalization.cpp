@@ -16,6 +16,11 @@
 //   Y in one task.
 //   Deliberate limit: spatial = 0 (opset 1-8, per-activation statistics) is rejected; the spec
 //   itself deprecated it in opset 9 in favour of flattening X to [N, C * D1 * .. * Dn].
+//   ai.onnxtrain.BatchNormalizationChannelBlocked is BatchNormalization-15 in training mode
+//   (inputs, outputs, epsilon and momentum) on X and Y blocked by `channel_block` = b channels,
+//   [N, C / b, D1..Dn, b] (runtime/fusion.h block_convolution_tensors, between convolutions that
+//   read and write that layout), always column by column: the same sums in the same order as a
+//   plain X of planes under kColumnPlanes, so the same values.
 // InstanceNormalization: per (n, c) plane, Y = (X - mean) / sqrt(var + epsilon) * scale[c] + B[c].
 // LayerNormalization: X seen as [outer, inner] with inner = prod(dims[axis:]) (axis in [-r, r]);
 //   per row Mean, InvStdDev = 1 / sqrt(var + epsilon) and Y = (X - Mean) * InvStdDev * Scale + B,
@@ -147,14 +152,13 @@ struct BatchNormSpec {
   double epsilon = 1e-5, momentum = 0.9;
   bool training = false;
   bool running_only = false;  // opset 14+: outputs Y, running_mean, running_var
+  int64_t channel_block = 0;  // ai.onnxtrain.BatchNormalizationChannelBlocked: X and Y blocked by it
 };
 
 void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
   const Tensor& x = ctx.input(0);
-  if (x.rank() == 0) fail("input " + ctx.input_name(0) + " is a scalar, expected [N, C, D1..Dn] or [N]");
-  const int64_t batch = x.dim(0);
-  const int64_t channels = x.rank() == 1 ? 1 : x.dim(1);
-  const int64_t size = x.shape().numel(std::min<size_t>(2, x.rank()), x.rank());
+  const batch_norm::Layout l = batch_norm::layout_of(ctx, 0, spec.channel_block);
+  const int64_t batch = l.batch, channels = l.channels, size = l.size;
   const std::vector<double> scale = channel_param(ctx, 1, channels);
   const std::vector<double> bias = channel_param(ctx, 2, channels);
   const std::vector<double> mean = channel_param(ctx, 3, channels);
@@ -167,30 +171,55 @@ void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
     fail("input " + ctx.input_name(0) + " is " + x.description() + ": no batch statistics in training mode");
   }
   Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
-  if (size < batch_norm::kColumnPlanes) {
-    // Small planes, column by column (batch_norm_channels.h): each thread's range of channels
-    // through the statistics (training: two passes) and Y in one task, while it is in cache.
-    const batch_norm::Layout l{batch, channels, size};
+  // Channels [c0, c1) through the statistics (training: two passes of sums(out, center), the sums
+  // of x or, with center, of its squared deviations) and Y (normalize(center, factor, shift)): one
+  // task of the column and block paths.
+  const auto channels_through = [&](int64_t c0, int64_t c1, auto&& sums, auto&& normalize) {
     if (spec.training) {
-      current_mean.resize(static_cast<size_t>(channels));
-      current_var.resize(static_cast<size_t>(channels));
+      sums(current_mean.data(), nullptr);
+      for (int64_t c = c0; c < c1; ++c) current_mean[static_cast<size_t>(c)] /= l.count();
+      sums(current_var.data(), current_mean.data());
+      for (int64_t c = c0; c < c1; ++c) current_var[static_cast<size_t>(c)] /= l.count();
     }
+    const std::vector<double>& center = spec.training ? current_mean : mean;
+    const std::vector<double>& used_var = spec.training ? current_var : var;
+    for (int64_t c = c0; c < c1; ++c) {
+      const size_t k = static_cast<size_t>(c);
+      a.factor[k] = scale[k] / std::sqrt(used_var[k] + spec.epsilon);
+    }
+    normalize(center.data(), a.factor.data(), a.shift.data());
+  };
+  if (spec.training && (batch_norm::by_blocks(l) || batch_norm::by_columns(l))) {
+    current_mean.resize(static_cast<size_t>(channels));
+    current_var.resize(static_cast<size_t>(channels));
+  }
+  if (batch_norm::by_blocks(l)) {
+    // Blocked X of larger planes, block by block (batch_norm_channels.h): each thread's blocks of
+    // channels through the statistics and Y, one block at a time.
+    visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+      const T* px = x.data<T>();
+      batch_norm::with_block(l, [&]<int B>() {
+        batch_norm::for_channel_blocks(l, [&](int64_t cb) {
+          channels_through(
+              cb * B, cb * B + B,
+              [&](double* out, const double* center) { batch_norm::block_sums<B>(px, l, cb, out, center); },
+              [&](const double* center, const double* factor, const double* shift) {
+                batch_norm::block_normalize<B>(px, y.data<T>(), l, cb, center, factor, shift);
+              });
+        });
+      });
+    });
+  } else if (batch_norm::by_columns(l)) {
+    // Small planes, blocked or not, column by column (batch_norm_channels.h): each thread's range of
+    // channels through the statistics and Y in one task, while it is in cache.
     visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
       const T* px = x.data<T>();
       batch_norm::for_channel_ranges(l, [&](int64_t c0, int64_t c1) {
-        if (spec.training) {
-          batch_norm::column_sums(px, l, c0, c1, current_mean.data());
-          for (int64_t c = c0; c < c1; ++c) current_mean[static_cast<size_t>(c)] /= l.count();
-          batch_norm::column_sums(px, l, c0, c1, current_var.data(), current_mean.data());
-          for (int64_t c = c0; c < c1; ++c) current_var[static_cast<size_t>(c)] /= l.count();
-        }
-        const std::vector<double>& center = spec.training ? current_mean : mean;
-        const std::vector<double>& used_var = spec.training ? current_var : var;
-        for (int64_t c = c0; c < c1; ++c) {
-          const size_t k = static_cast<size_t>(c);
-          a.factor[k] = scale[k] / std::sqrt(used_var[k] + spec.epsilon);
-        }
-        batch_norm::column_normalize(px, y.data<T>(), l, c0, c1, center.data(), a.factor.data(), a.shift.data());
+        channels_through(
+            c0, c1, [&](double* out, const double* center) { batch_norm::column_sums(px, l, c0, c1, out, center); },
+            [&](const double* center, const double* factor, const double* shift) {
+              batch_norm::column_normalize(px, y.data<T>(), l, c0, c1, center, factor, shift);
+            });
       });
     });
   } else {
@@ -564,6 +593,20 @@ std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init) {
       fail("outputs running_mean and running_var are only defined with training_mode = 1");
     }
   }
+  return make_kernel([spec](KernelContext& ctx) { run_batch_norm(ctx, spec); });
+}
+
+std::unique_ptr<Kernel> make_batch_norm_channel_blocked(const KernelInit& init) {
+  BatchNormSpec spec;
+  spec.epsilon = init.attr_float("epsilon", 1e-5f);
+  spec.momentum = init.attr_float("momentum", 0.9f);
+  spec.training = true;
+  spec.running_only = true;
+  spec.channel_block = init.attr_int("channel_block", 0);
+  if (spec.channel_block <= 0) {
+    fail("attribute channel_block is " + std::to_string(spec.channel_block) + ", expected a positive channel count");
+  }
+  if (init.num_outputs() > 3) fail("BatchNormalizationChannelBlocked has at most 3 outputs, the node has " + std::to_string(init.num_outputs()));
   return make_kernel([spec](KernelContext& ctx) { run_batch_norm(ctx, spec); });
 }
 

@@ -391,6 +391,7 @@ const KernelDef kKernels[] = {
   {kInternal, "SyncBatchNormalization",     1, 1, kFloat,   make_sync_batch_norm},
   {kInternal, "SyncBatchNormalizationGrad", 1, 1, kFloat,   make_sync_batch_norm_grad},
   {kInternal, "BatchNormalizationGrad",     1, 1, kFloat,   make_batch_norm_grad},  // training mode's gradient
+  {kInternal, "BatchNormalizationChannelBlocked", 1, 1, kFloat, make_batch_norm_channel_blocked},  // normalization.cpp
   // --- ai.onnxtrain: fused by the runtime (runtime/fusion.cpp) ---
   {kInternal, "ScaledAdam",         1, 1,    kFloat32And64,     make_scaled_adam},  // Adam between scalar Div/Mul
   {kInternal, "FusedConv",          1, 1,    kFloat,            make_fused_conv},   // Conv [-> Relu] -> MaxPool (conv.cpp)

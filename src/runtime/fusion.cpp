@@ -1796,7 +1796,12 @@ namespace {
 // A node block_convolution_tensors can run on channel-blocked tensors, with the dims of the
 // float32 rank-4 weights it reads.
 struct BlockableNode {
-  enum Kind { kNone, kConv, kPool, kPoolGrad, kConvGrad } kind = kNone;
+  // kBatchNorm: BatchNormalization in training mode (X, Y); kBatchNormGrad: its gradient (dY, X,
+  // dX); kElementwise: Relu, ReluGrad, Add, Sum, Identity (every input and the output);
+  // kSumToShape: SumToShape (its data and output; its shape from a kShape node); kShape: Shape.
+  enum Kind {
+    kNone, kConv, kPool, kPoolGrad, kConvGrad, kBatchNorm, kBatchNormGrad, kElementwise, kSumToShape, kShape
+  } kind = kNone;
   std::vector<int64_t> weights;
 };
 
@@ -1895,6 +1900,22 @@ BlockableNode blockable(const onnx::NodeProto& node, const StatedDims& stated) {
   } else if (internal && node.op_type() == "ConvGrad" && node.input_size() == 3) {
     b.weights = blockable_weights(node, 2, stated);
     if (!b.weights.empty()) b.kind = BlockableNode::kConvGrad;
+  } else if (is_onnx_op(node, "BatchNormalization") && node.input_size() == 5 && node.output_size() <= 3 &&
+             int_attribute(node, "training_mode") == 1) {  // training_mode: opset 14+, whose outputs these are
+    b.kind = BlockableNode::kBatchNorm;
+  } else if (internal && node.op_type() == "BatchNormalizationGrad" &&
+             (node.input_size() == 3 || node.input_size() == 5) && !has_attribute(node, "channel_block")) {
+    b.kind = BlockableNode::kBatchNormGrad;
+  } else if ((is_onnx_op(node, "Relu") || is_onnx_op(node, "Add") || is_onnx_op(node, "Sum") ||
+              is_onnx_op(node, "Identity") || (internal && node.op_type() == "ReluGrad")) &&
+             node.output_size() == 1 && node.input_size() >= 1 &&
+             std::none_of(node.input().begin(), node.input().end(), [](const std::string& in) { return in.empty(); })) {
+    b.kind = BlockableNode::kElementwise;
+  } else if (internal && node.op_type() == "SumToShape" && node.input_size() == 2) {
+    b.kind = BlockableNode::kSumToShape;
+  } else if (is_onnx_op(node, "Shape") && node.input_size() == 1 && !has_attribute(node, "start") &&
+             !has_attribute(node, "end")) {
+    b.kind = BlockableNode::kShape;
   }
   return b;
 }
@@ -1917,9 +1938,19 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
     int64_t c = 0;
     if (b.kind == BlockableNode::kConv) c = b.weights[0];
     if (b.kind == BlockableNode::kConvGrad) c = b.weights[1];
-    if (b.kind == BlockableNode::kPool || b.kind == BlockableNode::kPoolGrad) {  // those of X; producers come first
-      const auto it = channels.find(node.input(b.kind == BlockableNode::kPool ? 0 : 1));
+    if (b.kind == BlockableNode::kPool || b.kind == BlockableNode::kPoolGrad || b.kind == BlockableNode::kBatchNorm ||
+        b.kind == BlockableNode::kBatchNormGrad || b.kind == BlockableNode::kSumToShape) {  // those of X; producers come first
+      const bool second = b.kind == BlockableNode::kPoolGrad || b.kind == BlockableNode::kBatchNormGrad;
+      const auto it = channels.find(node.input(second ? 1 : 0));
       if (it != channels.end()) c = it->second;
+    }
+    if (b.kind == BlockableNode::kElementwise) {  // those of every input, when they agree
+      const auto it = channels.find(node.input(0));
+      c = it == channels.end() ? 0 : it->second;
+      for (const auto& in : node.input()) {
+        const auto other = channels.find(in);
+        if (other == channels.end() || other->second != c) c = 0;
+      }
     }
     if (c > 0) channels[node.output(0)] = c;
   }
@@ -1931,7 +1962,9 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
       if (node.input(k) != value) continue;
       const bool ok = (b.kind == BlockableNode::kConv && k == 0 && b.weights[1] % block == 0) ||
                       (b.kind == BlockableNode::kPool && k == 0) || (b.kind == BlockableNode::kPoolGrad && k <= 1) ||
-                      (b.kind == BlockableNode::kConvGrad && k <= 1);
+                      (b.kind == BlockableNode::kConvGrad && k <= 1) || (b.kind == BlockableNode::kBatchNorm && k == 0) ||
+                      (b.kind == BlockableNode::kBatchNormGrad && k <= 1) || b.kind == BlockableNode::kElementwise ||
+                      (b.kind == BlockableNode::kSumToShape && k == 0) || (b.kind == BlockableNode::kShape && k == 0);
       if (!ok) return false;
     }
     return true;
@@ -1946,10 +1979,21 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
     }
   }
   // A pool writes blocked only from a blocked input; MaxPoolGrad reads X and writes dX both blocked
-  // or both plain, and reads dY blocked only with them.
+  // or both plain, and reads dY blocked only with them. The values a BatchNormalization (X and Y),
+  // its gradient (dY, X and dX), an element-wise node (its inputs and output: the same element-wise
+  // arithmetic in either layout, broadcasting over the batch and the spatial dims included, as
+  // their channels agree) or a SumToShape (its data and output) reads and writes go blocked all
+  // together or not at all; a SumToShape's target shape must then be a Shape of a blocked value
+  // (the gradient of an Add: the same reduction in the blocked layout), and a blocked value's
+  // Shape may be read by such SumToShapes only.
   for (bool changed = true; changed;) {
     changed = false;
     const auto drop = [&](const std::string& value) { changed |= blocked.erase(value) > 0; };
+    // The values of a group: all blocked, or none.
+    const auto all_or_none = [&](const std::vector<std::string>& values) {
+      const bool all = std::all_of(values.begin(), values.end(), [&](const std::string& v) { return blocked.contains(v); });
+      if (!all) std::for_each(values.begin(), values.end(), drop);
+    };
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& node = graph.node(i);
       const BlockableNode::Kind kind = nodes[static_cast<size_t>(i)].kind;
@@ -1960,6 +2004,37 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
           drop(node.output(0));
         }
         if (!blocked.contains(node.input(1))) drop(node.input(0));
+      }
+      if (kind == BlockableNode::kBatchNorm) all_or_none({node.input(0), node.output(0)});
+      if (kind == BlockableNode::kBatchNormGrad) {
+        std::vector<std::string> group = {node.input(0), node.input(1)};
+        if (!node.output(0).empty()) group.push_back(node.output(0));
+        all_or_none(group);
+      }
+      if (kind == BlockableNode::kElementwise) {
+        std::vector<std::string> group(node.input().begin(), node.input().end());
+        group.push_back(node.output(0));
+        all_or_none(group);
+      }
+      if (kind == BlockableNode::kSumToShape) {
+        const onnx::NodeProto* shape = m.producer(node.input(1));
+        const int shape_index = m.producer_index(node.input(1));
+        const bool from_blocked_shape = shape && nodes[static_cast<size_t>(shape_index)].kind == BlockableNode::kShape &&
+                                        blocked.contains(shape->input(0));
+        if (!from_blocked_shape) {
+          drop(node.input(0));
+          drop(node.output(0));
+        }
+        all_or_none({node.input(0), node.output(0)});
+      }
+      if (kind == BlockableNode::kShape && blocked.contains(node.input(0))) {
+        const bool only_sums = !m.pinned(node.output(0)) &&
+                               std::all_of(m.readers(node.output(0)).begin(), m.readers(node.output(0)).end(), [&](int r) {
+                                 const onnx::NodeProto& reader = graph.node(r);
+                                 return nodes[static_cast<size_t>(r)].kind == BlockableNode::kSumToShape &&
+                                        reader.input(0) != node.output(0) && blocked.contains(reader.input(0));
+                               });
+        if (!only_sums) drop(node.input(0));
       }
     }
   }
@@ -2029,6 +2104,19 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
         set_block(node, "x_channel_block", node.input(1));
         set_block(node, "dx_channel_block", node.output(0));
         break;
+      case BlockableNode::kBatchNorm:
+        if (!blocked.contains(node.input(0))) break;
+        node.set_domain(kInternalDomain);
+        node.set_op_type("BatchNormalizationChannelBlocked");  // training mode, the outputs of opset 14+
+        drop_attribute(node, "training_mode");
+        set_block(node, "channel_block", node.input(0));
+        break;
+      case BlockableNode::kBatchNormGrad:
+        set_block(node, "channel_block", node.input(1));
+        break;
+      case BlockableNode::kElementwise:
+      case BlockableNode::kSumToShape:
+      case BlockableNode::kShape:
       case BlockableNode::kNone:
         break;
     }

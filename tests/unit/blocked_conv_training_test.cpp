@@ -155,6 +155,65 @@ TEST(BlockedConvTraining, ConvGradOnBlockedTensorsGivesThePlainGradients) {
       [&] { run_node(NodeSpec{"ConvGrad", kInternal, 1, a, 3}, {dy64, x64, w64}); }, "blocked by attribute dy_channel_block"));
 }
 
+// BatchNormalization in training mode and its gradient on tensors blocked by b channels
+// (BatchNormalizationChannelBlocked; BatchNormalizationGrad with channel_block) give the plain
+// ops' values: to the bit where the plain op also sums column by column (planes under
+// batch_norm::kColumnPlanes: 1x1 and 3x5 maps), within float rounding where it sums channel by
+// channel (a 9x9 map); float32 and float64, blocks of 8 and 16, the gradient with the statistics
+// given and computed.
+TEST(BlockedConvTraining, BatchNormalizationOnBlockedTensorsGivesThePlainValues) {
+  for (const Shape& shape : {Shape{4, 32, 1, 1}, Shape{3, 16, 3, 5}, Shape{2, 32, 9, 9}}) {
+    const bool same_sums = shape[2] * shape[3] < 64;
+    const int64_t c = shape[1];
+    const Tensor x64 = testing::random_f64(shape, 21, 2.0), dy64 = testing::random_f64(shape, 22);
+    const Tensor scale64 = testing::random_f64({c}, 23), bias64 = testing::random_f64({c}, 24);
+    const Tensor mean64 = testing::random_f64({c}, 25, 0.1);
+    std::vector<double> var_values(static_cast<size_t>(c));
+    for (int64_t i = 0; i < c; ++i) var_values[static_cast<size_t>(i)] = 0.5 + 0.01 * static_cast<double>(i);
+    const Tensor var64 = Tensor::from_vector<double>({c}, var_values);
+    for (const DataType t : {DataType::Float32, DataType::Float64}) {
+      for (const int64_t b : {int64_t{8}, int64_t{16}}) {
+        SCOPED_TRACE(shape.to_string() + " " + std::string(dtype_name(t)) + " b " + std::to_string(b));
+        const double tol = same_sums ? 0 : (t == DataType::Float32 ? 1e-5 : 1e-12);
+        const Tensor x = x64.cast(t), dy = dy64.cast(t), scale = scale64.cast(t), bias = bias64.cast(t);
+        const Tensor mean = mean64.cast(t), var = var64.cast(t);
+        const Attrs bn = {attr("epsilon", 1e-3f), attr("momentum", 0.8f)};
+        const auto want = run_node(NodeSpec{"BatchNormalization", "", 15, with(bn, {attr("training_mode", int64_t{1})}), 3},
+                                   {x, scale, bias, mean, var});
+        const auto got = run_node(NodeSpec{"BatchNormalizationChannelBlocked", kInternal, 1,
+                                           with(bn, {attr("channel_block", b)}), 3},
+                                  {blocked(x, b), scale, bias, mean, var});
+        expect_close(unblocked(got[0], b), want[0], tol, tol);
+        expect_close(got[1], want[1], tol, tol);  // running_mean
+        expect_close(got[2], want[2], tol, tol);  // running_var
+        const Attrs eps = {attr("epsilon", 1e-3f)};
+        for (const bool given : {false, true}) {
+          SCOPED_TRACE(given ? "statistics given" : "statistics computed");
+          std::vector<Tensor> plain_in = {dy, x, scale}, blocked_in = {blocked(dy, b), blocked(x, b), scale};
+          if (given) {
+            for (auto* in : {&plain_in, &blocked_in}) in->insert(in->end(), {mean, var});
+          }
+          const auto grad_want = run_node(NodeSpec{"BatchNormalizationGrad", kInternal, 1, eps, 3}, plain_in);
+          const auto grad_got = run_node(NodeSpec{"BatchNormalizationGrad", kInternal, 1,
+                                                  with(eps, {attr("channel_block", b)}), 3}, blocked_in);
+          expect_close(unblocked(grad_got[0], b), grad_want[0], tol, tol);  // dX
+          expect_close(grad_got[1], grad_want[1], tol, tol);                // dscale
+          expect_close(grad_got[2], grad_want[2], tol, tol);                // dB
+        }
+      }
+    }
+  }
+  // An input that is not blocked as the attribute says is named in the error.
+  const Tensor plain = testing::random_f64({2, 16, 3, 3}, 26);
+  const Tensor c16 = testing::random_f64({16}, 27);
+  EXPECT_TRUE(testing::throws_with(
+      [&] {
+        run_node(NodeSpec{"BatchNormalizationChannelBlocked", kInternal, 1, {attr("channel_block", int64_t{16})}, 3},
+                 {plain, c16, c16, c16, c16});
+      },
+      "(attribute channel_block = 16)"));
+}
+
 // FusedConv without a pool reads X and writes Y blocked (attributes x_channel_block /
 // y_channel_block) with the results of Conv -> Relu, on oneDNN's path (float32, the block
 // conv_channel_block()) and the plain one (float64).
@@ -312,6 +371,119 @@ TEST(BlockedConvTraining, ACnnsTrainingStepPassesBlockedTensorsWithTheSameResult
       }
     }
   }
+}
+
+// The node's int attribute `name`, 0 when absent.
+int64_t int_attr(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& a : node.attribute()) {
+    if (a.name() == name) return a.i();
+  }
+  return 0;
+}
+
+// A residual block's training step written out, as the Gradient expansion and the session's
+// earlier rewrites leave ResNet-18's: conv1 -> BatchNormalization -> Relu (r1) -> conv2 ->
+// BatchNormalization -> Add(., r1) -> Relu (r2) -> conv3 (its output c3 the graph output); then
+// the backward pass from dc3 (ConvGrad, ReluGrad, the Add's gradient as SumToShape of Shape,
+// BatchNormalizationGrad, a Sum of r1's two gradients). 16 channels, weights graph inputs with
+// static shapes.
+onnx::ModelProto residual_step() {
+  onnx::ModelProto m = testing::empty_model("residual_step");
+  auto* internal = m.add_opset_import();
+  internal->set_domain(kInternal);
+  internal->set_version(1);
+  auto& g = *m.mutable_graph();
+  const int kFloat = onnx::TensorProto::FLOAT;
+  for (const char* in : {"x", "dc3"}) testing::typed_value(g.add_input(), in, kFloat, {});
+  for (const char* w : {"W1", "W2", "W3"}) testing::typed_value(g.add_input(), w, kFloat, {16, 16, 3, 3});
+  for (const char* p : {"s1", "b1", "m1", "v1", "s2", "b2", "m2", "v2"}) testing::typed_value(g.add_input(), p, kFloat, {16});
+  const Attrs pads = {attr("pads", Ints{1, 1, 1, 1})};
+  const auto node = [&](const std::string& op, const std::vector<std::string>& in, const std::vector<std::string>& out,
+                        const Attrs& attrs = {}, bool internal_op = false) {
+    auto* n = testing::add_node(g, op, in, out);
+    if (internal_op) n->set_domain(kInternal);
+    for (const auto& a : attrs) *n->add_attribute() = a;
+  };
+  const Attrs training = {attr("training_mode", int64_t{1}), attr("epsilon", 1e-3f)};
+  node("Conv", {"x", "W1"}, {"c1"}, pads);
+  node("BatchNormalization", {"c1", "s1", "b1", "m1", "v1"}, {"y1", "rm1", "rv1"}, training);
+  node("Relu", {"y1"}, {"r1"});
+  node("Conv", {"r1", "W2"}, {"c2"}, pads);
+  node("BatchNormalization", {"c2", "s2", "b2", "m2", "v2"}, {"y2", "rm2", "rv2"}, training);
+  node("Add", {"y2", "r1"}, {"a"});
+  node("Relu", {"a"}, {"r2"});
+  node("Conv", {"r2", "W3"}, {"c3"}, pads);
+  node("ConvGrad", {"dc3", "r2", "W3"}, {"dr2", "dW3", ""}, pads, true);
+  node("ReluGrad", {"r2", "dr2"}, {"da"}, {}, true);
+  node("Shape", {"y2"}, {"sy2"});
+  node("Shape", {"r1"}, {"sr1"});
+  node("SumToShape", {"da", "sy2"}, {"dy2"}, {}, true);
+  node("SumToShape", {"da", "sr1"}, {"dskip"}, {}, true);
+  const Attrs eps = {attr("epsilon", 1e-3f)};
+  node("BatchNormalizationGrad", {"dy2", "c2", "s2"}, {"dc2", "ds2", "db2"}, eps, true);
+  node("ConvGrad", {"dc2", "r1", "W2"}, {"dr1c", "dW2", ""}, pads, true);
+  node("Sum", {"dr1c", "dskip"}, {"dr1"});
+  node("ReluGrad", {"r1", "dr1"}, {"dy1"}, {}, true);
+  node("BatchNormalizationGrad", {"dy1", "c1", "s1"}, {"dc1", "ds1", "db1"}, eps, true);
+  node("ConvGrad", {"dc1", "x", "W1"}, {"dx", "dW1", ""}, pads, true);
+  for (const char* out : {"c3", "dx", "dW1", "dW2", "dW3", "ds1", "db1", "ds2", "db2", "rm1", "rv1", "rm2", "rv2"}) {
+    testing::typed_value(g.add_output(), out, kFloat, {});
+  }
+  return m;
+}
+
+// The rewrite passes the residual block's activations and their gradients blocked through the
+// normalizations, the element-wise ops and the Add's gradient (ResNet-18's step then reorders no
+// activation between its convolutions), and the step's results are the plain graph's.
+TEST(BlockedConvTraining, AResidualBlocksStepPassesBlockedTensorsThroughItsNormalizations) {
+  const int64_t b = ops::conv_channel_block();
+  if (b != 16) GTEST_SKIP() << "the rewrite applies on CPUs with AVX-512 only";
+  const onnx::ModelProto model = residual_step();
+  onnx::ModelProto rewritten = model;
+  // c1 y1 r1 c2 y2 a r2 dr2 da dy2 dskip dc2 dr1c dr1 dy1 dc1; x and dc3 (inputs), c3 and dx
+  // (outputs) stay plain.
+  ASSERT_EQ(runtime::block_convolution_tensors(*rewritten.mutable_graph()), 16);
+  EXPECT_EQ(testing::count_op(rewritten.graph(), "BatchNormalization"), 0);
+  EXPECT_EQ(testing::count_op(rewritten.graph(), "BatchNormalizationChannelBlocked"), 2);
+  int grads = 0;
+  for (const auto& n : rewritten.graph().node()) {
+    if (n.op_type() == "BatchNormalizationGrad") {
+      EXPECT_EQ(int_attr(n, "channel_block"), 16) << n.output(0);
+      ++grads;
+    }
+    if (n.op_type() == "FusedConv" && n.output(0) == "c3") {
+      EXPECT_EQ(int_attr(n, "y_channel_block"), 0);
+    }
+    if (n.op_type() == "ConvGrad" && n.output(0) == "dx") {
+      EXPECT_EQ(int_attr(n, "dx_channel_block"), 0);
+    }
+  }
+  EXPECT_EQ(grads, 2);
+  runtime::Session original(model, {.fuse = false}), blocked_step(rewritten, {.fuse = false});
+  for (const int64_t n : {int64_t{2}, int64_t{3}}) {
+    for (const int64_t size : {int64_t{3}, int64_t{9}}) {  // planes of 9 (column by column) and 81 (block by block)
+      SCOPED_TRACE("batch " + std::to_string(n) + " map " + std::to_string(size));
+      runtime::NamedTensors feeds{{"x", testing::random_f64({n, 16, size, size}, 30).cast(DataType::Float32)},
+                                  {"dc3", testing::random_f64({n, 16, size, size}, 31).cast(DataType::Float32)}};
+      uint32_t seed = 32;
+      for (const char* w : {"W1", "W2", "W3"}) feeds[w] = testing::random_f64({16, 16, 3, 3}, seed++, 0.2).cast(DataType::Float32);
+      for (const char* p : {"s1", "b1", "m1", "s2", "b2", "m2"}) feeds[p] = testing::random_f64({16}, seed++).cast(DataType::Float32);
+      for (const char* v : {"v1", "v2"}) feeds[v] = Tensor::from_vector<float>({16}, std::vector<float>(16, 0.7f));
+      const runtime::NamedTensors want = original.run(feeds);
+      const runtime::NamedTensors got = blocked_step.run(feeds);
+      for (const auto& [name, value] : want) {
+        SCOPED_TRACE(name);
+        expect_close(got.at(name), value, 1e-4, 1e-4);
+      }
+    }
+  }
+  // With r2 a graph output the Relu writing it stays plain, and with it the Add and everything the
+  // element-wise ops join to it: the BatchNormalizations, r1 and their gradients.
+  onnx::ModelProto pinned = model;
+  testing::typed_value(pinned.mutable_graph()->add_output(), "r2", onnx::TensorProto::FLOAT, {});
+  runtime::block_convolution_tensors(*pinned.mutable_graph());
+  EXPECT_EQ(testing::count_op(pinned.graph(), "BatchNormalizationChannelBlocked"), 0);
+  for (const auto& n : pinned.graph().node()) EXPECT_EQ(int_attr(n, "channel_block"), 0) << n.op_type();
 }
 
 // What the rewrite leaves plain: a value that is a graph output, and with it the pool and the
