@@ -218,24 +218,28 @@ void block_sums(const T* x, const Layout& l, int64_t cb, double* out, const doub
   const int64_t blocks = l.channels / B, first = cb * B;
   double even[B] = {}, odd[B] = {}, m[B] = {};
   if (center) std::copy(center + first, center + first + B, m);
-  for (int64_t n = 0; n < l.batch; ++n) {
-    const T* __restrict p = x + (n * blocks + cb) * l.size * B;
-    int64_t s = 0;
-    for (; s + 2 <= l.size; s += 2) {
+  // The pass over the block, adding f(x) of even and odd positions apart.
+  const auto pass = [&](auto f) {
+    for (int64_t n = 0; n < l.batch; ++n) {
+      const T* __restrict p = x + (n * blocks + cb) * l.size * B;
+      int64_t s = 0;
+      for (; s + 2 <= l.size; s += 2) {
 #pragma omp simd
-      for (int k = 0; k < B; ++k) {
-        const double d0 = convert<double>(p[s * B + k]) - m[k], d1 = convert<double>(p[s * B + B + k]) - m[k];
-        even[k] += center ? d0 * d0 : d0;
-        odd[k] += center ? d1 * d1 : d1;
+        for (int k = 0; k < B; ++k) {
+          even[k] += f(convert<double>(p[s * B + k]), k);
+          odd[k] += f(convert<double>(p[s * B + B + k]), k);
+        }
+      }
+      for (; s < l.size; ++s) {
+#pragma omp simd
+        for (int k = 0; k < B; ++k) even[k] += f(convert<double>(p[s * B + k]), k);
       }
     }
-    for (; s < l.size; ++s) {
-#pragma omp simd
-      for (int k = 0; k < B; ++k) {
-        const double d = convert<double>(p[s * B + k]) - m[k];
-        even[k] += center ? d * d : d;
-      }
-    }
+  };
+  if (center) {
+    pass([&](double v, int k) { return (v - m[k]) * (v - m[k]); });
+  } else {
+    pass([](double v, int) { return v; });
   }
   for (int k = 0; k < B; ++k) out[first + k] = even[k] + odd[k];
 }

@@ -246,18 +246,26 @@ void block_grad_sums(const T* x, const T* g, const Layout& l, int64_t cb, const 
   const int64_t blocks = l.channels / B, first = cb * B;
   double m[B], sq[B] = {}, sg[B] = {}, sgd[B] = {};
   std::copy(mean + first, mean + first + B, m);
-  for (int64_t n = 0; n < l.batch; ++n) {
-    const int64_t offset = (n * blocks + cb) * l.size * B;
-    const T *__restrict px = x + offset, *__restrict pg = g + offset;
-    for (int64_t s = 0; s < l.size; ++s) {
+  // The pass, with the squares or without (a test outside the vectorized loop).
+  const auto pass = [&]<bool Squares>() {
+    for (int64_t n = 0; n < l.batch; ++n) {
+      const int64_t offset = (n * blocks + cb) * l.size * B;
+      const T *__restrict px = x + offset, *__restrict pg = g + offset;
+      for (int64_t s = 0; s < l.size; ++s) {
 #pragma omp simd
-      for (int k = 0; k < B; ++k) {
-        const double d = convert<double>(px[s * B + k]) - m[k], v = convert<double>(pg[s * B + k]);
-        if (squares) sq[k] += d * d;
-        sg[k] += v;
-        sgd[k] += v * d;
+        for (int k = 0; k < B; ++k) {
+          const double d = convert<double>(px[s * B + k]) - m[k], v = convert<double>(pg[s * B + k]);
+          if constexpr (Squares) sq[k] += d * d;
+          sg[k] += v;
+          sgd[k] += v * d;
+        }
       }
     }
+  };
+  if (squares) {
+    pass.template operator()<true>();
+  } else {
+    pass.template operator()<false>();
   }
   for (int k = 0; k < B; ++k) sums[first + k] = {sq[k], sg[k], sgd[k]};
 }
