@@ -14,8 +14,9 @@
 // BatchNormalizationGrad (same inputs, outputs and attribute) is that one-rank gradient, never
 //   summed across ranks: the rule of BatchNormalization in training mode emits it
 //   (autodiff/rules_nn.cpp). With attribute channel_block = b, dY, X and dX are blocked by b
-//   channels, [N, C / b, D1..Dn, b] (runtime/fusion.h block_convolution_tensors), and run column
-//   by column: the sums of a plain X of planes under kColumnPlanes, in the same order.
+//   channels, [N, C / b, D1..Dn, b] (runtime/fusion.h block_convolution_tensors): planes under
+//   kColumnPlanes run column by column (a plain X's sums in the same order), larger ones block
+//   by block (one accumulator per channel of a block).
 // Loops: planes (the D1..Dn of one sample and channel) of kColumnPlanes elements or more are
 // run channel by channel, vectorized along the plane; with one process each channel in one go
 // (its planes stay in cache between the statistics, the sums and dX). Smaller planes (ResNet's

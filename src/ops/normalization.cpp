@@ -19,8 +19,9 @@
 //   ai.onnxtrain.BatchNormalizationChannelBlocked is BatchNormalization-15 in training mode
 //   (inputs, outputs, epsilon and momentum) on X and Y blocked by `channel_block` = b channels,
 //   [N, C / b, D1..Dn, b] (runtime/fusion.h block_convolution_tensors, between convolutions that
-//   read and write that layout), always column by column: the same sums in the same order as a
-//   plain X of planes under kColumnPlanes, so the same values.
+//   read and write that layout): planes under kColumnPlanes column by column (the same sums in the
+//   same order as a plain X, so the same values), larger ones block by block (one accumulator per
+//   channel of a block, batch_norm_channels.h; the values within rounding of the plain kernel's).
 // InstanceNormalization: per (n, c) plane, Y = (X - mean) / sqrt(var + epsilon) * scale[c] + B[c].
 // LayerNormalization: X seen as [outer, inner] with inner = prod(dims[axis:]) (axis in [-r, r]);
 //   per row Mean, InvStdDev = 1 / sqrt(var + epsilon) and Y = (X - Mean) * InvStdDev * Scale + B,
@@ -166,7 +167,9 @@ void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
   Affine a;
   a.shift = bias;
   a.factor.resize(static_cast<size_t>(channels));
-  std::vector<double> current_mean, current_var;
+  // The batch statistics (training mode), per channel.
+  std::vector<double> current_mean(spec.training ? static_cast<size_t>(channels) : 0);
+  std::vector<double> current_var(current_mean.size());
   if (spec.training && batch * size == 0) {
     fail("input " + ctx.input_name(0) + " is " + x.description() + ": no batch statistics in training mode");
   }
@@ -189,10 +192,6 @@ void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
     }
     normalize(center.data(), a.factor.data(), a.shift.data());
   };
-  if (spec.training && (batch_norm::by_blocks(l) || batch_norm::by_columns(l))) {
-    current_mean.resize(static_cast<size_t>(channels));
-    current_var.resize(static_cast<size_t>(channels));
-  }
   if (batch_norm::by_blocks(l)) {
     // Blocked X of larger planes, block by block (batch_norm_channels.h): each thread's blocks of
     // channels through the statistics and Y, one block at a time.
@@ -224,8 +223,6 @@ void run_batch_norm(KernelContext& ctx, const BatchNormSpec& spec) {
     });
   } else {
     if (spec.training) {
-      current_mean.resize(static_cast<size_t>(channels));
-      current_var.resize(static_cast<size_t>(channels));
       visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
         const T* px = x.data<T>();
         parallel_for(channels, std::max<int64_t>(1, kParallelGrain / (batch * size)), [&](int64_t begin, int64_t end) {

@@ -2017,10 +2017,9 @@ int block_convolution_tensors(onnx::GraphProto& graph) {
         all_or_none(group);
       }
       if (kind == BlockableNode::kSumToShape) {
-        const onnx::NodeProto* shape = m.producer(node.input(1));
-        const int shape_index = m.producer_index(node.input(1));
-        const bool from_blocked_shape = shape && nodes[static_cast<size_t>(shape_index)].kind == BlockableNode::kShape &&
-                                        blocked.contains(shape->input(0));
+        const int shape = m.producer_index(node.input(1));
+        const bool from_blocked_shape = shape >= 0 && nodes[static_cast<size_t>(shape)].kind == BlockableNode::kShape &&
+                                        blocked.contains(graph.node(shape).input(0));
         if (!from_blocked_shape) {
           drop(node.input(0));
           drop(node.output(0));
