@@ -2,7 +2,9 @@
 #include "training/trainer_feeds.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -53,8 +55,48 @@ void require_integral(const Tensor& rows, const Feed& f) {
   }
 }
 
-// The column's rows converted to the input's type and per-sample shape.
-Tensor convert_column(const Tensor& rows, const Feed& f) {
+// Fails naming `what` and the first element that is NaN or Inf, if any.
+void require_finite(const Tensor& t, const std::string& what) {
+  if (!is_floating(t.dtype())) return;
+  visit_dtype<FloatTypes>(t.dtype(), what, [&]<class T>() {
+    const T* p = t.data<T>();
+    const int64_t count = t.numel();
+    if (all_finite(p, 0, count)) return;  // one vectorized pass; else find the first bad element below
+    for (int64_t i = 0; i < count; ++i) {
+      const auto v = static_cast<compute_t<T>>(p[i]);
+      if (!std::isfinite(v)) throw Error(what + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at element " + std::to_string(i));
+    }
+  });
+}
+
+// The largest finite value of floating type `to`.
+double largest_finite(DataType to) {
+  switch (to) {
+    case DataType::Float16: return 65504.0;
+    case DataType::BFloat16: return 3.3895313892515355e38;
+    case DataType::Float32: return static_cast<double>(std::numeric_limits<float>::max());
+    default: return std::numeric_limits<double>::max();
+  }
+}
+
+// Whether every value of an integer column of type `from`, scaled by `scale` and converted to
+// floating type `to`, is finite: the largest magnitude `from` holds, scaled, stays under half of
+// `to`'s largest finite value (the half leaves room for rounding). Then no converted value can be
+// NaN or Inf, and the check for them is left out (uint8 images scaled by 1/255 into float32).
+bool converts_finite(DataType from, DataType to, double scale) {
+  if (!is_integral(from) || !std::isfinite(scale)) return false;
+  double largest = 0;
+  visit_dtype<IntTypes>(from, "column", [&]<class From>() {
+    largest = std::max(-static_cast<double>(std::numeric_limits<From>::min()),
+                       static_cast<double>(std::numeric_limits<From>::max()));
+  });
+  return largest * std::abs(scale) < largest_finite(to) / 2;
+}
+
+// The column's rows converted to the input's type and per-sample shape. With `check_finite`, a
+// floating input is checked for NaN and Inf (Error naming the input and the first such element),
+// each thread checking the values it has just converted while they are in its cache.
+Tensor convert_column(const Tensor& rows, const Feed& f, bool check_finite) {
   const runtime::ValueInfo& in = f.input;
   const DataType to = in.dtype == DataType::Undefined ? rows.dtype() : in.dtype;
   Tensor t = rows;
@@ -64,16 +106,21 @@ Tensor convert_column(const Tensor& rows, const Feed& f) {
     // input's type.
     t = Tensor(to, rows.shape());
     const int64_t count = rows.numel();
+    const bool check = check_finite && !converts_finite(rows.dtype(), to, f.scale);
+    std::atomic<bool> non_finite{false};
     visit_dtype<AllTypes>(rows.dtype(), "column '" + f.column + "'", [&]<class From>() {
       visit_dtype<FloatTypes>(to, "input '" + in.name + "'", [&]<class To>() {
         const From* src = rows.data<From>();
         To* dst = t.data<To>();
         const double scale = f.scale;
+        std::atomic<bool>* flag = &non_finite;
         parallel_for(count, kParallelGrain, [=](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) dst[i] = convert<To>(convert<double>(src[i]) * scale);
+          if (check && !all_finite(dst, begin, end)) flag->store(true, std::memory_order_relaxed);
         });
       });
     });
+    if (non_finite.load()) require_finite(t, "input '" + in.name + "'");
   } else if (rows.dtype() != to) {
     if (is_floating(rows.dtype())) require_integral(rows, f);
     t = rows.cast(to);
@@ -97,19 +144,6 @@ Tensor convert_column(const Tensor& rows, const Feed& f) {
                 in.type_string());
   }
   return t.view(target);
-}
-
-void require_finite(const Tensor& t, const std::string& what) {
-  if (!is_floating(t.dtype())) return;
-  visit_dtype<FloatTypes>(t.dtype(), what, [&]<class T>() {
-    const T* p = t.data<T>();
-    const int64_t count = t.numel();
-    if (all_finite(p, 0, count)) return;  // one vectorized pass; else find the first bad element below
-    for (int64_t i = 0; i < count; ++i) {
-      const auto v = static_cast<compute_t<T>>(p[i]);
-      if (!std::isfinite(v)) throw Error(what + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at element " + std::to_string(i));
-    }
-  });
 }
 
 }  // namespace
@@ -173,11 +207,10 @@ runtime::NamedTensors inputs(const Batch& batch, const std::vector<Feed>& feeds,
     }
     Tensor t;
     try {
-      t = convert_column(rows, f);
+      t = convert_column(rows, f, check_finite);
     } catch (const Error& e) {
       throw Error(where + ": " + e.what());
     }
-    if (check_finite) require_finite(t, where + ": input '" + f.input.name + "'");
     in[f.input.name] = std::move(t);
   }
   return in;

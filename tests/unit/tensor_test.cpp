@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/dispatch.h"
+#include "core/finite.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/tensor.h"
 
@@ -59,6 +60,38 @@ TEST(Convert, SaturatesAndTruncates) {
   EXPECT_EQ(convert<bool>(0.5f), true);
   EXPECT_EQ(convert<float>(true), 1.0f);
   EXPECT_EQ(convert<uint8_t>(int32_t{257}), 1);  // integer narrowing wraps like numpy
+}
+
+TEST(Finite, AllFiniteFindsNaNAndInfAtEveryPlaceOfTheRange) {
+  // Every length up to 40 (vector bodies and scalar tails), each place of the range holding one of
+  // NaN (either sign), +Inf or -Inf among finite values that include the extremes, and the same
+  // value just outside [begin, end) not counted.
+  const auto check = [&]<class T>(double big, double tiny, std::vector<double> bad) {
+    const std::vector<double> fine = {0.0, -0.0, 1.5, -big, big, tiny, -tiny};
+    const auto to = [](double x) {
+      if constexpr (std::is_same_v<T, double>) return x;
+      else return T(static_cast<float>(x));
+    };
+    for (int64_t n = 1; n <= 40; ++n) {
+      std::vector<T> v(static_cast<size_t>(n + 2));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = to(fine[i % fine.size()]);
+      EXPECT_TRUE(all_finite(v.data(), 1, n + 1)) << n;
+      for (double b : bad) {
+        for (int64_t at = 0; at < n + 2; ++at) {
+          std::vector<T> w = v;
+          w[static_cast<size_t>(at)] = to(b);
+          const bool inside = at >= 1 && at <= n;
+          EXPECT_EQ(all_finite(w.data(), 1, n + 1), !inside) << dtype_name(dtype_of<T>) << " " << b << " at " << at << " of " << n;
+        }
+      }
+    }
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> bad = {std::nan(""), -std::nan(""), inf, -inf};
+  check.operator()<float>(std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(), bad);
+  check.operator()<double>(std::numeric_limits<double>::max(), std::numeric_limits<double>::denorm_min(), bad);
+  // Float16: 65504 is its largest finite value, 2^-24 its smallest; 1e6 and -65536 round to Inf.
+  check.operator()<Float16>(65504.0, std::ldexp(1.0, -24), {std::nan(""), inf, -inf, 1e6, -65536.0});
 }
 
 TEST(Shape, InlineAndHeapStorage) {

@@ -178,6 +178,28 @@ std::string train_error(const training::TrainOptions& o) {
   return "no error";
 }
 
+TEST(Train, IntegerColumnsScaledIntoFloatInputsAreCheckedOnlyWhereTheyCanOverflow) {
+  // uint8 columns scaled into the float32 input: at 1/255 no value can be NaN or Inf (the check is
+  // left out) and the step trains; at 1e37 the column's range can overflow float32 (255e37), so the
+  // check runs and names the first value that did (200e37 is Inf in float32), though 1e37 is not.
+  Fixture f;
+  auto o = f.options("out.onnx");
+  o.shuffle = false;
+  o.epochs = 1;
+  std::vector<uint8_t> pixels(48);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i % 3 == 0 ? 1 : 0);
+  io::write_npy(Tensor::from_vector<uint8_t>({12, 4}, pixels), f.data / "x.npy");
+  o.scale = {"x=1/255"};
+  EXPECT_EQ(training::train(o, std::cout).steps, 3);
+  o.scale = {"x=1e37"};
+  o.max_steps = 1;
+  EXPECT_EQ(training::train(o, std::cout).steps, 1);  // 1e37 and 0 are finite in float32
+  o.max_steps = 0;
+  pixels[4 * 6 + 1] = 200;  // batch 2 (rows 5 to 9), its element 5
+  io::write_npy(Tensor::from_vector<uint8_t>({12, 4}, pixels), f.data / "x.npy");
+  EXPECT_NE(train_error(o).find("epoch 1, batch 2: input 'x' holds Inf at element 5"), std::string::npos) << train_error(o);
+}
+
 TEST(Train, BadDataIsAClearError) {
   Fixture f;
   // NaN in a batch: named by epoch and batch; the last checkpoint stays.
