@@ -42,9 +42,10 @@
 // float64 plain loops; float16 / bfloat16 are computed in float32. A float32 LSTM at batch 1
 // without a trace runs its steps as dot products and gates in one parallel region instead
 // (Recurrence::lstm_rowwise); with 8 or more batch entries per thread, each thread runs the
-// whole recurrence of its share of the batch, a single-threaded sgemm per step, with no
-// barrier (Recurrence::lstm_batch_split; bench/workloads.py's LSTM at batch 64 on two threads:
-// 23.0 -> 21.3 ms). A float32 LSTM with 8 or more batch entries, default activations and none of
+// whole recurrence of its share of the batch, a single-threaded product per step (oneDNN's
+// matmul on the thread's own copy of R in the primitive's layout with AVX-512, else sgemm), with
+// no barrier (Recurrence::lstm_batch_split; bench/workloads.py's LSTM at batch 64 on two threads:
+// 23.0 -> 21.3 ms with sgemm). A float32 LSTM with 8 or more batch entries, default activations and none of
 // clip, input_forget, peepholes, shorter sequences or a trace runs oneDNN's LSTM primitive
 // instead (rnn_onednn.h; the same LSTM at batch 64: 17.2-17.7 ms).
 // The gradients (rnn_grad.cpp) need each step's gates and states (rnn_common.h: Trace): they
@@ -63,6 +64,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <dnnl.hpp>
@@ -401,6 +403,96 @@ bool strided_product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
   execute(it->second, a, b, c);
   return true;
 }
+
+// H R^T for one thread's rows of a recurrence, rows x GH = [rows, H] x [GH, H]^T, through oneDNN's
+// matmul primitive reading R from a copy in the layout the primitive prefers, made once per
+// direction and run (R is the same at every step) instead of sgemm, which packs R again at each
+// call. One thread's share of bench/workloads.py's LSTM at batch 64 (32 rows, H 256, 4H 1024), 64
+// steps on each of two threads at once, with a pass over each step's result between the products
+// (a one-off program, AMD EPYC Zen 4, six rounds): 9.6-9.8 ms against sgemm's 12.2-12.3. Kept per
+// thread (each thread its own primitive, memories and copy of R); AVX-512 only (elsewhere
+// oneDNN's matmul runs the same sgemm).
+class PackedRecurrentProduct {
+ public:
+  // Copies R [GH, H] (row-major) for products of `rows` rows; false where this does not apply
+  // (no AVX-512, or oneDNN has no implementation or fails): then run() is not called. Called and
+  // run inside parallel regions, so nothing here throws.
+  bool pack(const float* R, int64_t rows, int64_t H, int64_t GH) noexcept {
+    if (!dnnl_util::has_avx512()) return false;
+    try {
+      auto& entries = thread_entries();
+      const std::array<int64_t, 3> key{rows, H, GH};
+      auto it = entries.find(key);
+      if (it == entries.end()) {
+        if (entries.size() >= 8) entries.clear();  // a handful of shapes per model
+        it = entries.emplace(key, plan(rows, H, GH)).first;
+      }
+      Entry& e = it->second;
+      if (!e.planned) return false;
+      e.source.set_data_handle(const_cast<float*>(R));
+      e.reorder.execute(dnnl_util::cpu_stream(), e.source, e.packed);
+      dnnl_util::cpu_stream().wait();
+      entry_ = &e;
+      return true;
+    } catch (...) {  // dnnl::error, std::bad_alloc: the caller's sgemm
+      return false;
+    }
+  }
+
+  // rec [rows, GH] = h [rows, H] R^T, for the rows and the R given to pack(); false, having
+  // written nothing the caller keeps, when oneDNN fails (the caller's sgemm then).
+  bool run(const float* h, float* rec) noexcept {
+    try {
+      Entry& e = *entry_;
+      e.src.set_data_handle(const_cast<float*>(h));
+      e.dst.set_data_handle(rec);
+      e.primitive.execute(dnnl_util::cpu_stream(), e.args);
+      dnnl_util::cpu_stream().wait();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+ private:
+  struct Entry {
+    bool planned = false;
+    dnnl::matmul primitive;
+    dnnl::memory src, dst, source, packed;  // source: R as stored; packed: R in the primitive's layout
+    dnnl::reorder reorder;                  // source -> packed
+    std::unordered_map<int, dnnl::memory> args;
+  };
+
+  static std::map<std::array<int64_t, 3>, Entry>& thread_entries() {
+    thread_local std::map<std::array<int64_t, 3>, Entry> entries;  // by rows, H, GH
+    return entries;
+  }
+
+  static Entry plan(int64_t rows, int64_t H, int64_t GH) {
+    namespace du = dnnl_util;
+    Entry e;
+    const dnnl::engine& engine = du::cpu_engine();
+    const auto src = du::plain_f32({rows, H}), dst = du::plain_f32({rows, GH});
+    const auto r_transposed = du::strided_f32({H, GH}, {1, H});  // R^T, R stored [GH, H]
+    const auto wanted = dnnl::memory::desc({H, GH}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
+    try {  // no implementation (dnnl::error): sgemm
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wanted, dst), engine);
+      e.primitive = dnnl::matmul(pd);
+      e.src = dnnl::memory(src, engine, nullptr);
+      e.dst = dnnl::memory(dst, engine, nullptr);
+      e.source = dnnl::memory(r_transposed, engine, nullptr);
+      e.packed = dnnl::memory(pd.weights_desc(), engine);
+      e.reorder = dnnl::reorder(e.source, e.packed);
+      e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.packed}, {DNNL_ARG_DST, e.dst}};
+      e.planned = true;
+    } catch (const dnnl::error&) {
+      e.planned = false;
+    }
+    return e;
+  }
+
+  Entry* entry_ = nullptr;
+};
 }  // namespace
 
 template <class V>
@@ -768,11 +860,16 @@ class Recurrence {
 
   // The whole sequence of an LSTM direction in one parallel region, the batch split between the
   // threads: batch entries are independent through time, so each thread runs the recurrence of
-  // its rows [b0, b1) alone, step after step (H R^T for its rows through a single-threaded sgemm,
+  // its rows [b0, b1) alone, step after step (H R^T for its rows through a single-threaded product,
   // then lstm_cell per row), with no barrier between steps; the general path forks twice per
-  // step (sgemm over the batch, then the gate loop). Its results, and the trace, are the general
-  // path's up to float32 rounding in sgemm (its sums over a thread's rows may be blocked otherwise
-  // than over the whole batch); the gate arithmetic per row is lstm_cell, as there.
+  // step (sgemm over the batch, then the gate loop). The product is PackedRecurrentProduct's at
+  // the steps where all the thread's rows run (where the first and the last of them do), sgemm
+  // at the others and where that does not apply. bench/workloads.py's LSTM training step
+  // (LSTMTraining, both layers, 2 threads, three alternating pairs of 8-step profiles):
+  // 42.2-43.8 -> 37.0-41.0 ms against sgemm at every step. Its results, and the trace, are the
+  // general path's up to float32 rounding in the products (their sums over a thread's rows may be
+  // blocked otherwise than over the whole batch); the gate arithmetic per row is lstm_cell, as
+  // there.
   void lstm_batch_split(int64_t d, bool reverse, V* y, int threads) {
     const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
     const V* R = weights(in_.r, d);
@@ -780,6 +877,9 @@ class Recurrence {
     {
       const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t b0 = N * id / count, b1 = N * (id + 1) / count;
+      PackedRecurrentProduct packed;
+      bool use_packed = false;  // H R^T of all the thread's rows through `packed`
+      if constexpr (std::is_same_v<V, float>) use_packed = packed.pack(R, b1 - b0, H, GH);
       for (int64_t step = 0; step < max_len_; ++step) {
         if (trace_) record_states(step, b0, b1);
         // Entries are sorted by nothing: find the span of this thread's rows still running.
@@ -791,8 +891,14 @@ class Recurrence {
           }
         }
         if (first >= last) continue;
-        gemm<V>(false, true, last - first, GH, H, h_.data() + first * H, H, R, H, rec_.data() + first * GH, GH,
-                false);
+        bool done = false;
+        if constexpr (std::is_same_v<V, float>) {
+          done = use_packed && first == b0 && last == b1 && packed.run(h_.data() + b0 * H, rec_.data() + b0 * GH);
+        }
+        if (!done) {
+          gemm<V>(false, true, last - first, GH, H, h_.data() + first * H, H, R, H, rec_.data() + first * GH, GH,
+                  false);
+        }
         for (int64_t b = first; b < last; ++b) {
           const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
           if (t >= 0) lstm_cell(d, step, b, t, y);

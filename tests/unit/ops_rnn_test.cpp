@@ -355,11 +355,12 @@ TEST(Lstm, InputProjectionsOfDozensOfRowsMatchTheReference) {
 }
 
 // From 16 batch entries on two threads, a float32 LSTM runs as rnn.cpp's lstm_batch_split (each
-// thread the whole sequence of its half of the batch, sgemm per thread, no barrier): ragged
+// thread the whole sequence of its half of the batch, its own product per step, no barrier: with
+// AVX-512 oneDNN's matmul on the thread's copy of R while all its rows run, sgemm after): ragged
 // sequence_lens (entries ending early, one of length 0, the longest on either thread), both
 // layouts, both directions, peepholes, initial states; and the same problem on one thread (the
-// general path) agrees to float32 rounding (the sgemm calls cover other rows, so their sums may
-// round differently: 2.4e-7 at most seen here).
+// general path) agrees to float32 rounding (the products cover other rows, so their sums may
+// round differently: 2.4e-7 at most seen here with sgemm alone).
 TEST(Lstm, LargeBatchesSplitBetweenThreadsAndMatchTheReference) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
