@@ -269,10 +269,15 @@ class Backward {
 
   // Keeps entry b's gate gradients and recurrent input of time t for the weight gradients.
   void keep_row(int64_t step, int64_t b, int64_t t) {
-    const int64_t H = s_.hidden, GH = s_.gates * H, row = s_.x_row(t, b);
+    const int64_t GH = s_.gates * s_.hidden, row = s_.x_row(t, b);
     std::copy(dg_.begin() + b * GH, dg_.begin() + (b + 1) * GH, dg_all_.begin() + row * GH);
+    keep_input_row(step, b, t);
+  }
+  // The recurrent input alone (the gate gradients written into dg_all_ already).
+  void keep_input_row(int64_t step, int64_t b, int64_t t) {
+    const int64_t H = s_.hidden;
     const V* h_prev = at(trace_.h, step, b, s_.batch, H);
-    std::copy(h_prev, h_prev + H, h_in_.begin() + row * H);
+    std::copy(h_prev, h_prev + H, h_in_.begin() + s_.x_row(t, b) * H);
   }
 
   void rnn_step(int64_t d, int64_t step, bool reverse) {
@@ -399,14 +404,15 @@ class Backward {
   // units, each slope formed from the gate's value where it is used (sigmoid' = y (1 - y), tanh'
   // = 1 - y^2) instead of a pass through the slope buffer; the loop vectorizes (the general one,
   // with its peephole and input_forget terms, does not).
-  void default_lstm_entry(int64_t d, int64_t step, int64_t b, int64_t t) {
+  // With `in_place` the gate gradients go straight to the entry's row of dg_all_ (not dg_).
+  void default_lstm_entry(int64_t d, int64_t step, int64_t b, int64_t t, bool in_place = false) {
     const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
     V* __restrict dh = step_dh(d, b, t);
     V* __restrict dc = dc_.data() + b * H;
     const V* __restrict y = at(trace_.gates, step, b, N, GH);  // gate blocks i o f c
     const V* __restrict c_prev = at(trace_.c, step, b, N, H);
     const V* __restrict hc = at(trace_.hc, step, b, N, H);      // tanh(C)
-    V* __restrict dg = dg_.data() + b * GH;
+    V* __restrict dg = in_place ? dg_all_.data() + s_.x_row(t, b) * GH : dg_.data() + b * GH;
 #pragma omp simd
     for (int64_t j = 0; j < H; ++j) {
       const V i = y[j], o = y[H + j], f = y[2 * H + j], c = y[3 * H + j], h = hc[j];
@@ -419,7 +425,11 @@ class Backward {
       dg[3 * H + j] = dct * i * (V(1) - c * c);
       dh[j] = V(0);  // all of dH_prev comes through R
     }
-    keep_row(step, b, t);
+    if (in_place) {
+      keep_input_row(step, b, t);
+    } else {
+      keep_row(step, b, t);
+    }
   }
 
   // Whether, and on how many threads, direction d's steps run as default_lstm_batch_split:
@@ -435,7 +445,11 @@ class Backward {
   // each thread walks the steps back for its rows [b0, b1) alone (default_lstm_entry, then dH_prev
   // += dG R for its rows through a single-threaded sgemm), with no barrier between steps; the
   // general path forks twice per step. The same arithmetic up to float32 rounding in sgemm (its
-  // sums over a thread's rows may be blocked otherwise than over the whole batch).
+  // sums over a thread's rows may be blocked otherwise than over the whole batch). At a step where
+  // all the thread's rows run at the same time t (every step of a batch of equal lengths), their
+  // rows of dg_all_ lie at one stride (X's layout), so the gate gradients are written there and
+  // sgemm reads them in place, instead of through dg_ and a copy per row (bench/workloads.py's
+  // LSTM training: the copies were ~1.9 % of the step's samples by `perf`).
   void default_lstm_batch_split(int64_t d, bool reverse, int threads) {
     const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
     const V* r = weights(in_.r, d);
@@ -444,6 +458,18 @@ class Backward {
       const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t b0 = N * id / count, b1 = N * (id + 1) / count;
       for (int64_t step = trace_.steps - 1; step >= 0; --step) {
+        const int64_t t0 = b1 > b0 ? time_of(step, lens_[static_cast<size_t>(b0)], reverse) : -1;
+        bool in_place = t0 >= 0;
+        for (int64_t b = b0 + 1; b < b1 && in_place; ++b) {
+          in_place = time_of(step, lens_[static_cast<size_t>(b)], reverse) == t0;
+        }
+        if (in_place) {
+          for (int64_t b = b0; b < b1; ++b) default_lstm_entry(d, step, b, t0, true);
+          const int64_t lda = b1 - b0 > 1 ? (s_.x_row(t0, b0 + 1) - s_.x_row(t0, b0)) * GH : GH;
+          gemm<V>(false, false, b1 - b0, H, GH, dg_all_.data() + s_.x_row(t0, b0) * GH, lda, r, H, dh_.data() + b0 * H,
+                  H, true);
+          continue;
+        }
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
           if (t >= 0) {

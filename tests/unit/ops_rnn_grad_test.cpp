@@ -282,6 +282,26 @@ TEST(RnnGradTest, DefaultLstmBatchSplitBetweenThreads) {
   omp_set_num_threads(saved);
 }
 
+// Where all of a thread's rows run at the same time t at a step (equal lengths), the split steps
+// write the gate gradients straight into their rows of the all-steps buffer, which lie at one
+// stride (1 row apart in layout 0, seq_length rows in layout 1), and the step's product reads them
+// there: equal lengths (sequence_lens omitted), and one thread's rows of equal lengths beside the
+// other's ragged ones (in place at some steps, copied at the others), in both layouts.
+TEST(RnnGradTest, DefaultLstmBatchSplitReadsGateGradientsInPlace) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const std::vector<int32_t> mixed = {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 4, 2, 4, 4, 1, 4, 4};
+  for (bool layout1 : {false, true}) {
+    for (const std::vector<int32_t>& lens : {std::vector<int32_t>{}, mixed}) {
+      const std::string name = std::string(layout1 ? "layout 1" : "layout 0") + (lens.empty() ? ", equal lengths" : ", mixed");
+      SCOPED_TRACE(name);
+      check_default_lstm_against_general({.name = name, .op = "LSTM", .direction = "bidirectional", .layout1 = layout1,
+                                          .initial_h = true, .initial_c = true, .lens = lens, .N = 18, .H = 19});
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // Weight gradients of 512 x 128 over 1024 rows (gates x hidden by input or hidden, over
 // seq x batch) run through oneDNN's matmul primitive in float32 (ops/dnnl_util.h
 // transposed_a_prefers_matmul), float64 through the reference loops: the two agree, for one
