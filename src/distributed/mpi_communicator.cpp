@@ -240,7 +240,7 @@ class MpiCommunicator : public Communicator {
     message << what << " waited " << static_cast<int64_t>(waited) << " s for the other ranks (--collective-timeout "
             << timeout_ << "): a rank is stuck or has died; ending every rank";
     print_rank_error(rank_, size_, message.str());
-    abort(1);
+    MpiCommunicator::abort(1);  // qualified: a direct call, which the compiler sees never returns
   }
 
   int rank_ = 0, size_ = 1;
