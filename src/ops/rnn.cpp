@@ -443,11 +443,7 @@ class PackedRecurrentProduct {
   // written nothing the caller keeps, when oneDNN fails (the caller's sgemm then).
   bool run(const float* h, float* rec) noexcept {
     try {
-      Entry& e = *entry_;
-      e.src.set_data_handle(const_cast<float*>(h));
-      e.dst.set_data_handle(rec);
-      e.primitive.execute(dnnl_util::cpu_stream(), e.args);
-      dnnl_util::cpu_stream().wait();
+      execute(entry_->product, h, static_cast<const float*>(entry_->packed.get_data_handle()), rec);
       return true;
     } catch (...) {
       return false;
@@ -457,10 +453,9 @@ class PackedRecurrentProduct {
  private:
   struct Entry {
     bool planned = false;
-    dnnl::matmul primitive;
-    dnnl::memory src, dst, source, packed;  // source: R as stored; packed: R in the primitive's layout
-    dnnl::reorder reorder;                  // source -> packed
-    std::unordered_map<int, dnnl::memory> args;
+    MatMulEntry product;          // the primitive, its weights read from `packed`
+    dnnl::memory source, packed;  // R as stored; R in the primitive's layout
+    dnnl::reorder reorder;        // source -> packed
   };
 
   static std::map<std::array<int64_t, 3>, Entry>& thread_entries() {
@@ -477,13 +472,11 @@ class PackedRecurrentProduct {
     const auto wanted = dnnl::memory::desc({H, GH}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
     try {  // no implementation (dnnl::error): sgemm
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wanted, dst), engine);
-      e.primitive = dnnl::matmul(pd);
-      e.src = dnnl::memory(src, engine, nullptr);
-      e.dst = dnnl::memory(dst, engine, nullptr);
+      e.product = make_entry(src, pd.weights_desc(), dst, dnnl::primitive_attr());
+      if (e.product.use_reference) return e;
       e.source = dnnl::memory(r_transposed, engine, nullptr);
       e.packed = dnnl::memory(pd.weights_desc(), engine);
       e.reorder = dnnl::reorder(e.source, e.packed);
-      e.args = {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.packed}, {DNNL_ARG_DST, e.dst}};
       e.planned = true;
     } catch (const dnnl::error&) {
       e.planned = false;

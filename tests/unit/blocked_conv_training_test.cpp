@@ -241,15 +241,21 @@ TEST(BlockedConvTraining, FusedConvWithoutAPoolReadsAndWritesBlockedTensors) {
   }
 }
 
+// An empty model importing the ai.onnxtrain domain too (the training steps below use its ops).
+onnx::ModelProto internal_model(const std::string& name) {
+  onnx::ModelProto m = testing::empty_model(name);
+  auto* internal = m.add_opset_import();
+  internal->set_domain(kInternal);
+  internal->set_version(1);
+  return m;
+}
+
 // A CNN's training step written out: conv1 (C -> 16, 5x5) + Relu, a 2x2 pool, conv2 (16 -> 32,
 // 3x3) + Relu, `pool2` attributes, then the backward pass from dp2, the output gradient fed as
 // an input (MaxPoolGrad with activation Relu, as fuse_max_pool_relu_grad leaves it, and
 // ConvGrad). The weights are graph inputs with static shapes, as in a training graph.
 onnx::ModelProto training_step(int64_t c, const Attrs& pool2, bool r1_output) {
-  onnx::ModelProto m = testing::empty_model("training_step");
-  auto* internal = m.add_opset_import();
-  internal->set_domain(kInternal);
-  internal->set_version(1);
+  onnx::ModelProto m = internal_model("training_step");
   auto& g = *m.mutable_graph();
   const int kFloat = onnx::TensorProto::FLOAT;
   testing::typed_value(g.add_input(), "x", kFloat, {});
@@ -388,10 +394,7 @@ int64_t int_attr(const onnx::NodeProto& node, const std::string& name) {
 // BatchNormalizationGrad, a Sum of r1's two gradients). 16 channels, weights graph inputs with
 // static shapes.
 onnx::ModelProto residual_step() {
-  onnx::ModelProto m = testing::empty_model("residual_step");
-  auto* internal = m.add_opset_import();
-  internal->set_domain(kInternal);
-  internal->set_version(1);
+  onnx::ModelProto m = internal_model("residual_step");
   auto& g = *m.mutable_graph();
   const int kFloat = onnx::TensorProto::FLOAT;
   for (const char* in : {"x", "dc3"}) testing::typed_value(g.add_input(), in, kFloat, {});
