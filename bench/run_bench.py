@@ -3,8 +3,9 @@
 
 Training: the MLP (784-512-512-10) and the CNN of examples/fashion_mnist, Adam, batch 128, the
 same Fashion-MNIST batches in memory, each implementation at 1 and 2 threads, runs alternating
-between onnxtrain (`onnxtrain train`) and PyTorch 2.13 (bench/torch_train.py, run with the
-Python that runs this script: the project's .venv). Each side leaves out the start-up and times
+between onnxtrain (`onnxtrain train`; at as many threads as CPUs through its default, without
+--threads, and its wait policy: src/cli/wait_policy.h) and PyTorch 2.13 (bench/torch_train.py,
+run with the Python that runs this script: the project's .venv). Each side leaves out the start-up and times
 STEPS steps after WARMUP untimed ones in one process, as bench/workloads.py does: onnxtrain from
 the per-step records of `onnxtrain train --metrics` (the loop's time at step k is k / steps_per_s),
 PyTorch by its own clock. (Until 2026-11-25 both timed every step from the first, whose one-time
@@ -97,16 +98,25 @@ def kernels_alone_ms(model, threads):
 
 
 def onnxtrain_train(model, threads, steps):
+    """At as many threads as this process may use CPUs, onnxtrain's default (no --threads: the count
+    follows the load, and the command's threads spin as long as that default has them; on an idle
+    machine, one thread per CPU), checked against the count each step recorded; fewer by
+    --threads (a fixed count: its shorter spin, src/cli/wait_policy.h)."""
     metrics = os.path.join(WORK, f"metrics_{model}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
+    default = threads == len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} if default else None
     _, peak = run_measured([ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA,
                             "--scale", "image=1/255", "--batch-size", str(BATCH), "--max-steps", str(WARMUP + steps),
-                            "--threads", str(threads), "--no-shuffle", "-q", "--metrics", metrics,
-                            "-o", os.path.join(WORK, f"{model}_trained.onnx")])
+                            *([] if default else ["--threads", str(threads)]), "--no-shuffle", "-q",
+                            "--metrics", metrics, "-o", os.path.join(WORK, f"{model}_trained.onnx")], env=env)
     records = [r for r in map(json.loads, open(metrics)) if r["type"] == "step"]
     if len(records) != WARMUP + steps:
         raise RuntimeError(f"onnxtrain train ran {len(records)} steps, expected {WARMUP + steps}")
+    ran = sorted({r["threads"] for r in records})
+    if ran != [threads]:
+        raise RuntimeError(f"onnxtrain train's default ran {ran} threads, expected {threads} (is the machine idle?)")
     # The k-th record's steps_per_s is k steps over the loop's seconds so far.
     seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
     return steps / max(seconds[-1] - seconds[WARMUP - 1], 1e-9), peak, records[-1]["step_arena_bytes"] / 2**20

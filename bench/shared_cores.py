@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Training speed when the cores are shared (issue 18, docs/performance.md "Shared cores"): the
 Fashion-MNIST MLP and CNN (Adam, batch 128), `onnxtrain train` without --threads (its default:
-one thread per CPU that other processes leave free, runtime/cpu_load.h), at 1 thread and at 2
-threads under onnxtrain's wait policy (GOMP_SPINCOUNT=1000, which the command sets for itself
-unless the user chose one), libgomp's own default (GOMP_SPINCOUNT=300000: threads spin that
+one thread per CPU that other processes leave free, runtime/cpu_load.h, and GOMP_SPINCOUNT=30000,
+which the command sets for itself then unless the user chose a policy: src/cli/wait_policy.h), at
+1 thread and at 2 threads by --threads under the wait policy the command sets for a fixed count
+(GOMP_SPINCOUNT=1000), libgomp's own default (GOMP_SPINCOUNT=300000: threads spin that
 long at the end of a parallel region before sleeping) and OMP_WAIT_POLICY=passive (they sleep
 at once), on an idle machine and with 1 and 2 other busy processes (a spinning Python loop
 each).
@@ -16,8 +17,8 @@ between onnxtrain's 1000 and libgomp's 300000); --busy 0,1 limits the loads meas
 
 A second table times inference the same way: the CNN at batch 1, median ms of --infer-iters runs
 in process (bench/bench_infer.cpp, a runtime::Session), without a thread count (its default:
-each run follows the load, runtime/cpu_load.h), at 1 and at 2 threads, all with onnxtrain's
-GOMP_SPINCOUNT=1000 (the command and the Python package set it for themselves).
+each run follows the load, runtime/cpu_load.h) with GOMP_SPINCOUNT=30000, and at 1 and at 2 threads
+with 1000: the policies the command and the Python package set for themselves.
 
 Usage: .venv/bin/python bench/shared_cores.py [--reps 3] [--models mlp,cnn] [--spins N,...] [--busy 0,1,2]
            [--infer-iters 500] [--no-inference]
@@ -68,7 +69,7 @@ def timed(model, threads, env_extra, steps):
 def infer_ms(model, threads, iters):
     """Median ms per run of `model` at batch 1 (onnxtrain-bench-infer; threads 0: its default)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-    env["GOMP_SPINCOUNT"] = "1000"
+    env["GOMP_SPINCOUNT"] = "30000" if threads == 0 else "1000"  # src/cli/wait_policy.h
     out = subprocess.run([BENCH_INFER, os.path.join(WORK, f"{model}.onnx"), "--batch", "1", "--iters", str(iters),
                           "--threads", str(threads)], check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])["ms"]
@@ -113,11 +114,20 @@ def main():
         steps = STEPS[model]
 
         def rate(threads, extra):
+            """steps/s, or None where the longer run took no longer than the shorter (a load this
+            uneven cannot be timed by the difference)."""
             took = timed(model, threads, extra, WARMUP + steps) - timed(model, threads, extra, WARMUP)
-            return steps / max(took, 1e-9)
+            return steps / took if took > 0 else None
+
+        def cell(values):
+            timed_ = [v for v in values if v is not None]
+            if not timed_:
+                return "(too noisy to time)"
+            note = "" if len(timed_) == len(values) else f" ({len(timed_)} of {len(values)} timed)"
+            return f"{statistics.median(timed_):.1f}{note}"
         for busy in (int(b) for b in args.busy.split(",")):
             rates = repeated(busy, args.reps, {name: (lambda t=threads, e=extra: rate(t, e)) for name, threads, extra in configs})
-            cells = [f"{statistics.median(rates[name]):.1f}" for name, _, _ in configs]
+            cells = [cell(rates[name]) for name, _, _ in configs]
             print(f"| {model} | {busy} | " + " | ".join(cells) + " |", flush=True)
     if args.no_inference:
         return

@@ -12,7 +12,8 @@ For each workload, in one run:
 - training: `onnxtrain train` on the .npz (--no-shuffle; one epoch holds every timed step, so no
   epoch-end checkpoint lands inside the timing) against PyTorch eager (bench/workload_torch.py,
   the same module, optimizer and batches in memory), at each thread
-  count of --threads; each side's best (a count whose first repetition is far behind another's is
+  count of --threads (onnxtrain at as many threads as CPUs through its default, without --threads,
+  and its wait policy: src/cli/wait_policy.h); each side's best (a count whose first repetition is far behind another's is
   not timed again, here and in inference: bench/thread_counts.py). Both leave out the start-up and time STEPS steps after
   WARMUP in one process: onnxtrain from the per-step records of `onnxtrain train --metrics`
   (steps_per_s there is the steps so far over the seconds since the training loop began, so the
@@ -142,14 +143,25 @@ def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
     metrics = os.path.join(WORK, f"{name}_metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
+    # At as many threads as this process may use CPUs, onnxtrain's default (no --threads: the count
+    # follows the load, and the command's threads spin as long as that default has them; on an idle
+    # machine, one thread per CPU), checked against the count each step recorded; fewer by --threads
+    # (a fixed count: its shorter spin, src/cli/wait_policy.h).
+    default = threads == len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if not default:
+        env["OMP_NUM_THREADS"] = str(threads)
     _, _, peak = measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
                            str(workload_models.BATCH[name]), "--epochs", "1", "--max-steps",
-                           str(WARMUP[name] + steps), "--no-shuffle", "--threads", str(threads), "-q", "-o",
-                           os.path.join(WORK, f"{name}_trained.onnx"), "--metrics", metrics],
-                          timeout, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                           str(WARMUP[name] + steps), "--no-shuffle", *([] if default else ["--threads", str(threads)]),
+                           "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx"), "--metrics", metrics],
+                          timeout, env=env)
     records = [r for r in map(json.loads, open(metrics)) if r["type"] == "step"]
     if len(records) != WARMUP[name] + steps:
         raise Failed(f"onnxtrain train ran {len(records)} steps, expected {WARMUP[name] + steps}")
+    ran = sorted({r["threads"] for r in records})
+    if ran != [threads]:
+        raise Failed(f"onnxtrain train's default ran {ran} threads, expected {threads} (is the machine idle?)")
     # The k-th record's steps_per_s is k steps over the loop's seconds so far.
     seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
     return (steps / max(seconds[-1] - seconds[WARMUP[name] - 1], 1e-9), peak, records[0]["loss"],

@@ -25,11 +25,14 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-# libgomp reads its wait policy when the extension module loads it: a short spin keeps the idle
-# speed and holds up when other processes share the cores (docs/performance.md, "Shared
-# cores"), unless the user chose a policy.
+# libgomp reads its wait policy when the extension module loads it, so it is chosen here, as the
+# `onnxtrain` command chooses it (src/cli/wait_policy.h; docs/performance.md, "Shared cores"),
+# unless the user chose a policy: a long spin (30000 pauses) where the sessions' thread count
+# follows the load (they drop to one thread when another process keeps a CPU busy), a short one
+# (1000) where OMP_NUM_THREADS fixes it. A session given `threads` keeps the long spin: on a CPU
+# another process holds, 2 threads then train slower than 1 (docs/python.md).
 if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000" if "OMP_NUM_THREADS" in os.environ else "30000")
 
 from onnxtrain import _core  # noqa: E402 (after the OpenMP setting above)
 from onnxtrain._core import Error, InferenceSession, TrainingSession, ValueInfo, export_inference
