@@ -80,7 +80,9 @@ std::optional<int> runnable_elsewhere() {
 
 int threads_for(int usable, int online, int busy) {
   usable = std::max(usable, 1);
-  if (busy >= online) return usable;
+  // No CPU left: one thread where the reading covers this process's CPUs, `usable` where a
+  // cpuset narrower than the machine may leave them free (the reading cannot tell).
+  if (busy >= online) return usable < online ? usable : 1;
   return std::clamp(online - std::max(busy, 0), 1, usable);
 }
 
@@ -173,7 +175,7 @@ std::string describe(const Followed& followed) {
   const int online = online_cpus();
   const std::string why = followed.busy == 0 ? "no other process keeps a CPU busy"
                           : followed.busy >= online
-                              ? "other processes keep every CPU busy; the threads share them"
+                              ? "other processes keep every CPU busy"
                               : "other processes keep " + std::to_string(followed.busy) + " of " +
                                     std::to_string(online) + " CPUs busy";
   return std::to_string(followed.threads) + " (" + why + ")";

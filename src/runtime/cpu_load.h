@@ -29,11 +29,14 @@ int online_cpus();
 std::optional<int> runnable_elsewhere();
 
 // Threads for a process that may use `usable` of the machine's `online` CPUs while `busy`
-// threads of other processes are runnable: the CPUs they leave, at most `usable`, at least 1;
-// but `usable` when they leave none. Then every CPU is shared, the kernel gives each runnable
-// thread an equal share, and more threads get more of the machine: on 2 CPUs with 2 spinning
-// processes the Fashion-MNIST CNN trained at 9.5 steps/s on 2 threads against 6.0 on 1, where
-// with 1 spinning process 1 thread was the faster (docs/performance.md, "Shared cores").
+// threads of other processes are runnable: the CPUs they leave, at most `usable`, at least 1 (so
+// 1 when they leave none); but `usable` when they leave none and `usable` < `online` (a cpuset
+// narrower than the machine, whose own CPUs the machine-wide reading does not describe). With
+// every CPU busy, 2 threads spinning as long as the default's wait policy has them
+// (src/cli/wait_policy.h; libgomp's own default is longer) ran the Fashion-MNIST CNN's batch-1
+// inference at 0.42 ms a run in one measurement and 3.67 ms in another, against 0.65-0.77 on 1
+// thread, and trained as fast as 1 thread give or take the noise (docs/performance.md, "Shared
+// cores"). Until 2026-11-30, with a short spin, this case took `usable` threads.
 int threads_for(int usable, int online, int busy);
 
 // A thread count that follows the load (the process's sessions share one: followed_threads),
