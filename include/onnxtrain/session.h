@@ -35,11 +35,12 @@ struct SessionOptions {
   // calling thread at construction and at every run (OpenMP keeps the setting per thread), so it
   // stays in effect for that thread's other OpenMP work too. 0: OMP_NUM_THREADS where set, or the
   // calling thread's count where it was set with omp_set_num_threads; else each run takes one
-  // thread per CPU that other processes leave free, at least 1 (1 when they leave none, unless a
-  // cpuset narrower than the machine; src/runtime/cpu_load.h: one reading of /proc for the whole process at most every
-  // 250 ms; a change of load counts after ~2 s), and the calling thread's count is restored
-  // after the run. On 2 CPUs with one busy, ResNet-18's batch-1 inference took 2.65 ms a run on
-  // OpenMP's default of 2 threads against 0.99 ms on 1 (docs/performance.md, "Shared cores").
+  // thread per CPU that other processes leave free, at least 1 (1 when they leave none, unless
+  // the process's cpuset is narrower than the machine; src/runtime/cpu_load.h: one reading of
+  // /proc for the whole process at most every 250 ms; a change of load counts after ~2 s), and
+  // the calling thread's count is restored after the run. On 2 CPUs with one busy, ResNet-18's
+  // batch-1 inference took 2.65 ms a run on OpenMP's default of 2 threads against 0.99 ms on 1
+  // (docs/performance.md, "Shared cores").
   // Sums may round differently on another count, so outputs that must be bit-identical from run
   // to run set a count.
   int threads = 0;
