@@ -49,7 +49,7 @@ import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
 import peak_beside  # noqa: E402
 from docs_section import machine, write_section  # noqa: E402
-from thread_counts import contending  # noqa: E402
+from thread_counts import contending, onnxtrain_threads, recorded_threads_error  # noqa: E402
 
 
 def run_measured(cmd, env=None):
@@ -98,25 +98,22 @@ def kernels_alone_ms(model, threads):
 
 
 def onnxtrain_train(model, threads, steps):
-    """At as many threads as this process may use CPUs, onnxtrain's default (no --threads: the count
-    follows the load, and the command's threads spin as long as that default has them; on an idle
-    machine, one thread per CPU), checked against the count each step recorded; fewer by
-    --threads (a fixed count: its shorter spin, src/cli/wait_policy.h)."""
+    """steps/s, peak MiB and step-arena MiB of `onnxtrain train` at `threads` (its default at as
+    many threads as CPUs: thread_counts.onnxtrain_threads)."""
     metrics = os.path.join(WORK, f"metrics_{model}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    default = threads == len(os.sched_getaffinity(0))
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} if default else None
+    flags, env = onnxtrain_threads(threads)
     _, peak = run_measured([ONNXTRAIN, "train", os.path.join(WORK, f"{model}_train.onnx"), "--data", DATA,
                             "--scale", "image=1/255", "--batch-size", str(BATCH), "--max-steps", str(WARMUP + steps),
-                            *([] if default else ["--threads", str(threads)]), "--no-shuffle", "-q",
-                            "--metrics", metrics, "-o", os.path.join(WORK, f"{model}_trained.onnx")], env=env)
+                            *flags, "--no-shuffle", "-q", "--metrics", metrics,
+                            "-o", os.path.join(WORK, f"{model}_trained.onnx")], env=env)
     records = [r for r in map(json.loads, open(metrics)) if r["type"] == "step"]
     if len(records) != WARMUP + steps:
         raise RuntimeError(f"onnxtrain train ran {len(records)} steps, expected {WARMUP + steps}")
-    ran = sorted({r["threads"] for r in records})
-    if ran != [threads]:
-        raise RuntimeError(f"onnxtrain train's default ran {ran} threads, expected {threads} (is the machine idle?)")
+    error = recorded_threads_error(records, threads)
+    if error:
+        raise RuntimeError(error)
     # The k-th record's steps_per_s is k steps over the loop's seconds so far.
     seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
     return steps / max(seconds[-1] - seconds[WARMUP - 1], 1e-9), peak, records[-1]["step_arena_bytes"] / 2**20

@@ -63,7 +63,7 @@ import gemm_peak  # noqa: E402
 import peak_beside  # noqa: E402
 import workload_models  # noqa: E402
 from docs_section import machine, write_section  # noqa: E402
-from thread_counts import contending  # noqa: E402
+from thread_counts import contending, onnxtrain_threads, recorded_threads_error  # noqa: E402
 
 # Step 2 is the first on the memory plan's fresh arena (page faults); BERT's third step was
 # still slow in some runs on the Zen 4 VM of 2026-11-29 (887 ms against ~500 from the fourth on).
@@ -143,25 +143,18 @@ def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
     metrics = os.path.join(WORK, f"{name}_metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    # At as many threads as this process may use CPUs, onnxtrain's default (no --threads: the count
-    # follows the load, and the command's threads spin as long as that default has them; on an idle
-    # machine, one thread per CPU), checked against the count each step recorded; fewer by --threads
-    # (a fixed count: its shorter spin, src/cli/wait_policy.h).
-    default = threads == len(os.sched_getaffinity(0))
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    if not default:
-        env["OMP_NUM_THREADS"] = str(threads)
+    flags, env = onnxtrain_threads(threads)  # the default at as many threads as CPUs
     _, _, peak = measured([tools["onnxtrain"], "train", paths["trainable"], "--data", paths["data"], "--batch-size",
                            str(workload_models.BATCH[name]), "--epochs", "1", "--max-steps",
-                           str(WARMUP[name] + steps), "--no-shuffle", *([] if default else ["--threads", str(threads)]),
+                           str(WARMUP[name] + steps), "--no-shuffle", *flags,
                            "-q", "-o", os.path.join(WORK, f"{name}_trained.onnx"), "--metrics", metrics],
                           timeout, env=env)
     records = [r for r in map(json.loads, open(metrics)) if r["type"] == "step"]
     if len(records) != WARMUP[name] + steps:
         raise Failed(f"onnxtrain train ran {len(records)} steps, expected {WARMUP[name] + steps}")
-    ran = sorted({r["threads"] for r in records})
-    if ran != [threads]:
-        raise Failed(f"onnxtrain train's default ran {ran} threads, expected {threads} (is the machine idle?)")
+    error = recorded_threads_error(records, threads)
+    if error:
+        raise Failed(error)
     # The k-th record's steps_per_s is k steps over the loop's seconds so far.
     seconds = [(k + 1) / r["steps_per_s"] for k, r in enumerate(records)]
     return (steps / max(seconds[-1] - seconds[WARMUP[name] - 1], 1e-9), peak, records[0]["loss"],
