@@ -29,10 +29,10 @@ def heavy_model(n=768, depth=6):
     )
 
 
-def long_call(kind):
+def long_call(kind, depth=6):
     """A call of `kind` ("run" or "step") that takes a while on one thread, planned already."""
     if kind == "run":
-        session = onnxtrain.InferenceSession(heavy_model(), threads=1)
+        session = onnxtrain.InferenceSession(heavy_model(depth=depth), threads=1)
         feeds = {"x": np.ones((768, 768), np.float32)}
         session.run(feeds)
         return lambda: session.run(feeds)
@@ -75,7 +75,7 @@ def test_two_sessions_make_progress_at_the_same_time(mlp_model):
     # While this thread runs one long call, another thread keeps completing calls of a second
     # session. Were the GIL held through the long call, the other thread could not return from
     # a call until the long one ended.
-    call = long_call("run")
+    call = long_call("run", depth=18)
     small = onnxtrain.InferenceSession(mlp_model)
     feeds = {"x": np.ones((2, 4), np.float32)}
     done: list[float] = []
@@ -98,8 +98,14 @@ def test_two_sessions_make_progress_at_the_same_time(mlp_model):
     during = [d for d in done if start < d < end]
     assert end - start > 0.02, "the model ran too fast to tell"
     # The other thread's calls end all along the long call, not only before and after it.
+    # Were the GIL held, one gap would span the whole call (a ratio near 1). A call of 18
+    # products rather than 6, and a third rather than a quarter: on a loaded machine (ctest -j2)
+    # the OS alone deschedules the other thread for up to ~25 ms now and then, which against a
+    # 43 ms call failed 1 run in 100 with a busy process beside it (and once in CI); against
+    # a call three times as long the largest gap measured was 7.8 % of it (100 runs with a busy
+    # process beside, 30 without; a call holding the GIL measures 1.0).
     gaps = np.diff([start, *during, end])
-    assert gaps.max() < (end - start) / 4, (gaps.max(), end - start, len(during))
+    assert gaps.max() < (end - start) / 3, (gaps.max(), end - start, len(during))
 
 
 def test_one_session_from_several_threads(mlp_model):
