@@ -44,7 +44,8 @@ void attention_rule(Builder& b) {
   std::vector<bool> wanted(6);
   for (int i = 0; i < 6; ++i) wanted[static_cast<size_t>(i)] = b.has_input(i) && b.needs(i);
   std::vector<onnx::AttributeProto> attrs = forward_attributes(b);
-  attrs.push_back(attr_int("version", ops::op_version("", "Attention", b.opset())));
+  // ai.onnxtrain.Attention (runtime/fusion.h fuse_attention) states its version among them.
+  if (b.node().domain() != kInternalDomain) attrs.push_back(attr_int("version", ops::op_version("", "Attention", b.opset())));
   set_wanted(b, b.op_n("AttentionGrad", in, 6, attrs, kInternalDomain, wanted), wanted);
 }
 
@@ -147,6 +148,8 @@ std::vector<Rule> transformer_rules() {
   return {
     {"", "Attention",          inputs_mask({0, 1, 2, 3, 4, 5}), false, attention_rule,
         "dQ, dK, dV, d attn_mask (float masks), d past_key, d past_value by ai.onnxtrain.AttentionGrad (recomputes P = softmax; dV = P^T dY, dS = P (dY V^T - rowsum), dQ = scale dS K, dK = scale dS^T Q)"},
+    {kInternalDomain, "Attention", inputs_mask({0, 1, 2, 3}), false, attention_rule,
+        "as Attention (the op runtime/fusion.h's fuse_attention makes of the MatMul-Softmax-MatMul pattern): dQ, dK, dV in the inputs' layout, d mask by ai.onnxtrain.AttentionGrad"},
     {"", "RotaryEmbedding",    kIn0, false, rotary_embedding_rule, "dX = RotaryEmbedding(dY, cos, -sin): each pair rotated back"},
     {"", "RMSNormalization",   inputs_mask({0, 1}), false, rms_norm_rule,
         "dX = r (g - xhat mean(g xhat)), g = dY scale, xhat = x r; dscale = sum dY xhat (ai.onnxtrain.RMSNormalizationGrad)"},

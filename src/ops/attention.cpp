@@ -135,9 +135,7 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
   const Geometry g = read_geometry(ctx, spec, 0);
   const Bias<C> bias(ctx, spec, g, 0);
   const DataType dt = ctx.input(kQ).dtype();
-  Shape y_shape = ctx.input(kQ).shape();
-  y_shape[y_shape.size() - 1] = g.rank3 ? g.Hq * g.Dv : g.Dv;
-  Tensor& y = ctx.allocate_output(0, dt, y_shape);
+  Tensor& y = ctx.allocate_output(0, dt, g.y_shape);
   // The keys and values of all T positions: the present tensors when there is a past (or they
   // are asked for), else the inputs themselves.
   const bool build_present = g.has_past || ctx.has_output(1) || ctx.has_output(2);
@@ -174,10 +172,14 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
   // One block when no constraint ends the keys early (nor for a debug output of whole rows).
   const bool blocked = (spec.is_causal || spec.right_window >= 0 || ctx.has_input(kNonpad)) && !qk_out;
   const int64_t block = blocked ? kQueryBlock : std::max<int64_t>(g.Sq, 1);
+  // No bias and no softcap: each row needs its softmax alone (and, for qk_matmul_output_mode 3,
+  // a copy of it).
+  const bool plain = bias.none() && !capped && (!qk_out || spec.qk_mode == 3) && std::is_same_v<T, C>;
   bool gemm_ok = true;
 #pragma omp parallel num_threads(threads) reduction(&& : gemm_ok)
   {
-    std::vector<C> s(static_cast<size_t>(g.Sq * T_)), brow(static_cast<size_t>(T_)), out(static_cast<size_t>(g.Sq * g.Dv));
+    std::vector<C> s(static_cast<size_t>(g.Sq * T_)), brow(static_cast<size_t>(T_)),
+        out(std::is_same_v<T, C> ? 0 : static_cast<size_t>(g.Sq * g.Dv));
     const int t = omp_get_thread_num();
     for (int64_t task = tasks * t / threads; task < tasks * (t + 1) / threads; ++task) {
       const int64_t b = task / g.Hq, h = task % g.Hq, hk = h / g.group();
@@ -191,6 +193,13 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
                                   C(0), sb, T_);
         for (int64_t i = i0; i < i1; ++i) {
           C* row = s.data() + i * T_;
+          if (plain) {  // no bias, no softcap: the softmax alone
+            softmax(row, kn);
+            if constexpr (std::is_same_v<T, C>) {
+              if (qk_rows) std::copy(row, row + kn, qk_rows + i * T_);  // mode 3
+            }
+            continue;
+          }
           C* br = brow.data();
           bias.row(br, b, h, i);
           if (qk_rows && spec.qk_mode == 0) {
@@ -213,8 +222,8 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
           if (qk_rows && spec.qk_mode == 2) {
             for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
           }
-          if (masked == kn) {  // every key disallowed: a zero row, not NaN
-            std::fill(row, row + kn, C(0));
+          if (masked == kn) {  // every key disallowed: a zero row, not NaN (Softmax's NaN with graph_semantics)
+            std::fill(row, row + kn, spec.graph_semantics ? std::numeric_limits<C>::quiet_NaN() : C(0));
           } else {
             softmax(row, kn);
             if constexpr (is_half_v<T>) {
@@ -225,12 +234,20 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
             for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
           }
         }
-        gemm_ok = gemm_ok && gemm(false, false, rows, g.Dv, kn, C(1), sb, T_, pv + vs.at(b, hk), vs.s, C(0),
-                                  out.data() + i0 * g.Dv, g.Dv);
+        // float32 and float64 write P V where it goes in Y; 16-bit types through `out`, rounded.
+        if constexpr (std::is_same_v<T, C>) {
+          gemm_ok = gemm_ok && gemm(false, false, rows, g.Dv, kn, C(1), sb, T_, pv + vs.at(b, hk), vs.s, C(0),
+                                    y.data<T>() + g.y.at(b, h) + i0 * g.y.s, g.y.s);
+        } else {
+          gemm_ok = gemm_ok && gemm(false, false, rows, g.Dv, kn, C(1), sb, T_, pv + vs.at(b, hk), vs.s, C(0),
+                                    out.data() + i0 * g.Dv, g.Dv);
+        }
       }
-      T* py = y.data<T>() + g.y.at(b, h);
-      for (int64_t i = 0; i < g.Sq; ++i) {
-        for (int64_t d = 0; d < g.Dv; ++d) py[i * g.y.s + d] = convert<T>(rt<T>(out[static_cast<size_t>(i * g.Dv + d)]));
+      if constexpr (!std::is_same_v<T, C>) {
+        T* py = y.data<T>() + g.y.at(b, h);
+        for (int64_t i = 0; i < g.Sq; ++i) {
+          for (int64_t d = 0; d < g.Dv; ++d) py[i * g.y.s + d] = convert<T>(rt<T>(out[static_cast<size_t>(i * g.Dv + d)]));
+        }
       }
     }
   }
@@ -240,7 +257,9 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_attention(const KernelInit& init) {
-  const Spec spec = parse_spec(init, op_version("", "Attention", init.opset()));
+  // ai.onnxtrain.Attention (runtime/fusion.h fuse_attention) states Attention's version.
+  const bool internal = init.node().domain == "ai.onnxtrain";
+  const Spec spec = parse_spec(init, internal ? static_cast<int>(init.attr_int("version", 23)) : op_version("", "Attention", init.opset()));
   return make_kernel([spec](KernelContext& ctx) {
     const DataType dt = ctx.input(kQ).dtype();
     visit_dtype<FloatTypes>(dt, "input " + ctx.input_name(kQ), [&]<class T>() { run_attention<T>(ctx, spec); });

@@ -32,6 +32,17 @@ struct Spec {
   DataType softmax_precision = DataType::Undefined;  // Undefined: the inputs' type
   int qk_mode = 0;
   int64_t left_window = -1, right_window = -1;  // -1: unbounded (version 25)
+  // ai.onnxtrain.Attention (runtime/fusion.h fuse_attention: the MatMul-Softmax-MatMul pattern
+  // exporters write) only, attribute input_layout = "BSHD": Q, K and V are 4-D [batch,
+  // sequence, heads, head size] (the head split's Reshape output) and read as Transpose(.,
+  // [0, 2, 1, 3]), the [batch, heads, sequence, head size] of the 4-D form; Y is that 4-D form.
+  // dQ, dK and dV are written in the inputs' layout.
+  bool bshd = false;
+  // ai.onnxtrain.Attention only: the unfused graph's semantics where Attention's differ. The
+  // mask is a float tensor added to the scores as by Add (a last dim of 1 broadcasts over the
+  // keys; any other dim must match), and a row the mask disallows entirely (-inf everywhere)
+  // softmaxes to NaN, as Softmax does, rather than to zeros.
+  bool graph_semantics = false;
 };
 // The attributes of an Attention node (or of an AttentionGrad node, which copies them).
 Spec parse_spec(const KernelInit& init, int version);
@@ -50,6 +61,7 @@ struct Geometry {
   double scale = 0;  // the factor applied to Q K^T
   Strides q, k, v;   // of the inputs Q, K, V (new tokens only)
   Strides y;         // of Y (and dQ-like tensors shaped as Q but with Dv)
+  Shape y_shape;     // Y's shape
   int64_t group() const { return Hq / Hkv; }
 };
 // Validates the inputs at `base + kQ`.. (base 0: Attention, 1: AttentionGrad) against the spec;
@@ -72,6 +84,10 @@ class Bias {
   // the head, by the causal frontier, the right window or nonpad_kv_seqlen; total without them.
   int64_t key_limit(int64_t b, int64_t i) const;
   bool has_mask() const { return has_mask_; }
+  // Every bias is 0 (no mask, causal frontier, window or nonpad_kv_seqlen): rows need none.
+  bool none() const { return !has_mask_ && !causal_ && left_ < 0 && right_ < 0 && nonpad_.empty(); }
+  // The mask's last dim is 1 and broadcasts over the keys (graph_semantics).
+  bool mask_broadcasts_keys() const { return broadcast_keys_; }
   // Mask geometry: element (b, h, i, j) of the mask, broadcast (stride 0) where its dim is 1.
   int64_t mask_offset(int64_t b, int64_t h, int64_t i) const { return b * mb_ + h * mh_ + i * mi_; }
   int64_t mask_len() const { return mask_len_; }
@@ -81,6 +97,7 @@ class Bias {
   std::vector<C> mask_;
   int64_t mb_ = 0, mh_ = 0, mi_ = 0, mask_len_ = 0;
   bool has_mask_ = false;
+  bool broadcast_keys_ = false;
   bool causal_ = false;
   int64_t left_ = -1, right_ = -1, total_ = 0;
   std::vector<int64_t> offset_, nonpad_;  // per batch; nonpad_ empty without that input

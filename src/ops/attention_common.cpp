@@ -21,9 +21,15 @@ struct Operand {
   Strides strides;
 };
 
-Operand read_operand(const KernelContext& ctx, int i, int64_t heads_attr, const char* heads_name) {
+Operand read_operand(const KernelContext& ctx, int i, int64_t heads_attr, const char* heads_name, bool bshd) {
   const Tensor& t = ctx.input(i);
   Operand o;
+  if (bshd) {  // [B, S, H, D] read as [B, H, S, D]
+    if (t.rank() != 4) fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected 4-D [batch, sequence, heads, head size] (input_layout BSHD)");
+    o = {t.dim(0), t.dim(2), t.dim(1), t.dim(3), {}};
+    o.strides = {o.S * o.H * o.D, o.D, o.H * o.D};
+    return o;
+  }
   if (t.rank() == 4) {
     o = {t.dim(0), t.dim(1), t.dim(2), t.dim(3), {}};
     o.strides = {o.H * o.S * o.D, o.S * o.D, o.D};
@@ -58,6 +64,12 @@ Spec parse_spec(const KernelInit& init, int version) {
     }
     s.softmax_precision = static_cast<DataType>(p);
   }
+  if (init.has_attr("input_layout")) {  // ai.onnxtrain.Attention
+    const std::string layout = init.attr_string("input_layout", "");
+    if (layout != "BSHD") fail("attribute 'input_layout' is '" + layout + "', expected 'BSHD'");
+    s.bshd = true;
+  }
+  s.graph_semantics = init.attr_int("graph_semantics", 0) != 0;
   if (version >= 25) {
     s.left_window = init.attr_int("left_window_size", -1);
     s.right_window = init.attr_int("right_window_size", -1);
@@ -90,9 +102,9 @@ Geometry read_geometry(const KernelContext& ctx, const Spec& spec, int base) {
       fail("attributes 'q_num_heads' and 'kv_num_heads' are for 3-D inputs; input " + ctx.input_name(base + kQ) + " is " + q.description());
     }
   }
-  const Operand oq = read_operand(ctx, base + kQ, spec.q_num_heads, "q_num_heads");
-  const Operand ok = read_operand(ctx, base + kK, spec.kv_num_heads, "kv_num_heads");
-  const Operand ov = read_operand(ctx, base + kV, spec.kv_num_heads, "kv_num_heads");
+  const Operand oq = read_operand(ctx, base + kQ, spec.q_num_heads, "q_num_heads", spec.bshd);
+  const Operand ok = read_operand(ctx, base + kK, spec.kv_num_heads, "kv_num_heads", spec.bshd);
+  const Operand ov = read_operand(ctx, base + kV, spec.kv_num_heads, "kv_num_heads", spec.bshd);
   if (ok.B != oq.B || ov.B != oq.B || ok.H != ov.H || ok.S != ov.S || ok.D != oq.D) {
     fail("inputs " + ctx.input_name(base + kQ) + " " + q.description() + ", " + ctx.input_name(base + kK) + " " + k.description() +
          " and " + ctx.input_name(base + kV) + " " + v.description() +
@@ -105,7 +117,11 @@ Geometry read_geometry(const KernelContext& ctx, const Spec& spec, int base) {
   g.B = oq.B, g.Hq = oq.H, g.Hkv = ok.H, g.Sq = oq.S, g.Skv = ok.S, g.Dh = oq.D, g.Dv = ov.D;
   g.q = oq.strides, g.k = ok.strides, g.v = ov.strides;
   g.y = g.rank3 ? Strides{g.Sq * g.Hq * g.Dv, g.Dv, g.Hq * g.Dv} : Strides{g.Hq * g.Sq * g.Dv, g.Sq * g.Dv, g.Dv};
+  g.y_shape = g.rank3 ? Shape{g.B, g.Sq, g.Hq * g.Dv} : Shape{g.B, g.Hq, g.Sq, g.Dv};
   const bool pk = ctx.has_input(base + kPastKey), pv = ctx.has_input(base + kPastValue);
+  if (spec.bshd && (pk || ctx.has_input(base + kNonpad))) {
+    fail("input_layout BSHD (ai.onnxtrain.Attention) takes no past_key, past_value or nonpad_kv_seqlen");
+  }
   if (pk != pv) fail("past_key and past_value must be given together (input " + ctx.input_name(base + (pk ? kPastKey : kPastValue)) + " alone)");
   g.has_past = pk;
   if (pk) {
@@ -148,6 +164,14 @@ Bias<C>::Bias(const KernelContext& ctx, const Spec& spec, const Geometry& g, int
   if (!ctx.has_input(base + kMask)) return;
   const Tensor& m = ctx.input(base + kMask);
   const Shape full{g.B, g.Hq, g.Sq, g.total};
+  if (spec.graph_semantics) {  // added to the scores as by Add: float, every dim matching or 1
+    const int64_t last = m.rank() >= 1 ? m.shape()[m.rank() - 1] : 0;
+    if (!is_floating(m.dtype()) || (last != g.total && last != 1)) {
+      fail("input " + ctx.input_name(base + kMask) + " (the scores' addend) is " + m.description() + ", which Add cannot broadcast to " +
+           full.to_string() + " (a float tensor whose dims match or are 1)");
+    }
+    broadcast_keys_ = last == 1 && g.total != 1;
+  }
   bool ok = m.rank() >= 1 && m.rank() <= 4 && m.shape()[m.rank() - 1] <= g.total;
   int64_t strides[4] = {0, 0, 0, 1};
   int64_t stride = m.rank() >= 1 ? m.shape()[m.rank() - 1] : 1;
@@ -179,7 +203,9 @@ Bias<C>::Bias(const KernelContext& ctx, const Spec& spec, const Geometry& g, int
 
 template <class C>
 void Bias<C>::row(C* out, int64_t b, int64_t h, int64_t i) const {
-  if (has_mask_) {
+  if (broadcast_keys_) {
+    std::fill(out, out + total_, mask_[static_cast<size_t>(mask_offset(b, h, i))]);
+  } else if (has_mask_) {
     const C* m = mask_.data() + mask_offset(b, h, i);
     for (int64_t j = 0; j < mask_len_; ++j) out[j] = m[j];
     for (int64_t j = mask_len_; j < total_; ++j) out[j] = kNegInf;

@@ -5,7 +5,9 @@
 //
 // Inputs: dY, then Attention's inputs Q, K, V, attn_mask, past_key, past_value,
 // nonpad_kv_seqlen (optional ones may be empty), then dPresentKey, dPresentValue (optional:
-// the gradients flowing into present_key / present_value). Attributes: Attention's.
+// the gradients flowing into present_key / present_value), then the forward's softmax P
+// (optional: its qk_matmul_output in mode 3; float32 and float64 without softcap), which is
+// then read instead of made again. Attributes: Attention's.
 // Outputs: dQ, dK, dV, dAttnMask (a float mask only), dPastKey, dPastValue; each may be omitted.
 // Per query head h of key/value head k (shapes in attention.h), with P the forward softmax:
 //   dV_k += P^T dY_h;  dP = dY_h V_k^T;  dX = P (dP - rowsum(P dP));
@@ -34,7 +36,7 @@ namespace {
 using namespace attention;
 
 constexpr int kBase = 1;  // AttentionGrad's inputs: dY, then Attention's
-constexpr int kDPresentKey = 8, kDPresentValue = 9;
+constexpr int kDPresentKey = 8, kDPresentValue = 9, kProbabilities = 10;
 
 // Tensor t (laid out by s) as compute type C: its own data when T is C, else a converted copy.
 template <class T, class C>
@@ -122,14 +124,32 @@ struct Scratch {
   }
 };
 
+// row[j] = e^(row[j] - m) / sum_k e^(row[k] - m) for j < n, m the row's maximum (0 when it is
+// -inf); an all-zero sum leaves the zeros.
+template <class C>
+void softmax_shifted(C* row, int64_t n, C m) {
+  C sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    if constexpr (std::is_same_v<C, float>) {
+      row[j] = exp_nonpositive(row[j] - m);
+    } else {
+      row[j] = std::exp(row[j] - m);
+    }
+    sum += row[j];
+  }
+  const C inv = C(1) / (sum == C(0) ? C(1) : sum);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+}
+
 template <class T>
 void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) {
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const Geometry g = read_geometry(ctx, spec, kBase);
   const Bias<C> bias(ctx, spec, g, kBase);
   const Tensor& q_t = ctx.input(kBase + kQ);
-  Shape y_shape = q_t.shape();
-  y_shape[y_shape.size() - 1] = g.rank3 ? g.Hq * g.Dv : g.Dv;
+  const Shape& y_shape = g.y_shape;
   const Tensor& dy_t = ctx.input(0);
   if (!(dy_t.shape() == y_shape) || dy_t.dtype() != q_t.dtype()) {
     fail("input " + ctx.input_name(0) + " is " + dy_t.description() + ", expected " + std::string(dtype_name(q_t.dtype())) + " " + y_shape.to_string() +
@@ -143,13 +163,54 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
   const C* pq = view_as<T, C>(q_t, qb);
   const C* pdy = view_as<T, C>(dy_t, dyb);
   Buffers<C>& buf = scratch.get<C>();
-  std::vector<C>&k_all = buf.k_all, &v_all = buf.v_all, &dk_all = buf.dk_all, &dv_all = buf.dv_all, &dq = buf.dq;
-  all_positions<T, C>(ctx, kBase + kPastKey, kBase + kK, g.k, g, g.Dh, k_all);
-  all_positions<T, C>(ctx, kBase + kPastValue, kBase + kV, g.v, g, g.Dv, v_all);
-  present_gradient<T, C>(ctx, kDPresentKey, g, g.Dh, dk_all);
-  present_gradient<T, C>(ctx, kDPresentValue, g, g.Dv, dv_all);
-  dq.resize(static_cast<size_t>(q_t.numel()));
+  // Without a past or the gradients of the present outputs, float32 and float64 read K and V
+  // where they lie and write dQ, dK and dV straight into the outputs (laid out as Q, K and V):
+  // no copies, and nothing done outside the threads. Otherwise through buffers [B, Hkv, total,
+  // D] of all positions, split afterwards. At BERT's shapes (batch 32, 128 tokens, 4 heads of
+  // 64; two Xeon vCPUs, in a training step): 17 ms a call through the copies, 10 without.
+  const bool in_place = std::is_same_v<T, C> && !g.has_past && !ctx.has_input(kDPresentKey) && !ctx.has_input(kDPresentValue);
+  for (int o : {4, 5}) {
+    if (ctx.has_output(o) && !g.has_past) fail("output " + ctx.output_name(o) + " asks for the gradient of a past input the node does not have");
+  }
+  const C *kbase = nullptr, *vbase = nullptr;
+  C *dkbase = nullptr, *dvbase = nullptr, *dqbase = nullptr;
+  Strides ks, vs;  // of K and V as read, and of dK and dV as written
+  if (in_place) {
+    if constexpr (std::is_same_v<T, C>) {
+      const Tensor &k_t = ctx.input(kBase + kK), &v_t = ctx.input(kBase + kV);
+      kbase = k_t.data<T>(), vbase = v_t.data<T>();
+      ks = g.k, vs = g.v;
+      const auto output_or = [&](int o, const Tensor& like, std::vector<C>& spare) -> C* {
+        if (ctx.has_output(o)) return ctx.allocate_output(o, like.dtype(), like.shape()).template data<T>();
+        spare.resize(static_cast<size_t>(like.numel()));  // written, not returned
+        return spare.data();
+      };
+      dqbase = output_or(0, q_t, buf.dq);
+      dkbase = output_or(1, k_t, buf.dk_all);
+      dvbase = output_or(2, v_t, buf.dv_all);
+    }
+  } else {
+    all_positions<T, C>(ctx, kBase + kPastKey, kBase + kK, g.k, g, g.Dh, buf.k_all);
+    all_positions<T, C>(ctx, kBase + kPastValue, kBase + kV, g.v, g, g.Dv, buf.v_all);
+    present_gradient<T, C>(ctx, kDPresentKey, g, g.Dh, buf.dk_all);
+    present_gradient<T, C>(ctx, kDPresentValue, g, g.Dv, buf.dv_all);
+    buf.dq.resize(static_cast<size_t>(q_t.numel()));
+    kbase = buf.k_all.data(), vbase = buf.v_all.data(), dkbase = buf.dk_all.data(), dvbase = buf.dv_all.data(), dqbase = buf.dq.data();
+    ks = {g.Hkv * g.total * g.Dh, g.total * g.Dh, g.Dh};
+    vs = {g.Hkv * g.total * g.Dv, g.total * g.Dv, g.Dv};
+  }
   const int64_t T_ = g.total, tasks = g.B * g.Hkv;
+  // Input 10: the forward's softmax P [B, Hq, Sq, total] (its qk_matmul_output in mode 3, which
+  // runtime/fusion.h share_attention_probabilities hands over), so that P is not made again.
+  const C* probs = nullptr;
+  if (ctx.has_input(kProbabilities)) {
+    const Tensor& pt = ctx.input(kProbabilities);
+    if (!std::is_same_v<T, C> || spec.softcap > 0 || pt.dtype() != q_t.dtype() || !(pt.shape() == Shape{g.B, g.Hq, g.Sq, T_})) {
+      fail("input " + ctx.input_name(kProbabilities) + " is " + pt.description() + ", expected the forward's softmax, " +
+           std::string(dtype_name(q_t.dtype())) + " " + Shape{g.B, g.Hq, g.Sq, T_}.to_string() + " of float32 or float64 without softcap");
+    }
+    if constexpr (std::is_same_v<T, C>) probs = pt.data<T>();
+  }
   const int threads = head_threads(tasks);
   const int64_t mask_n = want_mask ? ctx.input(kBase + kMask).numel() : 0;
   std::vector<C>& dmask = buf.dmask;
@@ -159,6 +220,7 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
   // Blocks of query rows when the keys they attend end early (see attention.h), else one block.
   const bool blocked = spec.is_causal || spec.right_window >= 0 || ctx.has_input(kBase + kNonpad);
   const int64_t block = blocked ? kQueryBlock : std::max<int64_t>(g.Sq, 1);
+  const bool plain = bias.none() && !capped;  // rows need neither a bias nor the softcap
   bool gemm_ok = true;
 #pragma omp parallel num_threads(threads) reduction(&& : gemm_ok)
   {
@@ -168,58 +230,62 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
     C* dm = dmask.data() + t * mask_n;
     for (int64_t task = tasks * t / threads; task < tasks * (t + 1) / threads; ++task) {
       const int64_t b = task / g.Hkv, hk = task % g.Hkv;
-      const C* kk = k_all.data() + task * T_ * g.Dh;
-      const C* vv = v_all.data() + task * T_ * g.Dv;
-      C* dkk = dk_all.data() + task * T_ * g.Dh;
-      C* dvv = dv_all.data() + task * T_ * g.Dv;
+      const C* kk = kbase + ks.at(b, hk);
+      const C* vv = vbase + vs.at(b, hk);
+      C* dkk = dkbase + ks.at(b, hk);
+      C* dvv = dvbase + vs.at(b, hk);
+      if (in_place) {  // the products below add into dK and dV (the buffers start as the present gradients)
+        for (int64_t r = 0; r < T_; ++r) {
+          std::fill(dkk + r * ks.s, dkk + r * ks.s + g.Dh, C(0));
+          std::fill(dvv + r * vs.s, dvv + r * vs.s + g.Dv, C(0));
+        }
+      }
       for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
         for (int64_t i0 = 0; i0 < g.Sq; i0 += block) {  // blocks of query rows against the keys they can attend
           const int64_t rows = std::min(g.Sq - i0, block), kn = blocked ? bias.key_limit(b, i0 + rows - 1) : T_;
           const C* qh = pq + g.q.at(b, h) + i0 * g.q.s;
           const C* dyh = pdy + g.y.at(b, h) + i0 * g.y.s;
-          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dh, scale, qh, g.q.s, kk, g.Dh, C(0), p.data(), T_);
-          for (int64_t r = 0; r < rows; ++r) {  // P = softmax(softcap(S) + bias), zero rows where all masked
-            C* row = p.data() + r * T_;
-            C* br = brow.data();
-            bias.row(br, b, h, i0 + r);
-            if (capped) {
-              C* tr = th.data() + r * T_;
-              for (int64_t j = 0; j < kn; ++j) {
-                tr[j] = std::tanh(row[j] / cap);
-                row[j] = cap * tr[j];
+          // P: the forward's (input 10) where it is given, else made again from S.
+          const C* pp = probs ? probs + ((b * g.Hq + h) * g.Sq + i0) * T_ : p.data();
+          if (!probs) {
+            gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dh, scale, qh, g.q.s, kk, ks.s, C(0), p.data(), T_);
+            for (int64_t r = 0; r < rows; ++r) {  // P = softmax(softcap(S) + bias), zero rows where all masked
+              C* row = p.data() + r * T_;
+              if (plain) {  // no bias, no softcap
+                C m = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(max : m)
+                for (int64_t j = 0; j < kn; ++j) m = std::max(m, row[j]);
+                softmax_shifted(row, kn, m == -std::numeric_limits<C>::infinity() ? C(0) : m);
+                continue;
               }
-            }
-            int64_t masked = 0;
-            C m = -std::numeric_limits<C>::infinity();
+              C* br = brow.data();
+              bias.row(br, b, h, i0 + r);
+              if (capped) {
+                C* tr = th.data() + r * T_;
+                for (int64_t j = 0; j < kn; ++j) {
+                  tr[j] = std::tanh(row[j] / cap);
+                  row[j] = cap * tr[j];
+                }
+              }
+              int64_t masked = 0;
+              C m = -std::numeric_limits<C>::infinity();
 #pragma omp simd reduction(+ : masked) reduction(max : m)
-            for (int64_t j = 0; j < kn; ++j) {
-              masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
-              row[j] += br[j];
-              m = std::max(m, row[j]);
-            }
-            if (masked == kn) {
-              std::fill(row, row + kn, C(0));
-              continue;
-            }
-            const C safe = m == -std::numeric_limits<C>::infinity() ? C(0) : m;
-            C sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < kn; ++j) {
-              if constexpr (std::is_same_v<C, float>) {
-                row[j] = exp_nonpositive(row[j] - safe);
-              } else {
-                row[j] = std::exp(row[j] - safe);
+              for (int64_t j = 0; j < kn; ++j) {
+                masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
+                row[j] += br[j];
+                m = std::max(m, row[j]);
               }
-              sum += row[j];
+              if (masked == kn) {  // zeros; NaN as Softmax gives with graph_semantics
+                std::fill(row, row + kn, spec.graph_semantics ? std::numeric_limits<C>::quiet_NaN() : C(0));
+                continue;
+              }
+              softmax_shifted(row, kn, m == -std::numeric_limits<C>::infinity() ? C(0) : m);
             }
-            const C inv = C(1) / (sum == C(0) ? C(1) : sum);
-#pragma omp simd
-            for (int64_t j = 0; j < kn; ++j) row[j] *= inv;
           }
-          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dv, C(1), dyh, g.y.s, vv, g.Dv, C(0), dp.data(), T_);
-          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dv, rows, C(1), p.data(), T_, dyh, g.y.s, C(1), dvv, g.Dv);
+          gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dv, C(1), dyh, g.y.s, vv, vs.s, C(0), dp.data(), T_);
+          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dv, rows, C(1), pp, T_, dyh, g.y.s, C(1), dvv, vs.s);
           for (int64_t r = 0; r < rows; ++r) {  // dX = P (dP - rowsum(P dP)), then through the softcap
-            C* pr = p.data() + r * T_;
+            const C* pr = pp + r * T_;
             C* dr = dp.data() + r * T_;
             C dot = 0;
 #pragma omp simd reduction(+ : dot)
@@ -228,27 +294,35 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
             for (int64_t j = 0; j < kn; ++j) dr[j] = pr[j] * (dr[j] - dot);
             if (want_mask) {
               C* mr = dm + bias.mask_offset(b, h, i0 + r);
-              for (int64_t j = 0; j < std::min(kn, bias.mask_len()); ++j) mr[j] += dr[j];
+              if (bias.mask_broadcasts_keys()) {  // one addend for the whole row
+                C row_sum = 0;
+                for (int64_t j = 0; j < kn; ++j) row_sum += dr[j];
+                mr[0] += row_sum;
+              } else {
+                for (int64_t j = 0; j < std::min(kn, bias.mask_len()); ++j) mr[j] += dr[j];
+              }
             }
             if (capped) {
               const C* tr = th.data() + r * T_;
               for (int64_t j = 0; j < kn; ++j) dr[j] *= C(1) - tr[j] * tr[j];
             }
           }
-          gemm_ok = gemm_ok && gemm(false, false, rows, g.Dh, kn, scale, dp.data(), T_, kk, g.Dh, C(0), dq.data() + g.q.at(b, h) + i0 * g.q.s,
+          gemm_ok = gemm_ok && gemm(false, false, rows, g.Dh, kn, scale, dp.data(), T_, kk, ks.s, C(0), dqbase + g.q.at(b, h) + i0 * g.q.s,
                                     g.q.s);
-          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dh, rows, scale, dp.data(), T_, qh, g.q.s, C(1), dkk, g.Dh);
+          gemm_ok = gemm_ok && gemm(true, false, kn, g.Dh, rows, scale, dp.data(), T_, qh, g.q.s, C(1), dkk, ks.s);
         }
       }
     }
   }
   if (!gemm_ok) throw Error("oneDNN's sgemm failed in AttentionGrad");
-  if (ctx.has_output(0)) {
-    T* out = ctx.allocate_output(0, q_t.dtype(), q_t.shape()).template data<T>();
-    for (size_t k = 0; k < dq.size(); ++k) out[k] = convert<T>(dq[k]);
+  if (!in_place) {
+    if (ctx.has_output(0)) {
+      T* out = ctx.allocate_output(0, q_t.dtype(), q_t.shape()).template data<T>();
+      for (size_t k = 0; k < buf.dq.size(); ++k) out[k] = convert<T>(buf.dq[k]);
+    }
+    split_positions<T, C>(ctx, 1, 4, buf.dk_all, g.k, g, g.Dh);
+    split_positions<T, C>(ctx, 2, 5, buf.dv_all, g.v, g, g.Dv);
   }
-  split_positions<T, C>(ctx, 1, 4, dk_all, g.k, g, g.Dh);
-  split_positions<T, C>(ctx, 2, 5, dv_all, g.v, g, g.Dv);
   if (want_mask) {
     const Tensor& m = ctx.input(kBase + kMask);
     Tensor& out = ctx.allocate_output(3, m.dtype(), m.shape());
@@ -266,7 +340,7 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
 }  // namespace
 
 std::unique_ptr<Kernel> make_attention_grad(const KernelInit& init) {
-  const Spec spec = parse_spec(init, static_cast<int>(init.attr_int("version", 24)));
+  const Spec spec = parse_spec(init, static_cast<int>(init.attr_int("version", 24)));  // Attention's version
   return make_kernel([spec, scratch = std::make_shared<Scratch>()](KernelContext& ctx) {
     const DataType dt = ctx.input(kBase + kQ).dtype();
     visit_dtype<FloatTypes>(dt, "input " + ctx.input_name(kBase + kQ), [&]<class T>() { run_attention_grad<T>(ctx, spec, *scratch); });

@@ -438,6 +438,7 @@ const KernelDef kKernels[] = {
   {"", "SwiGLU",               28, 28,       kFloat,            make_swiglu},
   {"", "LinearAttention",      27, 27,       kFloat,            make_linear_attention},  // linear_attention.cpp; float64 beyond the schema
   {"", "CausalConvWithState",  27, 27,       kFloat,            make_causal_conv_with_state},  // float64 beyond the schema (gradient checks)
+  {kInternal, "Attention",              1, 1, kFloat,           make_attention},  // runtime/fusion.h fuse_attention (attribute version: Attention's)
   {kInternal, "AttentionGrad",          1, 1, kFloat,           make_attention_grad, 1},
   {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
   {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},

@@ -1435,6 +1435,7 @@ int gather_before_transpose(onnx::GraphProto& graph) {
 void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
   fuse_gelu(graph, opsets);
   drop_zero_dropout(graph, opsets);
+  fuse_attention(graph, opsets);
 }
 
 int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
@@ -1495,6 +1496,341 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
   }
   drop_nodes(graph, drop);
   return static_cast<int>(chains.size());
+}
+
+namespace {
+// The value of `name` when it is a one-element float constant (scalar_constant) or Identity,
+// Cast (to float32, rounded, or float64), Sqrt, Reciprocal, Mul or Div of such values: the
+// factors exporters compute in the graph, such as attention's Cast(Sqrt(1 / 8)) on Q and on K.
+// Computed in float64; nullopt for anything else.
+std::optional<double> scalar_value(const onnx::GraphProto& graph, Matcher& m, const std::string& name, int depth = 0) {
+  if (const auto c = scalar_constant(graph, m, name)) return c;
+  const onnx::NodeProto* node = m.producer(name);
+  if (!node || depth > 8 || node->output_size() != 1 || node->input_size() < 1 || node->input(0).empty()) return std::nullopt;
+  const auto in = [&](int i) {
+    return i < node->input_size() && !node->input(i).empty() ? scalar_value(graph, m, node->input(i), depth + 1) : std::nullopt;
+  };
+  const auto x = in(0);
+  if (!x) return std::nullopt;
+  if (is_onnx_op(*node, "Identity")) return x;
+  if (is_onnx_op(*node, "Cast")) {
+    for (const auto& attr : node->attribute()) {
+      if (attr.name() != "to") continue;
+      if (attr.i() == onnx::TensorProto::FLOAT) return static_cast<double>(static_cast<float>(*x));
+      if (attr.i() == onnx::TensorProto::DOUBLE) return x;
+    }
+    return std::nullopt;
+  }
+  if (is_onnx_op(*node, "Sqrt")) return *x >= 0 ? std::optional<double>(std::sqrt(*x)) : std::nullopt;
+  if (is_onnx_op(*node, "Reciprocal")) return *x != 0 ? std::optional<double>(1 / *x) : std::nullopt;
+  if (node->input_size() != 2) return std::nullopt;
+  const auto y = in(1);
+  if (!y) return std::nullopt;
+  if (is_onnx_op(*node, "Mul")) return *x * *y;
+  if (is_onnx_op(*node, "Div")) return *y != 0 ? std::optional<double>(*x / *y) : std::nullopt;
+  return std::nullopt;
+}
+
+// One MatMul-Softmax-MatMul attention fuse_attention replaces.
+struct AttentionMatch {
+  int product = -1;          // the P V MatMul, whose place (and output) the fused node takes
+  std::vector<int> removed;  // the other nodes of the pattern, and the nodes only they feed
+  std::string q, k, v, mask;
+  double scale = 1;
+  // Shape nodes reading a Transpose of q, k or v (or its scaled copy), which read Gather(Shape(x),
+  // perm) instead: node index, x, perm.
+  std::vector<std::tuple<int, std::string, std::vector<int64_t>>> shapes;
+};
+
+// `value` as t times a scalar factor: Mul(t, c), Mul(c, t) or Div(t, c) with c a scalar_value;
+// returns t (pushing the node and multiplying `factor`), else value itself.
+std::string unscaled(const onnx::GraphProto& graph, Matcher& m, const std::string& value, double& factor, std::vector<int>& nodes) {
+  const int i = m.producer_index(value);
+  if (i < 0) return value;
+  const onnx::NodeProto& n = graph.node(i);
+  if (n.input_size() != 2 || n.output_size() != 1) return value;
+  if (is_onnx_op(n, "Mul")) {
+    for (int side : {1, 0}) {
+      if (const auto c = scalar_value(graph, m, n.input(side)); c && !scalar_value(graph, m, n.input(1 - side))) {
+        factor *= *c;
+        nodes.push_back(i);
+        return n.input(1 - side);
+      }
+    }
+  } else if (is_onnx_op(n, "Div")) {
+    if (const auto c = scalar_value(graph, m, n.input(1)); c && *c != 0) {
+      factor /= *c;
+      nodes.push_back(i);
+      return n.input(0);
+    }
+  }
+  return value;
+}
+
+// The input of `value`'s producer when that is a Transpose by exactly `perm` (pushing it).
+std::optional<std::string> transposed_from(const onnx::GraphProto& graph, const Matcher& m, const std::string& value,
+                                           const std::vector<int64_t>& perm, std::vector<int>& nodes) {
+  const int i = m.producer_index(value);
+  if (i < 0 || stated_perm(graph.node(i)) != perm) return std::nullopt;
+  nodes.push_back(i);
+  return graph.node(i).input(0);
+}
+
+std::optional<AttentionMatch> match_attention(const onnx::GraphProto& graph, Matcher& m, int softmax, int onnx_opset,
+                                              const std::unordered_set<std::string>& named) {
+  const onnx::NodeProto& sm = graph.node(softmax);
+  if (!is_onnx_op(sm, "Softmax") || sm.input_size() != 1 || sm.output_size() != 1) return std::nullopt;
+  int64_t axis = onnx_opset >= 13 ? -1 : 1;
+  for (const auto& attr : sm.attribute()) {
+    if (attr.name() == "axis") axis = attr.i();
+  }
+  if (axis != -1 && axis != 3) return std::nullopt;  // the keys of [B, H, S, T] scores
+  AttentionMatch a;
+  std::vector<int> nodes{softmax};
+  // P -> Identity ... -> MatMul(P, Transpose(v, [0, 2, 1, 3]))
+  std::string p = sm.output(0);
+  for (;;) {
+    const std::vector<int>& readers = m.readers(p);
+    if (readers.size() != 1) return std::nullopt;
+    const onnx::NodeProto& r = graph.node(readers[0]);
+    if (is_onnx_op(r, "Identity") && r.output_size() == 1) {
+      nodes.push_back(readers[0]);
+      p = r.output(0);
+      continue;
+    }
+    if (!is_onnx_op(r, "MatMul") || r.input_size() != 2 || r.input(0) != p || r.input(1) == p) return std::nullopt;
+    a.product = readers[0];
+    break;
+  }
+  const std::vector<int64_t> split{0, 2, 1, 3};
+  const auto v = transposed_from(graph, m, graph.node(a.product).input(1), split, nodes);
+  if (!v) return std::nullopt;
+  a.v = *v;
+  // scores = [Add(., mask)] of [Mul / Div by a scalar] of MatMul(Q', K')
+  const auto product_of = [&](const std::string& value, double& factor, std::vector<int>& found) -> int {
+    const std::string t = unscaled(graph, m, value, factor, found);
+    const int i = m.producer_index(t);
+    if (i < 0 || !is_onnx_op(graph.node(i), "MatMul") || graph.node(i).input_size() != 2) return -1;
+    found.push_back(i);
+    return i;
+  };
+  int qk = -1;
+  if (const int add = m.producer_index(sm.input(0)); add >= 0 && is_onnx_op(graph.node(add), "Add") && graph.node(add).input_size() == 2) {
+    for (int side : {0, 1}) {
+      double factor = 1;
+      std::vector<int> found{add};
+      if (const int i = product_of(graph.node(add).input(side), factor, found); i >= 0) {
+        qk = i, a.scale = factor, a.mask = graph.node(add).input(1 - side);
+        nodes.insert(nodes.end(), found.begin(), found.end());
+        break;
+      }
+    }
+  } else {
+    double factor = 1;
+    std::vector<int> found;
+    if ((qk = product_of(sm.input(0), factor, found)) >= 0) {
+      a.scale = factor;
+      nodes.insert(nodes.end(), found.begin(), found.end());
+    }
+  }
+  if (qk < 0) return std::nullopt;
+  // Q' = [Mul by a scalar] of Transpose(q, [0, 2, 1, 3]); K' = [Mul by a scalar] of
+  // Transpose(k, [0, 2, 3, 1]) or of Transpose(Transpose(k, [0, 2, 1, 3]), [0, 1, 3, 2]).
+  const auto q = transposed_from(graph, m, unscaled(graph, m, graph.node(qk).input(0), a.scale, nodes), split, nodes);
+  const std::string kt = unscaled(graph, m, graph.node(qk).input(1), a.scale, nodes);
+  auto k = transposed_from(graph, m, kt, {0, 2, 3, 1}, nodes);
+  if (!k) {
+    if (const auto k4 = transposed_from(graph, m, kt, {0, 1, 3, 2}, nodes)) k = transposed_from(graph, m, *k4, split, nodes);
+  }
+  if (!q || !k) return std::nullopt;
+  a.q = *q, a.k = *k;
+  // The pattern's values that are q, k or v permuted (the Transposes and the scaled copies), so
+  // that Shape nodes reading them can read Shape(q, k or v) permuted instead.
+  // In graph order (ONNX's nodes are topologically sorted), so that a Transpose comes before
+  // the Transpose or Mul reading it.
+  std::unordered_map<std::string, std::pair<std::string, std::vector<int64_t>>> permuted;
+  std::vector<int> in_order = nodes;
+  std::sort(in_order.begin(), in_order.end());
+  for (int i : in_order) {
+    const onnx::NodeProto& n = graph.node(i);
+    if (n.output_size() != 1) continue;
+    std::string from = n.input_size() > 0 ? n.input(0) : "";
+    std::vector<int64_t> perm{0, 1, 2, 3};
+    if (const auto t = stated_perm(n)) {
+      perm = *t;
+    } else if (!is_onnx_op(n, "Mul")) {
+      continue;
+    }
+    if (is_onnx_op(n, "Mul") && !permuted.contains(n.input(0))) from = n.input(1);  // Mul(c, t)
+    if (const auto up = permuted.find(from); up != permuted.end()) {  // a Transpose or Mul of one met before
+      std::vector<int64_t> composed(perm.size());
+      for (size_t d = 0; d < perm.size(); ++d) composed[d] = up->second.second[static_cast<size_t>(perm[d])];
+      permuted[n.output(0)] = {up->second.first, composed};
+    } else if (stated_perm(n) && (from == a.q || from == a.k || from == a.v)) {
+      permuted[n.output(0)] = {from, perm};
+    }
+  }
+
+  // Every node of the pattern goes, and with it whatever reads its values besides the pattern
+  // (the Shape nodes exporters hang on them, and what only those feed): each such value must
+  // be read by nothing that stays, be no graph output nor read by a subgraph nor named by an
+  // attribute. A bounded search: patterns with more hangers-on stay as they are.
+  std::unordered_set<int> gone(nodes.begin(), nodes.end());
+  if (gone.size() != nodes.size() || gone.contains(a.product)) return std::nullopt;  // a node met twice
+  std::vector<int> work(nodes.begin(), nodes.end());
+  while (!work.empty()) {
+    const onnx::NodeProto& n = graph.node(work.back());
+    work.pop_back();
+    for (const auto& out : n.output()) {
+      if (out.empty()) continue;
+      if (m.pinned(out) || named.contains(out)) return std::nullopt;
+      for (int r : m.readers(out)) {
+        if (const auto p = permuted.find(out); p != permuted.end() && is_onnx_op(graph.node(r), "Shape") &&
+                                                  graph.node(r).output_size() == 1 && graph.node(r).input_size() == 1) {
+          a.shapes.emplace_back(r, p->second.first, p->second.second);
+          continue;
+        }
+        if (r == a.product) {
+          const onnx::NodeProto& pv = graph.node(a.product);
+          if (out != pv.input(0) && out != pv.input(1)) return std::nullopt;
+          continue;
+        }
+        if (gone.insert(r).second) {
+          if (gone.size() > nodes.size() + 64) return std::nullopt;
+          work.push_back(r);
+        }
+      }
+    }
+  }
+  for (const std::string* in : {&a.q, &a.k, &a.v, &a.mask}) {
+    if (!in->empty() && gone.contains(m.producer_index(*in))) return std::nullopt;
+  }
+  a.removed.assign(gone.begin(), gone.end());
+  return a;
+}
+
+void add_attribute(onnx::NodeProto& node, const char* name, int64_t value) {
+  auto* attr = node.add_attribute();
+  attr->set_name(name);
+  attr->set_type(onnx::AttributeProto::INT);
+  attr->set_i(value);
+}
+}  // namespace
+
+int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
+  const auto onnx_opset = opsets.find("");
+  std::vector<AttentionMatch> matches;
+  {
+    Matcher m(graph);
+    const std::unordered_set<std::string> named = attribute_named_values(graph);
+    std::unordered_set<int> taken;
+    for (int i = 0; i < graph.node_size(); ++i) {
+      auto a = match_attention(graph, m, i, onnx_opset == opsets.end() ? 0 : onnx_opset->second, named);
+      if (!a || taken.contains(a->product) ||
+          std::any_of(a->removed.begin(), a->removed.end(), [&](int r) { return taken.contains(r); })) {
+        continue;
+      }
+      taken.insert(a->product);
+      taken.insert(a->removed.begin(), a->removed.end());
+      matches.push_back(std::move(*a));
+    }
+  }
+  if (matches.empty()) return 0;
+  // float32 operands of rank 4 and a float32 mask of rank 4 at most, as shape inference gives
+  // them (the kernel's other types round differently from the unfused graph); the product's
+  // type for the rewrites after (the Gradient expansion needs ranks downstream).
+  const std::map<std::string, onnx::TypeProto> types = inferred_types(graph, opsets);
+  const auto float_of_rank = [&](const std::string& name, int lo, int hi) {
+    const auto t = types.find(name);
+    if (t == types.end() || !t->second.has_tensor_type() || t->second.tensor_type().elem_type() != onnx::TensorProto::FLOAT ||
+        !t->second.tensor_type().has_shape()) {
+      return false;
+    }
+    const int rank = t->second.tensor_type().shape().dim_size();
+    return rank >= lo && rank <= hi;
+  };
+  std::unordered_set<std::string> declared;
+  for (const auto* list : {&graph.input(), &graph.output(), &graph.value_info()}) {
+    for (const auto& v : *list) declared.insert(v.name());
+  }
+  ValueNames names(graph);
+  std::map<int, std::vector<onnx::NodeProto>> replace;
+  std::set<int> dropped;
+  int fused = 0;
+  for (const AttentionMatch& a : matches) {
+    if (!float_of_rank(a.q, 4, 4) || !float_of_rank(a.k, 4, 4) || !float_of_rank(a.v, 4, 4) ||
+        (!a.mask.empty() && !float_of_rank(a.mask, 1, 4))) {
+      continue;
+    }
+    const onnx::NodeProto& product = graph.node(a.product);
+    const std::string y = product.output(0);
+    if (const auto type = types.find(y); type != types.end() && !declared.contains(y)) {
+      auto* info = graph.add_value_info();
+      info->set_name(y);
+      *info->mutable_type() = type->second;
+    }
+    dropped.insert(a.removed.begin(), a.removed.end());
+    for (const auto& [shape, x, perm] : a.shapes) {
+      replace[shape] = shape_of_transpose_input(graph, names, graph.node(shape), x, perm);
+    }
+    onnx::NodeProto node;
+    node.set_name(product.name());
+    node.set_domain(kInternalDomain);
+    node.set_op_type("Attention");
+    for (const std::string* in : {&a.q, &a.k, &a.v}) node.add_input(*in);
+    if (!a.mask.empty()) node.add_input(a.mask);
+    node.add_output(y);
+    auto* scale = node.add_attribute();
+    scale->set_name("scale");
+    scale->set_type(onnx::AttributeProto::FLOAT);
+    scale->set_f(static_cast<float>(a.scale));
+    auto* layout = node.add_attribute();
+    layout->set_name("input_layout");
+    layout->set_type(onnx::AttributeProto::STRING);
+    layout->set_s("BSHD");
+    add_attribute(node, "graph_semantics", 1);
+    add_attribute(node, "version", 23);
+    replace[a.product] = {std::move(node)};
+    ++fused;
+  }
+  rebuild_nodes(graph, replace, dropped);
+  return fused;
+}
+
+int share_attention_probabilities(onnx::GraphProto& graph) {
+  ValueNames names(graph);
+  int shared = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& forward = graph.node(i);
+    if (forward.domain() != kInternalDomain || forward.op_type() != "Attention" || forward.output_size() != 1) continue;
+    const std::map<std::string, std::string> attrs = attributes_of(forward);
+    if (attrs.contains("softcap") || attrs.contains("qk_matmul_output_mode")) continue;
+    std::vector<int> grads;
+    for (int j = i + 1; j < graph.node_size(); ++j) {
+      const onnx::NodeProto& grad = graph.node(j);
+      if (grad.domain() != kInternalDomain || grad.op_type() != "AttentionGrad" || grad.input_size() > 10 ||
+          grad.input_size() < forward.input_size() + 1 || attributes_of(grad) != attrs) {
+        continue;
+      }
+      bool same = true;
+      for (int k = 0; k < forward.input_size(); ++k) same = same && grad.input(k + 1) == forward.input(k);
+      for (int k = forward.input_size() + 1; k < grad.input_size(); ++k) same = same && grad.input(k).empty();
+      if (same) grads.push_back(j);
+    }
+    if (grads.empty()) continue;
+    const std::string probabilities = names.fresh((forward.name().empty() ? "Attention" : forward.name()) + "/onnxtrain.probabilities");
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    *node.add_attribute() = autodiff::attr_int("qk_matmul_output_mode", 3);
+    while (node.output_size() < 3) node.add_output("");
+    node.add_output(probabilities);
+    for (int j : grads) {
+      onnx::NodeProto& grad = *graph.mutable_node(j);
+      while (grad.input_size() < 10) grad.add_input("");
+      grad.add_input(probabilities);
+    }
+    ++shared;
+  }
+  return shared;
 }
 
 int share_rnn_trace(onnx::GraphProto& graph) {

@@ -257,8 +257,8 @@ int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::str
 int gather_before_transpose(onnx::GraphProto& graph);
 
 // The rewrites that must see the forward ops before the Gradient expansion (so that the backward
-// pass is built from the fused ops): fuse_gelu, then drop_zero_dropout. Sessions call this on
-// every graph they plan, before expand_gradients where there is one.
+// pass is built from the fused ops): fuse_gelu, drop_zero_dropout, then fuse_attention. Sessions
+// call this on every graph they plan, before expand_gradients where there is one.
 void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
 // Replaces each chain Div(x, sqrt 2) -> Erf -> Add(., 1) -> Mul(x, .) -> Mul(., 0.5) (operands of
@@ -275,12 +275,45 @@ void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std
 // number of chains fused.
 int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
+// Replaces each scaled dot-product attention as exporters write it (PyTorch's
+// scaled_dot_product_attention and Hugging Face's eager attention, opsets before 23):
+//   Q' = Transpose(q, [0, 2, 1, 3]),  K' = Transpose(k, [0, 2, 3, 1]) (or Transpose(Transpose(k,
+//   [0, 2, 1, 3]), [0, 1, 3, 2])),  V' = Transpose(v, [0, 2, 1, 3]),
+//   S = MatMul(Q' [* c_q], K' [* c_k]) [* c or / c] [+ mask],  P = Softmax(S, last axis),
+//   Y = MatMul(P [-> Identity ...], V')
+// with q, k, v float32 [batch, sequence, heads, head size] (the head split's Reshape outputs)
+// and c_q, c_k, c one-element constants or Identity, Cast, Sqrt, Reciprocal, Mul and Div of them
+// (the export's Cast(Sqrt(1 / sqrt(head size))) on Q and on K), by one ai.onnxtrain.Attention(q,
+// k, v[, mask]) writing Y (ops/attention.cpp: the Attention-23 kernel with attributes scale = c_q
+// c_k c, input_layout = "BSHD", graph_semantics = 1, version = 23; attention.h). Its gradient is
+// one ai.onnxtrain.AttentionGrad (which recomputes P) instead of the pattern's rules: the
+// scores and P are made and used per (batch, head) in cache, never stored, and no head split's
+// Transpose copies anything. Fuses only when Softmax is the MatMul's sole reader chain, every
+// node of the pattern and every node only they feed (the Shape nodes exporters hang on the
+// Transposes and products, and what those feed; at most 64) can go: none of their values is a
+// graph output, read by a subgraph, named by an attribute (a Gradient node's xs, zs or y) or read
+// by a node that stays; and shape inference gives q, k, v float32 of rank 4 and the mask float32
+// of rank 1 to 4. The mask is added as by Add and a row it disallows entirely gives NaN, as
+// Softmax does; results may differ in the last bits (the scale is applied once, to Q K^T). Y
+// gets a value_info with the type shape inference gives it under `opsets`. Returns the number of
+// attentions fused.
+int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 // The types ONNX 1.23's shape inference gives the graph's values under `opsets`, with the
 // initializers' (best effort: what it cannot infer is absent). For rewrites that put internal
 // ops, which have no ONNX schema, where shape inference must still see the types.
 std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& graph,
                                                       const std::unordered_map<std::string, int>& opsets);
 
+// Gives each ai.onnxtrain.Attention node (fuse_attention's; one output, no softcap) whose
+// ai.onnxtrain.AttentionGrad nodes (later in the graph) read the same inputs with the same
+// attributes, and no past or present gradients, the softmax P of its forward pass, instead of
+// letting the gradient nodes make it again from Q K^T: the forward node writes P [batch, heads,
+// queries, keys] as its qk_matmul_output (attribute qk_matmul_output_mode = 3, output 3), which
+// each such gradient node takes as input 10 (ops/attention_grad.cpp). Results are unchanged (the
+// same P); P is held from the forward pass to the backward pass (as the unfused graph held it)
+// instead of being made twice. Run on training graphs. Returns the number of forward nodes
+// rewritten.
+int share_attention_probabilities(onnx::GraphProto& graph);
 // Gives each RNN, GRU or LSTM node whose gradient node (ai.onnxtrain.RNNGrad / GRUGrad /
 // LSTMGrad, later in the graph) reads the same inputs with the same attributes the gates and
 // states of its forward pass, instead of letting the gradient node run the recurrence again:

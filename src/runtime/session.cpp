@@ -52,6 +52,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
       crop_momentum_gradients(graph);
     }
     share_rnn_trace(graph);
+    if (gradients) share_attention_probabilities(graph);
   }
   return ir::Graph::from_proto(graph, source, base_dir);
 }

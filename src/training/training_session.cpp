@@ -358,6 +358,7 @@ struct TrainingSession::Impl {
       runtime::share_weight_taps(graph);
       runtime::crop_momentum_gradients(graph);
       runtime::share_rnn_trace(graph);
+      runtime::share_attention_probabilities(graph);
     }
     BoundGraph::Part part;
     part.runner = std::make_unique<runtime::GraphRunner>(ir::Graph::from_proto(graph, label, base_dir), opsets, label,

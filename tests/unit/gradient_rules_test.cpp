@@ -704,6 +704,14 @@ std::vector<Case> cases() {
                "ai.onnxtrain", "one rank"});
   // runtime/fusion.h's fuse_gelu: Gelu of the erf formula in models below opset 20.
   c.push_back({"Gelu", {}, {x({2, 3})}, 1, 1, "ai.onnxtrain", "fused erf formula"});
+  // fuse_attention's Attention: [batch, sequence, heads, head size] inputs, a mask added as by
+  // Add (one value per row where its last dim is 1).
+  const std::vector<onnx::AttributeProto> fused_attention{attr("input_layout", std::string("BSHD")), attr("graph_semantics", int64_t{1}),
+                                                          attr("version", int64_t{23}), attr("scale", 0.6f)};
+  c.push_back({"Attention", fused_attention, {x({2, 3, 2, 4}), x({2, 4, 2, 4}), x({2, 4, 2, 3}), x({2, 1, 1, 4})}, 1, 1, "ai.onnxtrain",
+               "fused, mask over the keys"});
+  c.push_back({"Attention", fused_attention, {x({1, 3, 2, 2}), x({1, 2, 2, 2}), x({1, 2, 2, 2}), x({2, 3, 1})}, 1, 1, "ai.onnxtrain",
+               "fused, mask of one value per row"});
   vision_cases(c);
   transformer_cases(c);
   return c;

@@ -1,0 +1,229 @@
+// runtime/fusion.h fuse_attention: the MatMul-Softmax-MatMul attention exporters write (PyTorch's
+// scaled_dot_product_attention with Q and K each scaled, Hugging Face's eager attention with the
+// scores divided, a mask added and K transposed twice) becomes one ai.onnxtrain.Attention whose
+// values and gradients (through a Gradient node, ai.onnxtrain.AttentionGrad) equal the unfused
+// graph's; the Shape nodes on the head split read the split's input instead; the pattern stays
+// when a value of it is read elsewhere, the softmax runs over another axis or a scale is no
+// constant.
+#include <cmath>
+#include <limits>
+
+#include "autodiff/gradient.h"
+#include "onnxtrain/io.h"
+#include "runtime/fusion.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using testing::add_constant_node;
+using testing::add_node;
+using testing::attr;
+using testing::count_op;
+using testing::expect_close;
+
+const std::unordered_map<std::string, int> kOpsets{{"", 17}, {"ai.onnx.preview.training", 1}};
+constexpr int64_t kB = 2, kS = 5, kH = 3, kD = 4, kE = kH * kD;
+
+enum class Style {
+  Sdpa,   // Mul(Q', Cast(Sqrt(c))) and Mul(K', same) with K' = Transpose(k, [0, 2, 3, 1])
+  Eager,  // Div(Q' K', sqrt D) + mask, K' = Transpose(Transpose(k, [0, 2, 1, 3]), [0, 1, 3, 2]), Identity after Softmax
+};
+
+struct Options {
+  Style style = Style::Sdpa;
+  std::vector<int64_t> mask_dims;  // Eager: the mask input's dims
+  bool expose_probabilities = false;
+  int64_t softmax_axis = -1;
+  bool scale_from_input = false;  // Sdpa: the factor is a graph input, not a constant
+  bool gradient = false;          // loss = sum(y * r), Gradient of q, k, v (and the mask)
+};
+
+void add_float_input(onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims) {
+  testing::typed_value(g->add_input(), name, onnx::TensorProto::FLOAT, dims);
+}
+
+void add_initializer(onnx::GraphProto* g, const std::string& name, const Tensor& t) {
+  io::tensor_to_proto(t, name, *g->add_initializer());
+}
+
+// q, k, v [B, S, E] -> split [B, S, H, D] -> attention -> merged [B, S, E] as "y", the merge's
+// target shape computed from Shape(Q') as exporters do.
+onnx::ModelProto attention_model(const Options& o) {
+  onnx::ModelProto m = testing::empty_model("attention");
+  auto* training = m.add_opset_import();
+  training->set_domain("ai.onnx.preview.training");
+  training->set_version(1);
+  onnx::GraphProto* g = m.mutable_graph();
+  for (const char* name : {"q", "k", "v"}) add_float_input(g, name, {kB, kS, kE});
+  add_initializer(g, "split", Tensor::from_vector<int64_t>(Shape{4}, {0, 0, kH, kD}));
+  for (const char* name : {"q", "k", "v"}) add_node(*g, "Reshape", {name, "split"}, {std::string(name) + "4"});
+  *add_node(*g, "Transpose", {"q4"}, {"qt"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
+  *add_node(*g, "Transpose", {"v4"}, {"vt"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
+  std::string scores;
+  if (o.style == Style::Sdpa) {
+    *add_node(*g, "Transpose", {"k4"}, {"kt"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 3, 1});
+    if (o.scale_from_input) {
+      add_float_input(g, "c", {});
+    } else {
+      add_constant_node(*g, "root", Tensor::from_vector<float>(Shape{}, {1.0f / std::sqrt(static_cast<float>(kD))}));
+      add_node(*g, "Sqrt", {"root"}, {"root_sqrt"});
+      *add_node(*g, "Cast", {"root_sqrt"}, {"c"})->add_attribute() = attr("to", int64_t{onnx::TensorProto::FLOAT});
+    }
+    add_node(*g, "Mul", {"qt", "c"}, {"qs"});
+    add_node(*g, "Mul", {"c", "kt"}, {"ks"});
+    add_node(*g, "MatMul", {"qs", "ks"}, {"s"});
+    scores = "s";
+  } else {
+    *add_node(*g, "Transpose", {"k4"}, {"k_heads"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
+    *add_node(*g, "Transpose", {"k_heads"}, {"kt"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 1, 3, 2});
+    add_node(*g, "MatMul", {"qt", "kt"}, {"s"});
+    add_initializer(g, "root_d", Tensor::from_vector<float>(Shape{1}, {std::sqrt(static_cast<float>(kD))}));
+    add_node(*g, "Div", {"s", "root_d"}, {"s_scaled"});
+    add_float_input(g, "mask", o.mask_dims);
+    add_node(*g, "Add", {"mask", "s_scaled"}, {"s_masked"});
+    scores = "s_masked";
+  }
+  auto* softmax = add_node(*g, "Softmax", {scores}, {"p"});
+  *softmax->add_attribute() = attr("axis", o.softmax_axis);
+  std::string p = "p";
+  if (o.style == Style::Eager) {
+    add_node(*g, "Identity", {"p"}, {"p_kept"});
+    p = "p_kept";
+  }
+  add_node(*g, "MatMul", {p, "vt"}, {"o"});
+  *add_node(*g, "Transpose", {"o"}, {"ot"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
+  // merged shape [B, S, E] from Shape(Q') = [B, H, S, D]: dims 0 and 2, then E.
+  add_node(*g, "Shape", {"qt"}, {"qt_shape"});
+  add_initializer(g, "batch_and_sequence", Tensor::from_vector<int64_t>(Shape{2}, {0, 2}));
+  add_node(*g, "Gather", {"qt_shape", "batch_and_sequence"}, {"bs"});
+  add_initializer(g, "width", Tensor::from_vector<int64_t>(Shape{1}, {kE}));
+  *add_node(*g, "Concat", {"bs", "width"}, {"merged"})->add_attribute() = attr("axis", int64_t{0});
+  add_node(*g, "Reshape", {"ot", "merged"}, {"y"});
+  testing::typed_value(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
+  if (o.expose_probabilities) testing::typed_value(g->add_output(), "p", onnx::TensorProto::FLOAT, {});
+  if (o.gradient) {
+    add_initializer(g, "r", testing::random_f64(Shape{kB, kS, kE}, 9).cast(DataType::Float32));
+    add_node(*g, "Mul", {"y", "r"}, {"yr"});
+    *add_node(*g, "ReduceSum", {"yr"}, {"loss"})->add_attribute() = attr("keepdims", int64_t{0});
+    std::vector<std::string> xs{"q", "k", "v"};
+    if (o.style == Style::Eager) xs.push_back("mask");
+    std::vector<std::string> grads;
+    for (const auto& x : xs) grads.push_back("d" + x);
+    auto* grad = add_node(*g, "Gradient", xs, grads);
+    grad->set_domain("ai.onnx.preview.training");
+    *grad->add_attribute() = attr("xs", xs);
+    *grad->add_attribute() = attr("y", std::string("loss"));
+    for (const auto& d : grads) testing::typed_value(g->add_output(), d, onnx::TensorProto::FLOAT, {});
+  }
+  return m;
+}
+
+runtime::NamedTensors feeds_for(const Options& o) {
+  runtime::NamedTensors feeds;
+  uint32_t seed = 1;
+  for (const char* name : {"q", "k", "v"}) feeds[name] = testing::random_f64(Shape{kB, kS, kE}, seed++).cast(DataType::Float32);
+  if (o.style == Style::Eager) {
+    Tensor mask = testing::random_f64(Shape(o.mask_dims), 7).cast(DataType::Float32);
+    float* m = mask.data<float>();
+    m[0] = -10000.0f;  // a key masked out, as Hugging Face's extended masks write it
+    feeds["mask"] = mask;
+  }
+  if (o.scale_from_input) feeds["c"] = Tensor::from_vector<float>(Shape{}, {0.5f});
+  return feeds;
+}
+
+void expect_fused_equals_unfused(const Options& o, const std::vector<std::string>& outputs) {
+  const onnx::ModelProto model = attention_model(o);
+  onnx::GraphProto g = model.graph();
+  ASSERT_EQ(runtime::fuse_attention(g, kOpsets), 1);
+  EXPECT_EQ(count_op(g, "Attention"), 1);
+  EXPECT_EQ(count_op(g, "Softmax") + count_op(g, "MatMul") + count_op(g, "Div"), 0);
+  EXPECT_EQ(count_op(g, "Mul"), o.gradient ? 1 : 0);  // the loss's y * r
+  EXPECT_EQ(count_op(g, "Transpose"), 1);  // the merge's, which the fused node's output feeds
+  const runtime::NamedTensors feeds = feeds_for(o);
+  runtime::Session fused(model), unfused(model, {.fuse = false});
+  const runtime::NamedTensors got = fused.run(feeds), want = unfused.run(feeds);
+  for (const auto& name : outputs) {
+    SCOPED_TRACE(name);
+    // float32 sums in another order (the scale applied once to Q K^T, the softmax's exp).
+    expect_close(got.at(name), want.at(name), 1e-5, 1e-6);
+  }
+}
+
+TEST(AttentionFusion, ScaledDotProductAttentionAsPyTorchExportsIt) {
+  expect_fused_equals_unfused({.style = Style::Sdpa}, {"y"});
+}
+
+TEST(AttentionFusion, EagerAttentionWithAMaskAsHuggingFaceWritesIt) {
+  expect_fused_equals_unfused({.style = Style::Eager, .mask_dims = {kB, 1, 1, kS}}, {"y"});
+  // A mask whose last dim is 1 is added to every key's score, as Add broadcasts it.
+  expect_fused_equals_unfused({.style = Style::Eager, .mask_dims = {1, kH, kS, 1}}, {"y"});
+}
+
+TEST(AttentionFusion, GradientsThroughTheFusedAttentionEqualTheUnfusedRules) {
+  expect_fused_equals_unfused({.style = Style::Sdpa, .gradient = true}, {"y", "dq", "dk", "dv"});
+  expect_fused_equals_unfused({.style = Style::Eager, .mask_dims = {kB, 1, 1, kS}, .gradient = true},
+                              {"y", "dq", "dk", "dv", "dmask"});
+  expect_fused_equals_unfused({.style = Style::Eager, .mask_dims = {kB, kH, kS, 1}, .gradient = true},
+                              {"y", "dq", "dk", "dv", "dmask"});
+}
+
+TEST(AttentionFusion, TheGradientReadsTheForwardsSoftmaxInsteadOfMakingItAgain) {
+  onnx::GraphProto g = attention_model({.style = Style::Eager, .mask_dims = {kB, 1, 1, kS}, .gradient = true}).graph();
+  ASSERT_EQ(runtime::fuse_attention(g, kOpsets), 1);
+  autodiff::expand_gradients(g, kOpsets, "test");
+  ASSERT_EQ(runtime::share_attention_probabilities(g), 1);
+  for (const auto& node : g.node()) {
+    if (node.op_type() == "Attention") {
+      ASSERT_EQ(node.output_size(), 4);
+      EXPECT_FALSE(node.output(3).empty());
+    }
+    if (node.op_type() == "AttentionGrad") {
+      ASSERT_EQ(node.input_size(), 11);
+    }
+  }
+  std::string probabilities, read;
+  for (const auto& node : g.node()) {
+    if (node.op_type() == "Attention") probabilities = node.output(3);
+    if (node.op_type() == "AttentionGrad") read = node.input(10);
+  }
+  EXPECT_EQ(read, probabilities);
+  EXPECT_EQ(runtime::share_attention_probabilities(g), 0);  // once only
+}
+
+TEST(AttentionFusion, AMaskThatDisallowsARowGivesNaNAsSoftmaxDoes) {
+  const Options o{.style = Style::Eager, .mask_dims = {kB, 1, kS, kS}};
+  const onnx::ModelProto model = attention_model(o);
+  runtime::NamedTensors feeds = feeds_for(o);
+  float* m = feeds.at("mask").data<float>();
+  for (int64_t j = 0; j < kS; ++j) m[j] = -std::numeric_limits<float>::infinity();  // batch 0, query 0
+  runtime::Session fused(model), unfused(model, {.fuse = false});
+  const Tensor got = fused.run(feeds).at("y"), want = unfused.run(feeds).at("y");
+  const std::vector<double> g = got.to_double_vector(), w = want.to_double_vector();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_EQ(std::isnan(g[i]), std::isnan(w[i])) << "element " << i;
+    if (!std::isnan(w[i])) {
+      EXPECT_NEAR(g[i], w[i], 1e-5 + 1e-5 * std::abs(w[i])) << "element " << i;
+    }
+  }
+  EXPECT_TRUE(std::isnan(g[0]));  // y[0, 0, :] comes from the disallowed row
+}
+
+TEST(AttentionFusion, ThePatternStaysWhenItCannotGoWhole) {
+  onnx::GraphProto exposed = attention_model({.expose_probabilities = true}).graph();
+  EXPECT_EQ(runtime::fuse_attention(exposed, kOpsets), 0);
+  EXPECT_EQ(count_op(exposed, "Softmax"), 1);
+  onnx::GraphProto other_axis = attention_model({.softmax_axis = 2}).graph();
+  EXPECT_EQ(runtime::fuse_attention(other_axis, kOpsets), 0);
+  onnx::GraphProto fed_scale = attention_model({.scale_from_input = true}).graph();
+  EXPECT_EQ(runtime::fuse_attention(fed_scale, kOpsets), 0);
+  // Unfused, these still run: the fed scale's model as a whole.
+  const Options o{.scale_from_input = true};
+  runtime::Session session(attention_model(o));
+  EXPECT_EQ(session.run(feeds_for(o)).at("y").shape(), (Shape{kB, kS, kE}));
+}
+
+}  // namespace
+}  // namespace onnxtrain
