@@ -1757,11 +1757,21 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
   std::map<int, std::vector<onnx::NodeProto>> replace;
   std::set<int> dropped;
   int fused = 0;
+  // Dim d of `name` as shape inference states it ("" when it states neither a value nor a name).
+  const auto dim = [&](const std::string& name, int d) -> std::string {
+    const auto& shape = types.at(name).tensor_type().shape();
+    if (d >= shape.dim_size()) return "";
+    const auto& x = shape.dim(d);
+    return x.has_dim_value() ? std::to_string(x.dim_value()) : x.dim_param();
+  };
   for (const AttentionMatch& a : matches) {
     if (!float_of_rank(a.q, 4, 4) || !float_of_rank(a.k, 4, 4) || !float_of_rank(a.v, 4, 4) ||
         (!a.mask.empty() && !float_of_rank(a.mask, 1, 4))) {
       continue;
     }
+    // One batch for Q, K and V (MatMul would broadcast a batch of 1; the kernel does not).
+    const std::string batch = dim(a.q, 0);
+    if (batch.empty() || dim(a.k, 0) != batch || dim(a.v, 0) != batch) continue;
     const onnx::NodeProto& product = graph.node(a.product);
     const std::string y = product.output(0);
     if (const auto type = types.find(y); type != types.end() && !declared.contains(y)) {

@@ -292,8 +292,8 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
 // node of the pattern and every node only they feed (the Shape nodes exporters hang on the
 // Transposes and products, and what those feed; at most 64) can go: none of their values is a
 // graph output, read by a subgraph, named by an attribute (a Gradient node's xs, zs or y) or read
-// by a node that stays; and shape inference gives q, k, v float32 of rank 4 and the mask float32
-// of rank 1 to 4. The mask is added as by Add and a row it disallows entirely gives NaN, as
+// by a node that stays; and shape inference gives q, k, v float32 of rank 4 with one batch dim
+// (the same value or name) and the mask float32 of rank 1 to 4. The mask is added as by Add and a row it disallows entirely gives NaN, as
 // Softmax does; results may differ in the last bits (the scale is applied once, to Q K^T). Y
 // gets a value_info with the type shape inference gives it under `opsets`. Returns the number of
 // attentions fused.

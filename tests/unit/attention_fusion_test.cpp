@@ -37,6 +37,7 @@ struct Options {
   int64_t softmax_axis = -1;
   bool scale_from_input = false;  // Sdpa: the factor is a graph input, not a constant
   bool gradient = false;          // loss = sum(y * r), Gradient of q, k, v (and the mask)
+  int64_t kv_batch = kB;          // k's and v's batch (1: broadcast over q's by MatMul)
 };
 
 void add_float_input(onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims) {
@@ -55,7 +56,8 @@ onnx::ModelProto attention_model(const Options& o) {
   training->set_domain("ai.onnx.preview.training");
   training->set_version(1);
   onnx::GraphProto* g = m.mutable_graph();
-  for (const char* name : {"q", "k", "v"}) add_float_input(g, name, {kB, kS, kE});
+  add_float_input(g, "q", {kB, kS, kE});
+  for (const char* name : {"k", "v"}) add_float_input(g, name, {o.kv_batch, kS, kE});
   add_initializer(g, "split", Tensor::from_vector<int64_t>(Shape{4}, {0, 0, kH, kD}));
   for (const char* name : {"q", "k", "v"}) add_node(*g, "Reshape", {name, "split"}, {std::string(name) + "4"});
   *add_node(*g, "Transpose", {"q4"}, {"qt"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
@@ -122,7 +124,9 @@ onnx::ModelProto attention_model(const Options& o) {
 runtime::NamedTensors feeds_for(const Options& o) {
   runtime::NamedTensors feeds;
   uint32_t seed = 1;
-  for (const char* name : {"q", "k", "v"}) feeds[name] = testing::random_f64(Shape{kB, kS, kE}, seed++).cast(DataType::Float32);
+  for (const char* name : {"q", "k", "v"}) {
+    feeds[name] = testing::random_f64(Shape{name[0] == 'q' ? kB : o.kv_batch, kS, kE}, seed++).cast(DataType::Float32);
+  }
   if (o.style == Style::Eager) {
     Tensor mask = testing::random_f64(Shape(o.mask_dims), 7).cast(DataType::Float32);
     float* m = mask.data<float>();
@@ -219,6 +223,11 @@ TEST(AttentionFusion, ThePatternStaysWhenItCannotGoWhole) {
   EXPECT_EQ(runtime::fuse_attention(other_axis, kOpsets), 0);
   onnx::GraphProto fed_scale = attention_model({.scale_from_input = true}).graph();
   EXPECT_EQ(runtime::fuse_attention(fed_scale, kOpsets), 0);
+  onnx::GraphProto shared_keys = attention_model({.kv_batch = 1}).graph();  // K and V broadcast over the batch
+  EXPECT_EQ(runtime::fuse_attention(shared_keys, kOpsets), 0);
+  const Options shared{.kv_batch = 1};
+  runtime::Session broadcast(attention_model(shared));
+  EXPECT_EQ(broadcast.run(feeds_for(shared)).at("y").shape(), (Shape{kB, kS, kE}));
   // Unfused, these still run: the fed scale's model as a whole.
   const Options o{.scale_from_input = true};
   runtime::Session session(attention_model(o));
