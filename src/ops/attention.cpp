@@ -195,6 +195,7 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
           C* row = s.data() + i * T_;
           if (plain) {  // no bias, no softcap: the softmax alone
             softmax(row, kn);
+            if (spec.nan_to_zero) zero_nans(row, kn);
             if constexpr (std::is_same_v<T, C>) {
               if (qk_rows) std::copy(row, row + kn, qk_rows + i * T_);  // mode 3
             }
@@ -230,6 +231,7 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
               for (int64_t j = 0; j < kn; ++j) row[j] = rt<T>(row[j]);
             }
           }
+          if (spec.nan_to_zero) zero_nans(row, kn);
           if (qk_rows && spec.qk_mode == 3) {
             for (int64_t j = 0; j < T_; ++j) qk_rows[i * T_ + j] = convert<T>(row[j]);
           }

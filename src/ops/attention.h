@@ -43,7 +43,17 @@ struct Spec {
   // keys; any other dim must match), and a row the mask disallows entirely (-inf everywhere)
   // softmaxes to NaN, as Softmax does, rather than to zeros.
   bool graph_semantics = false;
+  // ai.onnxtrain.Attention only, attribute nan_to_zero = 1: each NaN of P becomes 0, as the
+  // Where(IsNaN(P), 0, P) PyTorch's export writes after the Softmax does (a row the mask
+  // disallows entirely then gives zeros).
+  bool nan_to_zero = false;
 };
+
+// row[j] = 0 where it is NaN, j < n.
+template <class C>
+void zero_nans(C* row, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) row[j] = row[j] != row[j] ? C(0) : row[j];
+}
 // The attributes of an Attention node (or of an AttentionGrad node, which copies them).
 Spec parse_spec(const KernelInit& init, int version);
 

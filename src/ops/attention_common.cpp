@@ -70,6 +70,7 @@ Spec parse_spec(const KernelInit& init, int version) {
     s.bshd = true;
   }
   s.graph_semantics = init.attr_int("graph_semantics", 0) != 0;
+  s.nan_to_zero = init.attr_int("nan_to_zero", 0) != 0;
   if (version >= 25) {
     s.left_window = init.attr_int("left_window_size", -1);
     s.right_window = init.attr_int("right_window_size", -1);

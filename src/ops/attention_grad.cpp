@@ -256,6 +256,7 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
 #pragma omp simd reduction(max : m)
                 for (int64_t j = 0; j < kn; ++j) m = std::max(m, row[j]);
                 softmax_shifted(row, kn, m == -std::numeric_limits<C>::infinity() ? C(0) : m);
+                if (spec.nan_to_zero) zero_nans(row, kn);
                 continue;
               }
               C* br = brow.data();
@@ -276,10 +277,11 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
                 m = std::max(m, row[j]);
               }
               if (masked == kn) {  // zeros; NaN as Softmax gives with graph_semantics
-                std::fill(row, row + kn, spec.graph_semantics ? std::numeric_limits<C>::quiet_NaN() : C(0));
+                std::fill(row, row + kn, spec.graph_semantics && !spec.nan_to_zero ? std::numeric_limits<C>::quiet_NaN() : C(0));
                 continue;
               }
               softmax_shifted(row, kn, m == -std::numeric_limits<C>::infinity() ? C(0) : m);
+              if (spec.nan_to_zero) zero_nans(row, kn);
             }
           }
           gemm_ok = gemm_ok && gemm(false, true, rows, kn, g.Dv, C(1), dyh, g.y.s, vv, vs.s, C(0), dp.data(), T_);

@@ -1537,6 +1537,7 @@ struct AttentionMatch {
   std::vector<int> removed;  // the other nodes of the pattern, and the nodes only they feed
   std::string q, k, v, mask;
   double scale = 1;
+  bool nan_to_zero = false;  // Where(IsNaN(P), 0, P) after the Softmax
   // Shape nodes reading a Transpose of q, k or v (or its scaled copy), which read Gather(Shape(x),
   // perm) instead: node index, x, perm.
   std::vector<std::tuple<int, std::string, std::vector<int64_t>>> shapes;
@@ -1587,8 +1588,24 @@ std::optional<AttentionMatch> match_attention(const onnx::GraphProto& graph, Mat
   if (axis != -1 && axis != 3) return std::nullopt;  // the keys of [B, H, S, T] scores
   AttentionMatch a;
   std::vector<int> nodes{softmax};
-  // P -> Identity ... -> MatMul(P, Transpose(v, [0, 2, 1, 3]))
+  // P -> [Where(IsNaN(P), 0, P)] -> Identity ... -> MatMul(P, Transpose(v, [0, 2, 1, 3]))
   std::string p = sm.output(0);
+  if (const std::vector<int>& readers = m.readers(p); readers.size() == 2) {
+    // PyTorch's export of scaled_dot_product_attention with a boolean mask zeroes the NaN of rows
+    // the mask disallows entirely.
+    const int isnan = is_onnx_op(graph.node(readers[0]), "IsNaN") ? readers[0] : readers[1];
+    const int where = isnan == readers[0] ? readers[1] : readers[0];
+    const onnx::NodeProto& n = graph.node(isnan);
+    const onnx::NodeProto& w = graph.node(where);
+    if (!is_onnx_op(n, "IsNaN") || n.output_size() != 1 || !is_onnx_op(w, "Where") || w.input_size() != 3 || w.output_size() != 1 ||
+        w.input(0) != n.output(0) || w.input(2) != p || m.readers(n.output(0)).size() != 1 || scalar_value(graph, m, w.input(1)) != 0.0) {
+      return std::nullopt;
+    }
+    nodes.push_back(isnan);
+    nodes.push_back(where);
+    a.nan_to_zero = true;
+    p = w.output(0);
+  }
   for (;;) {
     const std::vector<int>& readers = m.readers(p);
     if (readers.size() != 1) return std::nullopt;
@@ -1799,6 +1816,7 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     layout->set_type(onnx::AttributeProto::STRING);
     layout->set_s("BSHD");
     add_attribute(node, "graph_semantics", 1);
+    if (a.nan_to_zero) add_attribute(node, "nan_to_zero", 1);
     add_attribute(node, "version", 23);
     replace[a.product] = {std::move(node)};
     ++fused;

@@ -280,12 +280,14 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
 //   Q' = Transpose(q, [0, 2, 1, 3]),  K' = Transpose(k, [0, 2, 3, 1]) (or Transpose(Transpose(k,
 //   [0, 2, 1, 3]), [0, 1, 3, 2])),  V' = Transpose(v, [0, 2, 1, 3]),
 //   S = MatMul(Q' [* c_q], K' [* c_k]) [* c or / c] [+ mask],  P = Softmax(S, last axis),
+//   [P = Where(IsNaN(P), 0, P): PyTorch's export with a boolean mask],
 //   Y = MatMul(P [-> Identity ...], V')
 // with q, k, v float32 [batch, sequence, heads, head size] (the head split's Reshape outputs)
 // and c_q, c_k, c one-element constants or Identity, Cast, Sqrt, Reciprocal, Mul and Div of them
 // (the export's Cast(Sqrt(1 / sqrt(head size))) on Q and on K), by one ai.onnxtrain.Attention(q,
 // k, v[, mask]) writing Y (ops/attention.cpp: the Attention-23 kernel with attributes scale = c_q
-// c_k c, input_layout = "BSHD", graph_semantics = 1, version = 23; attention.h). Its gradient is
+// c_k c, input_layout = "BSHD", graph_semantics = 1, nan_to_zero = 1 with the Where, version =
+// 23; attention.h). Its gradient is
 // one ai.onnxtrain.AttentionGrad (which recomputes P) instead of the pattern's rules: the
 // scores and P are made and used per (batch, head) in cache, never stored, and no head split's
 // Transpose copies anything. Fuses only when Softmax is the MatMul's sole reader chain, every
@@ -293,10 +295,12 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
 // Transposes and products, and what those feed; at most 64) can go: none of their values is a
 // graph output, read by a subgraph, named by an attribute (a Gradient node's xs, zs or y) or read
 // by a node that stays; and shape inference gives q, k, v float32 of rank 4 with one batch dim
-// (the same value or name) and the mask float32 of rank 1 to 4. The mask is added as by Add and a row it disallows entirely gives NaN, as
-// Softmax does; results may differ in the last bits (the scale is applied once, to Q K^T). Y
-// gets a value_info with the type shape inference gives it under `opsets`. Returns the number of
-// attentions fused.
+// (the same value or name) and the mask float32 of rank 1 to 4. The mask is added as by Add, and
+// a row it disallows entirely gives NaN as Softmax does, or zeros after the Where; the gradient
+// treats those zeros as constants, as PyTorch's attention does (the op-by-op gradient, through
+// SoftmaxGrad of the NaN row, is NaN wherever that row reaches). Otherwise results may differ in
+// the last bits (the scale is applied once, to Q K^T). Y gets a value_info with the type shape
+// inference gives it under `opsets`. Returns the number of attentions fused.
 int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 // The types ONNX 1.23's shape inference gives the graph's values under `opsets`, with the
 // initializers' (best effort: what it cannot infer is absent). For rewrites that put internal

@@ -38,6 +38,7 @@ struct Options {
   bool scale_from_input = false;  // Sdpa: the factor is a graph input, not a constant
   bool gradient = false;          // loss = sum(y * r), Gradient of q, k, v (and the mask)
   int64_t kv_batch = kB;          // k's and v's batch (1: broadcast over q's by MatMul)
+  bool zero_nans = false;         // Eager: Where(IsNaN(P), 0, P) after the Softmax, as PyTorch's SDPA export with a bool mask
 };
 
 void add_float_input(onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims) {
@@ -89,8 +90,14 @@ onnx::ModelProto attention_model(const Options& o) {
   auto* softmax = add_node(*g, "Softmax", {scores}, {"p"});
   *softmax->add_attribute() = attr("axis", o.softmax_axis);
   std::string p = "p";
+  if (o.zero_nans) {
+    add_node(*g, "IsNaN", {"p"}, {"p_nan"});
+    add_constant_node(*g, "zero", Tensor::from_vector<float>(Shape{}, {0.0f}));
+    add_node(*g, "Where", {"p_nan", "zero", "p"}, {"p_zeroed"});
+    p = "p_zeroed";
+  }
   if (o.style == Style::Eager) {
-    add_node(*g, "Identity", {"p"}, {"p_kept"});
+    add_node(*g, "Identity", {p}, {"p_kept"});
     p = "p_kept";
   }
   add_node(*g, "MatMul", {p, "vt"}, {"o"});
@@ -213,6 +220,42 @@ TEST(AttentionFusion, AMaskThatDisallowsARowGivesNaNAsSoftmaxDoes) {
     }
   }
   EXPECT_TRUE(std::isnan(g[0]));  // y[0, 0, :] comes from the disallowed row
+}
+
+TEST(AttentionFusion, NaNsZeroedAfterTheSoftmaxAsPyTorchsExportWritesThem) {
+  // A row the mask disallows entirely: NaN from the Softmax, 0 after the Where, in both graphs.
+  const Options o{.style = Style::Eager, .mask_dims = {kB, 1, kS, kS}, .gradient = true, .zero_nans = true};
+  const onnx::ModelProto model = attention_model(o);
+  onnx::GraphProto g = model.graph();
+  ASSERT_EQ(runtime::fuse_attention(g, kOpsets), 1);
+  EXPECT_EQ(count_op(g, "IsNaN") + count_op(g, "Where"), 0);
+  runtime::NamedTensors feeds = feeds_for(o);
+  float* m = feeds.at("mask").data<float>();
+  for (int64_t j = 0; j < kS; ++j) m[j] = -std::numeric_limits<float>::infinity();  // batch 0, query 0
+  runtime::Session fused(model), unfused(model, {.fuse = false});
+  const runtime::NamedTensors got = fused.run(feeds), want = unfused.run(feeds);
+  for (const char* name : {"y", "dv"}) {
+    SCOPED_TRACE(name);
+    expect_close(got.at(name), want.at(name), 1e-5, 1e-6);
+  }
+  EXPECT_EQ(got.at("y").to_double_vector()[0], 0.0);
+  // The op-by-op gradient goes through SoftmaxGrad of the NaN row and is NaN wherever that row
+  // reaches (batch 0's dq row and its dk); the fused one treats the row as the constant zeros the
+  // Where made, as PyTorch's own attention does: finite, and equal elsewhere.
+  int nan_unfused = 0;
+  for (const char* name : {"dq", "dk"}) {
+    SCOPED_TRACE(name);
+    const std::vector<double> g = got.at(name).to_double_vector(), w = want.at(name).to_double_vector();
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(g[i])) << "element " << i;
+      if (std::isnan(w[i])) {
+        ++nan_unfused;
+      } else {
+        EXPECT_NEAR(g[i], w[i], 1e-6 + 1e-5 * std::abs(w[i])) << "element " << i;
+      }
+    }
+  }
+  EXPECT_GT(nan_unfused, 0);
 }
 
 TEST(AttentionFusion, ThePatternStaysWhenItCannotGoWhole) {

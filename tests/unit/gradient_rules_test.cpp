@@ -712,6 +712,9 @@ std::vector<Case> cases() {
                "fused, mask over the keys"});
   c.push_back({"Attention", fused_attention, {x({1, 3, 2, 2}), x({1, 2, 2, 2}), x({1, 2, 2, 2}), x({2, 3, 1})}, 1, 1, "ai.onnxtrain",
                "fused, mask of one value per row"});
+  std::vector<onnx::AttributeProto> zeroing = fused_attention;
+  zeroing.push_back(attr("nan_to_zero", int64_t{1}));
+  c.push_back({"Attention", zeroing, {x({2, 2, 1, 3}), x({2, 3, 1, 3}), x({2, 3, 1, 2})}, 1, 1, "ai.onnxtrain", "fused, NaN to zero"});
   vision_cases(c);
   transformer_cases(c);
   return c;
