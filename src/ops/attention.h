@@ -11,6 +11,8 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
+#include <type_traits>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -146,6 +148,52 @@ inline float exp_nonpositive(float x) {
   const uint32_t nan = 0u - static_cast<uint32_t>(magnitude > 0x7f800000u);
   const uint32_t zero = 0u - static_cast<uint32_t>(magnitude > 0x42ae0000u);  // |x| > 87 (or NaN)
   return std::bit_cast<float>((y & ~zero) | (bits & nan));
+}
+
+// v rounded to T where T is a 16-bit float (the reference rounds after every numpy op).
+template <class T, class C>
+C rt(C v) {
+  if constexpr (is_half_v<T>) {
+    return static_cast<C>(static_cast<float>(T(static_cast<float>(v))));
+  } else {
+    return v;
+  }
+}
+
+// Softmax of one row in place, computed in precision P (rounded to P after each step when P is
+// a 16-bit float). A row whose maximum is -inf softmaxes to zeros; a NaN makes the sum, and so
+// the row, NaN (as the reference's maximum would).
+template <class C, class P>
+void softmax_row(C* x, int64_t n) {
+  using W = std::conditional_t<std::is_same_v<P, double>, double, float>;
+  W m = -std::numeric_limits<W>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, rt<P>(static_cast<W>(x[j])));
+  const W safe = m == -std::numeric_limits<W>::infinity() ? W(0) : m;
+  W sum = 0;
+  if constexpr (std::is_same_v<P, float>) {  // the fast path: no rounding, a vectorized exp
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = exp_nonpositive(static_cast<float>(x[j]) - safe);
+      x[j] = static_cast<C>(e);
+      sum += e;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const W e = rt<P>(std::exp(rt<P>(rt<P>(static_cast<W>(x[j])) - safe)));
+      x[j] = static_cast<C>(e);
+      // bfloat16 sums round after each add (ml_dtypes' reduction); float16 sums in float (numpy).
+      sum = std::is_same_v<P, BFloat16> ? rt<P>(sum + e) : sum + e;
+    }
+  }
+  sum = rt<P>(sum);
+  const W inv = W(1) / (sum == W(0) ? W(1) : sum);
+  if constexpr (std::is_same_v<P, float>) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) x[j] = static_cast<C>(static_cast<W>(x[j]) * inv);
+  } else {
+    for (int64_t j = 0; j < n; ++j) x[j] = static_cast<C>(rt<P>(static_cast<W>(x[j]) / sum));
+  }
 }
 
 // Query rows per block when the keys a block needs end early (key_limit): each block multiplies

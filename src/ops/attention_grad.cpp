@@ -124,25 +124,6 @@ struct Scratch {
   }
 };
 
-// row[j] = e^(row[j] - m) / sum_k e^(row[k] - m) for j < n, m the row's maximum (0 when it is
-// -inf); an all-zero sum leaves the zeros.
-template <class C>
-void softmax_shifted(C* row, int64_t n, C m) {
-  C sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    if constexpr (std::is_same_v<C, float>) {
-      row[j] = exp_nonpositive(row[j] - m);
-    } else {
-      row[j] = std::exp(row[j] - m);
-    }
-    sum += row[j];
-  }
-  const C inv = C(1) / (sum == C(0) ? C(1) : sum);
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-}
-
 template <class T>
 void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) {
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -252,10 +233,7 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
             for (int64_t r = 0; r < rows; ++r) {  // P = softmax(softcap(S) + bias), zero rows where all masked
               C* row = p.data() + r * T_;
               if (plain) {  // no bias, no softcap
-                C m = -std::numeric_limits<C>::infinity();
-#pragma omp simd reduction(max : m)
-                for (int64_t j = 0; j < kn; ++j) m = std::max(m, row[j]);
-                softmax_shifted(row, kn, m == -std::numeric_limits<C>::infinity() ? C(0) : m);
+                softmax_row<C, C>(row, kn);
                 if (spec.nan_to_zero) zero_nans(row, kn);
                 continue;
               }
@@ -269,18 +247,16 @@ void run_attention_grad(KernelContext& ctx, const Spec& spec, Scratch& scratch) 
                 }
               }
               int64_t masked = 0;
-              C m = -std::numeric_limits<C>::infinity();
-#pragma omp simd reduction(+ : masked) reduction(max : m)
+#pragma omp simd reduction(+ : masked)
               for (int64_t j = 0; j < kn; ++j) {
                 masked += br[j] == -std::numeric_limits<C>::infinity() ? 1 : 0;
                 row[j] += br[j];
-                m = std::max(m, row[j]);
               }
               if (masked == kn) {  // zeros; NaN as Softmax gives with graph_semantics
                 std::fill(row, row + kn, spec.graph_semantics && !spec.nan_to_zero ? std::numeric_limits<C>::quiet_NaN() : C(0));
                 continue;
               }
-              softmax_shifted(row, kn, m == -std::numeric_limits<C>::infinity() ? C(0) : m);
+              softmax_row<C, C>(row, kn);
               if (spec.nan_to_zero) zero_nans(row, kn);
             }
           }

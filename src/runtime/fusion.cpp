@@ -1726,12 +1726,6 @@ std::optional<AttentionMatch> match_attention(const onnx::GraphProto& graph, Mat
   return a;
 }
 
-void add_attribute(onnx::NodeProto& node, const char* name, int64_t value) {
-  auto* attr = node.add_attribute();
-  attr->set_name(name);
-  attr->set_type(onnx::AttributeProto::INT);
-  attr->set_i(value);
-}
 }  // namespace
 
 int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
@@ -1807,17 +1801,11 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     for (const std::string* in : {&a.q, &a.k, &a.v}) node.add_input(*in);
     if (!a.mask.empty()) node.add_input(a.mask);
     node.add_output(y);
-    auto* scale = node.add_attribute();
-    scale->set_name("scale");
-    scale->set_type(onnx::AttributeProto::FLOAT);
-    scale->set_f(static_cast<float>(a.scale));
-    auto* layout = node.add_attribute();
-    layout->set_name("input_layout");
-    layout->set_type(onnx::AttributeProto::STRING);
-    layout->set_s("BSHD");
-    add_attribute(node, "graph_semantics", 1);
-    if (a.nan_to_zero) add_attribute(node, "nan_to_zero", 1);
-    add_attribute(node, "version", 23);
+    *node.add_attribute() = autodiff::attr_float("scale", static_cast<float>(a.scale));
+    *node.add_attribute() = autodiff::attr_string("input_layout", "BSHD");
+    *node.add_attribute() = autodiff::attr_int("graph_semantics", 1);
+    if (a.nan_to_zero) *node.add_attribute() = autodiff::attr_int("nan_to_zero", 1);
+    *node.add_attribute() = autodiff::attr_int("version", 23);
     replace[a.product] = {std::move(node)};
     ++fused;
   }

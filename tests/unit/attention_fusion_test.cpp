@@ -258,6 +258,23 @@ TEST(AttentionFusion, NaNsZeroedAfterTheSoftmaxAsPyTorchsExportWritesThem) {
   EXPECT_GT(nan_unfused, 0);
 }
 
+TEST(AttentionFusion, TheFusedOpNamesWhatItCannotRead) {
+  const Tensor q = testing::random_f64(Shape{1, 3, 2, 4}, 1).cast(DataType::Float32);
+  const testing::NodeSpec bshd{"Attention", "ai.onnxtrain", 1,
+                               {attr("input_layout", std::string("BSHD")), attr("version", int64_t{23})}};
+  // Another layout, a Q that is not [batch, sequence, heads, head size], a P of the wrong shape.
+  testing::NodeSpec other = bshd;
+  other.attributes[0] = attr("input_layout", std::string("BHSD"));
+  EXPECT_TRUE(testing::throws_with([&] { testing::run_node(other, {q, q, q}); }, "input_layout"));
+  const Tensor q3 = testing::random_f64(Shape{1, 3, 8}, 2).cast(DataType::Float32);
+  EXPECT_TRUE(testing::throws_with([&] { testing::run_node(bshd, {q3, q3, q3}); }, "in0"));
+  const testing::NodeSpec grad{"AttentionGrad", "ai.onnxtrain", 1, bshd.attributes, 3};
+  const Tensor dy = testing::random_f64(Shape{1, 2, 3, 4}, 3).cast(DataType::Float32);
+  const Tensor wrong_p = testing::random_f64(Shape{1, 2, 3, 2}, 4).cast(DataType::Float32);
+  std::vector<Tensor> in{dy, q, q, q, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), wrong_p};
+  EXPECT_TRUE(testing::throws_with([&] { testing::run_node(grad, in); }, "the forward's softmax"));
+}
+
 TEST(AttentionFusion, ThePatternStaysWhenItCannotGoWhole) {
   onnx::GraphProto exposed = attention_model({.expose_probabilities = true}).graph();
   EXPECT_EQ(runtime::fuse_attention(exposed, kOpsets), 0);
