@@ -404,6 +404,11 @@ void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
 //   dX = InvStdDev (g - mean(g) - xhat mean(g xhat)),
 // and dScale = sum over rows of dY xhat, dBias = sum over rows of dY, both shaped like the
 // normalized dims X.shape[axis:] (the rule sums them to Scale's and B's shapes).
+// Inputs 5 and on, optional, are further terms of dY, each shaped and typed like X: dY is then
+// Sum(dY, input 5, input 6, ...) as the ONNX Sum op computes it (left to right, each partial sum
+// rounded to X's type), formed row by row (runtime/fusion.h fuse_layer_norm_grad_sum writes them
+// for the Sum that accumulates the gradient of LayerNormalization's output), so the results are
+// those of the Sum followed by this op, without the summed tensor.
 void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
@@ -411,8 +416,16 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
   if (axis_attr < -rank || axis_attr >= rank) {
     fail("attribute 'axis' = " + std::to_string(axis_attr) + " is out of range for input " + ctx.input_name(1) + " " + x.description());
   }
-  if (dy.dtype() != x.dtype() || !(dy.shape() == x.shape())) {
-    fail("input " + ctx.input_name(0) + " is " + dy.description() + ", expected " + x.description() + " like input " + ctx.input_name(1));
+  std::vector<int> terms = {0};  // the inputs that sum to dY
+  for (int i = 5; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) fail("input " + std::to_string(i) + " (a term of dY) is missing");
+    terms.push_back(i);
+  }
+  for (int i : terms) {
+    const Tensor& t = ctx.input(i);
+    if (t.dtype() != x.dtype() || !(t.shape() == x.shape())) {
+      fail("input " + ctx.input_name(i) + " is " + t.description() + ", expected " + x.description() + " like input " + ctx.input_name(1));
+    }
   }
   const size_t axis = static_cast<size_t>(axis_attr < 0 ? axis_attr + rank : axis_attr);
   const int64_t outer = x.shape().numel(0, axis), inner = x.shape().numel(axis, x.rank());
@@ -436,15 +449,20 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
     const float* saved_inv = use_saved ? ctx.input(4).data<float>() : nullptr;
     const T* px = x.data<T>();
     const T* pg = dy.data<T>();
+    std::vector<const T*> more;  // the further terms of dY
+    for (size_t i = 1; i < terms.size(); ++i) more.push_back(ctx.input(terms[i]).data<T>());
     T* pdx = dx.data<T>();
     const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(outer / 8)));
     // Per thread: dScale and dBias partial sums over its rows.
     std::vector<V> partial(static_cast<size_t>(threads) * 2 * static_cast<size_t>(inner), V(0));
+    // Per thread: the row of dY when it is a sum of terms.
+    std::vector<T> summed(more.empty() ? 0 : static_cast<size_t>(threads) * static_cast<size_t>(inner));
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
       V* ds = partial.data() + static_cast<size_t>(t) * 2 * static_cast<size_t>(inner);
       V* db = ds + inner;
+      T* row_sum = more.empty() ? nullptr : summed.data() + static_cast<size_t>(t) * static_cast<size_t>(inner);
       const int64_t begin = outer * t / threads, end = outer * (t + 1) / threads;
       for (int64_t r = begin; r < end; ++r) {
         V mean, inv;
@@ -456,6 +474,15 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
         }
         const T* xr = px + r * inner;
         const T* gr = pg + r * inner;
+        if (row_sum) {  // Sum's fold: the first term, then each further one added in turn
+          std::copy(gr, gr + inner, row_sum);
+          for (const T* term : more) {
+            const T* tr = term + r * inner;
+#pragma omp simd
+            for (int64_t k = 0; k < inner; ++k) row_sum[k] = convert<T>(static_cast<V>(row_sum[k]) + static_cast<V>(tr[k]));
+          }
+          gr = row_sum;
+        }
         V sum_g = 0, sum_gx = 0;
         const V* sv = scale_v.data();
 #pragma omp simd reduction(+ : sum_g, sum_gx)

@@ -1239,6 +1239,39 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   return static_cast<int>(pairs.size());
 }
 
+int fuse_layer_norm_grad_sum(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (Sum, LayerNormalizationGrad)
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& grad = graph.node(i);
+      if (grad.domain() != kInternalDomain || grad.op_type() != "LayerNormalizationGrad" || grad.input_size() < 2 ||
+          grad.input_size() > 5 || grad.input(0).empty()) {
+        continue;
+      }
+      const onnx::NodeProto* sum = m.producer(grad.input(0));
+      if (!sum || !is_onnx_op(*sum, "Sum") || sum->input_size() < 2 || sum->output_size() != 1 ||
+          m.sole_reader(grad.input(0)) != i) {
+        continue;
+      }
+      const bool all_named = std::none_of(sum->input().begin(), sum->input().end(), [](const std::string& in) { return in.empty(); });
+      if (all_named) pairs.emplace_back(m.producer_index(grad.input(0)), i);
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [sum_index, grad_index] : pairs) {
+    const onnx::NodeProto& sum = graph.node(sum_index);
+    onnx::NodeProto& grad = *graph.mutable_node(grad_index);
+    grad.set_input(0, sum.input(0));
+    while (grad.input_size() < 5) grad.add_input("");
+    for (int k = 1; k < sum.input_size(); ++k) grad.add_input(sum.input(k));
+    drop[static_cast<size_t>(sum_index)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 namespace {
 
 // The value of `name` when it is one float element of an initializer or a Constant node's

@@ -235,6 +235,16 @@ void fuse_matrix_products(onnx::GraphProto& graph);
 // two. Results are the two ops'. Returns the number of pairs fused.
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 
+// Replaces each ai.onnxtrain.LayerNormalizationGrad whose dY is the output of an ONNX Sum read by
+// nothing else (not a graph output, not read by a subgraph) — the Sum the Gradient expansion writes
+// where LayerNormalization's output has several readers, such as a transformer's residual branch
+// and the next layer's projections — by that LayerNormalizationGrad reading the Sum's first input
+// as dY and the others as its inputs 5 and on (ops/normalization.cpp run_layer_norm_grad), which
+// sums them row by row as Sum does: the same values, without writing the summed tensor and reading
+// it back. The terms must have X's shape (the expansion's terms of one gradient do); the kernel
+// names the input that does not. Returns the number of Sums removed.
+int fuse_layer_norm_grad_sum(onnx::GraphProto& graph);
+
 // Replaces each Dropout (ai.onnx opset 12 or later) whose ratio is a constant 0 (an initializer
 // that is not a graph input, or a Constant node, of one element) and whose mask output is absent
 // or unread (not a graph output, not read by any node or subgraph) with an Identity of its data:
