@@ -48,7 +48,9 @@
 // Conv, with FusedConv's optional activation = "Relu", on channels-last tensors: X [N, D..., C],
 // W [M, C/group, k...] and B [M] as Conv's, Y [N, O..., M]. float32 runs through oneDNN reading
 // and writing that layout (its brgemm convolutions' own on AVX-512), so chains of convolutions
-// and element-wise ops pass no reorders.
+// and element-wise ops pass no reorders; on constant weights of 64 Ki or more with at most 4
+// output positions over the batch (ResNet-18's last stages at batch 1), as dot products of the
+// patches with W's reached taps, read once (conv_gemm.h prefer_conv_stream_channels_last).
 //
 // Attribute parsing, shape resolution and the oneDNN view of a geometry are declared in
 // conv_geometry.h: ConvGrad / ConvTransposeGrad (conv_grad.cpp) resolve them the same way.
@@ -819,14 +821,28 @@ class ConvKernel final : public Kernel {
       const std::optional<TapCrop> crop = tap_crop(g);
       const ConvGeometry& run_g = crop ? crop->geometry : g;
       const float* bias = has_bias ? ctx.input(2).data<float>() : nullptr;
-      if (!attrs_.transpose && prefer_conv_gemm_channels_last(run_g)) {
-        // One matrix product over the batch (conv_gemm.h) on W's taps, each with its channels
-        // last; the entry only keeps that copy of constant weights.
-        ConvEntry& kept = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(3),
+      // W's taps under `taps`, each with its channels last, for a lowered path (`kind` keys its
+      // entry, which only keeps that copy of constant weights).
+      const auto taps_first = [&](const std::optional<TapCrop>& taps, int kind, Tensor& gathered) {
+        ConvEntry& kept = cache_.get(du::CacheKey().add(x.shape()).add(w.shape()).add(has_bias).add(kind),
                                      [] { return ConvEntry(); });
-        Tensor gathered;
-        conv_gemm_forward_channels_last(run_g, x.data<float>(), run_weights(kept, g, crop, w, gathered, true), bias,
-                                        conv.data<float>(), relu);
+        return run_weights(kept, g, taps, w, gathered, true);
+      };
+      Tensor gathered;
+      if (!attrs_.transpose && weights_constant_) {
+        // Few output rows on constant weights: W's reached taps read once (conv_gemm.h
+        // prefer_conv_stream_channels_last).
+        const std::optional<TapCrop> reached = crop_unreached_taps(g);
+        const ConvGeometry& stream_g = reached ? reached->geometry : g;
+        if (prefer_conv_stream_channels_last(stream_g)) {
+          conv_stream_forward_channels_last(stream_g, x.data<float>(), taps_first(reached, 4, gathered), bias,
+                                            conv.data<float>(), relu);
+          return;
+        }
+      }
+      if (!attrs_.transpose && prefer_conv_gemm_channels_last(run_g)) {  // one matrix product over the batch (conv_gemm.h)
+        conv_gemm_forward_channels_last(run_g, x.data<float>(), taps_first(crop, 3, gathered), bias, conv.data<float>(),
+                                        relu);
         return;
       }
       if (convolve_in_layouts(g, crop, x, w, bias, conv, relu, ConvLayout::ChannelsLast, ConvLayout::ChannelsLast)) return;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/simd.h"
 #include "ops/dnnl_util.h"
 #include "ops/matmul_primitive.h"
 #include "ops/relu.h"
@@ -144,7 +145,76 @@ void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const fl
                    "run sgemm for a convolution");
 }
 
+// y[r, m] = b[m] + P[r] . W[m] for the R rows of P [R, K] and the rows m of W [M, K], Relu
+// after when `relu`; y is [R, M]. Each thread takes a range of W's rows, two at a time, and reads
+// each once; the sums as conv_gemm.h describes for conv_stream_forward_channels_last.
+template <int R>
+void stream_rows(const float* p, int64_t K, const float* w, int64_t M, const float* b, bool relu, float* y) {
+  using V = simd::Floats<8>;
+  constexpr int64_t kLanes = 8, kPair = 2;
+  const auto finish = [&](const V& acc, const float* pr, const float* wr, int64_t k0, int64_t m, int64_t r) {
+    const float quads[4] = {acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]};
+    float sum = (quads[0] + quads[2]) + (quads[1] + quads[3]);
+    for (int64_t k = k0; k < K; ++k) sum += pr[k] * wr[k];
+    const float v = sum + (b ? b[m] : 0.0f);
+    y[r * M + m] = relu ? ops::relu(v) : v;
+  };
+  const int64_t pairs = (M + kPair - 1) / kPair;
+  parallel_for(pairs, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * kPair)), [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t m0 = pair * kPair;
+      if (m0 + 1 < M) {
+        const float* w0 = w + m0 * K;
+        const float* w1 = w0 + K;
+        V acc0[R] = {}, acc1[R] = {};
+        int64_t k = 0;
+        for (; k + kLanes <= K; k += kLanes) {
+          const V a = simd::load<8>(w0 + k), c = simd::load<8>(w1 + k);
+          for (int r = 0; r < R; ++r) {
+            const V pv = simd::load<8>(p + r * K + k);
+            acc0[r] += a * pv;
+            acc1[r] += c * pv;
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          finish(acc0[r], p + r * K, w0, k, m0, r);
+          finish(acc1[r], p + r * K, w1, k, m0 + 1, r);
+        }
+      } else {  // M odd: its last row alone
+        const float* w0 = w + m0 * K;
+        V acc0[R] = {};
+        int64_t k = 0;
+        for (; k + kLanes <= K; k += kLanes) {
+          const V a = simd::load<8>(w0 + k);
+          for (int r = 0; r < R; ++r) acc0[r] += a * simd::load<8>(p + r * K + k);
+        }
+        for (int r = 0; r < R; ++r) finish(acc0[r], p + r * K, w0, k, m0, r);
+      }
+    }
+  });
+}
+
 }  // namespace
+
+bool prefer_conv_stream_channels_last(const ConvGeometry& g) {
+  constexpr int64_t kMinWeights = int64_t{1} << 16;
+  return g.G == 1 && g.rank() >= 1 && g.N * g.out_size() <= kMaxStreamRows && g.M * g.C * g.kernel_size() >= kMinWeights;
+}
+
+void conv_stream_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
+                                       const float* b, float* y, bool relu) {
+  const Lowered l(g);
+  float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.rows * l.K)));
+  gather_patches_channels_last(g, l, x, p);
+  switch (l.rows) {
+    case 1: stream_rows<1>(p, l.K, w_taps_first, g.M, b, relu, y); break;
+    case 2: stream_rows<2>(p, l.K, w_taps_first, g.M, b, relu, y); break;
+    case 3: stream_rows<3>(p, l.K, w_taps_first, g.M, b, relu, y); break;
+    case 4: stream_rows<4>(p, l.K, w_taps_first, g.M, b, relu, y); break;
+    default: throw Error("conv_stream_forward_channels_last: " + std::to_string(l.rows) + " rows, at most " +
+                         std::to_string(kMaxStreamRows) + " (prefer_conv_stream_channels_last)");
+  }
+}
 
 bool prefer_conv_gemm(const ConvGeometry& g) {
   return !du::has_avx512() && g.G == 1 && g.rank() >= 1 && g.out_size() <= kMaxOutputPositions;

@@ -48,6 +48,27 @@ bool prefer_conv_gemm(const ConvGeometry& g);
 // the product's packing of W at every run costs more than oneDNN's convolution of 1 to 16 rows.
 bool prefer_conv_gemm_channels_last(const ConvGeometry& g);
 
+// Whether conv.cpp runs an ai.onnxtrain.ConvChannelsLast of geometry g (after
+// crop_unreached_taps) on constant weights through conv_stream_forward_channels_last: group 1, at
+// most kMaxStreamRows output positions over the whole batch (N * O1 * ... * On) and at least
+// 64 Ki weights (256 KiB), on any CPU. There the convolution's cost is reading W once, which
+// oneDNN's convolutions did at 25-35 GB/s on an Intel Xeon VM (2 vCPUs, AVX-512) where a plain
+// read of 8-45 MB streams at 56: ResNet-18 at 32x32 and batch 1 (ONNXTRAIN_PROFILE, 2000 runs),
+// layer 4's 512 -> 512 convolutions on 1x1 maps 28-32 us each against 45-57, layer 3's 256 -> 256
+// on 2x2 maps 65-69 against 72-80; the whole run 0.653-0.690 ms against 0.671-0.734 (five
+// alternating pairs of 1500 runs, medians).
+inline constexpr int64_t kMaxStreamRows = 4;
+bool prefer_conv_stream_channels_last(const ConvGeometry& g);
+
+// y [N, O..., M] = Conv(x, w) + b (b [M], or null), then Relu when `relu` (NaN kept), for
+// channels-last x [N, D..., C] and w_taps_first [M, k..., C], the rows = N * O1 * ... * On <=
+// kMaxStreamRows patches of P (as conv_gemm_forward_channels_last gathers them) against each row
+// of W in turn: W is read once, front to back, its rows split between the threads, each row
+// dotted with every patch (8-lane partial sums over K, the lanes added pairwise, then the K % 8
+// rest in order: the same sums at every thread count). Same conditions as conv_gemm_forward.
+void conv_stream_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
+                                       const float* b, float* y, bool relu);
+
 // y [N, M, O...] = Conv(x, w) + b (b [M], or null for none), then Relu when `relu` (NaN kept):
 // the forward product above. float32, group 1, any number of spatial dims; every extent > 0.
 // This and the functions below throw Error when oneDNN's sgemm fails (du::checked); the

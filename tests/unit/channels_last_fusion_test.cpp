@@ -14,6 +14,7 @@
 
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
+#include "ops/conv_gemm.h"
 #include "ops/conv_geometry.h"
 #include "runtime/fusion.h"
 #include "test_util.h"
@@ -60,15 +61,16 @@ onnx::ModelProto model_with_x(const std::string& name) {
 // A residual block and a strided convolution after it, as in ResNet:
 //   x -> Conv -> Relu -> Conv -> Add(., x) -> Relu = r (a graph output too)
 //   r -> Conv (stride 2, no bias) -> Mul(., 0.5) -> GlobalAveragePool = y
-onnx::ModelProto residual_model(size_t spatial) {
+// `c` and `m` the channels of x and of y.
+onnx::ModelProto residual_model(size_t spatial, int64_t c = kC, int64_t m_out = kM) {
   onnx::ModelProto m = model_with_x("residual");
   auto& g = *m.mutable_graph();
-  add_conv(g, "x", "c1", kC, kC, spatial, 1);
+  add_conv(g, "x", "c1", c, c, spatial, 1);
   testing::add_node(g, "Relu", {"c1"}, {"a1"});
-  add_conv(g, "a1", "c2", kC, kC, spatial, 2);
+  add_conv(g, "a1", "c2", c, c, spatial, 2);
   testing::add_node(g, "Add", {"c2", "x"}, {"s"});
   testing::add_node(g, "Relu", {"s"}, {"r"});
-  add_conv(g, "r", "c3", kC, kM, spatial, 3, false, 2);
+  add_conv(g, "r", "c3", c, m_out, spatial, 3, false, 2);
   add_scalar(g, "half", 0.5f, 1);
   testing::add_node(g, "Mul", {"c3", "half"}, {"h"});
   testing::add_node(g, "GlobalAveragePool", {"h"}, {"y"});
@@ -77,8 +79,8 @@ onnx::ModelProto residual_model(size_t spatial) {
   return m;
 }
 
-Shape input_shape(int64_t n, size_t spatial, int64_t size) {
-  Shape s{n, kC};
+Shape input_shape(int64_t n, size_t spatial, int64_t size, int64_t c = kC) {
+  Shape s{n, c};
   for (size_t d = 0; d < spatial; ++d) s.push_back(size);
   return s;
 }
@@ -321,6 +323,50 @@ TEST(ChannelsLastFusion, ConstantWeightsOnMapsSmallerThanTheKernelGiveEveryTapsR
       }
     }
   }
+}
+
+TEST(ChannelsLastFusion, FewOutputRowsOnLargeConstantWeightsStreamTheWeightsWithTheSameResults) {
+  // 257 channels: 64.5 Ki weights in the centre tap alone, above the 64 Ki from which up to 4
+  // output rows over the batch read W's reached taps once (conv_gemm.h
+  // prefer_conv_stream_channels_last): 1x1 maps at batches 1 to 3 (the centre tap), 2x2 maps at
+  // batch 1 (4 rows), and 2x2 maps at batch 2 (8 rows: oneDNN), against float64 with every tap.
+  // 257 is odd (the last row of W alone) and not a multiple of 8 (the sums' K % 8 rest). 1-D and
+  // 3-D maps take the same path.
+  constexpr int64_t kWide = 257;
+  for (size_t spatial : {size_t{2}, size_t{1}, size_t{3}}) {
+    const onnx::ModelProto model = residual_model(spatial, kWide, 40);
+    runtime::Session fused(model), reference(as_float64(model));
+    for (const auto& [n, size] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {3, 1}, {1, 2}, {2, 2}, {1, 1}}) {
+      if (spatial == 3 && size == 2 && n == 2) continue;  // 16 rows: nothing new
+      const Shape shape = input_shape(n, spatial, size, kWide);
+      const Tensor x64 = testing::random_f64(shape, 20 + static_cast<uint32_t>(n * 3 + size));
+      const runtime::NamedTensors want = reference.run({{"x", x64}});
+      for (int again = 0; again < 2; ++again) {  // the second run reuses the kept weights
+        const runtime::NamedTensors got = fused.run({{"x", x64.cast(DataType::Float32)}});
+        for (const auto& [name, tensor] : want) {
+          SCOPED_TRACE("output " + name + " for x " + shape.to_string());
+          double largest = 0;
+          for (double v : tensor.to_double_vector()) largest = std::max(largest, std::abs(v));
+          // float32 sums of up to 6939 products (rounding scales with the terms: expect_same_outputs).
+          expect_close(got.at(name).cast(DataType::Float64), tensor, 1e-5, std::max(1e-5, 2e-6 * largest));
+        }
+      }
+    }
+  }
+}
+
+TEST(ChannelsLastFusion, TheStreamedPathTakesFewRowsOfLargeWeightsOnly) {
+  const auto geometry = [](int64_t n, int64_t c, int64_t m, int64_t size, int64_t kernel) {
+    const Tensor x(DataType::Float32, Shape{n, c, size, size});
+    const Tensor w(DataType::Float32, Shape{m, c, kernel, kernel});
+    ops::ConvAttrs a;
+    a.pads = std::vector<int64_t>(4, kernel / 2);
+    return ops::resolve_conv_geometry(a, {x, "x"}, {w, "w"});
+  };
+  EXPECT_TRUE(ops::prefer_conv_stream_channels_last(geometry(1, 256, 256, 2, 3)));   // ResNet-18's layer 3 at batch 1
+  EXPECT_TRUE(ops::prefer_conv_stream_channels_last(geometry(4, 512, 512, 1, 1)));   // 4 rows
+  EXPECT_FALSE(ops::prefer_conv_stream_channels_last(geometry(2, 256, 256, 2, 3)));  // 8 rows
+  EXPECT_FALSE(ops::prefer_conv_stream_channels_last(geometry(1, 16, 16, 2, 3)));    // 2304 weights
 }
 
 TEST(ChannelsLastFusion, AResidualOfAnotherBatchOrAScalarBroadcastsAsTheAddWould) {
