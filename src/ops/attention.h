@@ -40,6 +40,10 @@ struct Spec {
   // [0, 2, 1, 3]), the [batch, heads, sequence, head size] of the 4-D form; Y is that 4-D form.
   // dQ, dK and dV are written in the inputs' layout.
   bool bshd = false;
+  // ai.onnxtrain.Attention only, attribute output_layout = "BSHD": Y (and AttentionGrad's dY) is
+  // 4-D [batch, sequence, heads, head size], the Transpose(., [0, 2, 1, 3]) of the 4-D form, which
+  // the exporters' head merge writes before its Reshape (fuse_attention drops that Transpose).
+  bool y_bshd = false;
   // ai.onnxtrain.Attention only: the unfused graph's semantics where Attention's differ. The
   // mask is a float tensor added to the scores as by Add (a last dim of 1 broadcasts over the
   // keys; any other dim must match), and a row the mask disallows entirely (-inf everywhere)

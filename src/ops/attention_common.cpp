@@ -69,6 +69,11 @@ Spec parse_spec(const KernelInit& init, int version) {
     if (layout != "BSHD") fail("attribute 'input_layout' is '" + layout + "', expected 'BSHD'");
     s.bshd = true;
   }
+  if (init.has_attr("output_layout")) {  // ai.onnxtrain.Attention
+    const std::string layout = init.attr_string("output_layout", "");
+    if (layout != "BSHD") fail("attribute 'output_layout' is '" + layout + "', expected 'BSHD'");
+    s.y_bshd = true;
+  }
   s.graph_semantics = init.attr_int("graph_semantics", 0) != 0;
   s.nan_to_zero = init.attr_int("nan_to_zero", 0) != 0;
   if (version >= 25) {
@@ -117,8 +122,8 @@ Geometry read_geometry(const KernelContext& ctx, const Spec& spec, int base) {
   }
   g.B = oq.B, g.Hq = oq.H, g.Hkv = ok.H, g.Sq = oq.S, g.Skv = ok.S, g.Dh = oq.D, g.Dv = ov.D;
   g.q = oq.strides, g.k = ok.strides, g.v = ov.strides;
-  g.y = g.rank3 ? Strides{g.Sq * g.Hq * g.Dv, g.Dv, g.Hq * g.Dv} : Strides{g.Hq * g.Sq * g.Dv, g.Sq * g.Dv, g.Dv};
-  g.y_shape = g.rank3 ? Shape{g.B, g.Sq, g.Hq * g.Dv} : Shape{g.B, g.Hq, g.Sq, g.Dv};
+  g.y = g.rank3 || spec.y_bshd ? Strides{g.Sq * g.Hq * g.Dv, g.Dv, g.Hq * g.Dv} : Strides{g.Hq * g.Sq * g.Dv, g.Sq * g.Dv, g.Dv};
+  g.y_shape = g.rank3 ? Shape{g.B, g.Sq, g.Hq * g.Dv} : spec.y_bshd ? Shape{g.B, g.Sq, g.Hq, g.Dv} : Shape{g.B, g.Hq, g.Sq, g.Dv};
   const bool pk = ctx.has_input(base + kPastKey), pv = ctx.has_input(base + kPastValue);
   if (spec.bshd && (pk || ctx.has_input(base + kNonpad))) {
     fail("input_layout BSHD (ai.onnxtrain.Attention) takes no past_key, past_value or nonpad_kv_seqlen");

@@ -1798,6 +1798,7 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     for (const auto& v : *list) declared.insert(v.name());
   }
   ValueNames names(graph);
+  const Matcher readers(graph);
   std::map<int, std::vector<onnx::NodeProto>> replace;
   std::set<int> dropped;
   int fused = 0;
@@ -1817,7 +1818,16 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     const std::string batch = dim(a.q, 0);
     if (batch.empty() || dim(a.k, 0) != batch || dim(a.v, 0) != batch) continue;
     const onnx::NodeProto& product = graph.node(a.product);
-    const std::string y = product.output(0);
+    std::string y = product.output(0);
+    // The head merge's Transpose to [batch, sequence, heads, head size], read by nothing else:
+    // the kernel writes that layout itself (output_layout BSHD).
+    const std::optional<int> merge = readers.sole_reader(y);
+    const bool y_bshd = merge && stated_perm(graph.node(*merge)) == std::vector<int64_t>{0, 2, 1, 3} &&
+                        !dropped.contains(*merge) && !replace.contains(*merge);
+    if (y_bshd) {
+      dropped.insert(*merge);
+      y = graph.node(*merge).output(0);
+    }
     if (const auto type = types.find(y); type != types.end() && !declared.contains(y)) {
       auto* info = graph.add_value_info();
       info->set_name(y);
@@ -1836,6 +1846,7 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     node.add_output(y);
     *node.add_attribute() = autodiff::attr_float("scale", static_cast<float>(a.scale));
     *node.add_attribute() = autodiff::attr_string("input_layout", "BSHD");
+    if (y_bshd) *node.add_attribute() = autodiff::attr_string("output_layout", "BSHD");
     *node.add_attribute() = autodiff::attr_int("graph_semantics", 1);
     if (a.nan_to_zero) *node.add_attribute() = autodiff::attr_int("nan_to_zero", 1);
     *node.add_attribute() = autodiff::attr_int("version", 23);

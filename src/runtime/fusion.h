@@ -297,7 +297,9 @@ int fuse_gelu(onnx::GraphProto& graph, const std::unordered_map<std::string, int
 // (the export's Cast(Sqrt(1 / sqrt(head size))) on Q and on K), by one ai.onnxtrain.Attention(q,
 // k, v[, mask]) writing Y (ops/attention.cpp: the Attention-23 kernel with attributes scale = c_q
 // c_k c, input_layout = "BSHD", graph_semantics = 1, nan_to_zero = 1 with the Where, version =
-// 23; attention.h). Its gradient is
+// 23; attention.h), or, where Y's only reader is the head merge's Transpose(Y, [0, 2, 1, 3]),
+// writing that Transpose's output itself (attribute output_layout = "BSHD"; the Transpose goes,
+// and the gradient reads dY in that layout). Its gradient is
 // one ai.onnxtrain.AttentionGrad (which recomputes P) instead of the pattern's rules: the
 // scores and P are made and used per (batch, head) in cache, never stored, and no head split's
 // Transpose copies anything. Fuses only when Softmax is the MatMul's sole reader chain, every

@@ -34,6 +34,7 @@ struct Options {
   Style style = Style::Sdpa;
   std::vector<int64_t> mask_dims;  // Eager: the mask input's dims
   bool expose_probabilities = false;
+  bool expose_heads = false;       // the product P V ([B, H, S, D], before the merge's Transpose) is a graph output too
   int64_t softmax_axis = -1;
   bool scale_from_input = false;  // Sdpa: the factor is a graph input, not a constant
   bool gradient = false;          // loss = sum(y * r), Gradient of q, k, v (and the mask)
@@ -111,6 +112,7 @@ onnx::ModelProto attention_model(const Options& o) {
   add_node(*g, "Reshape", {"ot", "merged"}, {"y"});
   testing::typed_value(g->add_output(), "y", onnx::TensorProto::FLOAT, {});
   if (o.expose_probabilities) testing::typed_value(g->add_output(), "p", onnx::TensorProto::FLOAT, {});
+  if (o.expose_heads) testing::typed_value(g->add_output(), "o", onnx::TensorProto::FLOAT, {});
   if (o.gradient) {
     add_initializer(g, "r", testing::random_f64(Shape{kB, kS, kE}, 9).cast(DataType::Float32));
     add_node(*g, "Mul", {"y", "r"}, {"yr"});
@@ -151,7 +153,14 @@ void expect_fused_equals_unfused(const Options& o, const std::vector<std::string
   EXPECT_EQ(count_op(g, "Attention"), 1);
   EXPECT_EQ(count_op(g, "Softmax") + count_op(g, "MatMul") + count_op(g, "Div"), 0);
   EXPECT_EQ(count_op(g, "Mul"), o.gradient ? 1 : 0);  // the loss's y * r
-  EXPECT_EQ(count_op(g, "Transpose"), 1);  // the merge's, which the fused node's output feeds
+  // The merge's Transpose too: the fused node writes [B, S, H, D] (output_layout BSHD) for the
+  // merge's Reshape.
+  EXPECT_EQ(count_op(g, "Transpose"), 0);
+  for (const auto& node : g.node()) {
+    if (node.op_type() == "Attention") {
+      EXPECT_EQ(node.output(0), "ot");
+    }
+  }
   const runtime::NamedTensors feeds = feeds_for(o);
   runtime::Session fused(model), unfused(model, {.fuse = false});
   const runtime::NamedTensors got = fused.run(feeds), want = unfused.run(feeds);
@@ -266,6 +275,9 @@ TEST(AttentionFusion, TheFusedOpNamesWhatItCannotRead) {
   testing::NodeSpec other = bshd;
   other.attributes[0] = attr("input_layout", std::string("BHSD"));
   EXPECT_TRUE(testing::throws_with([&] { testing::run_node(other, {q, q, q}); }, "input_layout"));
+  testing::NodeSpec other_output = bshd;
+  other_output.attributes.push_back(attr("output_layout", std::string("BHSD")));
+  EXPECT_TRUE(testing::throws_with([&] { testing::run_node(other_output, {q, q, q}); }, "attribute 'output_layout' is 'BHSD'"));
   const Tensor q3 = testing::random_f64(Shape{1, 3, 8}, 2).cast(DataType::Float32);
   EXPECT_TRUE(testing::throws_with([&] { testing::run_node(bshd, {q3, q3, q3}); }, "in0"));
   const testing::NodeSpec grad{"AttentionGrad", "ai.onnxtrain", 1, bshd.attributes, 3};
@@ -292,6 +304,27 @@ TEST(AttentionFusion, ThePatternStaysWhenItCannotGoWhole) {
   const Options o{.scale_from_input = true};
   runtime::Session session(attention_model(o));
   EXPECT_EQ(session.run(feeds_for(o)).at("y").shape(), (Shape{kB, kS, kE}));
+}
+
+TEST(AttentionFusion, AProductReadBeyondTheMergeKeepsItsTranspose) {
+  // P V is a graph output as well as the merge's input: the fused node writes it in the
+  // [B, H, S, D] form and the Transpose stays. Values and gradients as unfused, both ways.
+  for (bool exposed : {false, true}) {
+    SCOPED_TRACE(exposed ? "the product exposed" : "the product read by the merge alone");
+    const Options o{.style = Style::Eager, .mask_dims = {kB, 1, 1, kS}, .expose_heads = exposed, .gradient = true};
+    const onnx::ModelProto model = attention_model(o);
+    onnx::GraphProto g = model.graph();
+    ASSERT_EQ(runtime::fuse_attention(g, kOpsets), 1);
+    EXPECT_EQ(count_op(g, "Transpose"), exposed ? 1 : 0);
+    const runtime::NamedTensors feeds = feeds_for(o);
+    runtime::Session fused(model), unfused(model, {.fuse = false});
+    const runtime::NamedTensors got = fused.run(feeds), want = unfused.run(feeds);
+    for (const char* name : {"y", "dq", "dk", "dv", "dmask"}) {
+      SCOPED_TRACE(name);
+      expect_close(got.at(name), want.at(name), 1e-5, 1e-6);
+    }
+    if (exposed) expect_close(got.at("o"), want.at("o"), 1e-5, 1e-6);
+  }
 }
 
 }  // namespace

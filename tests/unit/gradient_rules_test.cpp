@@ -712,6 +712,10 @@ std::vector<Case> cases() {
                "fused, mask over the keys"});
   c.push_back({"Attention", fused_attention, {x({1, 3, 2, 2}), x({1, 2, 2, 2}), x({1, 2, 2, 2}), x({2, 3, 1})}, 1, 1, "ai.onnxtrain",
                "fused, mask of one value per row"});
+  std::vector<onnx::AttributeProto> merged = fused_attention;  // Y written [batch, sequence, heads, head size]
+  merged.push_back(attr("output_layout", std::string("BSHD")));
+  c.push_back({"Attention", merged, {x({2, 3, 2, 4}), x({2, 4, 2, 4}), x({2, 4, 2, 3}), x({2, 1, 1, 4})}, 1, 1, "ai.onnxtrain",
+               "fused, output BSHD"});
   std::vector<onnx::AttributeProto> zeroing = fused_attention;
   zeroing.push_back(attr("nan_to_zero", int64_t{1}));
   c.push_back({"Attention", zeroing, {x({2, 2, 1, 3}), x({2, 3, 1, 3}), x({2, 3, 1, 2})}, 1, 1, "ai.onnxtrain", "fused, NaN to zero"});
