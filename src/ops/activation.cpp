@@ -10,19 +10,27 @@
 // registry rows enforce); float16/bfloat16 compute in float and round once on store.
 //
 // Backward ops, dY first, outputs shaped like the inputs:
-//   GeluGrad(dY, X) -> dX        attribute approximate as Gelu
+//   GeluGrad(dY, X[, shape]) -> dX[, dB]   attribute approximate as Gelu; with the optional
+//                                input shape (1-D int64) and output dB: dB = SumToShape(dX,
+//                                shape), the gradient of a bias added before the Gelu
+//                                (runtime/fusion.h fuse_gelu_bias_grad), summed while dX is made
+//                                where shape is X's last dim (with leading 1s), else after it:
+//                                the bits of GeluGrad then SumToShape
 //   SwishGrad(dY, X) -> dX       attribute alpha
 //   MishGrad(dY, X) -> dX
 //   SwiGLUGrad(dY, A, B) -> dA, dB   attribute alpha (either output may be omitted)
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "core/dispatch.h"
 #include "core/vector_math.h"
 #include "core/parallel.h"
 #include "ops/factories.h"
+#include "ops/sum_to_shape.h"
 
 namespace onnxtrain::ops {
 
@@ -134,12 +142,70 @@ struct ActSpec {
   double alpha = 1.0;        // Swish, SwiGLU
 };
 
-// Y = act(X) (forward) or dX = dY act'(X) (backward: inputs dY, X).
+void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backward, const Tensor& x, Tensor& y);
+
+// Whether SumToShape(t, target) of a t shaped `shape` sums over every dim but the last: target is
+// the last dim, with or without leading 1s.
+bool sums_to_last_dim(const Shape& shape, const Shape& target) {
+  if (shape.empty() || target.empty() || target[target.size() - 1] != shape[shape.size() - 1]) return false;
+  return std::all_of(target.begin(), target.end() - 1, [](int64_t d) { return d == 1; });
+}
+
+// GeluGrad's dX = dY Gelu'(X) (float32, approximate "none") and db = SumToShape(dX, target) for a
+// target sums_to_last_dim allows: the rows of dX in sum_to_shape_parts ranges, each made by
+// vmath::gelu_backward and added to its range's sums while in cache, the ranges then added in
+// order: sum_to_shape_into's arithmetic, so the bits of GeluGrad then SumToShape.
+void gelu_grad_with_bias_grad(const float* dy, const float* x, float* dx, const Shape& shape, float* db) {
+  const int64_t n = shape[shape.size() - 1];
+  const int64_t rows = n ? shape.numel() / n : 0;
+  const int64_t parts = sum_to_shape_parts(shape);
+  std::vector<float> sums(static_cast<size_t>(parts * n), 0.0f);
+  parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      float* __restrict acc = sums.data() + p * n;
+      for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r) {
+        vmath::gelu_backward(dy + r * n, x + r * n, dx + r * n, n);
+        const float* __restrict row = dx + r * n;
+        for (int64_t i = 0; i < n; ++i) acc[i] += row[i];
+      }
+    }
+  });
+  for (int64_t p = 1; p < parts; ++p) {
+    const float* part = sums.data() + p * n;
+    for (int64_t i = 0; i < n; ++i) sums[static_cast<size_t>(i)] += part[i];
+  }
+  std::copy(sums.begin(), sums.begin() + n, db);
+}
+
+// Y = act(X) (forward) or dX = dY act'(X) (backward: inputs dY, X; GeluGrad with input 2 also
+// dB = SumToShape(dX, input 2) as output 1).
 void run_activation(KernelContext& ctx, const ActSpec& spec, bool backward) {
   const int xi = backward ? 1 : 0;
   const Tensor& x = ctx.input(xi);
   if (backward) require_same(ctx, 1, 0);
   Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  if (backward && ctx.num_inputs() > 2 && ctx.has_input(2) && ctx.has_output(1)) {
+    const Shape target = shape_input(ctx, 2);
+    check_sum_to_shape(x.shape(), target, "dX (shaped like input " + ctx.input_name(1) + ")");
+    Tensor& db = ctx.allocate_output(1, x.dtype(), target);
+    if (x.dtype() == DataType::Float32 && spec.act == Act::Gelu && !spec.tanh_approx && sums_to_last_dim(x.shape(), target)) {
+      gelu_grad_with_bias_grad(ctx.input(0).data<float>(), x.data<float>(), y.data<float>(), x.shape(), db.data<float>());
+      return;
+    }
+    run_activation_values(ctx, spec, true, x, y);
+    if (target == x.shape()) {
+      std::memcpy(db.raw_data(), y.raw_data(), y.nbytes());
+    } else {
+      sum_to_shape_into(y, target, db);
+    }
+    return;
+  }
+  run_activation_values(ctx, spec, backward, x, y);
+}
+
+// y = act(x), or dY act'(x) with dY = input 0 when `backward`.
+void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backward, const Tensor& x, Tensor& y) {
+  const int xi = backward ? 1 : 0;
   visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(xi), [&]<class T>() {
     using V = compute_t<T>;
     const bool ta = spec.tanh_approx;

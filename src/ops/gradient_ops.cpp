@@ -20,23 +20,11 @@
 #include "ops/broadcast.h"
 #include "ops/factories.h"
 #include "ops/relu.h"
+#include "ops/sum_to_shape.h"
 
 namespace onnxtrain::ops {
 
 namespace {
-
-Shape read_shape(const KernelContext& ctx, int i) {
-  const Tensor& t = ctx.input(i);
-  if (t.dtype() != DataType::Int64 || t.rank() != 1) {
-    fail("input " + ctx.input_name(i) + " must be a 1-D int64 shape, got " + t.description());
-  }
-  Shape s;
-  for (int64_t d : t.to_int64_vector("shape")) {
-    if (d < 0) fail("input " + ctx.input_name(i) + " has a negative dim");
-    s.push_back(d);
-  }
-  return s;
-}
 
 // Index values of an int32/int64 tensor as int64.
 std::vector<int64_t> read_indices(const KernelContext& ctx, int i) {
@@ -57,88 +45,20 @@ int64_t resolve_index(int64_t index, int64_t dim, const KernelContext& ctx) {
 
 void sum_to_shape(KernelContext& ctx) {
   const Tensor& g = ctx.input(0);
-  const Shape target = read_shape(ctx, 1);
+  const Shape target = shape_input(ctx, 1);
   if (target == g.shape()) {
     ctx.set_output(0, g);
     return;
   }
-  if (target.size() > g.rank() || broadcast_shapes(target, g.shape()) != g.shape()) {
-    fail("shape " + target.to_string() + " does not broadcast to the shape of " + ctx.input_name(0) + " " +
-         g.shape().to_string());
-  }
-  Tensor& out = ctx.allocate_output(0, g.dtype(), target);
-  // Output strides per G dim (0 where the dim is summed or padded on the left).
-  const size_t rank = g.rank();
-  const size_t pad = rank - target.size();
-  std::vector<int64_t> stride(rank, 0);
-  int64_t running = 1;
-  for (size_t d = rank; d-- > pad;) {
-    const int64_t t = target[d - pad];
-    stride[d] = t == 1 ? 0 : running;
-    running *= t;
-  }
-  const int64_t inner = rank ? g.dim(rank - 1) : 1;
-  const int64_t inner_stride = rank ? stride[rank - 1] : 0;
-  const int64_t rows = inner ? g.numel() / inner : 0;
-  // Rows [r0, r1) of G summed into acc (the target's elements), odometer style from row r0.
-  auto accumulate = [&]<class T, class C>(const T* src, int64_t r0, int64_t r1, C* acc) {
-    std::vector<int64_t> index(rank, 0);
-    int64_t base = 0;  // output offset of the current row
-    for (size_t d = rank - 1, r = static_cast<size_t>(r0); d-- > 0;) {
-      index[d] = static_cast<int64_t>(r % static_cast<size_t>(g.dim(d)));
-      r /= static_cast<size_t>(g.dim(d));
-      base += index[d] * stride[d];
-    }
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* row = src + r * inner;
-      C* dst = acc + base;
-      if (inner_stride) {
-        for (int64_t i = 0; i < inner; ++i) dst[i] += static_cast<C>(row[i]);
-      } else {
-        C s = 0;
-        for (int64_t i = 0; i < inner; ++i) s += static_cast<C>(row[i]);
-        dst[0] += s;
-      }
-      for (size_t d = rank - 1; d-- > 0;) {
-        base += stride[d];
-        if (++index[d] < g.dim(d)) break;
-        base -= stride[d] * g.dim(d);
-        index[d] = 0;
-      }
-    }
-  };
-  // Large inputs: the rows split into one part per thread, each summed into its own
-  // accumulator, the parts then added in order (BERT's bias gradients: [4096, 256] -> [256]).
-  const int64_t parts = rank == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(omp_get_max_threads()),
-                                                                               g.numel() / kParallelGrain, rows}));
-  visit_dtype<NumericTypes>(g.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
-    using C = compute_t<T>;
-    const T* src = g.data<T>();
-    const auto n = static_cast<size_t>(target.numel());
-    std::vector<C> acc(n * static_cast<size_t>(parts), C(0));
-    if (rank == 0) {
-      acc[0] = static_cast<C>(src[0]);
-    } else if (rows > 0) {
-      parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t p = begin; p < end; ++p) {
-          accumulate.template operator()<T, C>(src, rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
-        }
-      });
-      for (int64_t p = 1; p < parts; ++p) {
-        const C* part = acc.data() + static_cast<size_t>(p) * n;
-        for (size_t i = 0; i < n; ++i) acc[i] += part[i];
-      }
-    }
-    T* o = out.data<T>();
-    for (size_t i = 0; i < n; ++i) o[i] = convert<T>(acc[i]);
-  });
+  check_sum_to_shape(g.shape(), target, ctx.input_name(0));
+  sum_to_shape_into(g, target, ctx.allocate_output(0, g.dtype(), target));
 }
 
 enum class GatherKind { Gather, Elements, ND };
 
 void gather_grad(KernelContext& ctx, GatherKind kind, int64_t axis_attr, int64_t batch_dims) {
   const Tensor& dy = ctx.input(0);
-  const Shape shape = read_shape(ctx, 2);
+  const Shape shape = shape_input(ctx, 2);
   const std::vector<int64_t> indices = read_indices(ctx, 1);
   const Shape& ishape = ctx.input(1).shape();
   Tensor& out = ctx.allocate_output(0, dy.dtype(), shape);
@@ -240,6 +160,104 @@ void gather_grad(KernelContext& ctx, GatherKind kind, int64_t axis_attr, int64_t
 }
 
 }  // namespace
+
+Shape shape_input(const KernelContext& ctx, int i) {
+  const Tensor& t = ctx.input(i);
+  if (t.dtype() != DataType::Int64 || t.rank() != 1) {
+    fail("input " + ctx.input_name(i) + " must be a 1-D int64 shape, got " + t.description());
+  }
+  Shape s;
+  for (int64_t d : t.to_int64_vector("shape")) {
+    if (d < 0) fail("input " + ctx.input_name(i) + " has a negative dim");
+    s.push_back(d);
+  }
+  return s;
+}
+
+void check_sum_to_shape(const Shape& g, const Shape& target, const std::string& g_name) {
+  bool broadcasts = target.size() <= g.size();
+  for (size_t d = 1; broadcasts && d <= target.size(); ++d) {
+    const int64_t t = target[target.size() - d];
+    broadcasts = t == 1 || t == g[g.size() - d];
+  }
+  if (!broadcasts) {
+    fail("shape " + target.to_string() + " does not broadcast to the shape of " + g_name + " " + g.to_string());
+  }
+}
+
+int64_t sum_to_shape_parts(const Shape& shape) {
+  if (shape.empty()) return 1;
+  const int64_t inner = shape[shape.size() - 1];
+  const int64_t rows = inner ? shape.numel() / inner : 0;
+  return std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(omp_get_max_threads()), shape.numel() / kParallelGrain, rows}));
+}
+
+void sum_to_shape_into(const Tensor& g, const Shape& target, Tensor& out) {
+  // Output strides per G dim (0 where the dim is summed or padded on the left).
+  const size_t rank = g.rank();
+  const size_t pad = rank - target.size();
+  std::vector<int64_t> stride(rank, 0);
+  int64_t running = 1;
+  for (size_t d = rank; d-- > pad;) {
+    const int64_t t = target[d - pad];
+    stride[d] = t == 1 ? 0 : running;
+    running *= t;
+  }
+  const int64_t inner = rank ? g.dim(rank - 1) : 1;
+  const int64_t inner_stride = rank ? stride[rank - 1] : 0;
+  const int64_t rows = inner ? g.numel() / inner : 0;
+  // Rows [r0, r1) of G summed into acc (the target's elements), odometer style from row r0.
+  auto accumulate = [&]<class T, class C>(const T* src, int64_t r0, int64_t r1, C* acc) {
+    std::vector<int64_t> index(rank, 0);
+    int64_t base = 0;  // output offset of the current row
+    for (size_t d = rank - 1, r = static_cast<size_t>(r0); d-- > 0;) {
+      index[d] = static_cast<int64_t>(r % static_cast<size_t>(g.dim(d)));
+      r /= static_cast<size_t>(g.dim(d));
+      base += index[d] * stride[d];
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = src + r * inner;
+      C* dst = acc + base;
+      if (inner_stride) {
+        for (int64_t i = 0; i < inner; ++i) dst[i] += static_cast<C>(row[i]);
+      } else {
+        C s = 0;
+        for (int64_t i = 0; i < inner; ++i) s += static_cast<C>(row[i]);
+        dst[0] += s;
+      }
+      for (size_t d = rank - 1; d-- > 0;) {
+        base += stride[d];
+        if (++index[d] < g.dim(d)) break;
+        base -= stride[d] * g.dim(d);
+        index[d] = 0;
+      }
+    }
+  };
+  // Large inputs: the rows split into one part per thread, each summed into its own
+  // accumulator, the parts then added in order (BERT's bias gradients: [4096, 256] -> [256]).
+  const int64_t parts = sum_to_shape_parts(g.shape());
+  visit_dtype<NumericTypes>(g.dtype(), "SumToShape's input", [&]<class T>() {
+    using C = compute_t<T>;
+    const T* src = g.data<T>();
+    const auto n = static_cast<size_t>(target.numel());
+    std::vector<C> acc(n * static_cast<size_t>(parts), C(0));
+    if (rank == 0) {
+      acc[0] = static_cast<C>(src[0]);
+    } else if (rows > 0) {
+      parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          accumulate.template operator()<T, C>(src, rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
+        }
+      });
+      for (int64_t p = 1; p < parts; ++p) {
+        const C* part = acc.data() + static_cast<size_t>(p) * n;
+        for (size_t i = 0; i < n; ++i) acc[i] += part[i];
+      }
+    }
+    T* o = out.data<T>();
+    for (size_t i = 0; i < n; ++i) o[i] = convert<T>(acc[i]);
+  });
+}
 
 std::unique_ptr<Kernel> make_sum_to_shape(const KernelInit&) { return make_kernel(sum_to_shape); }
 

@@ -1239,6 +1239,40 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   return static_cast<int>(pairs.size());
 }
 
+int fuse_gelu_bias_grad(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (GeluGrad, SumToShape)
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& sum = graph.node(i);
+      if (sum.domain() != kInternalDomain || sum.op_type() != "SumToShape" || sum.input_size() != 2 ||
+          sum.output_size() != 1 || sum.input(0).empty() || sum.input(1).empty()) {
+        continue;
+      }
+      const int producer = m.producer_index(sum.input(0));
+      if (producer < 0) continue;
+      const onnx::NodeProto& grad = graph.node(producer);
+      if (grad.domain() != kInternalDomain || grad.op_type() != "GeluGrad" || grad.input_size() != 2 ||
+          grad.output_size() != 1 || grad.output(0) != sum.input(0)) {
+        continue;
+      }
+      const bool taken = std::any_of(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == producer; });
+      if (!taken) pairs.emplace_back(producer, i);
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [grad_index, sum_index] : pairs) {
+    const onnx::NodeProto& sum = graph.node(sum_index);
+    onnx::NodeProto& grad = *graph.mutable_node(grad_index);
+    grad.add_input(sum.input(1));
+    grad.add_output(sum.output(0));
+    drop[static_cast<size_t>(sum_index)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 int fuse_layer_norm_grad_sum(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (Sum, LayerNormalizationGrad)
   {

@@ -235,6 +235,14 @@ void fuse_matrix_products(onnx::GraphProto& graph);
 // two. Results are the two ops'. Returns the number of pairs fused.
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 
+// Replaces each ai.onnxtrain.SumToShape(t, shape) whose t is the output of an
+// ai.onnxtrain.GeluGrad(dY, X) — the gradient of a bias added before a Gelu, as a transformer's
+// feed-forward layer writes it — by that GeluGrad with shape as its input 2 and the SumToShape's
+// output as its output 1 (ops/activation.cpp), which sums dX to the bias's shape while it makes
+// it instead of reading it back: the same values. One SumToShape per GeluGrad (the first in the
+// node order). Returns the number of SumToShapes removed.
+int fuse_gelu_bias_grad(onnx::GraphProto& graph);
+
 // Replaces each ai.onnxtrain.LayerNormalizationGrad whose dY is the output of an ONNX Sum read by
 // nothing else (not a graph output, not read by a subgraph) — the Sum the Gradient expansion writes
 // where LayerNormalization's output has several readers, such as a transformer's residual branch

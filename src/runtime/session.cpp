@@ -47,6 +47,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     fuse_gemm_relu(graph);
     fuse_max_pool_relu_grad(graph);
     fuse_layer_norm_grad_sum(graph);
+    fuse_gelu_bias_grad(graph);
     if (gradients) {  // a backward pass's convolutions
       block_convolution_tensors(graph);
       share_weight_taps(graph);

@@ -355,6 +355,7 @@ struct TrainingSession::Impl {
       runtime::fuse_gemm_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);
       runtime::fuse_layer_norm_grad_sum(graph);
+      runtime::fuse_gelu_bias_grad(graph);
       runtime::block_convolution_tensors(graph);
       runtime::share_weight_taps(graph);
       runtime::crop_momentum_gradients(graph);

@@ -1,11 +1,14 @@
 // runtime/fusion.h fuse_gelu: the erf formula of GELU that exporters write below opset 20
 // (Div by sqrt 2, Erf, Add 1, Mul by x, Mul by 0.5) becomes one ai.onnxtrain.Gelu, whose values
 // and gradient (through a Gradient node, ai.onnxtrain.GeluGrad) equal the unfused chain's; the
-// chain stays when a constant differs or an intermediate is read elsewhere.
+// chain stays when a constant differs or an intermediate is read elsewhere. And
+// fuse_gelu_bias_grad: the SumToShape of GeluGrad's output (a bias's gradient) goes into the
+// GeluGrad, with the bits of the two ops.
 #include <cmath>
 #include <limits>
 #include <numbers>
 
+#include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
 #include "runtime/fusion.h"
 #include "test_util.h"
@@ -45,6 +48,28 @@ void add_constant(onnx::GraphProto* g, const std::string& name, float value, boo
   testing::add_constant_node(*g, name, Tensor::from_vector<float>(Shape{}, {value}));
 }
 
+// loss = ReduceSum(y * r) for a constant r of `shape`, and Gradient(xs) of it as the outputs
+// "d" + x.
+void add_loss_gradient(onnx::GraphProto* g, const Shape& shape, const std::vector<std::string>& xs) {
+  io::tensor_to_proto(testing::random_f64(shape, 5).cast(DataType::Float32), "r", *g->add_initializer());
+  add_node(g, "Mul", {"y", "r"}, "yr");
+  auto* sum = g->add_node();
+  sum->set_op_type("ReduceSum");
+  sum->add_input("yr");
+  sum->add_output("loss");
+  *sum->add_attribute() = attr("keepdims", int64_t{0});
+  auto* grad = g->add_node();
+  grad->set_op_type("Gradient");
+  grad->set_domain("ai.onnx.preview.training");
+  for (const auto& x : xs) {
+    grad->add_input(x);
+    grad->add_output("d" + x);
+    g->add_output()->set_name("d" + x);
+  }
+  *grad->add_attribute() = attr("xs", xs);
+  *grad->add_attribute() = attr("y", std::string("loss"));
+}
+
 onnx::ModelProto chain_model(const Shape& shape, const ChainOptions& o) {
   onnx::ModelProto m;
   m.set_ir_version(8);
@@ -71,29 +96,7 @@ onnx::ModelProto chain_model(const Shape& shape, const ChainOptions& o) {
   add_node(g, "Mul", pair("m", "half"), "y");
   g->add_output()->set_name("y");
   if (o.expose_intermediate) g->add_output()->set_name("e");
-  if (o.gradient) {
-    onnx::TensorProto r;
-    io::tensor_to_proto(testing::random_f64(shape, 5).cast(DataType::Float32), "r", r);
-    *g->add_initializer() = r;
-    add_node(g, "Mul", {"y", "r"}, "yr");
-    auto* sum = g->add_node();
-    sum->set_op_type("ReduceSum");
-    sum->add_input("yr");
-    sum->add_output("loss");
-    *sum->add_attribute() = attr("keepdims", int64_t{0});
-    auto* grad = g->add_node();
-    grad->set_op_type("Gradient");
-    grad->set_domain("ai.onnx.preview.training");
-    grad->add_input("x");
-    grad->add_output("dx");
-    onnx::AttributeProto xs;
-    xs.set_name("xs");
-    xs.set_type(onnx::AttributeProto::STRINGS);
-    xs.add_strings("x");
-    *grad->add_attribute() = xs;
-    *grad->add_attribute() = attr("y", std::string("loss"));
-    g->add_output()->set_name("dx");
-  }
+  if (o.gradient) add_loss_gradient(g, shape, {"x"});
   return m;
 }
 
@@ -149,6 +152,84 @@ TEST(GeluFusion, AnotherConstantOrAnIntermediateReadElsewhereKeepsTheChain) {
   onnx::GraphProto exposed = chain_model(shape, {.expose_intermediate = true}).graph();
   EXPECT_EQ(runtime::fuse_gelu(exposed, kOpsets), 0);
   EXPECT_EQ(count_op(exposed, "Erf"), 1);
+}
+
+void expect_same_bits(const Tensor& got, const Tensor& want) {
+  ASSERT_EQ(got.dtype(), want.dtype());
+  ASSERT_EQ(got.shape(), want.shape());
+  const std::vector<double> g = got.to_double_vector(), w = want.to_double_vector();
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << "element " << i;
+}
+
+// GeluGrad with a shape input against GeluGrad then SumToShape.
+void expect_bias_grad_equals_sum(DataType dtype, const Shape& shape, const std::vector<int64_t>& target,
+                                 const std::string& approximate = "none") {
+  const Tensor dy = testing::random_f64(shape, 1).cast(dtype), x = testing::random_f64(shape, 2, 4.0).cast(dtype);
+  const Tensor t = testing::i64(target);
+  const std::vector<onnx::AttributeProto> attrs{attr("approximate", approximate)};
+  const Tensor dx = testing::run_node({"GeluGrad", "ai.onnxtrain", 1, attrs, 1}, {dy, x})[0];
+  const Tensor want = testing::run_node({"SumToShape", "ai.onnxtrain", 1, {}, 1}, {dx, t})[0];
+  const std::vector<Tensor> got = testing::run_node({"GeluGrad", "ai.onnxtrain", 1, attrs, 2}, {dy, x, t});
+  expect_same_bits(got[0], dx);
+  expect_same_bits(got[1], want);
+}
+
+TEST(GeluBiasGrad, TheBiasGradientHasTheBitsOfSumToShapeAfterGeluGrad) {
+  // Summed while dX is made: float32 to the last dim, with or without leading 1s, over rows the
+  // threads split (and rows shorter than a vector); after it: other targets, types, tanh.
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{6, 7, 37}, {37});
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{64, 1100}, {1, 1100});  // two row ranges from 64 Ki elements on
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{2, 65, 515}, {515});
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{9, 5}, {5});
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{6, 7, 37}, {7, 1});
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{6, 7, 37}, {6, 7, 37});
+  expect_bias_grad_equals_sum(DataType::Float32, Shape{6, 7, 37}, {37}, "tanh");
+  expect_bias_grad_equals_sum(DataType::Float64, Shape{6, 7, 37}, {37});
+  expect_bias_grad_equals_sum(DataType::Float16, Shape{6, 37}, {37});
+}
+
+TEST(GeluBiasGrad, AShapeThatDoesNotBroadcastIsNamed) {
+  const Tensor dy = testing::random_f64(Shape{4, 6}, 1).cast(DataType::Float32);
+  EXPECT_TRUE(testing::throws_with(
+      [&] { testing::run_node({"GeluGrad", "ai.onnxtrain", 1, {}, 2}, {dy, dy, testing::i64({5})}); },
+      "shape [5] does not broadcast to the shape of dX"));
+}
+
+// y = Gelu(x + b) (ai.onnxtrain.Gelu, as fuse_gelu leaves it), loss = sum(y * r); the Gradient
+// of x and b, expanded.
+onnx::ModelProto bias_gelu_model() {
+  onnx::ModelProto m = testing::empty_model("bias_gelu");
+  auto* training = m.add_opset_import();
+  training->set_domain("ai.onnx.preview.training");
+  training->set_version(1);
+  auto* g = m.mutable_graph();
+  testing::typed_value(g->add_input(), "x", onnx::TensorProto::FLOAT, {3, 5, 40});
+  io::tensor_to_proto(testing::random_f64(Shape{40}, 3).cast(DataType::Float32), "b", *g->add_initializer());
+  add_node(g, "Add", {"x", "b"}, "h");
+  auto* gelu = g->add_node();
+  gelu->set_op_type("Gelu");
+  gelu->set_domain("ai.onnxtrain");
+  gelu->add_input("h");
+  gelu->add_output("y");
+  add_loss_gradient(g, Shape{3, 5, 40}, {"x", "b"});
+  autodiff::expand_gradients(*g, kOpsets, "test");
+  return m;
+}
+
+TEST(GeluBiasGrad, TheBiasesSumToShapeGoesIntoTheGeluGrad) {
+  const onnx::ModelProto unfused = bias_gelu_model();
+  onnx::ModelProto fused = unfused;
+  const int sums = count_op(fused.graph(), "SumToShape");
+  ASSERT_EQ(runtime::fuse_gelu_bias_grad(*fused.mutable_graph()), 1);
+  EXPECT_EQ(count_op(fused.graph(), "SumToShape"), sums - 1);
+  EXPECT_EQ(runtime::fuse_gelu_bias_grad(*fused.mutable_graph()), 0);  // once per GeluGrad
+  const runtime::NamedTensors feeds{{"x", testing::random_f64(Shape{3, 5, 40}, 9, 3.0).cast(DataType::Float32)}};
+  runtime::Session a(fused, {.fuse = false}), b(unfused, {.fuse = false});
+  const runtime::NamedTensors got = a.run(feeds), want = b.run(feeds);
+  for (const char* name : {"dx", "db"}) {
+    SCOPED_TRACE(name);
+    expect_same_bits(got.at(name), want.at(name));
+  }
 }
 
 }  // namespace
