@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "core/dispatch.h"
+#include "core/vector_math.h"
 #include "ops/broadcast.h"
 #include "ops/data_movement.h"
 #include "ops/dnnl_util.h"
@@ -91,11 +92,12 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // is kept.
 class ConstantWeightsProduct {
  public:
-  // Whether oneDNN planned the problem; false leaves Y untouched for the caller's own path.
+  // Whether oneDNN planned the problem; false leaves Y untouched for the caller's own path. With
+  // `gelu`, Y = Gelu(A B' + bias) (oneDNN's eltwise_gelu_erf post-op, in the epilogue).
   bool run(const float* a, int64_t M, int64_t K, const float* b, bool b_transposed, int64_t N,
-           const float* bias, float* y) {
-    Entry& e = cache_.get(du::CacheKey().add(M).add(K).add(N).add(b_transposed).add(bias != nullptr),
-                          [&] { return plan(M, K, N, b_transposed, bias != nullptr); });
+           const float* bias, float* y, bool gelu = false) {
+    Entry& e = cache_.get(du::CacheKey().add(M).add(K).add(N).add(b_transposed).add(bias != nullptr).add(gelu),
+                          [&] { return plan(M, K, N, b_transposed, bias != nullptr, gelu); });
     if (!e.planned) return false;
     dnnl::stream& stream = du::cpu_stream();
     du::checked("run a matmul on constant weights", [&] {
@@ -136,7 +138,7 @@ class ConstantWeightsProduct {
     std::unordered_map<int, dnnl::memory> args;
   };
 
-  Entry plan(int64_t M, int64_t K, int64_t N, bool b_transposed, bool has_bias) {
+  Entry plan(int64_t M, int64_t K, int64_t N, bool b_transposed, bool has_bias, bool gelu) {
     Entry e;
     const dnnl::engine& engine = du::cpu_engine();
     const auto src = du::plain_f32({M, K}), dst = du::plain_f32({M, N}), bias = du::plain_f32({1, N});
@@ -146,8 +148,14 @@ class ConstantWeightsProduct {
                : du::strided_f32({K, N}, {1, K});  // B^T, stored [N, K]
     dnnl::matmul::primitive_desc pd;
     try {
-      pd = has_bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wanted, bias, dst), engine)
-                    : dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wanted, dst), engine);
+      dnnl::primitive_attr attr;
+      if (gelu) {
+        dnnl::post_ops ops;
+        ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f, 0.0f);
+        attr.set_post_ops(ops);
+      }
+      pd = has_bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wanted, bias, dst), attr, engine)
+                    : dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wanted, dst), attr, engine);
     } catch (const dnnl::error&) {  // no implementation: the caller's path
       return e;
     }
@@ -447,9 +455,14 @@ class MatMulPermutedKernel final : public Kernel {
 // this project's two EPYC cores at [4096, 256] x [256, 1024] with W [1024, 256] read transposed:
 // 4.36-4.48 ms with the bias in the primitive against 4.84-4.95 for the product and a separate
 // bias pass (1.08-1.19 against 1.22-1.39 at N = 256).
+//
+// With attribute activation = "Gelu" (runtime/fusion.h fuse_matmul_add_gelu, inference graphs),
+// Y = Gelu(MatMul(A, B') + C) with Gelu's erf form: inside the primitive on constant weights
+// (oneDNN's eltwise_gelu_erf post-op, in the epilogue while each block of Y is in cache), else
+// vmath::gelu over Y after the product.
 class MatMulAddKernel final : public Kernel {
  public:
-  MatMulAddKernel(bool trans_b, bool constant_b) : trans_b_(trans_b), constant_b_(constant_b) {}
+  MatMulAddKernel(bool trans_b, bool constant_b, bool gelu) : trans_b_(trans_b), constant_b_(constant_b), gelu_(gelu) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -478,17 +491,27 @@ class MatMulAddKernel final : public Kernel {
     const float* bias = c.data<float>();
     float* out = y.data<float>();
     const bool full_bias = c.dim(0) == N;
-    if (full_bias && K > 0) {
-      if (constant_b_ && constant_product_.run(a_data, rows, K, b_data, trans_b_, N, bias, out)) return;
-      if (!constant_b_ && trans_b_) {  // B [N, K] read in place as [K, N], the bias in the epilogue
-        MatMulEntry& e = cache_.get(du::CacheKey().add(rows).add(K).add(N), [&] {
-          return make_entry(du::plain_f32({rows, K}), du::strided_f32({K, N}, {1, K}), du::plain_f32({rows, N}), {},
-                            du::plain_f32({1, N}));
-        });
-        if (!e.use_reference) {
-          execute(e, a_data, b_data, out, bias);
-          return;
-        }
+    if (full_bias && K > 0 && constant_b_ && constant_product_.run(a_data, rows, K, b_data, trans_b_, N, bias, out, gelu_)) {
+      return;
+    }
+    product(a_data, b_data, bias, full_bias, rows, N, K, out);
+    if (gelu_) {
+      parallel_for(rows * N, kParallelGrain, [&](int64_t begin, int64_t end) { vmath::gelu(out + begin, out + begin, end - begin); });
+    }
+  }
+
+ private:
+  // out [rows, N] = A B' + C without the activation.
+  void product(const float* a_data, const float* b_data, const float* bias, bool full_bias, int64_t rows, int64_t N,
+               int64_t K, float* out) {
+    if (full_bias && K > 0 && !constant_b_ && trans_b_) {  // B [N, K] read in place as [K, N], the bias in the epilogue
+      MatMulEntry& e = cache_.get(du::CacheKey().add(rows).add(K).add(N), [&] {
+        return make_entry(du::plain_f32({rows, K}), du::strided_f32({K, N}, {1, K}), du::plain_f32({rows, N}), {},
+                          du::plain_f32({1, N}));
+      });
+      if (!e.use_reference) {
+        execute(e, a_data, b_data, out, bias);
+        return;
       }
     }
     parallel_for(rows, std::max<int64_t>(1, kParallelGrain / N), [&](int64_t begin, int64_t end) {
@@ -506,6 +529,7 @@ class MatMulAddKernel final : public Kernel {
  private:
   bool trans_b_ = false;
   bool constant_b_ = false;  // B is an initializer (KernelInit::input_is_constant)
+  bool gelu_ = false;        // attribute activation = "Gelu"
   ConstantWeightsProduct constant_product_;
   du::PrimitiveCache<MatMulEntry> cache_;
 };
@@ -844,7 +868,9 @@ std::unique_ptr<Kernel> make_matmul_permuted(const KernelInit& init) {
 }
 
 std::unique_ptr<Kernel> make_matmul_add(const KernelInit& init) {
-  return std::make_unique<MatMulAddKernel>(init.attr_int("transB", 0) != 0, init.input_is_constant(1));
+  const std::string activation = init.attr_string("activation", "");
+  if (!activation.empty() && activation != "Gelu") fail("attribute activation is '" + activation + "', expected 'Gelu' or none");
+  return std::make_unique<MatMulAddKernel>(init.attr_int("transB", 0) != 0, init.input_is_constant(1), activation == "Gelu");
 }
 
 namespace {

@@ -1239,6 +1239,40 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
   return static_cast<int>(pairs.size());
 }
 
+int fuse_matmul_add_gelu(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (MatMulAdd, Gelu)
+  {
+    Matcher m(graph);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& gelu = graph.node(i);
+      const bool is_gelu = (gelu.domain() == kInternalDomain && gelu.op_type() == "Gelu") || is_onnx_op(gelu, "Gelu");
+      if (!is_gelu || gelu.input_size() != 1 || gelu.output_size() != 1) continue;
+      bool erf_form = true;
+      for (const auto& attr : gelu.attribute()) {
+        erf_form = erf_form && attr.name() == "approximate" && attr.s() == "none";
+      }
+      const onnx::NodeProto* product = m.producer(gelu.input(0));
+      if (!erf_form || !product || product->domain() != kInternalDomain || product->op_type() != "MatMulAdd" ||
+          product->output_size() != 1 || m.sole_reader(gelu.input(0)) != i) {
+        continue;
+      }
+      const bool has_activation = std::any_of(product->attribute().begin(), product->attribute().end(),
+                                              [](const onnx::AttributeProto& a) { return a.name() == "activation"; });
+      if (!has_activation) pairs.emplace_back(m.producer_index(gelu.input(0)), i);
+    }
+  }
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [product_index, gelu_index] : pairs) {
+    onnx::NodeProto& product = *graph.mutable_node(product_index);
+    product.set_output(0, graph.node(gelu_index).output(0));
+    *product.add_attribute() = autodiff::attr_string("activation", "Gelu");
+    drop[static_cast<size_t>(gelu_index)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 int fuse_gelu_bias_grad(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (GeluGrad, SumToShape)
   {

@@ -235,6 +235,14 @@ void fuse_matrix_products(onnx::GraphProto& graph);
 // two. Results are the two ops'. Returns the number of pairs fused.
 int fuse_max_pool_relu_grad(onnx::GraphProto& graph);
 
+// Replaces each Gelu of the erf form (ai.onnxtrain.Gelu, or ONNX Gelu-20 with approximate
+// "none") of an ai.onnxtrain.MatMulAdd's output read by nothing else — a transformer's first
+// feed-forward layer in an inference graph (in training, GeluGrad reads that output too) — by the
+// MatMulAdd with attribute activation = "Gelu" writing the Gelu's output (ops/matmul.cpp: on
+// constant weights inside oneDNN's primitive). Results may differ in the last bits (oneDNN's erf).
+// Run after fuse_matrix_products. Returns the number of Gelus removed.
+int fuse_matmul_add_gelu(onnx::GraphProto& graph);
+
 // Replaces each ai.onnxtrain.SumToShape(t, shape) whose t is the output of an
 // ai.onnxtrain.GeluGrad(dY, X) — the gradient of a bias added before a Gelu, as a transformer's
 // feed-forward layer writes it — by that GeluGrad with shape as its input 2 and the SumToShape's

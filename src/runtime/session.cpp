@@ -44,6 +44,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     block_pooled_conv_pairs(graph);
     fuse_conv_add(graph);
     fuse_matrix_products(graph);
+    fuse_matmul_add_gelu(graph);
     fuse_gemm_relu(graph);
     fuse_max_pool_relu_grad(graph);
     fuse_layer_norm_grad_sum(graph);

@@ -352,6 +352,7 @@ struct TrainingSession::Impl {
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
       runtime::fuse_matrix_products(graph);
+      runtime::fuse_matmul_add_gelu(graph);
       runtime::fuse_gemm_relu(graph);
       runtime::fuse_max_pool_relu_grad(graph);
       runtime::fuse_layer_norm_grad_sum(graph);

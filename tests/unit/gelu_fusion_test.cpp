@@ -3,7 +3,8 @@
 // and gradient (through a Gradient node, ai.onnxtrain.GeluGrad) equal the unfused chain's; the
 // chain stays when a constant differs or an intermediate is read elsewhere. And
 // fuse_gelu_bias_grad: the SumToShape of GeluGrad's output (a bias's gradient) goes into the
-// GeluGrad, with the bits of the two ops.
+// GeluGrad, with the bits of the two ops; and fuse_matmul_add_gelu: a linear layer's Gelu in
+// an inference graph runs inside the product.
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -230,6 +231,63 @@ TEST(GeluBiasGrad, TheBiasesSumToShapeGoesIntoTheGeluGrad) {
     SCOPED_TRACE(name);
     expect_same_bits(got.at(name), want.at(name));
   }
+}
+
+// y = Gelu(x W + b) (ai.onnxtrain.Gelu, as fuse_gelu leaves the erf formula), x [2, 9, 24], W
+// [24, 40] and b [40] initializers, or W a graph input (`fed_weights`); `expose_product`: x W + b is
+// a graph output too.
+onnx::ModelProto linear_gelu_model(bool fed_weights, bool expose_product) {
+  onnx::ModelProto m = testing::empty_model("linear_gelu");
+  auto* g = m.mutable_graph();
+  testing::typed_value(g->add_input(), "x", onnx::TensorProto::FLOAT, {2, 9, 24});
+  if (fed_weights) testing::typed_value(g->add_input(), "w", onnx::TensorProto::FLOAT, {24, 40});
+  io::tensor_to_proto(testing::random_f64(Shape{24, 40}, 3, 0.5).cast(DataType::Float32), "w", *g->add_initializer());
+  io::tensor_to_proto(testing::random_f64(Shape{40}, 4).cast(DataType::Float32), "b", *g->add_initializer());
+  add_node(g, "MatMul", {"x", "w"}, "xw");
+  add_node(g, "Add", {"xw", "b"}, "h");
+  auto* gelu = g->add_node();
+  gelu->set_op_type("Gelu");
+  gelu->set_domain("ai.onnxtrain");
+  gelu->add_input("h");
+  gelu->add_output("y");
+  g->add_output()->set_name("y");
+  if (expose_product) g->add_output()->set_name("h");
+  return m;
+}
+
+TEST(MatMulAddGelu, ALinearLayersGeluRunsInsideTheProduct) {
+  for (bool fed : {false, true}) {
+    SCOPED_TRACE(fed ? "weights fed" : "constant weights");
+    const onnx::ModelProto model = linear_gelu_model(fed, false);
+    onnx::GraphProto g = model.graph();
+    runtime::fuse_matrix_products(g);
+    ASSERT_EQ(runtime::fuse_matmul_add_gelu(g), 1);
+    EXPECT_EQ(count_op(g, "Gelu"), 0);
+    EXPECT_EQ(count_op(g, "MatMulAdd"), 1);
+    runtime::NamedTensors feeds{{"x", testing::random_f64(Shape{2, 9, 24}, 5, 2.0).cast(DataType::Float32)}};
+    if (fed) feeds["w"] = testing::random_f64(Shape{24, 40}, 6, 0.5).cast(DataType::Float32);
+    runtime::Session fused(model), unfused(model, {.fuse = false});
+    for (int again = 0; again < 2; ++again) {  // the second run reuses the primitive and its weights
+      // oneDNN's erf (constant weights) against vmath's: a few float32 roundings apart.
+      expect_close(fused.run(feeds).at("y"), unfused.run(feeds).at("y"), 1e-5, 1e-6);
+    }
+  }
+}
+
+TEST(MatMulAddGelu, AProductReadElsewhereKeepsItsGelu) {
+  onnx::GraphProto g = linear_gelu_model(false, true).graph();
+  runtime::fuse_matrix_products(g);
+  EXPECT_EQ(runtime::fuse_matmul_add_gelu(g), 0);
+  EXPECT_EQ(count_op(g, "Gelu"), 1);
+}
+
+TEST(MatMulAddGelu, AnotherActivationIsNamed) {
+  const Tensor x = testing::random_f64(Shape{3, 4}, 1).cast(DataType::Float32);
+  const Tensor w = testing::random_f64(Shape{4, 5}, 2).cast(DataType::Float32);
+  const Tensor b = testing::random_f64(Shape{5}, 3).cast(DataType::Float32);
+  EXPECT_TRUE(testing::throws_with(
+      [&] { testing::run_node({"MatMulAdd", "ai.onnxtrain", 1, {attr("activation", std::string("Tanh"))}, 1}, {x, w, b}); },
+      "attribute activation is 'Tanh', expected 'Gelu' or none"));
 }
 
 }  // namespace
