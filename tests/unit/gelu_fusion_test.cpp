@@ -196,6 +196,15 @@ TEST(GeluBiasGrad, AShapeThatDoesNotBroadcastIsNamed) {
       "shape [5] does not broadcast to the shape of dX"));
 }
 
+// An ai.onnxtrain.Gelu node (what fuse_gelu makes of the erf formula) from x to y.
+void add_fused_gelu(onnx::GraphProto* g, const std::string& x, const std::string& y) {
+  auto* gelu = g->add_node();
+  gelu->set_op_type("Gelu");
+  gelu->set_domain("ai.onnxtrain");
+  gelu->add_input(x);
+  gelu->add_output(y);
+}
+
 // y = Gelu(x + b) (ai.onnxtrain.Gelu, as fuse_gelu leaves it), loss = sum(y * r); the Gradient
 // of x and b, expanded.
 onnx::ModelProto bias_gelu_model() {
@@ -207,11 +216,7 @@ onnx::ModelProto bias_gelu_model() {
   testing::typed_value(g->add_input(), "x", onnx::TensorProto::FLOAT, {3, 5, 40});
   io::tensor_to_proto(testing::random_f64(Shape{40}, 3).cast(DataType::Float32), "b", *g->add_initializer());
   add_node(g, "Add", {"x", "b"}, "h");
-  auto* gelu = g->add_node();
-  gelu->set_op_type("Gelu");
-  gelu->set_domain("ai.onnxtrain");
-  gelu->add_input("h");
-  gelu->add_output("y");
+  add_fused_gelu(g, "h", "y");
   add_loss_gradient(g, Shape{3, 5, 40}, {"x", "b"});
   autodiff::expand_gradients(*g, kOpsets, "test");
   return m;
@@ -245,11 +250,7 @@ onnx::ModelProto linear_gelu_model(bool fed_weights, bool expose_product) {
   io::tensor_to_proto(testing::random_f64(Shape{40}, 4).cast(DataType::Float32), "b", *g->add_initializer());
   add_node(g, "MatMul", {"x", "w"}, "xw");
   add_node(g, "Add", {"xw", "b"}, "h");
-  auto* gelu = g->add_node();
-  gelu->set_op_type("Gelu");
-  gelu->set_domain("ai.onnxtrain");
-  gelu->add_input("h");
-  gelu->add_output("y");
+  add_fused_gelu(g, "h", "y");
   g->add_output()->set_name("y");
   if (expose_product) g->add_output()->set_name("h");
   return m;
