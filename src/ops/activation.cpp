@@ -142,67 +142,6 @@ struct ActSpec {
   double alpha = 1.0;        // Swish, SwiGLU
 };
 
-void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backward, const Tensor& x, Tensor& y);
-
-// Whether SumToShape(t, target) of a t shaped `shape` sums over every dim but the last: target is
-// the last dim, with or without leading 1s.
-bool sums_to_last_dim(const Shape& shape, const Shape& target) {
-  if (shape.empty() || target.empty() || target[target.size() - 1] != shape[shape.size() - 1]) return false;
-  return std::all_of(target.begin(), target.end() - 1, [](int64_t d) { return d == 1; });
-}
-
-// GeluGrad's dX = dY Gelu'(X) (float32, approximate "none") and db = SumToShape(dX, target) for a
-// target sums_to_last_dim allows: the rows of dX in sum_to_shape_parts ranges, each made by
-// vmath::gelu_backward and added to its range's sums while in cache, the ranges then added in
-// order: sum_to_shape_into's arithmetic, so the bits of GeluGrad then SumToShape.
-void gelu_grad_with_bias_grad(const float* dy, const float* x, float* dx, const Shape& shape, float* db) {
-  const int64_t n = shape[shape.size() - 1];
-  const int64_t rows = n ? shape.numel() / n : 0;
-  const int64_t parts = sum_to_shape_parts(shape);
-  std::vector<float> sums(static_cast<size_t>(parts * n), 0.0f);
-  parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      float* __restrict acc = sums.data() + p * n;
-      for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r) {
-        vmath::gelu_backward(dy + r * n, x + r * n, dx + r * n, n);
-        const float* __restrict row = dx + r * n;
-        for (int64_t i = 0; i < n; ++i) acc[i] += row[i];
-      }
-    }
-  });
-  for (int64_t p = 1; p < parts; ++p) {
-    const float* part = sums.data() + p * n;
-    for (int64_t i = 0; i < n; ++i) sums[static_cast<size_t>(i)] += part[i];
-  }
-  std::copy(sums.begin(), sums.begin() + n, db);
-}
-
-// Y = act(X) (forward) or dX = dY act'(X) (backward: inputs dY, X; GeluGrad with input 2 also
-// dB = SumToShape(dX, input 2) as output 1).
-void run_activation(KernelContext& ctx, const ActSpec& spec, bool backward) {
-  const int xi = backward ? 1 : 0;
-  const Tensor& x = ctx.input(xi);
-  if (backward) require_same(ctx, 1, 0);
-  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
-  if (backward && ctx.num_inputs() > 2 && ctx.has_input(2) && ctx.has_output(1)) {
-    const Shape target = shape_input(ctx, 2);
-    check_sum_to_shape(x.shape(), target, "dX (shaped like input " + ctx.input_name(1) + ")");
-    Tensor& db = ctx.allocate_output(1, x.dtype(), target);
-    if (x.dtype() == DataType::Float32 && spec.act == Act::Gelu && !spec.tanh_approx && sums_to_last_dim(x.shape(), target)) {
-      gelu_grad_with_bias_grad(ctx.input(0).data<float>(), x.data<float>(), y.data<float>(), x.shape(), db.data<float>());
-      return;
-    }
-    run_activation_values(ctx, spec, true, x, y);
-    if (target == x.shape()) {
-      std::memcpy(db.raw_data(), y.raw_data(), y.nbytes());
-    } else {
-      sum_to_shape_into(y, target, db);
-    }
-    return;
-  }
-  run_activation_values(ctx, spec, backward, x, y);
-}
-
 // y = act(x), or dY act'(x) with dY = input 0 when `backward`.
 void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backward, const Tensor& x, Tensor& y) {
   const int xi = backward ? 1 : 0;
@@ -229,6 +168,55 @@ void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backwar
       case Act::Mish: return map2<T>(dy, x, y, [](V g, V v) { return g * mish_derivative(v); });
     }
   });
+}
+
+// Whether SumToShape(t, target) of a t shaped `shape` sums over every dim but the last: target is
+// the last dim, with or without leading 1s.
+bool sums_to_last_dim(const Shape& shape, const Shape& target) {
+  if (shape.empty() || target.empty() || target[target.size() - 1] != shape[shape.size() - 1]) return false;
+  return std::all_of(target.begin(), target.end() - 1, [](int64_t d) { return d == 1; });
+}
+
+// GeluGrad's dX = dY Gelu'(X) (float32, approximate "none") and db = SumToShape(dX, target) for a
+// target sums_to_last_dim allows: each row of dX made by vmath::gelu_backward and added to its
+// range's sums while in cache, in sum_row_ranges' order, so the bits of GeluGrad then SumToShape.
+void gelu_grad_with_bias_grad(const float* dy, const float* x, float* dx, const Shape& shape, float* db) {
+  const int64_t n = shape[shape.size() - 1];
+  const std::vector<float> sums = sum_row_ranges<float>(shape, static_cast<size_t>(n), [&](int64_t r0, int64_t r1, float* acc) {
+    for (int64_t r = r0; r < r1; ++r) {
+      vmath::gelu_backward(dy + r * n, x + r * n, dx + r * n, n);
+      const float* __restrict row = dx + r * n;
+      float* __restrict sum = acc;
+      for (int64_t i = 0; i < n; ++i) sum[i] += row[i];
+    }
+  });
+  std::copy(sums.begin(), sums.end(), db);
+}
+
+// Y = act(X) (forward) or dX = dY act'(X) (backward: inputs dY, X; GeluGrad with input 2 also
+// dB = SumToShape(dX, input 2) as output 1).
+void run_activation(KernelContext& ctx, const ActSpec& spec, bool backward) {
+  const int xi = backward ? 1 : 0;
+  const Tensor& x = ctx.input(xi);
+  if (backward) require_same(ctx, 1, 0);
+  Tensor& y = ctx.allocate_output(0, x.dtype(), x.shape());
+  if (backward && ctx.num_inputs() > 2 && ctx.has_input(2) && ctx.has_output(1)) {
+    const Shape target = shape_input(ctx, 2);
+    check_sum_to_shape(x.shape(), target, "dX (shaped like input " + ctx.input_name(1) + ")");
+    Tensor& db = ctx.allocate_output(1, x.dtype(), target);
+    if (x.dtype() == DataType::Float32 && spec.act == Act::Gelu && !spec.tanh_approx && sums_to_last_dim(x.shape(), target)) {
+      gelu_grad_with_bias_grad(ctx.input(0).data<float>(), x.data<float>(), y.data<float>(), x.shape(), db.data<float>());
+      return;
+    }
+    run_activation_values(ctx, spec, true, x, y);
+    if (target == x.shape()) {
+      std::memcpy(db.raw_data(), y.raw_data(), y.nbytes());
+    } else {
+      sum_to_shape_into(y, target, db);
+    }
+    return;
+  }
+  run_activation_values(ctx, spec, backward, x, y);
 }
 
 void run_swiglu(KernelContext& ctx, double alpha_d) {

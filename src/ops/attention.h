@@ -12,9 +12,9 @@
 
 #include <bit>
 #include <cmath>
-#include <type_traits>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ops/kernel.h"

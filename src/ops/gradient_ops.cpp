@@ -205,7 +205,6 @@ void sum_to_shape_into(const Tensor& g, const Shape& target, Tensor& out) {
   }
   const int64_t inner = rank ? g.dim(rank - 1) : 1;
   const int64_t inner_stride = rank ? stride[rank - 1] : 0;
-  const int64_t rows = inner ? g.numel() / inner : 0;
   // Rows [r0, r1) of G summed into acc (the target's elements), odometer style from row r0.
   auto accumulate = [&]<class T, class C>(const T* src, int64_t r0, int64_t r1, C* acc) {
     std::vector<int64_t> index(rank, 0);
@@ -235,25 +234,14 @@ void sum_to_shape_into(const Tensor& g, const Shape& target, Tensor& out) {
   };
   // Large inputs: the rows split into one part per thread, each summed into its own
   // accumulator, the parts then added in order (BERT's bias gradients: [4096, 256] -> [256]).
-  const int64_t parts = sum_to_shape_parts(g.shape());
   visit_dtype<NumericTypes>(g.dtype(), "SumToShape's input", [&]<class T>() {
     using C = compute_t<T>;
     const T* src = g.data<T>();
     const auto n = static_cast<size_t>(target.numel());
-    std::vector<C> acc(n * static_cast<size_t>(parts), C(0));
-    if (rank == 0) {
-      acc[0] = static_cast<C>(src[0]);
-    } else if (rows > 0) {
-      parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t p = begin; p < end; ++p) {
-          accumulate.template operator()<T, C>(src, rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
-        }
-      });
-      for (int64_t p = 1; p < parts; ++p) {
-        const C* part = acc.data() + static_cast<size_t>(p) * n;
-        for (size_t i = 0; i < n; ++i) acc[i] += part[i];
-      }
-    }
+    const std::vector<C> acc = rank == 0 ? std::vector<C>{static_cast<C>(src[0])}
+                                         : sum_row_ranges<C>(g.shape(), n, [&](int64_t r0, int64_t r1, C* part) {
+                                             accumulate.template operator()<T, C>(src, r0, r1, part);
+                                           });
     T* o = out.data<T>();
     for (size_t i = 0; i < n; ++i) o[i] = convert<T>(acc[i]);
   });

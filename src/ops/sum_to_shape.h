@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "core/parallel.h"
 #include "ops/kernel.h"
 
 namespace onnxtrain::ops {
@@ -26,5 +28,29 @@ void sum_to_shape_into(const Tensor& g, const Shape& target, Tensor& out);
 // The number of row ranges sum_to_shape_into splits a g of `shape` into: one per thread, at most
 // one per row, fewer for small g.
 int64_t sum_to_shape_parts(const Shape& shape);
+
+// sum_to_shape_into's order of sums for a g of `shape` (rank >= 1) and n output values: range p
+// of the sum_to_shape_parts(shape) ranges covers rows [rows * p / parts, rows * (p + 1) / parts)
+// (rows = numel / last dim); accumulate(r0, r1, acc) adds those rows, in order, into acc (n
+// values of type C, zeroed), one range per thread; the ranges' sums are then added in order.
+// Returns the n sums. A kernel that makes g row by row (ops/activation.cpp's GeluGrad) passes an
+// accumulate that makes each row before adding it, and gets SumToShape's bits.
+template <class C, class F>
+std::vector<C> sum_row_ranges(const Shape& shape, size_t n, F accumulate) {
+  const int64_t inner = shape[shape.size() - 1];
+  const int64_t rows = inner ? shape.numel() / inner : 0;
+  const int64_t parts = sum_to_shape_parts(shape);
+  std::vector<C> acc(n * static_cast<size_t>(parts), C(0));
+  if (rows == 0) return acc;
+  parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) accumulate(rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
+  });
+  for (int64_t p = 1; p < parts; ++p) {
+    const C* part = acc.data() + static_cast<size_t>(p) * n;
+    for (size_t i = 0; i < n; ++i) acc[i] += part[i];
+  }
+  acc.resize(n);
+  return acc;
+}
 
 }  // namespace onnxtrain::ops

@@ -387,24 +387,33 @@ int fuse_conv_pool(onnx::GraphProto& graph) {
   return static_cast<int>(chains.size());
 }
 
+// For each (kept, absorbed) pair of node indices: edit(kept node, absorbed node), then every
+// absorbed node goes. The pairs were matched on the graph as it was; each node is in at most one.
+// Returns the number of pairs.
+template <class F>
+int absorb_nodes(onnx::GraphProto& graph, const std::vector<std::pair<int, int>>& pairs, F edit) {
+  if (pairs.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const auto& [kept, absorbed] : pairs) {
+    edit(*graph.mutable_node(kept), graph.node(absorbed));
+    drop[static_cast<size_t>(absorbed)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(pairs.size());
+}
+
 namespace {
 // For each (producer, activation node) pair: the producer becomes the internal `fused_op` with
 // attribute activation = `activation`, writing the activation node's output; the activation
 // nodes go. Returns the number of pairs.
 int fold_into_producers(onnx::GraphProto& graph, const std::vector<std::pair<int, int>>& pairs, const char* fused_op,
                         const char* activation) {
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [producer, act] : pairs) {
-    onnx::NodeProto& node = *graph.mutable_node(producer);
+  return absorb_nodes(graph, pairs, [&](onnx::NodeProto& node, const onnx::NodeProto& act) {
     node.set_domain(kInternalDomain);
     node.set_op_type(fused_op);
-    node.set_output(0, graph.node(act).output(0));
+    node.set_output(0, act.output(0));
     add_activation(node, activation);
-    drop[static_cast<size_t>(act)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  });
 }
 
 // Replaces each `op` node (ONNX domain) whose one output only a Relu reads with an internal
@@ -1227,16 +1236,10 @@ int fuse_max_pool_relu_grad(onnx::GraphProto& graph) {
       pairs.emplace_back(m.producer_index(dy), i);
     }
   }
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [pool_grad, relu_grad] : pairs) {
-    onnx::NodeProto& node = *graph.mutable_node(pool_grad);
-    node.set_output(0, graph.node(relu_grad).output(0));
-    add_activation(node);
-    drop[static_cast<size_t>(relu_grad)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  return absorb_nodes(graph, pairs, [](onnx::NodeProto& pool_grad, const onnx::NodeProto& relu_grad) {
+    pool_grad.set_output(0, relu_grad.output(0));
+    add_activation(pool_grad);
+  });
 }
 
 int fuse_matmul_add_gelu(onnx::GraphProto& graph) {
@@ -1261,16 +1264,7 @@ int fuse_matmul_add_gelu(onnx::GraphProto& graph) {
       if (!has_activation) pairs.emplace_back(m.producer_index(gelu.input(0)), i);
     }
   }
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [product_index, gelu_index] : pairs) {
-    onnx::NodeProto& product = *graph.mutable_node(product_index);
-    product.set_output(0, graph.node(gelu_index).output(0));
-    *product.add_attribute() = autodiff::attr_string("activation", "Gelu");
-    drop[static_cast<size_t>(gelu_index)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  return fold_into_producers(graph, pairs, "MatMulAdd", "Gelu");
 }
 
 int fuse_gelu_bias_grad(onnx::GraphProto& graph) {
@@ -1294,21 +1288,14 @@ int fuse_gelu_bias_grad(onnx::GraphProto& graph) {
       if (!taken) pairs.emplace_back(producer, i);
     }
   }
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [grad_index, sum_index] : pairs) {
-    const onnx::NodeProto& sum = graph.node(sum_index);
-    onnx::NodeProto& grad = *graph.mutable_node(grad_index);
+  return absorb_nodes(graph, pairs, [](onnx::NodeProto& grad, const onnx::NodeProto& sum) {
     grad.add_input(sum.input(1));
     grad.add_output(sum.output(0));
-    drop[static_cast<size_t>(sum_index)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  });
 }
 
 int fuse_layer_norm_grad_sum(onnx::GraphProto& graph) {
-  std::vector<std::pair<int, int>> pairs;  // (Sum, LayerNormalizationGrad)
+  std::vector<std::pair<int, int>> pairs;  // (LayerNormalizationGrad, Sum)
   {
     Matcher m(graph);
     for (int i = 0; i < graph.node_size(); ++i) {
@@ -1323,21 +1310,14 @@ int fuse_layer_norm_grad_sum(onnx::GraphProto& graph) {
         continue;
       }
       const bool all_named = std::none_of(sum->input().begin(), sum->input().end(), [](const std::string& in) { return in.empty(); });
-      if (all_named) pairs.emplace_back(m.producer_index(grad.input(0)), i);
+      if (all_named) pairs.emplace_back(i, m.producer_index(grad.input(0)));
     }
   }
-  if (pairs.empty()) return 0;
-  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
-  for (const auto& [sum_index, grad_index] : pairs) {
-    const onnx::NodeProto& sum = graph.node(sum_index);
-    onnx::NodeProto& grad = *graph.mutable_node(grad_index);
+  return absorb_nodes(graph, pairs, [](onnx::NodeProto& grad, const onnx::NodeProto& sum) {
     grad.set_input(0, sum.input(0));
     while (grad.input_size() < 5) grad.add_input("");
     for (int k = 1; k < sum.input_size(); ++k) grad.add_input(sum.input(k));
-    drop[static_cast<size_t>(sum_index)] = true;
-  }
-  drop_nodes(graph, drop);
-  return static_cast<int>(pairs.size());
+  });
 }
 
 namespace {
@@ -1832,8 +1812,8 @@ std::optional<AttentionMatch> match_attention(const onnx::GraphProto& graph, Mat
 int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
   const auto onnx_opset = opsets.find("");
   std::vector<AttentionMatch> matches;
+  Matcher m(graph);  // of the graph before the rewrite, which happens at the end
   {
-    Matcher m(graph);
     const std::unordered_set<std::string> named = attribute_named_values(graph);
     std::unordered_set<int> taken;
     for (int i = 0; i < graph.node_size(); ++i) {
@@ -1866,7 +1846,6 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     for (const auto& v : *list) declared.insert(v.name());
   }
   ValueNames names(graph);
-  const Matcher readers(graph);
   std::map<int, std::vector<onnx::NodeProto>> replace;
   std::set<int> dropped;
   int fused = 0;
@@ -1889,7 +1868,7 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     std::string y = product.output(0);
     // The head merge's Transpose to [batch, sequence, heads, head size], read by nothing else:
     // the kernel writes that layout itself (output_layout BSHD).
-    const std::optional<int> merge = readers.sole_reader(y);
+    const std::optional<int> merge = m.sole_reader(y);
     const bool y_bshd = merge && stated_perm(graph.node(*merge)) == std::vector<int64_t>{0, 2, 1, 3} &&
                         !dropped.contains(*merge) && !replace.contains(*merge);
     if (y_bshd) {
