@@ -56,16 +56,18 @@ bool prefer_conv_gemm_channels_last(const ConvGeometry& g);
 // read of 8-45 MB streams at 56: ResNet-18 at 32x32 and batch 1 (ONNXTRAIN_PROFILE, 2000 runs),
 // layer 4's 512 -> 512 convolutions on 1x1 maps 28-32 us each against 45-57, layer 3's 256 -> 256
 // on 2x2 maps 65-69 against 72-80; the whole run 0.653-0.690 ms against 0.671-0.734 (five
-// alternating pairs of 1500 runs, medians).
+// alternating pairs of 1500 runs, medians). Three rows of W a group instead of two (fewer reads
+// of the patches): layer 3's 64-67 -> 54-57 us, the run 0.622-0.650 against 0.655-0.669 ms (four
+// alternating pairs).
 inline constexpr int64_t kMaxStreamRows = 4;
 bool prefer_conv_stream_channels_last(const ConvGeometry& g);
 
 // y [N, O..., M] = Conv(x, w) + b (b [M], or null), then Relu when `relu` (NaN kept), for
 // channels-last x [N, D..., C] and w_taps_first [M, k..., C], the rows = N * O1 * ... * On <=
 // kMaxStreamRows patches of P (as conv_gemm_forward_channels_last gathers them) against each row
-// of W in turn: W is read once, front to back, its rows split between the threads, each row
-// dotted with every patch (8-lane partial sums over K, the lanes added pairwise, then the K % 8
-// rest in order: the same sums at every thread count). Same conditions as conv_gemm_forward.
+// of W in turn: W is read once, front to back, its rows split between the threads in groups of
+// three, each row dotted with every patch (8-lane partial sums over K, the lanes added pairwise,
+// then the K % 8 rest in order: the same sums at every thread count). Same conditions as conv_gemm_forward.
 void conv_stream_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
                                        const float* b, float* y, bool relu);
 

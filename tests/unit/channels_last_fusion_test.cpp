@@ -326,14 +326,13 @@ TEST(ChannelsLastFusion, ConstantWeightsOnMapsSmallerThanTheKernelGiveEveryTapsR
 }
 
 TEST(ChannelsLastFusion, FewOutputRowsOnLargeConstantWeightsStreamTheWeightsWithTheSameResults) {
-  // 257 channels: 64.5 Ki weights in the centre tap alone, above the 64 Ki from which up to 4
-  // output rows over the batch read W's reached taps once (conv_gemm.h
+  // 257 or 259 channels: 64.5 Ki weights or more in the centre tap alone, above the 64 Ki from
+  // which up to 4 output rows over the batch read W's reached taps once (conv_gemm.h
   // prefer_conv_stream_channels_last): 1x1 maps at batches 1 to 3 (the centre tap), 2x2 maps at
   // batch 1 (4 rows), and 2x2 maps at batch 2 (8 rows: oneDNN), against float64 with every tap.
-  // 257 is odd (the last row of W alone) and not a multiple of 8 (the sums' K % 8 rest). 1-D and
-  // 3-D maps take the same path.
-  constexpr int64_t kWide = 257;
-  for (size_t spatial : {size_t{2}, size_t{1}, size_t{3}}) {
+  // W's rows go three at a time: 257 rows end in a group of two, 259 in a group of one; neither
+  // is a multiple of 8 (the sums' K % 8 rest). 1-D and 3-D maps take the same path.
+  for (const auto& [kWide, spatial] : std::vector<std::pair<int64_t, size_t>>{{257, 2}, {257, 1}, {257, 3}, {259, 2}}) {
     const onnx::ModelProto model = residual_model(spatial, kWide, 40);
     runtime::Session fused(model), reference(as_float64(model));
     for (const auto& [n, size] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {3, 1}, {1, 2}, {2, 2}, {1, 1}}) {
