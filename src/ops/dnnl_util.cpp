@@ -88,6 +88,38 @@ int64_t blocked_offset(const dnnl_memory_desc_t& md, const int64_t* index) {
 
 }  // namespace
 
+void ChannelsLastTranspose::run(const float* src, float* dst) const {
+  for (int64_t n = 0; n < images; ++n) {
+    const float* image = src + n * channels * positions;
+    float* out = dst + n * channels * positions;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float* plane = image + c * positions;
+      for (int64_t s = 0; s < positions; ++s) out[s * channels + c] = plane[s];
+    }
+  }
+}
+
+ChannelsLastTranspose small_channels_first_to_last(const dnnl::memory::desc& plain, const dnnl::memory::desc& wanted) {
+  const dnnl::memory::dims dims = plain.dims();
+  if (dims.size() < 3 || plain.data_type() != dnnl::memory::data_type::f32 || !same_layout(plain, plain_f32(dims))) {
+    return {};
+  }
+  int64_t numel = 1;
+  for (const auto d : dims) numel *= d;
+  if (numel <= 0 || numel > kSmallTransposeFloats) return {};
+  const int64_t images = dims[0], channels = dims[1], positions = numel / (images * channels);
+  dnnl::memory::dims strides(dims.size());
+  strides[0] = numel / images;
+  strides[1] = 1;
+  int64_t stride = channels;
+  for (size_t d = dims.size() - 1; d >= 2; --d) {
+    strides[d] = stride;
+    stride *= dims[d];
+  }
+  if (!same_layout(wanted, strided_f32(dims, strides))) return {};
+  return {images, channels, positions};
+}
+
 bool same_layout(const dnnl::memory::desc& a, const dnnl::memory::desc& b) {
   if (a == b) return true;
   const dnnl_memory_desc_t &x = a.data, &y = b.data;

@@ -1,7 +1,7 @@
 // ops/dnnl_util.h same_layout: which pairs of oneDNN descriptors put every element at the same
 // place (so an Operand binds the tensor itself instead of reordering it), and a convolution and
 // its gradient on 1x1 maps, where oneDNN's channel-blocked layout is the tensor's own, against
-// float64 references.
+// float64 references; the Operand's own transpose of small channels-first inputs.
 #include <gtest/gtest.h>
 
 #include "ops/dnnl_util.h"
@@ -63,6 +63,39 @@ TEST(SameLayoutTest, ConvolutionsOnOneByOneMapsMatchFloat64) {
     expect_close(g.at(0), f32(want.at(0)), 1e-5, 1e-5);
     expect_close(g.at(1), f32(want.at(1)), 1e-5, 1e-5);
   }
+}
+
+// A small channels-first input that a primitive wants channels-last is transposed by the
+// Operand's own loop (du::small_channels_first_to_last): the same floats as oneDNN's reorder,
+// for 1 to 3 spatial dims; blocked layouts, larger tensors and plain-to-plain keep the reorder.
+TEST(SameLayoutTest, SmallChannelsLastInputsAreTransposedAsOneDnnReordersThem) {
+  const std::vector<std::pair<dnnl::memory::dims, tag>> cases{
+      {{1, 3, 32, 32}, tag::acdb}, {{2, 5, 7}, tag::acb}, {{3, 4, 2, 3, 5}, tag::acdeb}, {{4, 3, 32, 32}, tag::acdb}};
+  for (const auto& [dims, channels_last] : cases) {
+    SCOPED_TRACE(::testing::Message() << dims.size() << "-D, " << dims[0] << " images of " << dims[1] << " channels");
+    const dnnl::memory::desc plain = du::plain_f32(dims), wanted = desc(dims, channels_last);
+    const du::ChannelsLastTranspose t = du::small_channels_first_to_last(plain, wanted);
+    EXPECT_EQ(t.images, dims[0]);
+    EXPECT_EQ(t.channels, dims[1]);
+    const size_t n = plain.get_size() / sizeof(float);
+    std::vector<float> x(n), got(n, -1.0f), want(n, -2.0f);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i) * 0.5f - 3.0f;
+    du::Operand operand(plain, wanted, true);
+    operand.bind(x.data());
+    char* cursor = reinterpret_cast<char*>(got.data());
+    operand.place(cursor);
+    operand.reorder(du::cpu_stream());
+    dnnl::memory from(plain, du::cpu_engine(), x.data()), to(wanted, du::cpu_engine(), want.data());
+    dnnl::reorder(from, to).execute(du::cpu_stream(), from, to);
+    du::cpu_stream().wait();
+    EXPECT_EQ(got, want);
+  }
+  // Not this path: blocks of 16 of 32 channels (16 channels in one block would be channels-last),
+  // more than kSmallTransposeFloats floats, a row-major target, a channels-last source.
+  EXPECT_EQ(du::small_channels_first_to_last(du::plain_f32({1, 32, 4, 4}), desc({1, 32, 4, 4}, tag::aBcd16b)).images, 0);
+  EXPECT_EQ(du::small_channels_first_to_last(du::plain_f32({8, 3, 32, 32}), desc({8, 3, 32, 32}, tag::acdb)).images, 0);
+  EXPECT_EQ(du::small_channels_first_to_last(du::plain_f32({2, 3, 4}), desc({2, 3, 4}, tag::abc)).images, 0);
+  EXPECT_EQ(du::small_channels_first_to_last(desc({1, 3, 4, 4}, tag::acdb), du::plain_f32({1, 3, 4, 4})).images, 0);
 }
 
 }  // namespace
