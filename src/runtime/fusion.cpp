@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numbers>
 #include <optional>
@@ -1807,6 +1808,107 @@ std::optional<AttentionMatch> match_attention(const onnx::GraphProto& graph, Mat
   return a;
 }
 
+// The values of `name` when it is an int64 constant (constant_proto) of at most 8 elements.
+std::optional<std::vector<int64_t>> small_int_constant(const onnx::GraphProto& graph, const Matcher& m,
+                                                       const std::string& name) {
+  const onnx::TensorProto* proto = constant_proto(graph, m, name);
+  if (!proto || proto->data_type() != onnx::TensorProto::INT64) return std::nullopt;
+  try {
+    const Tensor t = io::tensor_from_proto(*proto, {}, name);
+    if (t.numel() > 8) return std::nullopt;
+    return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+  } catch (const Error&) {  // external data or a malformed tensor: left to the run
+    return std::nullopt;
+  }
+}
+
+// Whether Reshape node `reshape`, reading the fused attention's output y (as MatMul wrote it:
+// [B, H, Sq, Dv] of q [B, Sq, H, D] and v [B, Skv, H, Dv], the batch checked equal), gives y its
+// own shape, as PyTorch's export of scaled_dot_product_attention writes it before the head merge
+// (Reshape(y, [B, -1, Sq, Dv]), the dims from Shape nodes): its shape a Concat of four
+// one-element values, value i a constant or Unsqueeze(c, [0]) with c 0 (Reshape keeps the dim,
+// allowzero 0), y's dim i as shape inference states it (`dim`), or -1 (once: the three others
+// proven, it is y's dim i; on a y with a dim of 0, where the unfused Reshape cannot infer it,
+// the fused graph has no Reshape to fail), or [Unsqueeze of] Gather(Shape(t), j) with dim j of t
+// y's dim i: t = y and j = i, or t a Transpose of q or v whose Shape the fusion reads off q or v
+// (a.shapes: dim j of t is dim perm[j] of x) with x's dim y's dim i. `y_shapes` gets the other
+// readers of y, which must all be Shape nodes.
+bool reshapes_to_own_shape(const onnx::GraphProto& graph, const Matcher& m, const AttentionMatch& a,
+                           const std::string& y, int reshape, const std::function<std::string(const std::string&, int)>& dim,
+                           std::vector<int>& y_shapes) {
+  const onnx::NodeProto& r = graph.node(reshape);
+  if (!is_onnx_op(r, "Reshape") || r.input_size() != 2 || r.output_size() != 1 || r.input(0) != y || r.input(1) == y) {
+    return false;
+  }
+  const bool allowzero = int_attribute(r, "allowzero") != 0;
+  y_shapes.clear();
+  for (int reader : m.readers(y)) {
+    if (reader == reshape) continue;
+    const onnx::NodeProto& n = graph.node(reader);
+    if (!is_onnx_op(n, "Shape") || n.input_size() != 1 || n.output_size() != 1) return false;
+    y_shapes.push_back(reader);
+  }
+  const int concat = m.producer_index(r.input(1));
+  if (concat < 0) return false;
+  const onnx::NodeProto& c = graph.node(concat);
+  if (!is_onnx_op(c, "Concat") || c.input_size() != 4 || int_attribute(c, "axis") != 0) return false;
+  // y's dim i as dim `of[i].second` of q or v (the batch is q's, k's and v's alike).
+  const std::pair<const std::string*, int64_t> of[4] = {{&a.q, 0}, {&a.q, 2}, {&a.q, 1}, {&a.v, 3}};
+  // Whether dim j of what Shape node `shape` reads is y's dim i.
+  const auto same_dim = [&](int shape, int64_t j, int64_t i) {
+    if (j < 0) j += 4;
+    if (graph.node(shape).input(0) == y) return j == i;
+    for (const auto& [node, x, perm] : a.shapes) {
+      if (node != shape || j < 0 || j >= static_cast<int64_t>(perm.size())) continue;
+      const int64_t d = perm[static_cast<size_t>(j)];
+      return (x == *of[i].first && d == of[i].second) || (i == 0 && d == 0 && (x == a.k || x == a.v));
+    }
+    return false;
+  };
+  int inferred = 0;  // elements -1: Reshape infers the dim from the others
+  const auto stated = [&](int64_t value, int64_t i) {
+    if (value == -1) return ++inferred == 1;
+    if (value == 0) return !allowzero;
+    const std::string v = std::to_string(value);
+    return v == dim(y, static_cast<int>(i)) || v == dim(*of[i].first, static_cast<int>(of[i].second));
+  };
+  for (int64_t i = 0; i < 4; ++i) {
+    std::string e = c.input(static_cast<int>(i));
+    if (const auto value = small_int_constant(graph, m, e)) {
+      if (value->size() != 1 || !stated((*value)[0], i)) return false;
+      continue;
+    }
+    const int producer = m.producer_index(e);
+    if (producer < 0) return false;
+    const onnx::NodeProto* n = &graph.node(producer);
+    if (is_onnx_op(*n, "Unsqueeze")) {
+      std::vector<int64_t> axes;
+      for (const auto& attr : n->attribute()) {
+        if (attr.name() == "axes") axes.assign(attr.ints().begin(), attr.ints().end());
+      }
+      if (n->input_size() == 2) axes = small_int_constant(graph, m, n->input(1)).value_or(std::vector<int64_t>{});
+      if (axes != std::vector<int64_t>{0} && axes != std::vector<int64_t>{-1}) return false;
+      e = n->input(0);
+      if (const auto value = small_int_constant(graph, m, e)) {
+        if (value->size() != 1 || !stated((*value)[0], i)) return false;
+        continue;
+      }
+      const int scalar = m.producer_index(e);
+      if (scalar < 0) return false;
+      n = &graph.node(scalar);
+    }
+    // Gather(Shape(t), j) over axis 0, j one index; Shape of the whole of t.
+    if (!is_onnx_op(*n, "Gather") || n->input_size() != 2 || int_attribute(*n, "axis") != 0) return false;
+    const auto j = small_int_constant(graph, m, n->input(1));
+    const int shape = m.producer_index(n->input(0));
+    if (!j || j->size() != 1 || shape < 0) return false;
+    const onnx::NodeProto& sh = graph.node(shape);
+    if (!is_onnx_op(sh, "Shape") || sh.input_size() != 1 || sh.attribute_size() != 0) return false;
+    if (!same_dim(shape, (*j)[0], i)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
@@ -1851,7 +1953,9 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
   int fused = 0;
   // Dim d of `name` as shape inference states it ("" when it states neither a value nor a name).
   const auto dim = [&](const std::string& name, int d) -> std::string {
-    const auto& shape = types.at(name).tensor_type().shape();
+    const auto t = types.find(name);
+    if (t == types.end() || !t->second.has_tensor_type() || !t->second.tensor_type().has_shape()) return "";
+    const auto& shape = t->second.tensor_type().shape();
     if (d >= shape.dim_size()) return "";
     const auto& x = shape.dim(d);
     return x.has_dim_value() ? std::to_string(x.dim_value()) : x.dim_param();
@@ -1867,13 +1971,31 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
     const onnx::NodeProto& product = graph.node(a.product);
     std::string y = product.output(0);
     // The head merge's Transpose to [batch, sequence, heads, head size], read by nothing else:
-    // the kernel writes that layout itself (output_layout BSHD).
-    const std::optional<int> merge = m.sole_reader(y);
-    const bool y_bshd = merge && stated_perm(graph.node(*merge)) == std::vector<int64_t>{0, 2, 1, 3} &&
-                        !dropped.contains(*merge) && !replace.contains(*merge);
+    // the kernel writes that layout itself (output_layout BSHD). Between the two may stand a
+    // Reshape of y to its own shape (reshapes_to_own_shape), which goes too; the Shape nodes
+    // reading y then read the new output permuted.
+    std::optional<int> merge = m.sole_reader(y);
+    std::optional<int> same_shape;
+    std::vector<int> y_shapes;
+    if (!merge && !m.pinned(y)) {
+      for (int r : m.readers(y)) {
+        if (is_onnx_op(graph.node(r), "Reshape") && reshapes_to_own_shape(graph, m, a, y, r, dim, y_shapes)) {
+          same_shape = r;
+          merge = m.sole_reader(graph.node(r).output(0));
+          break;
+        }
+      }
+    }
+    const auto untouched = [&](int node) { return !dropped.contains(node) && !replace.contains(node); };
+    const bool y_bshd = merge && stated_perm(graph.node(*merge)) == std::vector<int64_t>{0, 2, 1, 3} && untouched(*merge) &&
+                        (!same_shape || (untouched(*same_shape) && std::all_of(y_shapes.begin(), y_shapes.end(), untouched)));
     if (y_bshd) {
       dropped.insert(*merge);
       y = graph.node(*merge).output(0);
+      if (same_shape) {
+        dropped.insert(*same_shape);
+        for (int sh : y_shapes) replace[sh] = shape_of_transpose_input(graph, names, graph.node(sh), y, {0, 2, 1, 3});
+      }
     }
     if (const auto type = types.find(y); type != types.end() && !declared.contains(y)) {
       auto* info = graph.add_value_info();

@@ -40,6 +40,10 @@ struct Options {
   bool gradient = false;          // loss = sum(y * r), Gradient of q, k, v (and the mask)
   int64_t kv_batch = kB;          // k's and v's batch (1: broadcast over q's by MatMul)
   bool zero_nans = false;         // Eager: Where(IsNaN(P), 0, P) after the Softmax, as PyTorch's SDPA export with a bool mask
+  // Reshape(P V, [B, -1, S, D]) before the merge's Transpose, the dims from Shape nodes, as
+  // PyTorch's SDPA export writes it: D from Shape(V') (provably P V's) or from Shape(Q') (equal
+  // here, since q's and v's head sizes are, but not provably).
+  enum class OwnShape { None, Proven, Unproven } own_shape = OwnShape::None;
 };
 
 void add_float_input(onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims) {
@@ -102,7 +106,27 @@ onnx::ModelProto attention_model(const Options& o) {
     p = "p_kept";
   }
   add_node(*g, "MatMul", {p, "vt"}, {"o"});
-  *add_node(*g, "Transpose", {"o"}, {"ot"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
+  std::string heads = "o";
+  if (o.own_shape != Options::OwnShape::None) {
+    for (const auto& [name, index] : std::vector<std::pair<std::string, int64_t>>{{"i0", 0}, {"i2", 2}, {"i3", 3}}) {
+      add_initializer(g, name, Tensor::from_vector<int64_t>(Shape{}, {index}));
+    }
+    add_initializer(g, "axes0", Tensor::from_vector<int64_t>(Shape{1}, {0}));
+    add_initializer(g, "minus_one", Tensor::from_vector<int64_t>(Shape{1}, {-1}));
+    add_node(*g, "Shape", {"o"}, {"o_shape"});
+    add_node(*g, "Shape", {"qt"}, {"qt_dims"});
+    add_node(*g, "Shape", {"vt"}, {"vt_dims"});
+    const bool proven = o.own_shape == Options::OwnShape::Proven;
+    for (const auto& [dims, index, out] : std::vector<std::tuple<std::string, std::string, std::string>>{
+             {"o_shape", "i0", "b"}, {"qt_dims", "i2", "s"}, {proven ? "vt_dims" : "qt_dims", "i3", "d"}}) {
+      add_node(*g, "Gather", {dims, index}, {out + "_dim"});
+      add_node(*g, "Unsqueeze", {out + "_dim", "axes0"}, {out + "1"});
+    }
+    *add_node(*g, "Concat", {"b1", "minus_one", "s1", "d1"}, {"own"})->add_attribute() = attr("axis", int64_t{0});
+    add_node(*g, "Reshape", {"o", "own"}, {"o_same"});
+    heads = "o_same";
+  }
+  *add_node(*g, "Transpose", {heads}, {"ot"})->add_attribute() = attr("perm", std::vector<int64_t>{0, 2, 1, 3});
   // merged shape [B, S, E] from Shape(Q') = [B, H, S, D]: dims 0 and 2, then E.
   add_node(*g, "Shape", {"qt"}, {"qt_shape"});
   add_initializer(g, "batch_and_sequence", Tensor::from_vector<int64_t>(Shape{2}, {0, 2}));
@@ -324,6 +348,36 @@ TEST(AttentionFusion, AProductReadBeyondTheMergeKeepsItsTranspose) {
       expect_close(got.at(name), want.at(name), 1e-5, 1e-6);
     }
     if (exposed) expect_close(got.at("o"), want.at("o"), 1e-5, 1e-6);
+  }
+}
+
+TEST(AttentionFusion, AReshapeToTheProductsOwnShapeBeforeTheMergeGoesWithTheTranspose) {
+  // PyTorch's export of scaled_dot_product_attention: Reshape(P V, [B, -1, S, D]) from Shape(P V),
+  // Shape(Q') and Shape(V'), then the merge's Transpose. Proven the product's own shape, both go
+  // (the fused node writes [B, S, H, D]) and Shape(P V) reads the new output permuted; with D
+  // taken from Shape(Q') (q's head size: equal at this run, but not provably) both stay. Values
+  // and gradients as unfused either way.
+  for (const auto own : {Options::OwnShape::Proven, Options::OwnShape::Unproven}) {
+    const bool proven = own == Options::OwnShape::Proven;
+    SCOPED_TRACE(proven ? "D from Shape(V')" : "D from Shape(Q')");
+    const Options o{.gradient = true, .own_shape = own};
+    const onnx::ModelProto model = attention_model(o);
+    onnx::GraphProto g = model.graph();
+    ASSERT_EQ(runtime::fuse_attention(g, kOpsets), 1);
+    EXPECT_EQ(count_op(g, "Transpose"), proven ? 0 : 1);
+    EXPECT_EQ(count_op(g, "Reshape"), proven ? 4 : 5);  // the three head splits and the merge stay
+    for (const auto& node : g.node()) {
+      if (node.op_type() == "Attention") {
+        EXPECT_EQ(node.output(0), proven ? "ot" : "o");
+      }
+    }
+    const runtime::NamedTensors feeds = feeds_for(o);
+    runtime::Session fused(model), unfused(model, {.fuse = false});
+    const runtime::NamedTensors got = fused.run(feeds), want = unfused.run(feeds);
+    for (const char* name : {"y", "dq", "dk", "dv"}) {
+      SCOPED_TRACE(name);
+      expect_close(got.at(name), want.at(name), 1e-5, 1e-6);
+    }
   }
 }
 
