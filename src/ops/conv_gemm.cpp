@@ -185,7 +185,8 @@ template <int R>
 void stream_rows(const float* p, int64_t K, const float* w, int64_t M, const float* b, bool relu, float* y) {
   constexpr int64_t kGroup = 3;
   const int64_t groups = (M + kGroup - 1) / kGroup;
-  parallel_for(groups, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * kGroup)), [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * kGroup));
+  parallel_for(groups, grain, [&](int64_t begin, int64_t end) {
     for (int64_t group = begin; group < end; ++group) {
       const int64_t m0 = group * kGroup;
       switch (std::min(kGroup, M - m0)) {

@@ -67,7 +67,8 @@ bool prefer_conv_stream_channels_last(const ConvGeometry& g);
 // kMaxStreamRows patches of P (as conv_gemm_forward_channels_last gathers them) against each row
 // of W in turn: W is read once, front to back, its rows split between the threads in groups of
 // three, each row dotted with every patch (8-lane partial sums over K, the lanes added pairwise,
-// then the K % 8 rest in order: the same sums at every thread count). Same conditions as conv_gemm_forward.
+// then the K % 8 rest in order: the same sums at every thread count). Same conditions as
+// conv_gemm_forward.
 void conv_stream_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
                                        const float* b, float* y, bool relu);
 

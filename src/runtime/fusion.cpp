@@ -1834,8 +1834,8 @@ std::optional<std::vector<int64_t>> small_int_constant(const onnx::GraphProto& g
 // (a.shapes: dim j of t is dim perm[j] of x) with x's dim y's dim i. `y_shapes` gets the other
 // readers of y, which must all be Shape nodes.
 bool reshapes_to_own_shape(const onnx::GraphProto& graph, const Matcher& m, const AttentionMatch& a,
-                           const std::string& y, int reshape, const std::function<std::string(const std::string&, int)>& dim,
-                           std::vector<int>& y_shapes) {
+                           const std::string& y, int reshape,
+                           const std::function<std::string(const std::string&, int)>& dim, std::vector<int>& y_shapes) {
   const onnx::NodeProto& r = graph.node(reshape);
   if (!is_onnx_op(r, "Reshape") || r.input_size() != 2 || r.output_size() != 1 || r.input(0) != y || r.input(1) == y) {
     return false;
@@ -1987,8 +1987,9 @@ int fuse_attention(onnx::GraphProto& graph, const std::unordered_map<std::string
       }
     }
     const auto untouched = [&](int node) { return !dropped.contains(node) && !replace.contains(node); };
-    const bool y_bshd = merge && stated_perm(graph.node(*merge)) == std::vector<int64_t>{0, 2, 1, 3} && untouched(*merge) &&
-                        (!same_shape || (untouched(*same_shape) && std::all_of(y_shapes.begin(), y_shapes.end(), untouched)));
+    const bool y_bshd =
+        merge && stated_perm(graph.node(*merge)) == std::vector<int64_t>{0, 2, 1, 3} && untouched(*merge) &&
+        (!same_shape || (untouched(*same_shape) && std::all_of(y_shapes.begin(), y_shapes.end(), untouched)));
     if (y_bshd) {
       dropped.insert(*merge);
       y = graph.node(*merge).output(0);

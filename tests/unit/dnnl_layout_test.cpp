@@ -92,10 +92,13 @@ TEST(SameLayoutTest, SmallChannelsLastInputsAreTransposedAsOneDnnReordersThem) {
   }
   // Not this path: blocks of 16 of 32 channels (16 channels in one block would be channels-last),
   // more than kSmallTransposeFloats floats, a row-major target, a channels-last source.
-  EXPECT_EQ(du::small_channels_first_to_last(du::plain_f32({1, 32, 4, 4}), desc({1, 32, 4, 4}, tag::aBcd16b)).images, 0);
-  EXPECT_EQ(du::small_channels_first_to_last(du::plain_f32({8, 3, 32, 32}), desc({8, 3, 32, 32}, tag::acdb)).images, 0);
-  EXPECT_EQ(du::small_channels_first_to_last(du::plain_f32({2, 3, 4}), desc({2, 3, 4}, tag::abc)).images, 0);
-  EXPECT_EQ(du::small_channels_first_to_last(desc({1, 3, 4, 4}, tag::acdb), du::plain_f32({1, 3, 4, 4})).images, 0);
+  const auto images = [](const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
+    return du::small_channels_first_to_last(from, to).images;
+  };
+  EXPECT_EQ(images(du::plain_f32({1, 32, 4, 4}), desc({1, 32, 4, 4}, tag::aBcd16b)), 0);
+  EXPECT_EQ(images(du::plain_f32({8, 3, 32, 32}), desc({8, 3, 32, 32}, tag::acdb)), 0);
+  EXPECT_EQ(images(du::plain_f32({2, 3, 4}), desc({2, 3, 4}, tag::abc)), 0);
+  EXPECT_EQ(images(desc({1, 3, 4, 4}, tag::acdb), du::plain_f32({1, 3, 4, 4})), 0);
 }
 
 }  // namespace
