@@ -829,9 +829,10 @@ class ConvKernel final : public Kernel {
         return run_weights(kept, g, taps, w, gathered, true);
       };
       Tensor gathered;
-      if (!attrs_.transpose && weights_constant_) {
+      if (!attrs_.transpose && weights_constant_ && g.N * g.out_size() <= kMaxStreamRows) {
         // Few output rows on constant weights: W's reached taps read once (conv_gemm.h
-        // prefer_conv_stream_channels_last).
+        // prefer_conv_stream_channels_last). Cropping the taps keeps the output rows, so other
+        // geometries skip the crop at every run.
         const std::optional<TapCrop> reached = crop_unreached_taps(g);
         const ConvGeometry& stream_g = reached ? reached->geometry : g;
         if (prefer_conv_stream_channels_last(stream_g)) {

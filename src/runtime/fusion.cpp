@@ -1321,6 +1321,15 @@ int fuse_layer_norm_grad_sum(onnx::GraphProto& graph) {
   });
 }
 
+void fuse_products_and_gradients(onnx::GraphProto& graph) {
+  fuse_matrix_products(graph);
+  fuse_matmul_add_gelu(graph);
+  fuse_gemm_relu(graph);
+  fuse_max_pool_relu_grad(graph);
+  fuse_layer_norm_grad_sum(graph);
+  fuse_gelu_bias_grad(graph);
+}
+
 namespace {
 
 // The value of `name` when it is one float element of an initializer or a Constant node's
@@ -1874,31 +1883,22 @@ bool reshapes_to_own_shape(const onnx::GraphProto& graph, const Matcher& m, cons
   };
   for (int64_t i = 0; i < 4; ++i) {
     std::string e = c.input(static_cast<int>(i));
+    if (const onnx::NodeProto* u = m.producer(e); u && is_onnx_op(*u, "Unsqueeze")) {  // of a scalar
+      std::vector<int64_t> axes;
+      for (const auto& attr : u->attribute()) {
+        if (attr.name() == "axes") axes.assign(attr.ints().begin(), attr.ints().end());
+      }
+      if (u->input_size() == 2) axes = small_int_constant(graph, m, u->input(1)).value_or(std::vector<int64_t>{});
+      if (axes != std::vector<int64_t>{0} && axes != std::vector<int64_t>{-1}) return false;
+      e = u->input(0);
+    }
     if (const auto value = small_int_constant(graph, m, e)) {
       if (value->size() != 1 || !stated((*value)[0], i)) return false;
       continue;
     }
-    const int producer = m.producer_index(e);
-    if (producer < 0) return false;
-    const onnx::NodeProto* n = &graph.node(producer);
-    if (is_onnx_op(*n, "Unsqueeze")) {
-      std::vector<int64_t> axes;
-      for (const auto& attr : n->attribute()) {
-        if (attr.name() == "axes") axes.assign(attr.ints().begin(), attr.ints().end());
-      }
-      if (n->input_size() == 2) axes = small_int_constant(graph, m, n->input(1)).value_or(std::vector<int64_t>{});
-      if (axes != std::vector<int64_t>{0} && axes != std::vector<int64_t>{-1}) return false;
-      e = n->input(0);
-      if (const auto value = small_int_constant(graph, m, e)) {
-        if (value->size() != 1 || !stated((*value)[0], i)) return false;
-        continue;
-      }
-      const int scalar = m.producer_index(e);
-      if (scalar < 0) return false;
-      n = &graph.node(scalar);
-    }
     // Gather(Shape(t), j) over axis 0, j one index; Shape of the whole of t.
-    if (!is_onnx_op(*n, "Gather") || n->input_size() != 2 || int_attribute(*n, "axis") != 0) return false;
+    const onnx::NodeProto* n = m.producer(e);
+    if (!n || !is_onnx_op(*n, "Gather") || n->input_size() != 2 || int_attribute(*n, "axis") != 0) return false;
     const auto j = small_int_constant(graph, m, n->input(1));
     const int shape = m.producer_index(n->input(0));
     if (!j || j->size() != 1 || shape < 0) return false;

@@ -261,6 +261,12 @@ int fuse_gelu_bias_grad(onnx::GraphProto& graph);
 // names the input that does not. Returns the number of Sums removed.
 int fuse_layer_norm_grad_sum(onnx::GraphProto& graph);
 
+// The rewrites of products and gradient nodes that Session and TrainingSession both run after
+// the Gradient expansion, constant folding and the convolution rewrites, in this order:
+// fuse_matrix_products, fuse_matmul_add_gelu, fuse_gemm_relu, fuse_max_pool_relu_grad,
+// fuse_layer_norm_grad_sum, fuse_gelu_bias_grad. Each session runs its own passes around it.
+void fuse_products_and_gradients(onnx::GraphProto& graph);
+
 // Replaces each Dropout (ai.onnx opset 12 or later) whose ratio is a constant 0 (an initializer
 // that is not a graph input, or a Constant node, of one element) and whose mask output is absent
 // or unread (not a graph output, not read by any node or subgraph) with an Identity of its data:

@@ -43,12 +43,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
     use_channels_last(graph);
     block_pooled_conv_pairs(graph);
     fuse_conv_add(graph);
-    fuse_matrix_products(graph);
-    fuse_matmul_add_gelu(graph);
-    fuse_gemm_relu(graph);
-    fuse_max_pool_relu_grad(graph);
-    fuse_layer_norm_grad_sum(graph);
-    fuse_gelu_bias_grad(graph);
+    fuse_products_and_gradients(graph);
     if (gradients) {  // a backward pass's convolutions
       block_convolution_tensors(graph);
       share_weight_taps(graph);

@@ -351,12 +351,7 @@ struct TrainingSession::Impl {
       runtime::fuse_before_expansion(graph, opsets);  // graphs without Gradient nodes (evaluation); the others had theirs
       runtime::fuse_conv_pool(graph);
       runtime::fuse_conv_relu(graph);
-      runtime::fuse_matrix_products(graph);
-      runtime::fuse_matmul_add_gelu(graph);
-      runtime::fuse_gemm_relu(graph);
-      runtime::fuse_max_pool_relu_grad(graph);
-      runtime::fuse_layer_norm_grad_sum(graph);
-      runtime::fuse_gelu_bias_grad(graph);
+      runtime::fuse_products_and_gradients(graph);
       runtime::block_convolution_tensors(graph);
       runtime::share_weight_taps(graph);
       runtime::crop_momentum_gradients(graph);
