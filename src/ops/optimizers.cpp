@@ -5,7 +5,8 @@
 // of each optimizer state (Adagrad: H; Momentum: V; Adam: V, H). Outputs: the n new X, then
 // the n new values of each state. X, G and the states of one tensor must have the same
 // shape and element type (float32 or float64); Momentum with attribute gradient_taps (internal,
-// see there) takes G over a convolution weight's kept taps instead. The arithmetic is the pseudo code of each op's
+// see there) takes G over a convolution weight's kept taps instead, and Adam with attribute
+// gradient_rows (internal, see there) the rows of an embedding's gradient before they are scattered. The arithmetic is the pseudo code of each op's
 // schema doc, quoted above its kernel; scalars are computed in float64, element-wise math in
 // the tensors' type.
 #include <algorithm>
@@ -72,10 +73,67 @@ std::optional<GradientTaps> gradient_taps(const KernelContext& ctx, int states, 
   return taps;
 }
 
+// G as the rows of a Gather's output gradient (Adam's attribute gradient_rows): G is dY of
+// Y = Gather(X, indices) along axis 0, and X's gradient is zeros with each row of dY added to
+// the row of X its index names, repeated indices accumulating in index order, as
+// ai.onnxtrain.GatherGrad makes it (ops/gradient_ops.cpp).
+struct GradientRows {
+  int64_t inner = 0;           // elements per row of X (and of dY)
+  std::vector<int64_t> first;  // the rows of dY adding to row r of X: order[first[r]] .. order[first[r + 1] - 1]
+  std::vector<int64_t> order;  // rows of dY by the row of X they add to, in index order within one
+};
+
+// The indices input of optimized tensor i (input 2 + (2 + states) n + i, after the states), when
+// the node has attribute gradient_rows and the input is given and not empty; checks it (int32 or
+// int64, each in [-rows, rows) of X, negative ones counting from the end as Gather's do) and G
+// (X's type, as many elements as the indices times a row of X). Else nullopt: G is X's shape.
+std::optional<GradientRows> gradient_rows(const KernelContext& ctx, int states, int n, int i) {
+  const int j = 2 + (2 + states) * n + i;
+  if (!ctx.has_input(j) || ctx.input(j).numel() == 0) return std::nullopt;
+  const Tensor& t = ctx.input(j);
+  const Tensor& x = ctx.input(2 + i);
+  const Tensor& g = ctx.input(2 + n + i);
+  if (t.dtype() != DataType::Int64 && t.dtype() != DataType::Int32) {
+    fail("input " + ctx.input_name(j) + " (the indices of gradient " + ctx.input_name(2 + n + i) + ") is " + t.description() +
+         ", expected int32 or int64");
+  }
+  if (x.rank() == 0) fail("X " + ctx.input_name(2 + i) + " is a scalar: its gradient cannot be given as rows");
+  const int64_t rows = x.dim(0);
+  GradientRows out;
+  out.inner = rows > 0 ? x.numel() / rows : 0;
+  if (g.dtype() != x.dtype() || g.numel() != t.numel() * out.inner) {
+    fail("input " + ctx.input_name(2 + n + i) + " (" + g.description() + ") must be " + std::to_string(t.numel()) +
+         " rows of X " + ctx.input_name(2 + i) + " (" + x.description() + "), one per index in " + ctx.input_name(j));
+  }
+  const std::vector<int64_t> indices = t.to_int64_vector("indices");
+  std::vector<int64_t> row(indices.size());
+  out.first.assign(static_cast<size_t>(rows + 1), 0);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t v = indices[k];
+    if (v < -rows || v >= rows) {
+      fail("index " + std::to_string(v) + " in " + ctx.input_name(j) + " is out of range for the " + std::to_string(rows) +
+           " rows of X " + ctx.input_name(2 + i));
+    }
+    row[k] = v < 0 ? v + rows : v;
+    ++out.first[static_cast<size_t>(row[k] + 1)];
+  }
+  for (int64_t r = 0; r < rows; ++r) out.first[static_cast<size_t>(r + 1)] += out.first[static_cast<size_t>(r)];
+  out.order.resize(indices.size());
+  std::vector<int64_t> next(out.first.begin(), out.first.end() - 1);
+  for (size_t k = 0; k < row.size(); ++k) out.order[static_cast<size_t>(next[static_cast<size_t>(row[k])]++)] = static_cast<int64_t>(k);
+  return out;
+}
+
+// How an optimizer node may give G (its attributes gradient_taps and gradient_rows).
+enum class GradientForm { Whole, Taps, Rows };
+
 // Checks the input layout and returns R and T. `states` is the number of state tensors per X;
-// with `taps` (Momentum's attribute gradient_taps) one more input per X follows them.
-Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int trailing = 0, bool taps = false) {
-  const int per_tensor = 2 + states + (taps ? 1 : 0);
+// with G's form Taps (Momentum's attribute gradient_taps) or Rows (Adam's gradient_rows) one more
+// input per X follows them, and a G given over taps is checked against them (over rows:
+// gradient_rows checks it).
+Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int trailing = 0,
+                               GradientForm form = GradientForm::Whole) {
+  const int per_tensor = 2 + states + (form != GradientForm::Whole ? 1 : 0);
   const int inputs = ctx.num_inputs() - trailing;
   if (inputs < 2 + per_tensor || (inputs - 2) % per_tensor != 0) {
     fail("expected inputs R, T, then " + std::to_string(per_tensor) +
@@ -103,7 +161,11 @@ Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int
     }
     for (int k = 1; k < 2 + states; ++k) {
       const int j = 2 + k * n + i;
-      if (k == 1 && taps && gradient_taps(ctx, states, n, i)) continue;  // G holds X's cropped taps
+      if (k == 1 && form == GradientForm::Taps && gradient_taps(ctx, states, n, i)) continue;  // G holds X's cropped taps
+      if (k == 1 && form == GradientForm::Rows) {  // G holds dY of a Gather: gradient_rows checks it
+        const int rows_input = 2 + (2 + states) * n + i;
+        if (ctx.has_input(rows_input) && ctx.input(rows_input).numel() > 0) continue;
+      }
       const Tensor& other = ctx.input(j);
       if (other.dtype() != x.dtype() || !(other.shape() == x.shape())) {
         fail("input " + ctx.input_name(j) + " (" + other.description() + ") must match X " +
@@ -216,6 +278,26 @@ bool float32_pass(const float* out, int64_t begin, int64_t end, bool guard, One 
 }
 #endif
 
+// Runs `range(c0, c1, g, c0)` over elements [0, count) of one optimized tensor a chunk at a time,
+// G's elements [c0, c1) made in cache by `fill(c0, c1, g)` into g (zeroed first) instead of read
+// from a whole G in memory (Momentum's gradient_taps, Adam's gradient_rows). Chunks start at
+// multiples of 8 elements, as the whole tensor's threads' shares do on the tensors this is made
+// for, so the same elements take the scalar head and tail code of float32_pass as with G whole
+// (which rounds a * v + b * g through one FMA): the results are those of G made whole, to the bit.
+template <class T, class Fill, class Range>
+void chunked_gradient_pass(int64_t count, Fill&& fill, Range&& range) {
+  constexpr int64_t kChunk = 4096;  // elements: 16 KB of float32 G
+  parallel_for((count + 7) / 8, kParallelGrain / 8, [&](int64_t first, int64_t last) {
+    std::vector<T> g(static_cast<size_t>(kChunk));
+    for (int64_t c0 = first * 8; c0 < std::min(count, last * 8); c0 += kChunk) {
+      const int64_t c1 = std::min({c0 + kChunk, last * 8, count});
+      std::fill(g.begin(), g.begin() + (c1 - c0), T(0));
+      fill(c0, c1, g.data());
+      range(c0, c1, g.data(), c0);
+    }
+  });
+}
+
 class Adagrad final : public Kernel {
  public:
   explicit Adagrad(const KernelInit& init)
@@ -280,7 +362,7 @@ class Momentum final : public Kernel {
   // convolutions on ResNet-18's 1x1 layer-4 maps: 9.4 MB of dW each, of which 1 tap in 9 is not 0).
   void run(KernelContext& ctx) override {
     int n = 0;
-    const Scalars s = read_scalars_and_check(ctx, 1, n, 0, gradient_taps_);
+    const Scalars s = read_scalars_and_check(ctx, 1, n, 0, gradient_taps_ ? GradientForm::Taps : GradientForm::Whole);
     const double beta_adjusted = s.t > 0 ? beta_ : 1.0;
     timed_pass(store_choice_, [&](bool stream) {
       for (int i = 0; i < n; ++i) {
@@ -343,28 +425,19 @@ class Momentum final : public Kernel {
     const std::optional<GradientTaps> taps = gradient_taps_ ? gradient_taps(ctx, 1, n, i) : std::nullopt;
     if (!taps) {
       parallel_for(x_in.numel(), kParallelGrain, [&](int64_t begin, int64_t end) { range(begin, end, gs, 0); });
-    } else {
-      // G's kept taps into a zeroed chunk of elements in cache, then the same pass over the chunk.
-      // Chunks start at multiples of 8 elements, as the whole tensor's threads' shares do on the
-      // tensors this is made for, so the same elements take the scalar head and tail code of
-      // float32_pass as without the taps (which rounds a * v + b * g through one FMA): the results
-      // are those of G made whole, to the bit.
-      const int64_t k = taps->k, kept = static_cast<int64_t>(taps->offsets.size()), count = x_in.numel();
-      constexpr int64_t kChunk = 4096;  // elements: 16 KB of float32 G
-      parallel_for((count + 7) / 8, kParallelGrain / 8, [&](int64_t first, int64_t last) {
-        std::vector<T> g(static_cast<size_t>(kChunk));
-        for (int64_t c0 = first * 8; c0 < std::min(count, last * 8); c0 += kChunk) {
-          const int64_t c1 = std::min({c0 + kChunk, last * 8, count});
-          std::fill(g.begin(), g.begin() + (c1 - c0), T(0));
-          for (int64_t blk = c0 / k; blk * k < c1; ++blk) {
-            for (int64_t j = 0; j < kept; ++j) {
-              const int64_t e = blk * k + taps->offsets[static_cast<size_t>(j)];
-              if (e >= c0 && e < c1) g[static_cast<size_t>(e - c0)] = gs[blk * kept + j];
+    } else {  // G's kept taps into each chunk
+      const int64_t k = taps->k, kept = static_cast<int64_t>(taps->offsets.size());
+      chunked_gradient_pass<T>(
+          x_in.numel(),
+          [&](int64_t c0, int64_t c1, T* g) {
+            for (int64_t blk = c0 / k; blk * k < c1; ++blk) {
+              for (int64_t j = 0; j < kept; ++j) {
+                const int64_t e = blk * k + taps->offsets[static_cast<size_t>(j)];
+                if (e >= c0 && e < c1) g[e - c0] = gs[blk * kept + j];
+              }
             }
-          }
-          range(c0, c1, g.data(), c0);
-        }
-      });
+          },
+          range);
     }
     if (non_finite.load()) {
       fail("output " + ctx.output_name(i) + " or " + ctx.output_name(n + i) +
@@ -385,6 +458,13 @@ class Momentum final : public Kernel {
 //   Adam(R, T, X..., G / S_G..., V / S_V..., H / S_H...) -> X_new..., V_new * M_V..., H_new * M_H...
 // With attribute x_scaled = 1 a sixth scalar S_X follows, and X... stand for X * S_X (AdamW's
 // decayed parameters; the same product the Mul nodes it replaces computed).
+// With attribute gradient_rows = 1 (made by runtime/fusion.h fuse_gather_grad_adam, never saved;
+// Adam and ScaledAdam) n more inputs follow H... (before ScaledAdam's scalars): for tensor i the
+// indices of a Gather along axis 0 of X (an embedding lookup), where G is then that Gather's
+// output gradient dY and X's gradient is GatherGrad's (the zeros with each row of dY added to the
+// row its index names); an absent or empty one leaves G as X's shape. The update is the same to
+// the bit; the gradient is made in cache, chunk by chunk, instead of written and read as a whole
+// tensor (BERT's [30522, 256] word embeddings: 31 MB each way a step, for 4096 rows of dY).
 // When the run's context has nan_guard (a TrainingSession with its NaN guard on), both check
 // every output for NaN and Inf while writing it and fail on any, naming the outputs.
 class Adam final : public Kernel {
@@ -396,7 +476,8 @@ class Adam final : public Kernel {
         norm_coefficient_(init.attr_float("norm_coefficient", 0.0f)),
         norm_coefficient_post_(init.attr_float("norm_coefficient_post", 0.0f)),
         scaled_(scaled),
-        x_scaled_(scaled && init.attr_int("x_scaled", 0) != 0) {}
+        x_scaled_(scaled && init.attr_int("x_scaled", 0) != 0),
+        gradient_rows_(init.attr_int("gradient_rows", 0) != 0) {}
 
   // G_regularized = norm_coefficient * X + G
   // V_new = alpha * V + (1 - alpha) * G_regularized
@@ -407,21 +488,26 @@ class Adam final : public Kernel {
   // X_final = (1 - norm_coefficient_post) * X_new
   void run(KernelContext& ctx) override {
     int n = 0;
-    const Scalars s = read_scalars_and_check(ctx, 2, n, scaled_ ? (x_scaled_ ? 6 : 5) : 0);
+    const int scalars = scaled_ ? (x_scaled_ ? 6 : 5) : 0;
+    const Scalars s = read_scalars_and_check(ctx, 2, n, scalars, gradient_rows_ ? GradientForm::Rows : GradientForm::Whole);
+    std::vector<std::optional<GradientRows>> rows(static_cast<size_t>(n));
+    if (gradient_rows_) {  // every check before the first output is written
+      for (int i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = gradient_rows(ctx, 2, n, i);
+    }
+    const int first_scalar = 2 + (gradient_rows_ ? 5 : 4) * n;
     const double t = static_cast<double>(s.t);
     const double r_adjusted =
         s.t > 0 ? s.r * std::sqrt(1.0 - std::pow(double{beta_}, t)) / (1.0 - std::pow(double{alpha_}, t)) : s.r;
     timed_pass(store_choice_, [&](bool stream) {
       for (int i = 0; i < n; ++i) {
+        const GradientRows* g_rows = rows[static_cast<size_t>(i)] ? &*rows[static_cast<size_t>(i)] : nullptr;
         visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Adam X", [&]<class T>() {
           if (scaled_) {
             std::array<T, 6> k{T(1), T(1), T(1), T(1), T(1), T(1)};
-            for (int j = 0; j < (x_scaled_ ? 6 : 5); ++j) {
-              k[static_cast<size_t>(j)] = scale_input<T>(ctx, 2 + 4 * n + j, ctx.input(2 + i));
-            }
-            update<T, true>(ctx, n, i, r_adjusted, k, stream);
+            for (int j = 0; j < scalars; ++j) k[static_cast<size_t>(j)] = scale_input<T>(ctx, first_scalar + j, ctx.input(2 + i));
+            update<T, true>(ctx, n, i, r_adjusted, k, g_rows, stream);
           } else {
-            update<T, false>(ctx, n, i, r_adjusted, {}, stream);
+            update<T, false>(ctx, n, i, r_adjusted, {}, g_rows, stream);
           }
         });
       }
@@ -442,9 +528,10 @@ class Adam final : public Kernel {
 
   // The hottest loop of Adam training: restrict-qualified locals let it vectorize. The scaled
   // variant multiplies by the reciprocals of S_G, S_V and S_H where the Div nodes it replaces
-  // divide: each scaled input may differ from theirs in the last bit.
+  // divide: each scaled input may differ from theirs in the last bit. `rows`: G as the rows of a
+  // Gather's output gradient (attribute gradient_rows), else null and G is X's shape.
   template <class T, bool Scaled>
-  void update(KernelContext& ctx, int n, int i, double r_adjusted, std::array<T, 6> k, bool stream) {
+  void update(KernelContext& ctx, int n, int i, double r_adjusted, std::array<T, 6> k, const GradientRows* rows, bool stream) {
     const T r = static_cast<T>(r_adjusted), a = static_cast<T>(alpha_), b = static_cast<T>(beta_);
     const T eps = static_cast<T>(epsilon_), norm = static_cast<T>(norm_coefficient_);
     const T keep = static_cast<T>(1.0 - double{norm_coefficient_post_});
@@ -461,9 +548,10 @@ class Adam final : public Kernel {
     const bool guard = ctx.run_context().nan_guard;
     std::atomic<bool> non_finite{false};
     std::atomic<bool>* flag = &non_finite;
-    parallel_for(x_in.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
+    // Elements [begin, end), G's element e at g[e - g_first].
+    const auto range = [=](int64_t begin, int64_t end, const T* g, int64_t g_first) {
       const T* __restrict x0 = xs;
-      const T* __restrict g0 = gs;
+      const T* __restrict g0 = g;
       const T* __restrict v0 = vs;
       const T* __restrict h0 = hs;
       T* __restrict x1 = x_out;
@@ -473,14 +561,14 @@ class Adam final : public Kernel {
       // Reciprocals: three divisions per element would make this loop compute-bound.
       const T sg = T(1) / k[0], sv = T(1) / k[1], sh = T(1) / k[2], mv = k[3], mh = k[4], sx = k[5];
       const auto one = [&](int64_t e) {
-        T g = g0[e], vp = v0[e], hp = h0[e], x = x0[e];
+        T gv = g0[e - g_first], vp = v0[e], hp = h0[e], x = x0[e];
         if constexpr (Scaled) {
-          g = g * sg;
+          gv = gv * sg;
           vp = vp * sv;
           hp = hp * sh;
           x = x * sx;
         }
-        const T gr = nn * x + g;
+        const T gr = nn * x + gv;
         const T v = aa * vp + (T(1) - aa) * gr;
         const T h = bb * hp + (T(1) - bb) * gr * gr;
         x1[e] = kk * (x - rr * v / (std::sqrt(h) + ee));
@@ -498,7 +586,7 @@ class Adam final : public Kernel {
         const __m256 zero = _mm256_setzero_ps();
         const auto eight = [&](int64_t e, __m256& check) {
           const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(x0 + e), vsx);
-          const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(g0 + e), vsg);
+          const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(g0 + (e - g_first)), vsg);
           const __m256 gr = _mm256_add_ps(_mm256_mul_ps(vn, x), g);
           const __m256 v = _mm256_add_ps(_mm256_mul_ps(va, _mm256_mul_ps(_mm256_loadu_ps(v0 + e), vsv)), _mm256_mul_ps(va1, gr));
           const __m256 h = _mm256_add_ps(_mm256_mul_ps(vb, _mm256_mul_ps(_mm256_loadu_ps(h0 + e), vsh)),
@@ -522,7 +610,24 @@ class Adam final : public Kernel {
 #pragma omp simd
       for (int64_t e = begin; e < end; ++e) one(e);
       if (guard && !outputs_finite(x1, v1, h1, begin, end)) flag->store(true, std::memory_order_relaxed);
-    });
+    };
+    if (!rows) {
+      parallel_for(x_in.numel(), kParallelGrain, [&](int64_t begin, int64_t end) { range(begin, end, gs, 0); });
+    } else {  // each chunk's rows of X's gradient summed from the rows of dY that index them, in index order
+      const int64_t inner = rows->inner;
+      chunked_gradient_pass<T>(
+          inner > 0 ? x_in.numel() : 0,
+          [&](int64_t c0, int64_t c1, T* g) {
+            for (int64_t row = c0 / inner; row * inner < c1; ++row) {
+              const int64_t e0 = std::max(c0, row * inner), e1 = std::min(c1, (row + 1) * inner);
+              for (int64_t j = rows->first[static_cast<size_t>(row)]; j < rows->first[static_cast<size_t>(row + 1)]; ++j) {
+                const T* src = gs + rows->order[static_cast<size_t>(j)] * inner;
+                for (int64_t e = e0; e < e1; ++e) g[e - c0] = g[e - c0] + src[e - row * inner];
+              }
+            }
+          },
+          range);
+    }
     if (non_finite.load()) {
       fail("output " + ctx.output_name(i) + ", " + ctx.output_name(n + i) + " or " + ctx.output_name(2 * n + i) +
            " holds NaN or Inf (NaN guard: the step is rejected)");
@@ -537,7 +642,8 @@ class Adam final : public Kernel {
 
   float alpha_, beta_, epsilon_, norm_coefficient_, norm_coefficient_post_;
   bool scaled_;
-  bool x_scaled_;  // ScaledAdam with S_X (attribute x_scaled)
+  bool x_scaled_;       // ScaledAdam with S_X (attribute x_scaled)
+  bool gradient_rows_;  // attribute gradient_rows
   StoreChoice store_choice_;
 };
 

@@ -2765,6 +2765,25 @@ int share_weight_taps(onnx::GraphProto& graph) {
   return rewritten;
 }
 
+namespace {
+
+// The node making optimizer input `g` (read by node `reader`), through Identity nodes (the
+// Gradient op's outputs) each the sole reader of its input: its index, with `g` set to the value
+// it makes and the Identity nodes added to `identities`; -1 where no node makes it or a value on
+// the way has another reader.
+int gradient_producer(Matcher& m, std::string& g, int reader, std::vector<int>& identities) {
+  int producer = m.producer_index(g);
+  while (!g.empty() && producer >= 0 && m.sole_reader(g) == reader && is_onnx_op(m.graph().node(producer), "Identity")) {
+    identities.push_back(producer);
+    reader = producer;
+    g = m.graph().node(producer).input(0);
+    producer = m.producer_index(g);
+  }
+  return !g.empty() && producer >= 0 && m.sole_reader(g) == reader ? producer : -1;
+}
+
+}  // namespace
+
 int crop_momentum_gradients(onnx::GraphProto& graph) {
   Matcher m(graph);
   ValueNames names(graph);
@@ -2784,17 +2803,9 @@ int crop_momentum_gradients(onnx::GraphProto& graph) {
     std::vector<Crop> crops;
     for (int t = 0; t < n; ++t) {
       std::string g = opt.input(2 + n + t);
-      int reader = i;
       std::vector<int> identities;
-      int producer = m.producer_index(g);
-      // Through Identity nodes (the Gradient op's outputs), each the sole reader of its input.
-      while (!g.empty() && producer >= 0 && m.sole_reader(g) == reader && is_onnx_op(graph.node(producer), "Identity")) {
-        identities.push_back(producer);
-        reader = producer;
-        g = graph.node(producer).input(0);
-        producer = m.producer_index(g);
-      }
-      if (g.empty() || producer < 0 || m.sole_reader(g) != reader) continue;
+      const int producer = gradient_producer(m, g, i, identities);
+      if (producer < 0) continue;
       const onnx::NodeProto& grad = graph.node(producer);
       if (grad.domain() != kInternalDomain || grad.op_type() != "ConvGrad" || grad.output_size() < 2 ||
           grad.output(1) != g || has_attribute(grad, "dw_taps")) {
@@ -2823,6 +2834,54 @@ int crop_momentum_gradients(onnx::GraphProto& graph) {
     for (int k : dropped) drop[static_cast<size_t>(k)] = true;
     drop_nodes(graph, drop);
   }
+  return rewritten;
+}
+
+int fuse_gather_grad_adam(onnx::GraphProto& graph) {
+  Matcher m(graph);
+  int rewritten = 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& opt = graph.node(i);
+    const bool adam = opt.domain() == kTrainingDomain && opt.op_type() == "Adam";
+    const bool scaled = opt.domain() == kInternalDomain && opt.op_type() == "ScaledAdam";
+    if ((!adam && !scaled) || has_attribute(opt, "gradient_rows")) continue;
+    const int scalars = scaled ? (int_attribute(opt, "x_scaled") != 0 ? 6 : 5) : 0;
+    const int body = opt.input_size() - scalars;
+    if (body < 6 || (body - 2) % 4 != 0) continue;
+    const int n = (body - 2) / 4;
+    std::vector<std::string> indices(static_cast<size_t>(n));
+    std::vector<std::string> gradients(opt.input().begin() + 2 + n, opt.input().begin() + 2 + 2 * n);
+    std::vector<int> removed;
+    for (int t = 0; t < n; ++t) {
+      std::string g = opt.input(2 + n + t);
+      std::vector<int> identities;
+      const int producer = gradient_producer(m, g, i, identities);
+      if (producer < 0) continue;
+      const onnx::NodeProto& grad = graph.node(producer);
+      // GatherGrad(dY, indices, shape) along axis 0, G its only output.
+      if (grad.domain() != kInternalDomain || grad.op_type() != "GatherGrad" || grad.input_size() != 3 ||
+          grad.output_size() != 1 || grad.output(0) != g || int_attribute(grad, "axis") != 0 || grad.input(0).empty() ||
+          grad.input(1).empty()) {
+        continue;
+      }
+      gradients[static_cast<size_t>(t)] = grad.input(0);
+      indices[static_cast<size_t>(t)] = grad.input(1);
+      removed.push_back(producer);
+      removed.insert(removed.end(), identities.begin(), identities.end());
+    }
+    if (removed.empty()) continue;
+    onnx::NodeProto& node = *graph.mutable_node(i);
+    std::vector<std::string> inputs(node.input().begin(), node.input().end());
+    std::copy(gradients.begin(), gradients.end(), inputs.begin() + 2 + n);
+    inputs.insert(inputs.begin() + body, indices.begin(), indices.end());
+    node.clear_input();
+    for (const auto& in : inputs) node.add_input(in);
+    *node.add_attribute() = autodiff::attr_int("gradient_rows", 1);
+    for (int r : removed) drop[static_cast<size_t>(r)] = true;
+    rewritten += n - static_cast<int>(std::count(indices.begin(), indices.end(), std::string()));
+  }
+  if (rewritten > 0) drop_nodes(graph, drop);
   return rewritten;
 }
 

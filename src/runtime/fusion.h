@@ -388,4 +388,16 @@ int share_weight_taps(onnx::GraphProto& graph);
 // gradients handed over this way.
 int crop_momentum_gradients(onnx::GraphProto& graph);
 
+// Hands an Adam node (ai.onnx.preview.training.Adam, or ai.onnxtrain.ScaledAdam) the gradient
+// of an embedding as the rows its Gather's output gradient has: each gradient G that an
+// ai.onnxtrain.GatherGrad along axis 0 makes and only the Adam node reads (directly or through
+// Identity nodes each reading it alone, the Gradient op's outputs) goes with them, and the Adam
+// node reads GatherGrad's dY as G, gets attribute gradient_rows = 1 and, after its state inputs
+// (before ScaledAdam's scalars), one input per tensor: the Gather's indices ("" for the other
+// tensors). The update is the same to the bit (ops/optimizers.cpp sums the rows in cache, in
+// GatherGrad's order); BERT's [30522, 256] word embeddings' gradient (31 MB, for 4096 rows of dY
+// at batch 32) is neither written nor read whole. Run on training graphs after fuse_scaled_adam.
+// Returns the number of gradients handed over this way.
+int fuse_gather_grad_adam(onnx::GraphProto& graph);
+
 }  // namespace onnxtrain::runtime

@@ -48,6 +48,7 @@ ir::Graph inference_graph(onnx::GraphProto graph, const OpsetMap& opsets, const 
       block_convolution_tensors(graph);
       share_weight_taps(graph);
       crop_momentum_gradients(graph);
+      fuse_gather_grad_adam(graph);
     }
     share_rnn_trace(graph);
     if (gradients) share_attention_probabilities(graph);

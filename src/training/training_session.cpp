@@ -355,6 +355,7 @@ struct TrainingSession::Impl {
       runtime::block_convolution_tensors(graph);
       runtime::share_weight_taps(graph);
       runtime::crop_momentum_gradients(graph);
+      runtime::fuse_gather_grad_adam(graph);
       runtime::share_rnn_trace(graph);
       runtime::share_attention_probabilities(graph);
     }
