@@ -170,13 +170,6 @@ void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backwar
   });
 }
 
-// Whether SumToShape(t, target) of a t shaped `shape` sums over every dim but the last: target is
-// the last dim, with or without leading 1s.
-bool sums_to_last_dim(const Shape& shape, const Shape& target) {
-  if (shape.empty() || target.empty() || target[target.size() - 1] != shape[shape.size() - 1]) return false;
-  return std::all_of(target.begin(), target.end() - 1, [](int64_t d) { return d == 1; });
-}
-
 // GeluGrad's dX = dY Gelu'(X) (float32, approximate "none") and db = SumToShape(dX, target) for a
 // target sums_to_last_dim allows: each row of dX made by vmath::gelu_backward and added to its
 // range's sums while in cache, in sum_row_ranges' order, so the bits of GeluGrad then SumToShape.

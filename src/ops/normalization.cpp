@@ -50,6 +50,7 @@
 #include "ops/batch_norm_channels.h"
 #include "ops/batch_norm_mode.h"
 #include "ops/factories.h"
+#include "ops/sum_to_shape.h"
 
 namespace onnxtrain::ops {
 
@@ -409,7 +410,16 @@ void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
 // rounded to X's type), formed row by row (runtime/fusion.h fuse_layer_norm_grad_sum writes them
 // for the Sum that accumulates the gradient of LayerNormalization's output), so the results are
 // those of the Sum followed by this op, without the summed tensor.
-void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) {
+// With attribute dx_sum = 1 (runtime/fusion.h fuse_layer_norm_bias_grad) inputs 5 and 6 are
+// shapes A and B and the terms of dY follow from input 7; output 3 is
+// SumToShape(SumToShape(dX, A), B): the gradient of a bias added before the normalization, as the
+// Gradient expansion writes it for a transformer's dense layer before its residual Add and
+// LayerNormalization (A the dense output's shape, through the Add, B the bias's). Where A is X's
+// shape (the inner SumToShape gives dX itself), the normalized dims are X's last and B sums dX to
+// them, each row of dX is added to its range's sums as it is made, in SumToShape's row ranges
+// and order (sum_to_shape.h sum_row_ranges) when those ranges are this op's own split of the
+// rows; else both sums are taken after. Either way the two SumToShapes' bits.
+void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon, bool dx_sum) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   const int64_t rank = static_cast<int64_t>(x.rank());
@@ -417,7 +427,8 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
     fail("attribute 'axis' = " + std::to_string(axis_attr) + " is out of range for input " + ctx.input_name(1) + " " + x.description());
   }
   std::vector<int> terms = {0};  // the inputs that sum to dY
-  for (int i = 5; i < ctx.num_inputs(); ++i) {
+  if (dx_sum && (!ctx.has_input(5) || !ctx.has_input(6))) fail("inputs 5 and 6 (the shapes dX sums to, attribute dx_sum) are missing");
+  for (int i = dx_sum ? 7 : 5; i < ctx.num_inputs(); ++i) {
     if (!ctx.has_input(i)) fail("input " + std::to_string(i) + " (a term of dY) is missing");
     terms.push_back(i);
   }
@@ -441,6 +452,14 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
   Tensor dx = ctx.allocate_output(0, x.dtype(), x.shape());  // copies: see run_layer_norm
   Tensor dscale = ctx.allocate_output(1, x.dtype(), inner_shape);
   Tensor dbias = ctx.allocate_output(2, x.dtype(), inner_shape);
+  Shape dx_through, dx_target;      // shapes A and B
+  bool summed_while_made = false;  // output 3 made by the row loop
+  if (dx_sum) {
+    dx_through = shape_input(ctx, 5);
+    dx_target = shape_input(ctx, 6);
+    check_sum_to_shape(x.shape(), dx_through, "dX (shaped like input " + ctx.input_name(1) + ")");
+    check_sum_to_shape(dx_through, dx_target, "dX summed to input " + ctx.input_name(5));
+  }
   visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(1), [&]<class T>() {
     using V = compute_t<T>;
     const std::vector<V> scale_v(scale.begin(), scale.end());
@@ -453,17 +472,18 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
     for (size_t i = 1; i < terms.size(); ++i) more.push_back(ctx.input(terms[i]).data<T>());
     T* pdx = dx.data<T>();
     const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(outer / 8)));
+    // dX summed row by row while made: SumToShape's ranges are this op's split of the rows.
+    const bool sum_rows = dx_sum && dx_through == x.shape() && axis + 1 == x.rank() && sums_to_last_dim(x.shape(), dx_target) &&
+                          sum_to_shape_parts(x.shape()) == threads;
     // Per thread: dScale and dBias partial sums over its rows.
     std::vector<V> partial(static_cast<size_t>(threads) * 2 * static_cast<size_t>(inner), V(0));
     // Per thread: the row of dY when it is a sum of terms.
     std::vector<T> summed(more.empty() ? 0 : static_cast<size_t>(threads) * static_cast<size_t>(inner));
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num();
+    // Rows [begin, end) as thread t, each row of dX added to dx_sums where given.
+    const auto rows = [&](int t, int64_t begin, int64_t end, V* dx_sums) {
       V* ds = partial.data() + static_cast<size_t>(t) * 2 * static_cast<size_t>(inner);
       V* db = ds + inner;
       T* row_sum = more.empty() ? nullptr : summed.data() + static_cast<size_t>(t) * static_cast<size_t>(inner);
-      const int64_t begin = outer * t / threads, end = outer * (t + 1) / threads;
       for (int64_t r = begin; r < end; ++r) {
         V mean, inv;
         if (use_saved) {
@@ -504,6 +524,25 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
           const V xhat = (static_cast<V>(xr[k]) - mean) * inv;
           dxr[k] = convert<T>(inv * (static_cast<V>(gr[k]) * sv[k] - a - xhat * b));
         }
+        if (dx_sums) {
+          for (int64_t k = 0; k < inner; ++k) dx_sums[k] += static_cast<V>(dxr[k]);
+        }
+      }
+    };
+    if (sum_rows) {
+      const std::vector<V> sums = sum_row_ranges<V>(x.shape(), static_cast<size_t>(inner), [&](int64_t r0, int64_t r1, V* acc) {
+        int t = 0;  // the range's index: ranges start at outer * t / threads
+        while (outer * t / threads != r0) ++t;
+        rows(t, r0, r1, acc);
+      });
+      T* out = ctx.allocate_output(3, x.dtype(), dx_target).template data<T>();
+      for (int64_t k = 0; k < inner; ++k) out[k] = convert<T>(sums[static_cast<size_t>(k)]);
+      summed_while_made = true;
+    } else {
+#pragma omp parallel num_threads(threads)
+      {
+        const int t = omp_get_thread_num();
+        rows(t, outer * t / threads, outer * (t + 1) / threads, nullptr);
       }
     }
     T* pds = dscale.data<T>();
@@ -518,6 +557,19 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon) 
       pdb[k] = convert<T>(b);
     }
   });
+  if (dx_sum && !summed_while_made) {
+    Tensor through = dx;
+    if (!(dx_through == x.shape())) {
+      through = Tensor(x.dtype(), dx_through);
+      sum_to_shape_into(dx, dx_through, through);
+    }
+    Tensor& out = ctx.allocate_output(3, x.dtype(), dx_target);
+    if (dx_target == dx_through) {
+      std::copy_n(static_cast<const char*>(through.raw_data()), through.nbytes(), static_cast<char*>(out.raw_data()));
+    } else {
+      sum_to_shape_into(through, dx_target, out);
+    }
+  }
 }
 
 // --- Dropout ---
@@ -652,7 +704,8 @@ std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
 std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init) {
   const int64_t axis = init.attr_int("axis", -1);
   const double epsilon = init.attr_float("epsilon", 1e-5f);
-  return make_kernel([axis, epsilon](KernelContext& ctx) { run_layer_norm_grad(ctx, axis, epsilon); });
+  const bool dx_sum = init.attr_int("dx_sum", 0) != 0;
+  return make_kernel([axis, epsilon, dx_sum](KernelContext& ctx) { run_layer_norm_grad(ctx, axis, epsilon, dx_sum); });
 }
 
 std::unique_ptr<Kernel> make_dropout(const KernelInit& init) {

@@ -1,7 +1,9 @@
 // ai.onnxtrain.SumToShape (gradient_ops.cpp) as functions, for the kernels that compute a bias
-// gradient alongside their own output (activation.cpp: GeluGrad with a shape input).
+// gradient alongside their own output (activation.cpp: GeluGrad with a shape input;
+// normalization.cpp: LayerNormalizationGrad with attribute dx_sum).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +26,13 @@ void check_sum_to_shape(const Shape& g, const Shape& target, const std::string& 
 // contiguous ranges, rows * p / parts to rows * (p + 1) / parts, one per thread, each summed row
 // by row in order in the compute type (float for float32), then the ranges' sums added in order.
 void sum_to_shape_into(const Tensor& g, const Shape& target, Tensor& out);
+
+// Whether SumToShape(t, target) of a t shaped `shape` sums over every dim but the last: target is
+// the last dim, with or without leading 1s.
+inline bool sums_to_last_dim(const Shape& shape, const Shape& target) {
+  if (shape.empty() || target.empty() || target[target.size() - 1] != shape[shape.size() - 1]) return false;
+  return std::all_of(target.begin(), target.end() - 1, [](int64_t d) { return d == 1; });
+}
 
 // The number of row ranges sum_to_shape_into splits a g of `shape` into: one per thread, at most
 // one per row, fewer for small g.

@@ -1327,6 +1327,7 @@ void fuse_products_and_gradients(onnx::GraphProto& graph) {
   fuse_gemm_relu(graph);
   fuse_max_pool_relu_grad(graph);
   fuse_layer_norm_grad_sum(graph);
+  fuse_layer_norm_bias_grad(graph);
   fuse_gelu_bias_grad(graph);
 }
 
@@ -2883,6 +2884,67 @@ int fuse_gather_grad_adam(onnx::GraphProto& graph) {
   }
   if (rewritten > 0) drop_nodes(graph, drop);
   return rewritten;
+}
+
+int fuse_layer_norm_bias_grad(onnx::GraphProto& graph) {
+  struct Match {
+    int grad, through, sum;  // LayerNormalizationGrad, SumToShape(dX, A), SumToShape(that, B)
+  };
+  std::vector<Match> matches;
+  {
+    Matcher m(graph);
+    // A bias's shape: Shape of a value the graph states to be of rank 1 (a parameter), or an int64
+    // constant [n] or [1, ..., 1, n].
+    const auto bias_shape = [&](const std::string& name) {
+      const onnx::NodeProto* shape = m.producer(name);
+      if (shape && is_onnx_op(*shape, "Shape") && shape->input_size() == 1 && shape->attribute_size() == 0) {
+        const auto type = m.declared_type(shape->input(0));
+        return type && type->second == 1;
+      }
+      const auto dims = small_int_constant(graph, m, name);
+      return dims && !dims->empty() && std::all_of(dims->begin(), dims->end() - 1, [](int64_t d) { return d == 1; });
+    };
+    const auto is_sum_to_shape = [](const onnx::NodeProto& n) {
+      return n.domain() == kInternalDomain && n.op_type() == "SumToShape" && n.input_size() == 2 && n.output_size() == 1 &&
+             !n.input(0).empty() && !n.input(1).empty();
+    };
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& grad = graph.node(i);
+      if (grad.domain() != kInternalDomain || grad.op_type() != "LayerNormalizationGrad" || grad.input_size() < 2 ||
+          grad.output_size() < 1 || grad.output_size() > 3 || grad.output(0).empty() || int_attribute(grad, "dx_sum") != 0) {
+        continue;
+      }
+      std::optional<Match> found;
+      for (int t : m.readers(grad.output(0))) {
+        if (found || !is_sum_to_shape(graph.node(t)) || graph.node(t).input(0) != grad.output(0)) continue;
+        for (int s : m.readers(graph.node(t).output(0))) {
+          const onnx::NodeProto& sum = graph.node(s);
+          if (!found && is_sum_to_shape(sum) && sum.input(0) == graph.node(t).output(0) && bias_shape(sum.input(1))) {
+            found = Match{i, t, s};
+          }
+        }
+      }
+      if (found) matches.push_back(*found);
+    }
+  }
+  if (matches.empty()) return 0;
+  std::vector<bool> drop(static_cast<size_t>(graph.node_size()), false);
+  for (const Match& mt : matches) {
+    const std::string through_shape = graph.node(mt.through).input(1);
+    const onnx::NodeProto& sum = graph.node(mt.sum);
+    onnx::NodeProto& grad = *graph.mutable_node(mt.grad);
+    std::vector<std::string> inputs(grad.input().begin(), grad.input().end());
+    inputs.resize(std::max<size_t>(inputs.size(), 5));
+    inputs.insert(inputs.begin() + 5, {through_shape, sum.input(1)});  // A, B, then any further terms of dY
+    grad.clear_input();
+    for (const auto& in : inputs) grad.add_input(in);
+    while (grad.output_size() < 3) grad.add_output("");
+    grad.add_output(sum.output(0));
+    *grad.add_attribute() = autodiff::attr_int("dx_sum", 1);
+    drop[static_cast<size_t>(mt.sum)] = true;
+  }
+  drop_nodes(graph, drop);
+  return static_cast<int>(matches.size());
 }
 
 }  // namespace onnxtrain::runtime

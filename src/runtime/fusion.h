@@ -261,10 +261,25 @@ int fuse_gelu_bias_grad(onnx::GraphProto& graph);
 // names the input that does not. Returns the number of Sums removed.
 int fuse_layer_norm_grad_sum(onnx::GraphProto& graph);
 
+// Hands an ai.onnxtrain.LayerNormalizationGrad the gradient of a bias added before the
+// normalization, as the Gradient expansion writes it for a transformer's dense layer before its
+// residual Add and LayerNormalization: SumToShape(SumToShape(dX, A), B), the inner one the Add's
+// gradient for the dense output (A its shape: dX itself at run time) and B a bias's shape (Shape
+// of a value the graph states to be of rank 1, or a constant [n] or [1, ..., 1, n]). The outer
+// SumToShape goes; the LayerNormalizationGrad gets attribute dx_sum = 1, A and B as inputs 5 and 6
+// (any further terms of dY after them) and the outer SumToShape's output as its output 3
+// (ops/normalization.cpp), which sums dX to B while it makes it instead of reading it back: the
+// same values. The inner SumToShape stays for its other readers. One per node (the first in the
+// node order). Run after fuse_layer_norm_grad_sum. BERT's step: 8 SumToShapes of [4096, 256]
+// fewer, 3.4-3.6 ms of SumToShape a step against 5.8-6.0, LayerNormalizationGrad about the same
+// (three alternating pairs). Returns the number of SumToShapes removed.
+int fuse_layer_norm_bias_grad(onnx::GraphProto& graph);
+
 // The rewrites of products and gradient nodes that Session and TrainingSession both run after
 // the Gradient expansion, constant folding and the convolution rewrites, in this order:
 // fuse_matrix_products, fuse_matmul_add_gelu, fuse_gemm_relu, fuse_max_pool_relu_grad,
-// fuse_layer_norm_grad_sum, fuse_gelu_bias_grad. Each session runs its own passes around it.
+// fuse_layer_norm_grad_sum, fuse_layer_norm_bias_grad, fuse_gelu_bias_grad. Each session runs its
+// own passes around it.
 void fuse_products_and_gradients(onnx::GraphProto& graph);
 
 // Replaces each Dropout (ai.onnx opset 12 or later) whose ratio is a constant 0 (an initializer

@@ -2,6 +2,9 @@
 // LayerNormalization's output becomes further dY inputs of ai.onnxtrain.LayerNormalizationGrad,
 // which sums them row by row as Sum does: the same bits, for every float type; the Sum stays
 // where something else reads it; a term of another shape is named in the error.
+// runtime/fusion.h fuse_layer_norm_bias_grad: the bias gradient of the dense layer before a
+// residual Add and LayerNormalization (two SumToShapes of dX) made by LayerNormalizationGrad with
+// attribute dx_sum: the same bits, the graph rewrite included.
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
 #include "runtime/fusion.h"
@@ -126,6 +129,106 @@ TEST(LayerNormGradSum, TheExpansionsSumBecomesInputsOfTheGradWithTheSameResults)
 TEST(LayerNormGradSum, ASumReadElsewhereStays) {
   onnx::ModelProto model = residual_model(true);
   EXPECT_EQ(runtime::fuse_layer_norm_grad_sum(*model.mutable_graph()), 0);
+}
+
+
+const NodeSpec kGradSum{"LayerNormalizationGrad", "ai.onnxtrain", 1, {attr("dx_sum", int64_t{1})}, 4};
+
+Tensor shape_tensor(const Shape& shape) {
+  std::vector<int64_t> dims(shape.begin(), shape.end());
+  return Tensor::from_vector<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+}
+
+// Output 3 of LayerNormalizationGrad with dx_sum against SumToShape(SumToShape(dX, A), B) after the
+// plain op, every output to the bit: A X's shape (summed while made where the rows split as
+// SumToShape's do: 64 Ki elements on two threads; else after), A broadcasting (both sums after),
+// B with leading 1s, further terms of dY, float32 and float64.
+void expect_dx_sum(DataType dtype, const Shape& shape, const Shape& through, const Shape& target, size_t terms) {
+  const int64_t inner = shape[shape.size() - 1];
+  const Tensor x = testing::random_f64(shape, 1, 3.0).cast(dtype);
+  const Tensor scale = testing::random_f64(Shape{inner}, 2).cast(dtype);
+  const Tensor bias = testing::random_f64(Shape{inner}, 3).cast(dtype);
+  const std::vector<Tensor> norm = run_node({"LayerNormalization", "", 17, {}, 3}, {x, scale, bias});
+  std::vector<Tensor> dys;
+  for (size_t i = 0; i < terms; ++i) dys.push_back(testing::random_f64(shape, 10 + static_cast<uint32_t>(i)).cast(dtype));
+  std::vector<Tensor> plain_in = {dys[0], x, scale, norm[1], norm[2]};
+  plain_in.insert(plain_in.end(), dys.begin() + 1, dys.end());
+  const std::vector<Tensor> want = run_node(kGrad, plain_in);
+  const NodeSpec sum{"SumToShape", "ai.onnxtrain", 1, {}, 1};
+  const Tensor want_sum = run_node(sum, {run_node(sum, {want[0], shape_tensor(through)})[0], shape_tensor(target)})[0];
+  std::vector<Tensor> fused_in = {dys[0], x, scale, norm[1], norm[2], shape_tensor(through), shape_tensor(target)};
+  fused_in.insert(fused_in.end(), dys.begin() + 1, dys.end());
+  const std::vector<Tensor> got = run_node(kGradSum, fused_in);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("output " + std::to_string(i));
+    expect_same_bits(got[i], want[i]);
+  }
+  expect_same_bits(got[3], want_sum);
+}
+
+TEST(LayerNormBiasGrad, DxSummedToABiasGivesTheBitsOfTheTwoSumToShapes) {
+  for (DataType dtype : {DataType::Float32, DataType::Float64}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    expect_dx_sum(dtype, Shape{4, 64, 256}, Shape{4, 64, 256}, Shape{256}, 1);
+    expect_dx_sum(dtype, Shape{4, 64, 256}, Shape{4, 64, 256}, Shape{1, 1, 256}, 3);
+    expect_dx_sum(dtype, Shape{5, 7, 37}, Shape{5, 7, 37}, Shape{37}, 2);  // few rows: summed after
+    expect_dx_sum(dtype, Shape{4, 64, 256}, Shape{1, 64, 256}, Shape{256}, 1);  // A broadcasts
+  }
+  const Shape shape{4, 8};
+  const Tensor t = testing::random_f64(shape, 1).cast(DataType::Float32);
+  const Tensor scale = testing::random_f64(Shape{8}, 2).cast(DataType::Float32);
+  const std::string missing = testing::error_of([&] { run_node(kGradSum, {t, t, scale, Tensor(), Tensor(), shape_tensor(shape)}); });
+  EXPECT_NE(missing.find("inputs 5 and 6"), std::string::npos) << missing;
+  const std::string wrong = testing::error_of(
+      [&] { run_node(kGradSum, {t, t, scale, Tensor(), Tensor(), shape_tensor(shape), shape_tensor(Shape{3})}); });
+  EXPECT_NE(wrong.find("does not broadcast"), std::string::npos) << wrong;
+}
+
+// A dense layer with bias b before a residual Add and LayerNormalization (x [8, 32, 256]: 64 Ki
+// elements, so the rows split as SumToShape's do on two threads), and its gradient with respect to
+// w, b, the scale and x: the expansion's SumToShape of dX to b's shape goes into the
+// LayerNormalizationGrad, and every gradient keeps its bits.
+TEST(LayerNormBiasGrad, TheRewriteGivesTheSameResults) {
+  onnx::ModelProto m = testing::empty_model("dense_residual_norm");
+  auto* training = m.add_opset_import();
+  training->set_domain("ai.onnx.preview.training");
+  training->set_version(1);
+  onnx::GraphProto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {8, 32, 256});
+  const auto initializer = [&](const std::string& name, const Shape& shape, uint32_t seed, double scale) {
+    io::tensor_to_proto(testing::random_f64(shape, seed, scale).cast(DataType::Float32), name, *g.add_initializer());
+  };
+  initializer("w", Shape{256, 256}, 1, 0.1);
+  initializer("b", Shape{256}, 2, 1.0);
+  initializer("scale", Shape{256}, 3, 1.0);
+  initializer("beta", Shape{256}, 4, 1.0);
+  initializer("r", Shape{8, 32, 256}, 5, 1.0);
+  add_node(g, "MatMul", {"x", "w"}, {"h"});
+  add_node(g, "Add", {"h", "b"}, {"a"});
+  add_node(g, "Add", {"a", "x"}, {"z"});
+  add_node(g, "LayerNormalization", {"z", "scale", "beta"}, {"y"});
+  add_node(g, "Mul", {"y", "r"}, {"yr"});
+  *add_node(g, "ReduceSum", {"yr"}, {"loss"})->add_attribute() = attr("keepdims", int64_t{0});
+  onnx::NodeProto* grad = add_node(g, "Gradient", {"x", "w", "b", "scale"}, {"dx", "dw", "db", "dscale"});
+  grad->set_domain("ai.onnx.preview.training");
+  *grad->add_attribute() = attr("xs", std::vector<std::string>{"x", "w", "b", "scale"});
+  *grad->add_attribute() = attr("y", std::string("loss"));
+  for (const char* out : {"dx", "dw", "db", "dscale"}) g.add_output()->set_name(out);
+  autodiff::expand_gradients(g, kOpsets, "test");
+  const onnx::ModelProto unfused = m;
+  onnx::ModelProto fused = m;
+  const int sums = count_op(fused.graph(), "SumToShape");
+  ASSERT_EQ(runtime::fuse_layer_norm_bias_grad(*fused.mutable_graph()), 1);
+  EXPECT_EQ(count_op(fused.graph(), "SumToShape"), sums - 1);
+  EXPECT_EQ(runtime::fuse_layer_norm_bias_grad(*fused.mutable_graph()), 0);  // once
+  const runtime::NamedTensors feeds{{"x", testing::random_f64(Shape{8, 32, 256}, 9, 2.0).cast(DataType::Float32)}};
+  runtime::Session a(fused, {.fuse = false}), b(unfused, {.fuse = false});
+  const runtime::NamedTensors got = a.run(feeds), want = b.run(feeds);
+  for (const char* name : {"dx", "dw", "db", "dscale"}) {
+    SCOPED_TRACE(name);
+    expect_same_bits(got.at(name), want.at(name));
+  }
 }
 
 }  // namespace
