@@ -6,9 +6,9 @@
 // the n new values of each state. X, G and the states of one tensor must have the same
 // shape and element type (float32 or float64); Momentum with attribute gradient_taps (internal,
 // see there) takes G over a convolution weight's kept taps instead, and Adam with attribute
-// gradient_rows (internal, see there) the rows of an embedding's gradient before they are scattered. The arithmetic is the pseudo code of each op's
-// schema doc, quoted above its kernel; scalars are computed in float64, element-wise math in
-// the tensors' type.
+// gradient_rows (internal, see there) the rows of an embedding's gradient before they are
+// scattered. The arithmetic is the pseudo code of each op's schema doc, quoted above its kernel;
+// scalars are computed in float64, element-wise math in the tensors' type.
 #include <algorithm>
 #include <array>
 #include <atomic>
