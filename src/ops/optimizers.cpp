@@ -211,10 +211,21 @@ void update_tensor(KernelContext& ctx, int n, int i, F&& update) {
 // streaming stores for the MLP's ScaledAdam on the Zen 4 VM of 2026-11-29, while its training ran
 // at 375.7-395.9 steps/s with ordinary stores against 364.6-402.0 with the choice (five
 // alternating pairs of 300-step runs, ordinary faster in four).
+// A run writing kAlwaysStream bytes or more streams without trials: what it writes does not stay
+// in cache until the next step reads it, and the trials, a few milliseconds apart in steps of
+// hundreds, chose at random. On the Intel VM of 2026-11-30 (ONNXTRAIN_PROFILE, three runs of each
+// way): BERT's ScaledAdam (11.2 M parameters, 134 MB written) 9.1-9.2 ms streaming against
+// 9.4-13.1 ordinary and 9.6-13.3 as the trials chose; ResNet-18's Momentum (11.2 M, 89 MB)
+// 6.5-6.6 against 10.6-10.8 (its whole step 35.1-35.7 against 38.9-39.8 ms); the CNN's
+// ScaledAdam (40 MB) 2.5 against 3.7.
 class StoreChoice {
  public:
-  // Called as a run starts; returns whether the run writes with streaming stores.
-  bool start() {
+  static constexpr int64_t kAlwaysStream = int64_t{32} << 20;
+
+  // Called as a run starts, with the bytes it writes; returns whether it writes with streaming
+  // stores.
+  bool start(int64_t bytes_written) {
+    if (bytes_written >= kAlwaysStream) return true;
     const auto now = std::chrono::steady_clock::now();
     if (chosen_ >= 0) return chosen_ == 1;
     if (runs_ > kWarmup) {  // the previous run was a trial: its period
@@ -241,10 +252,13 @@ class StoreChoice {
   double best_[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
 };
 
-// Runs `pass` (which writes with streaming stores when given true) as choice says.
+// Runs `pass` (which writes with streaming stores when given true) as choice says. `outputs`:
+// how many tensors of each optimized X's size the pass writes (Momentum 2, Adam 3).
 template <class Pass>
-void timed_pass(StoreChoice& choice, Pass&& pass) {
-  pass(choice.start());
+void timed_pass(StoreChoice& choice, const KernelContext& ctx, int n, int outputs, Pass&& pass) {
+  int64_t bytes = 0;
+  for (int i = 0; i < n; ++i) bytes += static_cast<int64_t>(ctx.input(2 + i).nbytes()) * outputs;
+  pass(choice.start(bytes));
 }
 
 #if defined(__AVX2__)
@@ -364,7 +378,7 @@ class Momentum final : public Kernel {
     int n = 0;
     const Scalars s = read_scalars_and_check(ctx, 1, n, 0, gradient_taps_ ? GradientForm::Taps : GradientForm::Whole);
     const double beta_adjusted = s.t > 0 ? beta_ : 1.0;
-    timed_pass(store_choice_, [&](bool stream) {
+    timed_pass(store_choice_, ctx, n, 2, [&](bool stream) {
       for (int i = 0; i < n; ++i) {
         visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Momentum X", [&]<class T>() {
           if (nesterov_) {
@@ -498,7 +512,7 @@ class Adam final : public Kernel {
     const double t = static_cast<double>(s.t);
     const double r_adjusted =
         s.t > 0 ? s.r * std::sqrt(1.0 - std::pow(double{beta_}, t)) / (1.0 - std::pow(double{alpha_}, t)) : s.r;
-    timed_pass(store_choice_, [&](bool stream) {
+    timed_pass(store_choice_, ctx, n, 3, [&](bool stream) {
       for (int i = 0; i < n; ++i) {
         const GradientRows* g_rows = rows[static_cast<size_t>(i)] ? &*rows[static_cast<size_t>(i)] : nullptr;
         visit_dtype<TypeList<float, double>>(ctx.input(2 + i).dtype(), "Adam X", [&]<class T>() {
