@@ -137,7 +137,7 @@ TEST(Optimizers, Float32ResultsDoNotDependOnTheStoreKindARunChose) {
     runtime::NamedTensors feeds;
     for (size_t i = 0; i < inputs.size(); ++i) feeds["in" + std::to_string(i)] = inputs[i];
     std::vector<std::vector<float>> first;
-    for (int run = 0; run < 12; ++run) {
+    for (int run = 0; run < 44; ++run) {  // 20 warm-up runs, 10 trials of each kind, then the choice
       const auto outputs = session.run(feeds);
       for (int k = 0; k < spec.num_outputs; ++k) {
         const Tensor& out = outputs.at("out" + std::to_string(k));
