@@ -175,7 +175,7 @@ void run_activation_values(KernelContext& ctx, const ActSpec& spec, bool backwar
 // range's sums while in cache, in sum_row_ranges' order, so the bits of GeluGrad then SumToShape.
 void gelu_grad_with_bias_grad(const float* dy, const float* x, float* dx, const Shape& shape, float* db) {
   const int64_t n = shape[shape.size() - 1];
-  const std::vector<float> sums = sum_row_ranges<float>(shape, static_cast<size_t>(n), [&](int64_t r0, int64_t r1, float* acc) {
+  const std::vector<float> sums = sum_row_ranges<float>(shape, static_cast<size_t>(n), [&](int64_t, int64_t r0, int64_t r1, float* acc) {
     for (int64_t r = r0; r < r1; ++r) {
       vmath::gelu_backward(dy + r * n, x + r * n, dx + r * n, n);
       const float* __restrict row = dx + r * n;

@@ -156,12 +156,9 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
                                   C(0), sb, T_);
         for (int64_t i = i0; i < i1; ++i) {
           C* row = sb + (i - i0) * T_;
-          if (plain) {  // no bias, no softcap: the softmax alone
+          if (plain) {  // no bias, no softcap: the softmax alone (in qk_matmul_output when asked for)
             softmax(row, kn);
             if (spec.nan_to_zero) zero_nans(row, kn);
-            if constexpr (std::is_same_v<T, C>) {
-              if (qk_rows && row != qk_rows + i * T_) std::copy(row, row + kn, qk_rows + i * T_);  // mode 3
-            }
             continue;
           }
           C* br = brow.data();

@@ -239,7 +239,7 @@ void sum_to_shape_into(const Tensor& g, const Shape& target, Tensor& out) {
     const T* src = g.data<T>();
     const auto n = static_cast<size_t>(target.numel());
     const std::vector<C> acc = rank == 0 ? std::vector<C>{static_cast<C>(src[0])}
-                                         : sum_row_ranges<C>(g.shape(), n, [&](int64_t r0, int64_t r1, C* part) {
+                                         : sum_row_ranges<C>(g.shape(), n, [&](int64_t, int64_t r0, int64_t r1, C* part) {
                                              accumulate.template operator()<T, C>(src, r0, r1, part);
                                            });
     T* o = out.data<T>();

@@ -530,10 +530,8 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon, 
       }
     };
     if (sum_rows) {
-      const std::vector<V> sums = sum_row_ranges<V>(x.shape(), static_cast<size_t>(inner), [&](int64_t r0, int64_t r1, V* acc) {
-        int t = 0;  // the range's index: ranges start at outer * t / threads
-        while (t + 1 < threads && outer * t / threads != r0) ++t;
-        rows(t, r0, r1, acc);
+      const std::vector<V> sums = sum_row_ranges<V>(x.shape(), static_cast<size_t>(inner), [&](int64_t p, int64_t r0, int64_t r1, V* acc) {
+        rows(static_cast<int>(p), r0, r1, acc);  // range p is thread p's rows (sum_rows)
       });
       T* out = ctx.allocate_output(3, x.dtype(), dx_target).template data<T>();
       for (int64_t k = 0; k < inner; ++k) out[k] = convert<T>(sums[static_cast<size_t>(k)]);

@@ -38,6 +38,10 @@ struct Scalars {
   int64_t t;
 };
 
+// The input that describes optimized tensor i's G (gradient_taps, gradient_rows): after the
+// `states` state tensors per X.
+int gradient_form_input(int states, int n, int i) { return 2 + (2 + states) * n + i; }
+
 // G's cropped taps (Momentum's attribute gradient_taps): G holds, of each block of k elements of
 // X, the `offsets` ones (conv_geometry.h kept_taps_description); the others are 0.
 struct GradientTaps {
@@ -49,7 +53,7 @@ struct GradientTaps {
 // the node has attribute gradient_taps and the input is given and not empty; checks it and G
 // against X. Else nullopt: G is X's shape.
 std::optional<GradientTaps> gradient_taps(const KernelContext& ctx, int states, int n, int i) {
-  const int j = 2 + (2 + states) * n + i;
+  const int j = gradient_form_input(states, n, i);
   if (!ctx.has_input(j) || ctx.input(j).numel() == 0) return std::nullopt;
   const Tensor& t = ctx.input(j);
   const Tensor& x = ctx.input(2 + i);
@@ -88,7 +92,7 @@ struct GradientRows {
 // int64, each in [-rows, rows) of X, negative ones counting from the end as Gather's do) and G
 // (X's type, as many elements as the indices times a row of X). Else nullopt: G is X's shape.
 std::optional<GradientRows> gradient_rows(const KernelContext& ctx, int states, int n, int i) {
-  const int j = 2 + (2 + states) * n + i;
+  const int j = gradient_form_input(states, n, i);
   if (!ctx.has_input(j) || ctx.input(j).numel() == 0) return std::nullopt;
   const Tensor& t = ctx.input(j);
   const Tensor& x = ctx.input(2 + i);
@@ -163,7 +167,7 @@ Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int
       const int j = 2 + k * n + i;
       if (k == 1 && form == GradientForm::Taps && gradient_taps(ctx, states, n, i)) continue;  // G holds X's cropped taps
       if (k == 1 && form == GradientForm::Rows) {  // G holds dY of a Gather: gradient_rows checks it
-        const int rows_input = 2 + (2 + states) * n + i;
+        const int rows_input = gradient_form_input(states, n, i);
         if (ctx.has_input(rows_input) && ctx.input(rows_input).numel() > 0) continue;
       }
       const Tensor& other = ctx.input(j);

@@ -40,7 +40,7 @@ int64_t sum_to_shape_parts(const Shape& shape);
 
 // sum_to_shape_into's order of sums for a g of `shape` (rank >= 1) and n output values: range p
 // of the sum_to_shape_parts(shape) ranges covers rows [rows * p / parts, rows * (p + 1) / parts)
-// (rows = numel / last dim); accumulate(r0, r1, acc) adds those rows, in order, into acc (n
+// (rows = numel / last dim); accumulate(p, r0, r1, acc) adds those rows, in order, into acc (n
 // values of type C, zeroed), one range per thread; the ranges' sums are then added in order.
 // Returns the n sums. A kernel that makes g row by row (ops/activation.cpp's GeluGrad) passes an
 // accumulate that makes each row before adding it, and gets SumToShape's bits.
@@ -52,7 +52,9 @@ std::vector<C> sum_row_ranges(const Shape& shape, size_t n, F accumulate) {
   std::vector<C> acc(n * static_cast<size_t>(parts), C(0));
   if (rows == 0) return acc;
   parallel_for(parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) accumulate(rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
+    for (int64_t p = begin; p < end; ++p) {
+      accumulate(p, rows * p / parts, rows * (p + 1) / parts, acc.data() + static_cast<size_t>(p) * n);
+    }
   });
   for (int64_t p = 1; p < parts; ++p) {
     const C* part = acc.data() + static_cast<size_t>(p) * n;

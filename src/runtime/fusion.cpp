@@ -1268,16 +1268,23 @@ int fuse_matmul_add_gelu(onnx::GraphProto& graph) {
   return fold_into_producers(graph, pairs, "MatMulAdd", "Gelu");
 }
 
+namespace {
+
+// Whether `n` is ai.onnxtrain.SumToShape(t, shape) with both inputs given.
+bool is_sum_to_shape(const onnx::NodeProto& n) {
+  return n.domain() == kInternalDomain && n.op_type() == "SumToShape" && n.input_size() == 2 && n.output_size() == 1 &&
+         !n.input(0).empty() && !n.input(1).empty();
+}
+
+}  // namespace
+
 int fuse_gelu_bias_grad(onnx::GraphProto& graph) {
   std::vector<std::pair<int, int>> pairs;  // (GeluGrad, SumToShape)
   {
     Matcher m(graph);
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& sum = graph.node(i);
-      if (sum.domain() != kInternalDomain || sum.op_type() != "SumToShape" || sum.input_size() != 2 ||
-          sum.output_size() != 1 || sum.input(0).empty() || sum.input(1).empty()) {
-        continue;
-      }
+      if (!is_sum_to_shape(sum)) continue;
       const int producer = m.producer_index(sum.input(0));
       if (producer < 0) continue;
       const onnx::NodeProto& grad = graph.node(producer);
@@ -2851,9 +2858,10 @@ int fuse_gather_grad_adam(onnx::GraphProto& graph) {
     const int body = opt.input_size() - scalars;
     if (body < 6 || (body - 2) % 4 != 0) continue;
     const int n = (body - 2) / 4;
-    std::vector<std::string> indices(static_cast<size_t>(n));
-    std::vector<std::string> gradients(opt.input().begin() + 2 + n, opt.input().begin() + 2 + 2 * n);
+    std::vector<std::string> inputs(opt.input().begin(), opt.input().end());
+    std::vector<std::string> indices(static_cast<size_t>(n));  // "" for a G given whole
     std::vector<int> removed;
+    int found = 0;
     for (int t = 0; t < n; ++t) {
       std::string g = opt.input(2 + n + t);
       std::vector<int> identities;
@@ -2866,21 +2874,20 @@ int fuse_gather_grad_adam(onnx::GraphProto& graph) {
           grad.input(1).empty()) {
         continue;
       }
-      gradients[static_cast<size_t>(t)] = grad.input(0);
+      inputs[static_cast<size_t>(2 + n + t)] = grad.input(0);  // G: GatherGrad's dY
       indices[static_cast<size_t>(t)] = grad.input(1);
       removed.push_back(producer);
       removed.insert(removed.end(), identities.begin(), identities.end());
+      ++found;
     }
-    if (removed.empty()) continue;
-    onnx::NodeProto& node = *graph.mutable_node(i);
-    std::vector<std::string> inputs(node.input().begin(), node.input().end());
-    std::copy(gradients.begin(), gradients.end(), inputs.begin() + 2 + n);
+    if (found == 0) continue;
     inputs.insert(inputs.begin() + body, indices.begin(), indices.end());
+    onnx::NodeProto& node = *graph.mutable_node(i);
     node.clear_input();
     for (const auto& in : inputs) node.add_input(in);
     *node.add_attribute() = autodiff::attr_int("gradient_rows", 1);
     for (int r : removed) drop[static_cast<size_t>(r)] = true;
-    rewritten += n - static_cast<int>(std::count(indices.begin(), indices.end(), std::string()));
+    rewritten += found;
   }
   if (rewritten > 0) drop_nodes(graph, drop);
   return rewritten;
@@ -2903,10 +2910,6 @@ int fuse_layer_norm_bias_grad(onnx::GraphProto& graph) {
       }
       const auto dims = small_int_constant(graph, m, name);
       return dims && !dims->empty() && std::all_of(dims->begin(), dims->end() - 1, [](int64_t d) { return d == 1; });
-    };
-    const auto is_sum_to_shape = [](const onnx::NodeProto& n) {
-      return n.domain() == kInternalDomain && n.op_type() == "SumToShape" && n.input_size() == 2 && n.output_size() == 1 &&
-             !n.input(0).empty() && !n.input(1).empty();
     };
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& grad = graph.node(i);

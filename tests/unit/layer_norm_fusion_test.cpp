@@ -30,18 +30,33 @@ void expect_same_bits(const Tensor& got, const Tensor& want) {
 
 const NodeSpec kGrad{"LayerNormalizationGrad", "ai.onnxtrain", 1, {}, 3};
 
+// A LayerNormalization's input x, scale and saved statistics (mean, inv_std_dev), and `count`
+// terms of dY, all of `dtype`.
+struct GradInputs {
+  Tensor x, scale, mean, inv_std;
+  std::vector<Tensor> terms;
+};
+GradInputs grad_inputs(DataType dtype, const Shape& shape, size_t count) {
+  const int64_t inner = shape[shape.size() - 1];
+  GradInputs in;
+  in.x = testing::random_f64(shape, 1, 3.0).cast(dtype);
+  in.scale = testing::random_f64(Shape{inner}, 2).cast(dtype);
+  const Tensor bias = testing::random_f64(Shape{inner}, 3).cast(dtype);
+  const std::vector<Tensor> norm = run_node({"LayerNormalization", "", 17, {}, 3}, {in.x, in.scale, bias});
+  in.mean = norm[1];
+  in.inv_std = norm[2];
+  for (size_t i = 0; i < count; ++i) in.terms.push_back(testing::random_f64(shape, 10 + static_cast<uint32_t>(i)).cast(dtype));
+  return in;
+}
+
 // LayerNormalizationGrad over the Sum of `terms` against the same op reading the terms itself.
 void expect_terms_equal_sum(DataType dtype, const Shape& shape, size_t count) {
-  const int64_t inner = shape[shape.size() - 1];
-  const Tensor x = testing::random_f64(shape, 1, 3.0).cast(dtype);
-  const Tensor scale = testing::random_f64(Shape{inner}, 2).cast(dtype);
-  const Tensor bias = testing::random_f64(Shape{inner}, 3).cast(dtype);
-  const std::vector<Tensor> norm = run_node({"LayerNormalization", "", 17, {}, 3}, {x, scale, bias});
-  std::vector<Tensor> terms;
-  for (size_t i = 0; i < count; ++i) terms.push_back(testing::random_f64(shape, 10 + static_cast<uint32_t>(i)).cast(dtype));
+  const GradInputs in = grad_inputs(dtype, shape, count);
+  const Tensor &x = in.x, &scale = in.scale;
+  const std::vector<Tensor>& terms = in.terms;
   const Tensor sum = run_node({"Sum", "", 13, {}, 1}, terms)[0];
-  const std::vector<Tensor> want = run_node(kGrad, {sum, x, scale, norm[1], norm[2]});
-  std::vector<Tensor> fused_inputs = {terms[0], x, scale, norm[1], norm[2]};
+  const std::vector<Tensor> want = run_node(kGrad, {sum, x, scale, in.mean, in.inv_std});
+  std::vector<Tensor> fused_inputs = {terms[0], x, scale, in.mean, in.inv_std};
   fused_inputs.insert(fused_inputs.end(), terms.begin() + 1, terms.end());
   const std::vector<Tensor> got = run_node(kGrad, fused_inputs);
   for (size_t i = 0; i < got.size(); ++i) {
@@ -144,19 +159,14 @@ Tensor shape_tensor(const Shape& shape) {
 // SumToShape's do: 64 Ki elements on two threads; else after), A broadcasting (both sums after),
 // B with leading 1s, further terms of dY, float32 and float64.
 void expect_dx_sum(DataType dtype, const Shape& shape, const Shape& through, const Shape& target, size_t terms) {
-  const int64_t inner = shape[shape.size() - 1];
-  const Tensor x = testing::random_f64(shape, 1, 3.0).cast(dtype);
-  const Tensor scale = testing::random_f64(Shape{inner}, 2).cast(dtype);
-  const Tensor bias = testing::random_f64(Shape{inner}, 3).cast(dtype);
-  const std::vector<Tensor> norm = run_node({"LayerNormalization", "", 17, {}, 3}, {x, scale, bias});
-  std::vector<Tensor> dys;
-  for (size_t i = 0; i < terms; ++i) dys.push_back(testing::random_f64(shape, 10 + static_cast<uint32_t>(i)).cast(dtype));
-  std::vector<Tensor> plain_in = {dys[0], x, scale, norm[1], norm[2]};
+  const GradInputs in = grad_inputs(dtype, shape, terms);
+  const std::vector<Tensor>& dys = in.terms;
+  std::vector<Tensor> plain_in = {dys[0], in.x, in.scale, in.mean, in.inv_std};
   plain_in.insert(plain_in.end(), dys.begin() + 1, dys.end());
   const std::vector<Tensor> want = run_node(kGrad, plain_in);
   const NodeSpec sum{"SumToShape", "ai.onnxtrain", 1, {}, 1};
   const Tensor want_sum = run_node(sum, {run_node(sum, {want[0], shape_tensor(through)})[0], shape_tensor(target)})[0];
-  std::vector<Tensor> fused_in = {dys[0], x, scale, norm[1], norm[2], shape_tensor(through), shape_tensor(target)};
+  std::vector<Tensor> fused_in = {dys[0], in.x, in.scale, in.mean, in.inv_std, shape_tensor(through), shape_tensor(target)};
   fused_in.insert(fused_in.end(), dys.begin() + 1, dys.end());
   const std::vector<Tensor> got = run_node(kGradSum, fused_in);
   ASSERT_EQ(got.size(), 4u);
