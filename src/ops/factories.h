@@ -55,6 +55,8 @@ std::unique_ptr<Kernel> make_batch_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_batch_norm_channel_blocked(const KernelInit& init);
 std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init);
+// ai.onnxtrain.AddLayerNormalization: an Add and the LayerNormalization of its sum (runtime/fusion.h fuse_add_layer_norm)
+std::unique_ptr<Kernel> make_add_layer_norm(const KernelInit& init);
 std::unique_ptr<Kernel> make_dropout(const KernelInit& init);
 
 // sync_batch_norm.cpp, batch_norm_grad.cpp: ai.onnxtrain.SyncBatchNormalization and its Grad (train --sync-batch-norm)

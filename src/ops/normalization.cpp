@@ -27,7 +27,9 @@
 //   per row Mean, InvStdDev = 1 / sqrt(var + epsilon) and Y = (X - Mean) * InvStdDev * Scale + B,
 //   Scale and B broadcast against dims[axis:]. Mean and InvStdDev have shape
 //   [d0..d(axis-1), 1, .., 1] and type float32: stash_type 1 is the only one supported.
-//   Its backward op LayerNormalizationGrad (ai.onnxtrain) is described at run_layer_norm_grad.
+//   Its backward op LayerNormalizationGrad (ai.onnxtrain) is described at run_layer_norm_grad;
+//   ai.onnxtrain.AddLayerNormalization, an Add and the LayerNormalization of its sum, at
+//   run_add_layer_norm.
 // Dropout: opset 1-11 takes `ratio` as attribute and runs in training mode only before opset 7
 //   with is_test = 0; opset 12+ takes ratio (default 0.5) and training_mode (default false) as
 //   inputs. Outside training (or with ratio 0) the output is the input and the mask all true.
@@ -38,7 +40,12 @@
 //   from opset 10, typed like the data before.
 // Statistics accumulate in double (LayerNormalization: in float for float32, float16 and
 // bfloat16 data); Float16/BFloat16 data is normalized in float.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -49,6 +56,7 @@
 #include "core/rng.h"
 #include "ops/batch_norm_channels.h"
 #include "ops/batch_norm_mode.h"
+#include "ops/broadcast.h"
 #include "ops/factories.h"
 #include "ops/sum_to_shape.h"
 
@@ -291,8 +299,9 @@ void run_instance_norm(KernelContext& ctx, double epsilon) {
 
 // --- LayerNormalization ---
 
-// Input i (Scale or B) broadcast to the `inner` elements of dims[axis:] of X.
-std::vector<double> broadcast_to_inner(const KernelContext& ctx, int i, const Shape& x_shape, size_t axis) {
+// Input i (Scale or B) broadcast to the `inner` elements of dims[axis:] of X (named x_name in errors).
+std::vector<double> broadcast_to_inner(const KernelContext& ctx, int i, const Shape& x_shape, size_t axis,
+                                       const std::string& x_name) {
   const Tensor& t = ctx.input(i);
   const size_t norm_rank = x_shape.size() - axis;
   const Shape& s = t.shape();
@@ -305,7 +314,7 @@ std::vector<double> broadcast_to_inner(const KernelContext& ctx, int i, const Sh
   }
   if (!ok) {
     fail("input " + ctx.input_name(i) + " is " + t.description() + ", which does not broadcast to the normalized dims " +
-         Shape(x_shape.dims().subspan(axis)).to_string() + " of input " + ctx.input_name(0));
+         Shape(x_shape.dims().subspan(axis)).to_string() + " of " + x_name);
   }
   const std::vector<double> values = t.to_double_vector();
   const int64_t inner = x_shape.numel(axis, x_shape.size());
@@ -349,18 +358,60 @@ std::pair<V, V> row_moments(const T* x, int64_t n) {
   return {mean, squares / static_cast<V>(n)};
 }
 
-void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
-  const Tensor& x = ctx.input(0);
+// dst[0, n) = src[0, n). Where T is float32 and the CPU has AVX2, the whole aligned 8-float
+// blocks go by streaming stores, which write around the cache: AddLayerNormalization's sum is
+// read again only by the backward pass, and ordinary stores would leave it in cache in place of
+// Y, which the next product reads at once (BERT's step measured its products 2-3 ms slower so).
+// end_streaming_stores() orders them before the kernel returns.
+template <class T>
+void store_streaming(const T* src, T* dst, int64_t n) {
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<T, float>) {
+    int64_t i = 0;
+    for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 31) != 0; ++i) dst[i] = src[i];
+    for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+    for (; i < n; ++i) dst[i] = src[i];
+    return;
+  }
+#endif
+  std::copy(src, src + n, dst);
+}
+inline void end_streaming_stores() {
+#if defined(__AVX2__)
+  _mm_sfence();
+#endif
+}
+
+// A sum at or above this size is written with streaming stores (store_streaming): it does not
+// stay in a core's cache (2 MiB of L2 on the Intel VM of docs/performance.md) until the backward
+// pass reads it, and below it the next reader may find it there.
+constexpr int64_t kStreamedSumBytes = int64_t{2} << 20;
+
+// Two same-shaped tensors whose sum (as Add makes it: A + B in the compute type, rounded to the
+// element type) layer_norm normalizes, writing it to `s` where given.
+struct RowSum {
+  const Tensor* a;
+  const Tensor* b;
+  Tensor* s;  // the sum's output, or null when the graph does not read it
+};
+
+// LayerNormalization of x (named x_name in errors) into outputs 0-2 (Y, Mean, InvStdDev), Scale
+// and B from inputs scale_input and scale_input + 1. With `sum`, each row of x is sum's, made
+// right before it is normalized, while it is in cache; x itself then only gives the shape and
+// element type.
+void layer_norm(KernelContext& ctx, const Tensor& x, const std::string& x_name, int scale_input, int64_t axis_attr,
+                double epsilon, const RowSum* sum) {
   const int64_t rank = static_cast<int64_t>(x.rank());
   if (axis_attr < -rank || axis_attr > rank) {
-    fail("attribute 'axis' = " + std::to_string(axis_attr) + " is out of range for input " + ctx.input_name(0) + " " +
+    fail("attribute 'axis' = " + std::to_string(axis_attr) + " is out of range for " + x_name + " " +
          x.description() + " (expected [" + std::to_string(-rank) + ", " + std::to_string(rank) + "])");
   }
   const size_t axis = static_cast<size_t>(axis_attr < 0 ? axis_attr + rank : axis_attr);
   const int64_t outer = x.shape().numel(0, axis), inner = x.shape().numel(axis, x.rank());
-  const std::vector<double> scale = broadcast_to_inner(ctx, 1, x.shape(), axis);
-  const std::vector<double> bias = ctx.has_input(2) ? broadcast_to_inner(ctx, 2, x.shape(), axis)
-                                                    : std::vector<double>(static_cast<size_t>(inner), 0.0);
+  const std::vector<double> scale = broadcast_to_inner(ctx, scale_input, x.shape(), axis, x_name);
+  const std::vector<double> bias = ctx.has_input(scale_input + 1)
+                                       ? broadcast_to_inner(ctx, scale_input + 1, x.shape(), axis, x_name)
+                                       : std::vector<double>(static_cast<size_t>(inner), 0.0);
   Shape stats_shape = x.shape();
   for (size_t d = axis; d < x.rank(); ++d) stats_shape[d] = 1;
   // Copies share the storage: an output the graph does not ask for stays alive here.
@@ -373,27 +424,88 @@ void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
     for (int64_t r = 0; r < outer; ++r) mean_out[r] = inv_out[r] = std::nanf("");
     return;
   }
-  visit_dtype<FloatTypes>(x.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+  visit_dtype<FloatTypes>(x.dtype(), x_name, [&]<class T>() {
     using V = compute_t<T>;
     const std::vector<V> scale_v(scale.begin(), scale.end()), bias_v(bias.begin(), bias.end());
-    const T* px = x.data<T>();
+    const T* px = sum ? nullptr : x.data<T>();
     T* py = y.data<T>();
+    const T* pa = sum ? sum->a->data<T>() : nullptr;
+    const T* pb = sum ? sum->b->data<T>() : nullptr;
+    T* ps = sum && sum->s ? sum->s->data<T>() : nullptr;
+    const bool stream = ps && sum->s->nbytes() >= static_cast<size_t>(kStreamedSumBytes);
     parallel_for(outer, std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t begin, int64_t end) {
+      std::vector<T> row(sum ? static_cast<size_t>(inner) : 0);  // a row of the sum, made here
       for (int64_t r = begin; r < end; ++r) {
-        const auto [mean, var] = row_moments(px + r * inner, inner);
+        const T* xr = sum ? nullptr : px + r * inner;
+        if (sum) {
+          const T* ar = pa + r * inner;
+          const T* br = pb + r * inner;
+          T* sr = row.data();
+#pragma omp simd
+          for (int64_t i = 0; i < inner; ++i) sr[i] = convert<T>(V(convert<V>(ar[i]) + convert<V>(br[i])));
+          xr = sr;
+        }
+        const auto [mean, var] = row_moments(xr, inner);
         const V inv = static_cast<V>(1.0 / std::sqrt(static_cast<double>(var) + epsilon));
         mean_out[r] = static_cast<float>(mean);
         inv_out[r] = static_cast<float>(inv);
         const V c = mean, f = inv;
-        const T* xr = px + r * inner;
         T* yr = py + r * inner;
 #pragma omp simd
         for (int64_t i = 0; i < inner; ++i) {
           yr[i] = convert<T>((convert<V>(xr[i]) - c) * f * scale_v[static_cast<size_t>(i)] + bias_v[static_cast<size_t>(i)]);
         }
+        if (stream) {
+          store_streaming(row.data(), ps + r * inner, inner);
+        } else if (ps) {
+          std::copy(row.begin(), row.end(), ps + r * inner);
+        }
+      }
+      if (stream) end_streaming_stores();
+    });
+  });
+}
+
+void run_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
+  layer_norm(ctx, ctx.input(0), "input " + ctx.input_name(0), 1, axis_attr, epsilon, nullptr);
+}
+
+// ai.onnxtrain.AddLayerNormalization(A, B, Scale, Bias) -> (Y, Mean, InvStdDev, S)
+// (runtime/fusion.h fuse_add_layer_norm): S = Add(A, B) with Add's broadcasting, and
+// LayerNormalization(S, Scale, Bias) with attributes axis and epsilon (stash_type 1): the
+// residual Add before a transformer's normalization. Where A and B have one shape (the residual
+// case), each row of S is summed and normalized in one pass, so S is not read back from memory;
+// otherwise S is summed first, as Add does. Either way the values are the two ops' to the bit.
+// S (output 3) is what the backward pass reads as LayerNormalizationGrad's X.
+void run_add_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.dtype() != b.dtype()) {
+    fail("inputs " + ctx.input_name(0) + " (" + a.description() + ") and " + ctx.input_name(1) + " (" + b.description() +
+         ") of the Add have different element types");
+  }
+  const std::string s_name = "the sum of inputs " + ctx.input_name(0) + " and " + ctx.input_name(1);
+  if (a.shape() == b.shape()) {
+    Tensor s;  // shares the output's storage
+    if (ctx.has_output(3)) s = ctx.allocate_output(3, a.dtype(), a.shape());
+    const RowSum sum{&a, &b, ctx.has_output(3) ? &s : nullptr};
+    layer_norm(ctx, a, s_name, 2, axis_attr, epsilon, &sum);
+    return;
+  }
+  const Broadcast<2> bc({&a.shape(), &b.shape()});
+  Tensor s = ctx.allocate_output(3, a.dtype(), bc.shape());
+  visit_dtype<FloatTypes>(a.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
+    using V = compute_t<T>;
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = s.data<T>();
+    bc.for_each_run([&](int64_t o, const auto& in, int64_t len, const auto& step) {
+      for (int64_t i = 0; i < len; ++i) {
+        po[o + i] = convert<T>(V(convert<V>(pa[in[0] + (step[0] ? i : 0)]) + convert<V>(pb[in[1] + (step[1] ? i : 0)])));
       }
     });
   });
+  layer_norm(ctx, s, s_name, 2, axis_attr, epsilon, nullptr);
 }
 
 // LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev) -> dX, dScale, dBias (ai.onnxtrain, emitted
@@ -440,7 +552,7 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon, 
   }
   const size_t axis = static_cast<size_t>(axis_attr < 0 ? axis_attr + rank : axis_attr);
   const int64_t outer = x.shape().numel(0, axis), inner = x.shape().numel(axis, x.rank());
-  const std::vector<double> scale = broadcast_to_inner(ctx, 2, x.shape(), axis);
+  const std::vector<double> scale = broadcast_to_inner(ctx, 2, x.shape(), axis, "input " + ctx.input_name(1));
   const bool saved = ctx.has_input(3) && ctx.has_input(4);
   for (int i = 3; saved && i <= 4; ++i) {
     if (ctx.input(i).dtype() != DataType::Float32 || ctx.input(i).numel() != outer) {
@@ -689,14 +801,25 @@ std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init) {
   return make_kernel([epsilon](KernelContext& ctx) { run_instance_norm(ctx, epsilon); });
 }
 
-std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
-  const int64_t axis = init.attr_int("axis", -1);
-  const double epsilon = init.attr_float("epsilon", 1e-5f);
+namespace {
+// LayerNormalization's axis and epsilon; stash_type 1 (float32 statistics) is the one supported.
+std::pair<int64_t, double> layer_norm_attributes(const KernelInit& init) {
   const int64_t stash_type = init.attr_int("stash_type", 1);
   if (stash_type != 1) {
     fail("attribute 'stash_type' = " + std::to_string(stash_type) + " is not supported (only 1, float32)");
   }
+  return {init.attr_int("axis", -1), init.attr_float("epsilon", 1e-5f)};
+}
+}  // namespace
+
+std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
+  const auto [axis, epsilon] = layer_norm_attributes(init);
   return make_kernel([axis, epsilon](KernelContext& ctx) { run_layer_norm(ctx, axis, epsilon); });
+}
+
+std::unique_ptr<Kernel> make_add_layer_norm(const KernelInit& init) {
+  const auto [axis, epsilon] = layer_norm_attributes(init);
+  return make_kernel([axis, epsilon](KernelContext& ctx) { run_add_layer_norm(ctx, axis, epsilon); });
 }
 
 std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init) {

@@ -441,6 +441,7 @@ const KernelDef kKernels[] = {
   {kInternal, "Attention",              1, 1, kFloat,           make_attention},  // runtime/fusion.h fuse_attention (attribute version: Attention's)
   {kInternal, "AttentionGrad",          1, 1, kFloat,           make_attention_grad, 1},
   {kInternal, "LayerNormalizationGrad", 1, 1, kFloat,           make_layer_norm_grad, 1},
+  {kInternal, "AddLayerNormalization",  1, 1, kFloat,           make_add_layer_norm},  // runtime/fusion.h fuse_add_layer_norm
   {kInternal, "RMSNormalizationGrad",   1, 1, kFloat,           make_rms_norm, 1},
   {kInternal, "GroupNormalizationGrad", 1, 1, kFloat,           make_group_norm, 1},
   {kInternal, "Gelu",                   1, 1, kFloat,           make_transformer_activation},  // runtime/fusion.h fuse_gelu (opsets before 20)

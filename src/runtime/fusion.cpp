@@ -1328,6 +1328,46 @@ int fuse_layer_norm_grad_sum(onnx::GraphProto& graph) {
   });
 }
 
+int fuse_add_layer_norm(onnx::GraphProto& graph) {
+  std::vector<std::pair<int, int>> pairs;  // (LayerNormalization, Add)
+  std::set<std::string> unread;            // sums the normalization alone reads
+  {
+    Matcher m(graph);
+    std::vector<bool> taken(static_cast<size_t>(graph.node_size()), false);
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto& norm = graph.node(i);
+      if (!is_onnx_op(norm, "LayerNormalization") || norm.input_size() < 2 || norm.input_size() > 3 ||
+          norm.output_size() > 3 || norm.input(0).empty() || norm.input(1).empty()) {
+        continue;
+      }
+      const std::string& x = norm.input(0);
+      const int add = m.producer_index(x);
+      if (add < 0 || add > i || taken[static_cast<size_t>(add)]) continue;
+      const onnx::NodeProto& sum = graph.node(add);
+      if (!is_onnx_op(sum, "Add") || sum.input_size() != 2 || sum.output_size() != 1 || sum.attribute_size() != 0 ||
+          sum.input(0).empty() || sum.input(1).empty() || m.pinned(x)) {
+        continue;
+      }
+      // The sum is made where the normalization was: its other readers must come after it.
+      const std::vector<int>& readers = m.readers(x);
+      if (std::any_of(readers.begin(), readers.end(), [&](int r) { return r < i; })) continue;
+      taken[static_cast<size_t>(add)] = true;
+      pairs.emplace_back(i, add);
+      if (readers.size() == 1) unread.insert(x);
+    }
+  }
+  return absorb_nodes(graph, pairs, [&](onnx::NodeProto& norm, const onnx::NodeProto& sum) {
+    std::vector<std::string> inputs = {sum.input(0), sum.input(1)};
+    for (int k = 1; k < norm.input_size(); ++k) inputs.push_back(norm.input(k));
+    norm.clear_input();
+    for (const auto& in : inputs) norm.add_input(in);
+    while (norm.output_size() < 3) norm.add_output("");
+    norm.add_output(unread.contains(sum.output(0)) ? "" : sum.output(0));
+    norm.set_domain(kInternalDomain);
+    norm.set_op_type("AddLayerNormalization");
+  });
+}
+
 void fuse_products_and_gradients(onnx::GraphProto& graph) {
   fuse_matrix_products(graph);
   fuse_matmul_add_gelu(graph);
@@ -1336,6 +1376,7 @@ void fuse_products_and_gradients(onnx::GraphProto& graph) {
   fuse_layer_norm_grad_sum(graph);
   fuse_layer_norm_bias_grad(graph);
   fuse_gelu_bias_grad(graph);
+  fuse_add_layer_norm(graph);
 }
 
 namespace {

@@ -5,6 +5,11 @@
 // runtime/fusion.h fuse_layer_norm_bias_grad: the bias gradient of the dense layer before a
 // residual Add and LayerNormalization (two SumToShapes of dX) made by LayerNormalizationGrad with
 // attribute dx_sum: the same bits, the graph rewrite included.
+// runtime/fusion.h fuse_add_layer_norm: the residual Add before a LayerNormalization and the
+// normalization as one ai.onnxtrain.AddLayerNormalization: every output to the bit (the sum too,
+// written with streaming stores from 2 MiB), for every float type, with and without broadcasting;
+// the rewrite of a training graph and of an inference graph (whose sum nobody else reads, so it
+// is not written), and the cases it must leave alone.
 #include "autodiff/gradient.h"
 #include "onnxtrain/io.h"
 #include "runtime/fusion.h"
@@ -238,6 +243,137 @@ TEST(LayerNormBiasGrad, TheRewriteGivesTheSameResults) {
   for (const char* name : {"dx", "dw", "db", "dscale"}) {
     SCOPED_TRACE(name);
     expect_same_bits(got.at(name), want.at(name));
+  }
+}
+
+const NodeSpec kAddNorm{"AddLayerNormalization", "ai.onnxtrain", 1, {}, 4};
+
+// AddLayerNormalization(a, b, scale[, bias]) against Add then LayerNormalization: Y, Mean,
+// InvStdDev and the sum to the bit; with `sum_output` false the node has no output 3.
+void expect_add_norm(DataType dtype, const Shape& a_shape, const Shape& b_shape, bool with_bias, bool sum_output,
+                     std::vector<onnx::AttributeProto> attributes = {}) {
+  const Tensor a = testing::random_f64(a_shape, 1, 3.0).cast(dtype);
+  const Tensor b = testing::random_f64(b_shape, 2, 3.0).cast(dtype);
+  const Shape out_shape = a_shape.size() >= b_shape.size() ? a_shape : b_shape;
+  const int64_t inner = out_shape[out_shape.size() - 1];
+  const Tensor scale = testing::random_f64(Shape{inner}, 3).cast(dtype);
+  const Tensor bias = testing::random_f64(Shape{inner}, 4).cast(dtype);
+  const Tensor sum = run_node({"Add", "", 17, {}, 1}, {a, b})[0];
+  std::vector<Tensor> norm_in = {sum, scale};
+  if (with_bias) norm_in.push_back(bias);
+  const std::vector<Tensor> want = run_node({"LayerNormalization", "", 17, attributes, 3}, norm_in);
+  std::vector<Tensor> fused_in = {a, b, scale};
+  if (with_bias) fused_in.push_back(bias);
+  const std::vector<Tensor> got = run_node({kAddNorm.op_type, kAddNorm.domain, 1, attributes, sum_output ? 4 : 3}, fused_in);
+  ASSERT_EQ(got.size(), sum_output ? 4u : 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("output " + std::to_string(i));
+    expect_same_bits(got[i], want[i]);
+  }
+  if (sum_output) expect_same_bits(got[3], sum);
+}
+
+TEST(AddLayerNorm, GivesTheBitsOfTheAddAndTheNormalization) {
+  for (DataType dtype : {DataType::Float32, DataType::Float64, DataType::Float16, DataType::BFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    expect_add_norm(dtype, Shape{5, 7, 37}, Shape{5, 7, 37}, true, true);  // vector tails
+    expect_add_norm(dtype, Shape{64, 256}, Shape{64, 256}, false, true);
+    expect_add_norm(dtype, Shape{64, 256}, Shape{64, 256}, true, false);  // the sum not asked for
+    expect_add_norm(dtype, Shape{5, 7, 37}, Shape{37}, true, true);       // B broadcast: the sum made first
+    expect_add_norm(dtype, Shape{7, 37}, Shape{5, 7, 37}, true, true);    // A broadcast
+    expect_add_norm(dtype, Shape{6, 4, 10}, Shape{6, 4, 10}, true, true, {attr("axis", int64_t{1}), attr("epsilon", 0.25f)});
+  }
+  // 4 MiB of float32: the sum goes by streaming stores.
+  expect_add_norm(DataType::Float32, Shape{8, 512, 256}, Shape{8, 512, 256}, true, true);
+}
+
+TEST(AddLayerNorm, InputsOfTwoTypesAreAnError) {
+  const Tensor a = testing::random_f64(Shape{4, 8}, 1).cast(DataType::Float32);
+  const Tensor b = testing::random_f64(Shape{4, 8}, 2).cast(DataType::Float64);
+  const Tensor scale = testing::random_f64(Shape{8}, 3).cast(DataType::Float32);
+  const std::string error = testing::error_of([&] { run_node(kAddNorm, {a, b, scale}); });
+  EXPECT_NE(error.find("different element types"), std::string::npos) << error;
+}
+
+// x -> Add(x, r) -> LayerNormalization -> y -> loss, with the gradient with respect to x, r and
+// the scale when `training`.
+onnx::ModelProto residual_norm_model(bool training) {
+  onnx::ModelProto m = testing::empty_model("residual_norm");
+  auto* opset = m.add_opset_import();
+  opset->set_domain("ai.onnx.preview.training");
+  opset->set_version(1);
+  onnx::GraphProto& g = *m.mutable_graph();
+  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {8, 32, 256});
+  const auto initializer = [&](const std::string& name, const Shape& shape, uint32_t seed) {
+    io::tensor_to_proto(testing::random_f64(shape, seed).cast(DataType::Float32), name, *g.add_initializer());
+  };
+  initializer("r", Shape{8, 32, 256}, 1);
+  initializer("scale", Shape{256}, 2);
+  initializer("beta", Shape{256}, 3);
+  initializer("w", Shape{8, 32, 256}, 4);
+  add_node(g, "Add", {"x", "r"}, {"z"});
+  add_node(g, "LayerNormalization", {"z", "scale", "beta"}, {"y"});
+  add_node(g, "Mul", {"y", "w"}, {"yw"});
+  *add_node(g, "ReduceSum", {"yw"}, {"loss"})->add_attribute() = attr("keepdims", int64_t{0});
+  g.add_output()->set_name("y");
+  if (training) {
+    onnx::NodeProto* grad = add_node(g, "Gradient", {"x", "r", "scale"}, {"dx", "dr", "dscale"});
+    grad->set_domain("ai.onnx.preview.training");
+    *grad->add_attribute() = attr("xs", std::vector<std::string>{"x", "r", "scale"});
+    *grad->add_attribute() = attr("y", std::string("loss"));
+    for (const char* out : {"dx", "dr", "dscale"}) g.add_output()->set_name(out);
+    autodiff::expand_gradients(g, kOpsets, "test");
+  }
+  return m;
+}
+
+const onnx::NodeProto* find_op(const onnx::GraphProto& g, const std::string& op_type) {
+  for (const auto& node : g.node()) {
+    if (node.op_type() == op_type) return &node;
+  }
+  return nullptr;
+}
+
+TEST(AddLayerNorm, TheRewriteGivesTheSameResults) {
+  for (bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training graph" : "inference graph");
+    const onnx::ModelProto unfused = residual_norm_model(training);
+    onnx::ModelProto fused = unfused;
+    ASSERT_EQ(runtime::fuse_add_layer_norm(*fused.mutable_graph()), 1);
+    EXPECT_EQ(count_op(fused.graph(), "Add"), count_op(unfused.graph(), "Add") - 1);
+    EXPECT_EQ(count_op(fused.graph(), "LayerNormalization"), 0);
+    const onnx::NodeProto* node = find_op(fused.graph(), "AddLayerNormalization");
+    ASSERT_NE(node, nullptr);
+    ASSERT_EQ(node->output_size(), 4);
+    // The backward pass reads the sum; the inference graph does not, so it is not written.
+    EXPECT_EQ(node->output(3), training ? "z" : "");
+    const runtime::NamedTensors feeds{{"x", testing::random_f64(Shape{8, 32, 256}, 9, 2.0).cast(DataType::Float32)}};
+    runtime::Session a(fused, {.fuse = false}), b(unfused, {.fuse = false});
+    const runtime::NamedTensors got = a.run(feeds), want = b.run(feeds);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, tensor] : want) {
+      SCOPED_TRACE(name);
+      expect_same_bits(got.at(name), tensor);
+    }
+  }
+}
+
+TEST(AddLayerNorm, LeavesAloneASumReadBeforeTheNormalizationOrAGraphOutput) {
+  {  // a reader of the sum before the normalization in the node order
+    onnx::ModelProto m = residual_norm_model(false);
+    onnx::GraphProto& g = *m.mutable_graph();
+    onnx::NodeProto early;
+    early.set_op_type("Relu");
+    early.add_input("z");
+    early.add_output("early");
+    g.mutable_node()->Add(std::move(early));
+    g.mutable_node()->SwapElements(1, g.node_size() - 1);  // Add, Relu, ..., LayerNormalization last
+    EXPECT_EQ(runtime::fuse_add_layer_norm(g), 0);
+  }
+  {  // the sum as a graph output
+    onnx::ModelProto m = residual_norm_model(false);
+    m.mutable_graph()->add_output()->set_name("z");
+    EXPECT_EQ(runtime::fuse_add_layer_norm(*m.mutable_graph()), 0);
   }
 }
 
