@@ -40,12 +40,7 @@
 //   from opset 10, typed like the data before.
 // Statistics accumulate in double (LayerNormalization: in float for float32, float16 and
 // bfloat16 data); Float16/BFloat16 data is normalized in float.
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -54,6 +49,7 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/streaming_store.h"
 #include "ops/batch_norm_channels.h"
 #include "ops/batch_norm_mode.h"
 #include "ops/broadcast.h"
@@ -358,33 +354,11 @@ std::pair<V, V> row_moments(const T* x, int64_t n) {
   return {mean, squares / static_cast<V>(n)};
 }
 
-// dst[0, n) = src[0, n). Where T is float32 and the CPU has AVX2, the whole aligned 8-float
-// blocks go by streaming stores, which write around the cache: AddLayerNormalization's sum is
-// read again only by the backward pass, and ordinary stores would leave it in cache in place of
-// Y, which the next product reads at once (BERT's step measured its products 2-3 ms slower so).
-// end_streaming_stores() orders them before the kernel returns.
-template <class T>
-void store_streaming(const T* src, T* dst, int64_t n) {
-#if defined(__AVX2__)
-  if constexpr (std::is_same_v<T, float>) {
-    int64_t i = 0;
-    for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 31) != 0; ++i) dst[i] = src[i];
-    for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-    for (; i < n; ++i) dst[i] = src[i];
-    return;
-  }
-#endif
-  std::copy(src, src + n, dst);
-}
-inline void end_streaming_stores() {
-#if defined(__AVX2__)
-  _mm_sfence();
-#endif
-}
-
-// A sum at or above this size is written with streaming stores (store_streaming): it does not
-// stay in a core's cache (2 MiB of L2 on the Intel VM of docs/performance.md) until the backward
-// pass reads it, and below it the next reader may find it there.
+// A sum at or above this size is written with streaming stores (core/streaming_store.h): it does
+// not stay in a core's cache (2 MiB of L2 on the Intel VM of docs/performance.md) until the
+// backward pass reads it, and below it the next reader may find it there. Ordinary stores would
+// leave it in cache in place of Y, which the next product reads at once (BERT's step measured its
+// products 2-3 ms slower so).
 constexpr int64_t kStreamedSumBytes = int64_t{2} << 20;
 
 // Two same-shaped tensors whose sum (as Add makes it: A + B in the compute type, rounded to the
