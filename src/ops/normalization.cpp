@@ -777,7 +777,11 @@ std::unique_ptr<Kernel> make_instance_norm(const KernelInit& init) {
 
 namespace {
 // LayerNormalization's axis and epsilon; stash_type 1 (float32 statistics) is the one supported.
-std::pair<int64_t, double> layer_norm_attributes(const KernelInit& init) {
+struct LayerNormAttributes {
+  int64_t axis;
+  double epsilon;
+};
+LayerNormAttributes layer_norm_attributes(const KernelInit& init) {
   const int64_t stash_type = init.attr_int("stash_type", 1);
   if (stash_type != 1) {
     fail("attribute 'stash_type' = " + std::to_string(stash_type) + " is not supported (only 1, float32)");
@@ -787,13 +791,13 @@ std::pair<int64_t, double> layer_norm_attributes(const KernelInit& init) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_layer_norm(const KernelInit& init) {
-  const auto [axis, epsilon] = layer_norm_attributes(init);
-  return make_kernel([axis, epsilon](KernelContext& ctx) { run_layer_norm(ctx, axis, epsilon); });
+  const LayerNormAttributes a = layer_norm_attributes(init);
+  return make_kernel([a](KernelContext& ctx) { run_layer_norm(ctx, a.axis, a.epsilon); });
 }
 
 std::unique_ptr<Kernel> make_add_layer_norm(const KernelInit& init) {
-  const auto [axis, epsilon] = layer_norm_attributes(init);
-  return make_kernel([axis, epsilon](KernelContext& ctx) { run_add_layer_norm(ctx, axis, epsilon); });
+  const LayerNormAttributes a = layer_norm_attributes(init);
+  return make_kernel([a](KernelContext& ctx) { run_add_layer_norm(ctx, a.axis, a.epsilon); });
 }
 
 std::unique_ptr<Kernel> make_layer_norm_grad(const KernelInit& init) {
