@@ -284,6 +284,43 @@ TEST(LayerNorm, NormalizesTheTrailingDimsAndKeepsThemInTheStatistics) {
   EXPECT_EQ(out[1].dtype(), DataType::Float32);
 }
 
+// float32 rows long enough for the kernel's vectorized partial sums (32 elements a block) and a
+// tail, against the statistics and values computed in float64 from the float32 inputs: the
+// values within float32 rounding, the stashed mean and inverse deviation too. An offset of 100
+// makes the variance small next to the mean, where a lost element or block would show.
+TEST(LayerNorm, LongFloat32RowsMatchFloat64Statistics) {
+  for (int64_t n : {31, 32, 37, 256, 300}) {
+    SCOPED_TRACE("row of " + std::to_string(n));
+    const int64_t rows = 6;
+    const Tensor x64 = random(Shape{rows, n}, 7);
+    std::vector<double> xs = x64.to_double_vector();
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] += (i % 3 == 0) ? 100.0 : 0.0;
+    const Tensor x = f64(Shape{rows, n}, xs).cast(DataType::Float32);
+    const std::vector<double> xf = x.to_double_vector();  // the float32 inputs, exactly
+    const Tensor scale = random(Shape{n}, 8).cast(DataType::Float32);
+    const Tensor bias = random(Shape{n}, 9).cast(DataType::Float32);
+    const std::vector<double> sv = scale.to_double_vector(), bv = bias.to_double_vector();
+    const auto out = run("LayerNormalization", {x, scale, bias}, {attr("epsilon", 1e-5f)}, 17, 3);
+    std::vector<double> want(xf.size()), mean(static_cast<size_t>(rows)), inv(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = 0, v = 0;
+      for (int64_t i = 0; i < n; ++i) m += xf[static_cast<size_t>(r * n + i)];
+      m /= static_cast<double>(n);
+      for (int64_t i = 0; i < n; ++i) v += (xf[static_cast<size_t>(r * n + i)] - m) * (xf[static_cast<size_t>(r * n + i)] - m);
+      const double d = 1 / std::sqrt(v / static_cast<double>(n) + 1e-5);
+      mean[static_cast<size_t>(r)] = m;
+      inv[static_cast<size_t>(r)] = d;
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(r * n + i);
+        want[k] = (xf[k] - m) * d * sv[static_cast<size_t>(i)] + bv[static_cast<size_t>(i)];
+      }
+    }
+    expect_close(out[0], f64(Shape{rows, n}, want).cast(DataType::Float32), 1e-4, 1e-4);
+    expect_close(out[1], f64(Shape{rows, 1}, mean).cast(DataType::Float32), 1e-6, 1e-6);
+    expect_close(out[2], f64(Shape{rows, 1}, inv).cast(DataType::Float32), 1e-4, 1e-6);
+  }
+}
+
 TEST(LayerNorm, RejectsBadAttributesAndShapes) {
   const Tensor x = f32({2, 2}, {1, 3, 0, 4});
   EXPECT_THROW(run("LayerNormalization", {x, f32({2}, {1, 1})}, {attr("axis", int64_t{3})}), Error);
