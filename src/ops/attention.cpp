@@ -126,8 +126,8 @@ void run_attention(KernelContext& ctx, const Spec& spec) {
   // One block when no constraint ends the keys early (nor for a debug output of whole rows).
   const bool blocked = (spec.is_causal || spec.right_window >= 0 || ctx.has_input(kNonpad)) && !qk_out;
   const int64_t block = blocked ? kQueryBlock : std::max<int64_t>(g.Sq, 1);
-  // No bias and no softcap: each row needs its softmax alone (and, for qk_matmul_output_mode 3,
-  // a copy of it).
+  // No bias and no softcap: each row needs its softmax alone (made in qk_matmul_output itself for
+  // qk_matmul_output_mode 3, below).
   const bool plain = bias.none() && !capped && (!qk_out || spec.qk_mode == 3) && std::is_same_v<T, C>;
   bool gemm_ok = true;
 #pragma omp parallel num_threads(threads) reduction(&& : gemm_ok)

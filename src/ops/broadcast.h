@@ -20,6 +20,7 @@
 #include "core/parallel.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/shape.h"
+#include "onnxtrain/tensor.h"
 
 namespace onnxtrain::ops {
 
@@ -114,5 +115,11 @@ class Broadcast {
   std::vector<std::array<bool, N>> full_;
   std::vector<std::array<int64_t, N>> strides_;
 };
+
+// out = a + b as the ONNX Add kernel computes it (elementwise_binary.cpp: in the compute type,
+// rounded to the element type), over bc, the Broadcast of a's and b's shapes. a, b and out have
+// one numeric element type, out the shape bc.shape(). Throws Error naming `what` for a type Add
+// does not support.
+void add_broadcast(const Broadcast<2>& bc, const Tensor& a, const Tensor& b, Tensor& out, const std::string& what);
 
 }  // namespace onnxtrain::ops

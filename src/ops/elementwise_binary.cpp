@@ -214,6 +214,10 @@ Tensor legacy_align(const LegacyBroadcast& legacy, const KernelContext& ctx) {
 
 }  // namespace
 
+void add_broadcast(const Broadcast<2>& bc, const Tensor& a, const Tensor& b, Tensor& out, const std::string& what) {
+  visit_dtype<NumericTypes>(a.dtype(), what, [&]<class T>() { run_arithmetic<T>(Binary::Add, false, bc, a, b, out); });
+}
+
 std::unique_ptr<Kernel> make_binary(const KernelInit& init) {
   const auto it = binary_ops().find(init.op_type());
   if (it == binary_ops().end()) throw Error("no binary kernel for " + init.op_type());

@@ -504,17 +504,7 @@ void run_add_layer_norm(KernelContext& ctx, int64_t axis_attr, double epsilon) {
   }
   const Broadcast<2> bc({&a.shape(), &b.shape()});
   Tensor s = ctx.allocate_output(3, a.dtype(), bc.shape());
-  visit_dtype<FloatTypes>(a.dtype(), "input " + ctx.input_name(0), [&]<class T>() {
-    using V = compute_t<T>;
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
-    T* po = s.data<T>();
-    bc.for_each_run([&](int64_t o, const auto& in, int64_t len, const auto& step) {
-      for (int64_t i = 0; i < len; ++i) {
-        po[o + i] = convert<T>(V(convert<V>(pa[in[0] + (step[0] ? i : 0)]) + convert<V>(pb[in[1] + (step[1] ? i : 0)])));
-      }
-    });
-  });
+  add_broadcast(bc, a, b, s, "input " + ctx.input_name(0));
   layer_norm(ctx, s, s_name, 2, axis_attr, epsilon, nullptr);
 }
 
@@ -684,7 +674,7 @@ void run_layer_norm_grad(KernelContext& ctx, int64_t axis_attr, double epsilon, 
       sum_to_shape_into(dx, dx_through, through);
     }
     Tensor& out = ctx.allocate_output(3, x.dtype(), dx_target);
-    if (dx_target == dx_through) {
+    if (dx_target == dx_through) {  // SumToShape's identity: the values as they are (a -0 too)
       std::copy_n(static_cast<const char*>(through.raw_data()), through.nbytes(), static_cast<char*>(out.raw_data()));
     } else {
       sum_to_shape_into(through, dx_target, out);

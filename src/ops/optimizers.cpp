@@ -42,6 +42,12 @@ struct Scalars {
 // `states` state tensors per X.
 int gradient_form_input(int states, int n, int i) { return 2 + (2 + states) * n + i; }
 
+// Whether that input is given and not empty (G is then not X's shape).
+bool gradient_form_given(const KernelContext& ctx, int states, int n, int i) {
+  const int j = gradient_form_input(states, n, i);
+  return ctx.has_input(j) && ctx.input(j).numel() > 0;
+}
+
 // G's cropped taps (Momentum's attribute gradient_taps): G holds, of each block of k elements of
 // X, the `offsets` ones (conv_geometry.h kept_taps_description); the others are 0.
 struct GradientTaps {
@@ -53,8 +59,8 @@ struct GradientTaps {
 // the node has attribute gradient_taps and the input is given and not empty; checks it and G
 // against X. Else nullopt: G is X's shape.
 std::optional<GradientTaps> gradient_taps(const KernelContext& ctx, int states, int n, int i) {
+  if (!gradient_form_given(ctx, states, n, i)) return std::nullopt;
   const int j = gradient_form_input(states, n, i);
-  if (!ctx.has_input(j) || ctx.input(j).numel() == 0) return std::nullopt;
   const Tensor& t = ctx.input(j);
   const Tensor& x = ctx.input(2 + i);
   const Tensor& g = ctx.input(2 + n + i);
@@ -92,8 +98,8 @@ struct GradientRows {
 // int64, each in [-rows, rows) of X, negative ones counting from the end as Gather's do) and G
 // (X's type, as many elements as the indices times a row of X). Else nullopt: G is X's shape.
 std::optional<GradientRows> gradient_rows(const KernelContext& ctx, int states, int n, int i) {
+  if (!gradient_form_given(ctx, states, n, i)) return std::nullopt;
   const int j = gradient_form_input(states, n, i);
-  if (!ctx.has_input(j) || ctx.input(j).numel() == 0) return std::nullopt;
   const Tensor& t = ctx.input(j);
   const Tensor& x = ctx.input(2 + i);
   const Tensor& g = ctx.input(2 + n + i);
@@ -166,10 +172,8 @@ Scalars read_scalars_and_check(const KernelContext& ctx, int states, int& n, int
     for (int k = 1; k < 2 + states; ++k) {
       const int j = 2 + k * n + i;
       if (k == 1 && form == GradientForm::Taps && gradient_taps(ctx, states, n, i)) continue;  // G holds X's cropped taps
-      if (k == 1 && form == GradientForm::Rows) {  // G holds dY of a Gather: gradient_rows checks it
-        const int rows_input = gradient_form_input(states, n, i);
-        if (ctx.has_input(rows_input) && ctx.input(rows_input).numel() > 0) continue;
-      }
+      // G holds dY of a Gather: gradient_rows checks it.
+      if (k == 1 && form == GradientForm::Rows && gradient_form_given(ctx, states, n, i)) continue;
       const Tensor& other = ctx.input(j);
       if (other.dtype() != x.dtype() || !(other.shape() == x.shape())) {
         fail("input " + ctx.input_name(j) + " (" + other.description() + ") must match X " +

@@ -2831,6 +2831,26 @@ int gradient_producer(Matcher& m, std::string& g, int reader, std::vector<int>& 
   return !g.empty() && producer >= 0 && m.sole_reader(g) == reader ? producer : -1;
 }
 
+// An optimized tensor's gradient and the node that makes it (gradient_producer).
+struct GradientSource {
+  int tensor;                   // t of the optimizer's n tensors: its G is input 2 + n + t
+  int producer;                 // the node making G
+  std::string value;            // the value it makes (G, or what the Identity nodes pass on as G)
+  std::vector<int> identities;  // the Identity nodes between it and the optimizer node
+};
+
+// The gradient_producer of each of the n G inputs of optimizer node `i` that has one.
+std::vector<GradientSource> gradient_sources(Matcher& m, int i, int n) {
+  std::vector<GradientSource> sources;
+  for (int t = 0; t < n; ++t) {
+    std::string g = m.graph().node(i).input(2 + n + t);
+    std::vector<int> identities;
+    const int producer = gradient_producer(m, g, i, identities);
+    if (producer >= 0) sources.push_back({t, producer, g, std::move(identities)});
+  }
+  return sources;
+}
+
 }  // namespace
 
 int crop_momentum_gradients(onnx::GraphProto& graph) {
@@ -2840,34 +2860,25 @@ int crop_momentum_gradients(onnx::GraphProto& graph) {
   std::vector<int> dropped;
   for (int i = 0; i < graph.node_size(); ++i) {
     const onnx::NodeProto& opt = graph.node(i);
-    if (opt.domain() != "ai.onnx.preview.training" || opt.op_type() != "Momentum" || has_attribute(opt, "gradient_taps") ||
+    if (opt.domain() != kTrainingDomain || opt.op_type() != "Momentum" || has_attribute(opt, "gradient_taps") ||
         opt.input_size() < 5 || (opt.input_size() - 2) % 3 != 0) {
       continue;
     }
     const int n = (opt.input_size() - 2) / 3;
-    struct Crop {
-      int tensor, grad;
-      std::vector<int> identities;  // Identity nodes between the ConvGrad and the Momentum node
-    };
-    std::vector<Crop> crops;
-    for (int t = 0; t < n; ++t) {
-      std::string g = opt.input(2 + n + t);
-      std::vector<int> identities;
-      const int producer = gradient_producer(m, g, i, identities);
-      if (producer < 0) continue;
-      const onnx::NodeProto& grad = graph.node(producer);
-      if (grad.domain() != kInternalDomain || grad.op_type() != "ConvGrad" || grad.output_size() < 2 ||
-          grad.output(1) != g || has_attribute(grad, "dw_taps")) {
-        continue;
+    std::vector<GradientSource> crops;  // the ConvGrads' dW
+    for (GradientSource& source : gradient_sources(m, i, n)) {
+      const onnx::NodeProto& grad = graph.node(source.producer);
+      if (grad.domain() == kInternalDomain && grad.op_type() == "ConvGrad" && grad.output_size() >= 2 &&
+          grad.output(1) == source.value && !has_attribute(grad, "dw_taps")) {
+        crops.push_back(std::move(source));
       }
-      crops.push_back({t, producer, identities});
     }
     if (crops.empty()) continue;
     onnx::NodeProto& node = *graph.mutable_node(i);
     *node.add_attribute() = autodiff::attr_int("gradient_taps", 1);
     for (int t = 0; t < n; ++t) node.add_input("");
-    for (const Crop& c : crops) {
-      onnx::NodeProto& grad = *graph.mutable_node(c.grad);
+    for (const GradientSource& c : crops) {
+      onnx::NodeProto& grad = *graph.mutable_node(c.producer);
       const std::string taps = names.fresh(grad.output(1) + "/onnxtrain.taps");
       *grad.add_attribute() = autodiff::attr_int("dw_taps", 1);
       while (grad.output_size() < 3) grad.add_output("");
@@ -2903,22 +2914,18 @@ int fuse_gather_grad_adam(onnx::GraphProto& graph) {
     std::vector<std::string> indices(static_cast<size_t>(n));  // "" for a G given whole
     std::vector<int> removed;
     int found = 0;
-    for (int t = 0; t < n; ++t) {
-      std::string g = opt.input(2 + n + t);
-      std::vector<int> identities;
-      const int producer = gradient_producer(m, g, i, identities);
-      if (producer < 0) continue;
-      const onnx::NodeProto& grad = graph.node(producer);
+    for (const GradientSource& source : gradient_sources(m, i, n)) {
+      const onnx::NodeProto& grad = graph.node(source.producer);
       // GatherGrad(dY, indices, shape) along axis 0, G its only output.
       if (grad.domain() != kInternalDomain || grad.op_type() != "GatherGrad" || grad.input_size() != 3 ||
-          grad.output_size() != 1 || grad.output(0) != g || int_attribute(grad, "axis") != 0 || grad.input(0).empty() ||
-          grad.input(1).empty()) {
+          grad.output_size() != 1 || grad.output(0) != source.value || int_attribute(grad, "axis") != 0 ||
+          grad.input(0).empty() || grad.input(1).empty()) {
         continue;
       }
-      inputs[static_cast<size_t>(2 + n + t)] = grad.input(0);  // G: GatherGrad's dY
-      indices[static_cast<size_t>(t)] = grad.input(1);
-      removed.push_back(producer);
-      removed.insert(removed.end(), identities.begin(), identities.end());
+      inputs[static_cast<size_t>(2 + n + source.tensor)] = grad.input(0);  // G: GatherGrad's dY
+      indices[static_cast<size_t>(source.tensor)] = grad.input(1);
+      removed.push_back(source.producer);
+      removed.insert(removed.end(), source.identities.begin(), source.identities.end());
       ++found;
     }
     if (found == 0) continue;

@@ -88,34 +88,47 @@ TEST(LayerNormGradSum, ATermOfAnotherShapeIsNamedInTheError) {
   EXPECT_NE(error.find("input 'in6' is float32[1,8], expected float32[4,8] like input 'in1'"), std::string::npos) << error;
 }
 
-// x -> LayerNormalization -> y, read by a MatMul, a Mul and the loss itself: the gradient of y is
-// a Sum of three terms. Gradient of the loss with respect to x, the scale and the bias.
-onnx::ModelProto residual_model(bool expose_sum_input) {
-  onnx::ModelProto m = testing::empty_model("layer_norm");
+// An empty model importing the training domain, with a float32 graph input "x" of `dims`.
+onnx::ModelProto training_model(const std::string& name, const std::vector<int64_t>& dims) {
+  onnx::ModelProto m = testing::empty_model(name);
   auto* training = m.add_opset_import();
   training->set_domain("ai.onnx.preview.training");
   training->set_version(1);
+  testing::typed_value(m.mutable_graph()->add_input(), "x", onnx::TensorProto::FLOAT, dims);
+  return m;
+}
+
+// A float32 initializer of random values (testing::random_f64's seed and scale).
+void add_initializer(onnx::GraphProto& g, const std::string& name, const Shape& shape, uint32_t seed, double scale = 1.0) {
+  io::tensor_to_proto(testing::random_f64(shape, seed, scale).cast(DataType::Float32), name, *g.add_initializer());
+}
+
+// The Gradient of "loss" with respect to `xs`, written to the graph outputs `outs`, expanded.
+void add_gradient(onnx::GraphProto& g, const std::vector<std::string>& xs, const std::vector<std::string>& outs) {
+  onnx::NodeProto* grad = add_node(g, "Gradient", xs, outs);
+  grad->set_domain("ai.onnx.preview.training");
+  *grad->add_attribute() = attr("xs", xs);
+  *grad->add_attribute() = attr("y", std::string("loss"));
+  for (const auto& out : outs) g.add_output()->set_name(out);
+  autodiff::expand_gradients(g, kOpsets, "test");
+}
+
+// x -> LayerNormalization -> y, read by a MatMul, a Mul and the loss itself: the gradient of y is
+// a Sum of three terms. Gradient of the loss with respect to x, the scale and the bias.
+onnx::ModelProto residual_model(bool expose_sum_input) {
+  onnx::ModelProto m = training_model("layer_norm", {6, 3, 20});
   onnx::GraphProto& g = *m.mutable_graph();
-  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {6, 3, 20});
-  const auto initializer = [&](const std::string& name, const Shape& shape, uint32_t seed) {
-    io::tensor_to_proto(testing::random_f64(shape, seed).cast(DataType::Float32), name, *g.add_initializer());
-  };
-  initializer("scale", Shape{20}, 1);
-  initializer("bias", Shape{20}, 2);
-  initializer("w", Shape{20, 20}, 3);
-  initializer("r", Shape{6, 3, 20}, 4);
+  add_initializer(g, "scale", Shape{20}, 1);
+  add_initializer(g, "bias", Shape{20}, 2);
+  add_initializer(g, "w", Shape{20, 20}, 3);
+  add_initializer(g, "r", Shape{6, 3, 20}, 4);
   add_node(g, "LayerNormalization", {"x", "scale", "bias"}, {"y"});
   add_node(g, "MatMul", {"y", "w"}, {"a"});
   add_node(g, "Mul", {"y", "r"}, {"b"});
   add_node(g, "Mul", {"a", "b"}, {"ab"});
   add_node(g, "Add", {"ab", "y"}, {"z"});
   *add_node(g, "ReduceSum", {"z"}, {"loss"})->add_attribute() = attr("keepdims", int64_t{0});
-  onnx::NodeProto* grad = add_node(g, "Gradient", {"x", "scale", "bias"}, {"dx", "dscale", "dbias"});
-  grad->set_domain("ai.onnx.preview.training");
-  *grad->add_attribute() = attr("xs", std::vector<std::string>{"x", "scale", "bias"});
-  *grad->add_attribute() = attr("y", std::string("loss"));
-  for (const char* out : {"dx", "dscale", "dbias"}) g.add_output()->set_name(out);
-  autodiff::expand_gradients(g, kOpsets, "test");
+  add_gradient(g, {"x", "scale", "bias"}, {"dx", "dscale", "dbias"});
   if (expose_sum_input) {
     for (const auto& node : g.node()) {
       if (node.op_type() == "LayerNormalizationGrad") g.add_output()->set_name(node.input(0));
@@ -205,32 +218,20 @@ TEST(LayerNormBiasGrad, DxSummedToABiasGivesTheBitsOfTheTwoSumToShapes) {
 // w, b, the scale and x: the expansion's SumToShape of dX to b's shape goes into the
 // LayerNormalizationGrad, and every gradient keeps its bits.
 TEST(LayerNormBiasGrad, TheRewriteGivesTheSameResults) {
-  onnx::ModelProto m = testing::empty_model("dense_residual_norm");
-  auto* training = m.add_opset_import();
-  training->set_domain("ai.onnx.preview.training");
-  training->set_version(1);
+  onnx::ModelProto m = training_model("dense_residual_norm", {8, 32, 256});
   onnx::GraphProto& g = *m.mutable_graph();
-  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {8, 32, 256});
-  const auto initializer = [&](const std::string& name, const Shape& shape, uint32_t seed, double scale) {
-    io::tensor_to_proto(testing::random_f64(shape, seed, scale).cast(DataType::Float32), name, *g.add_initializer());
-  };
-  initializer("w", Shape{256, 256}, 1, 0.1);
-  initializer("b", Shape{256}, 2, 1.0);
-  initializer("scale", Shape{256}, 3, 1.0);
-  initializer("beta", Shape{256}, 4, 1.0);
-  initializer("r", Shape{8, 32, 256}, 5, 1.0);
+  add_initializer(g, "w", Shape{256, 256}, 1, 0.1);
+  add_initializer(g, "b", Shape{256}, 2);
+  add_initializer(g, "scale", Shape{256}, 3);
+  add_initializer(g, "beta", Shape{256}, 4);
+  add_initializer(g, "r", Shape{8, 32, 256}, 5);
   add_node(g, "MatMul", {"x", "w"}, {"h"});
   add_node(g, "Add", {"h", "b"}, {"a"});
   add_node(g, "Add", {"a", "x"}, {"z"});
   add_node(g, "LayerNormalization", {"z", "scale", "beta"}, {"y"});
   add_node(g, "Mul", {"y", "r"}, {"yr"});
   *add_node(g, "ReduceSum", {"yr"}, {"loss"})->add_attribute() = attr("keepdims", int64_t{0});
-  onnx::NodeProto* grad = add_node(g, "Gradient", {"x", "w", "b", "scale"}, {"dx", "dw", "db", "dscale"});
-  grad->set_domain("ai.onnx.preview.training");
-  *grad->add_attribute() = attr("xs", std::vector<std::string>{"x", "w", "b", "scale"});
-  *grad->add_attribute() = attr("y", std::string("loss"));
-  for (const char* out : {"dx", "dw", "db", "dscale"}) g.add_output()->set_name(out);
-  autodiff::expand_gradients(g, kOpsets, "test");
+  add_gradient(g, {"x", "w", "b", "scale"}, {"dx", "dw", "db", "dscale"});
   const onnx::ModelProto unfused = m;
   onnx::ModelProto fused = m;
   const int sums = count_op(fused.graph(), "SumToShape");
@@ -298,32 +299,18 @@ TEST(AddLayerNorm, InputsOfTwoTypesAreAnError) {
 // x -> Add(x, r) -> LayerNormalization -> y -> loss, with the gradient with respect to x, r and
 // the scale when `training`.
 onnx::ModelProto residual_norm_model(bool training) {
-  onnx::ModelProto m = testing::empty_model("residual_norm");
-  auto* opset = m.add_opset_import();
-  opset->set_domain("ai.onnx.preview.training");
-  opset->set_version(1);
+  onnx::ModelProto m = training_model("residual_norm", {8, 32, 256});
   onnx::GraphProto& g = *m.mutable_graph();
-  testing::typed_value(g.add_input(), "x", onnx::TensorProto::FLOAT, {8, 32, 256});
-  const auto initializer = [&](const std::string& name, const Shape& shape, uint32_t seed) {
-    io::tensor_to_proto(testing::random_f64(shape, seed).cast(DataType::Float32), name, *g.add_initializer());
-  };
-  initializer("r", Shape{8, 32, 256}, 1);
-  initializer("scale", Shape{256}, 2);
-  initializer("beta", Shape{256}, 3);
-  initializer("w", Shape{8, 32, 256}, 4);
+  add_initializer(g, "r", Shape{8, 32, 256}, 1);
+  add_initializer(g, "scale", Shape{256}, 2);
+  add_initializer(g, "beta", Shape{256}, 3);
+  add_initializer(g, "w", Shape{8, 32, 256}, 4);
   add_node(g, "Add", {"x", "r"}, {"z"});
   add_node(g, "LayerNormalization", {"z", "scale", "beta"}, {"y"});
   add_node(g, "Mul", {"y", "w"}, {"yw"});
   *add_node(g, "ReduceSum", {"yw"}, {"loss"})->add_attribute() = attr("keepdims", int64_t{0});
   g.add_output()->set_name("y");
-  if (training) {
-    onnx::NodeProto* grad = add_node(g, "Gradient", {"x", "r", "scale"}, {"dx", "dr", "dscale"});
-    grad->set_domain("ai.onnx.preview.training");
-    *grad->add_attribute() = attr("xs", std::vector<std::string>{"x", "r", "scale"});
-    *grad->add_attribute() = attr("y", std::string("loss"));
-    for (const char* out : {"dx", "dr", "dscale"}) g.add_output()->set_name(out);
-    autodiff::expand_gradients(g, kOpsets, "test");
-  }
+  if (training) add_gradient(g, {"x", "r", "scale"}, {"dx", "dr", "dscale"});
   return m;
 }
 
