@@ -134,7 +134,35 @@ def prepare(name, tools, errors, batches):
     except Failed as e:
         errors[(name, "make-trainable")] = str(e)
         paths["trainable"] = None
+    # The exports as onnxtrain computes them (bench/bench_rows.cpp: the Gathers that
+    # runtime/fusion.h gather_before_rowwise_ops moves, moved): BERT's pooler reads token 0, so the
+    # last layer's query-side products run on one row of each sequence. bench/gemm_peak.py reads
+    # these, so that the products timed alone and onnxtrain's GFLOP are the ones it runs.
+    for key in ("train_export", "infer"):
+        rows = paths[key][:-len(".onnx")] + "_rows.onnx"
+        try:
+            measured([tools["bench_rows"], paths[key], rows], 300)
+            paths[key + "_rows"] = rows
+        except Failed as e:
+            errors[(name, f"{key} with the Gathers moved")] = str(e)
+            paths[key + "_rows"] = paths[key]
     return paths
+
+
+def product_flops(model, batch):
+    """FLOPs (2 per multiply-add) of the matrix products bench/gemm_peak.py lists for a training step."""
+    return sum(2 * p["m"] * p["n"] * p["k"] * p["batch"] * p["count"]
+               for p in gemm_peak.product_shapes(model, batch, inference=False))
+
+
+def onnxtrain_flops(name, paths):
+    """train_flops less the products onnxtrain does not run (gather_before_rowwise_ops; the
+    difference between the export's products and those of the export with the Gathers moved)."""
+    flops = workload_models.train_flops(name)
+    if not paths or paths["train_export_rows"] == paths["train_export"]:
+        return flops
+    batch = workload_models.BATCH[name]
+    return flops - (product_flops(paths["train_export"], batch) - product_flops(paths["train_export_rows"], batch))
 
 
 def onnxtrain_rate(name, paths, tools, threads, steps, timeout):
@@ -226,7 +254,7 @@ def train_section(names, prepared, tools, args, errors):
         ratio = f"{o[0] / p[0]:.2f}" if o and p else "-"
         rss = f"{peaks['o']:.0f} / {peaks['p']:.0f} MiB ({arena:.0f})" if o and p else "-"
         losses = " / ".join(f"{first_loss[k]:.4f}" if k in first_loss else "-" for k in ("o", "p"))
-        matched = peak_beside.median_fraction(beside[o[1]], args.flops[name] / 1e9) if o else None
+        matched = peak_beside.median_fraction(beside[o[1]], args.onnxtrain_flops[name] / 1e9) if o else None
         head = f"| {name} | {fmt(o, 'train')} | {fmt(p, 'torch')} | {ratio} | {compiled} | {rss} | "
         results.append((name, o, p, matched, head, f" | {losses} |"))
         print(results[-1][4] + f"... ({eager_s:.0f} s, torch.compile {time.perf_counter() - began - eager_s:.0f} s)",
@@ -234,13 +262,14 @@ def train_section(names, prepared, tools, args, errors):
     args.sgemm = max(args.sgemm, sgemm_peak(tools, args.threads))
     rows = []
     for name, o, p, matched, head, tail in results:
-        gflop = args.flops[name] / 1e9
-        roofline = (f"{gflop:.1f}: {o[0] * gflop:.0f} ({o[0] * gflop / args.sgemm:.0%}; {matched:.0%}) / "
-                    f"{p[0] * gflop:.0f} ({p[0] * gflop / args.sgemm:.0%})") if o and p and matched else "-"
+        mine, theirs = args.onnxtrain_flops[name] / 1e9, args.flops[name] / 1e9
+        gflop = f"{theirs:.1f}" if mine == theirs else f"{mine:.1f} / {theirs:.1f}"
+        roofline = (f"{gflop}: {o[0] * mine:.0f} ({o[0] * mine / args.sgemm:.0%}; {matched:.0%}) / "
+                    f"{p[0] * theirs:.0f} ({p[0] * theirs / args.sgemm:.0%})") if o and p and matched else "-"
         rows.append(head + roofline + tail)
     return ["| workload | onnxtrain steps/s (threads) | PyTorch eager steps/s (threads) | ratio (onnxtrain / eager) "
             "| torch.compile steps/s (threads) | peak RSS onnxtrain / PyTorch eager (onnxtrain's step arena) "
-            "| GFLOP per step: GFLOP/s "
+            "| GFLOP per step (onnxtrain's / PyTorch's where they differ): GFLOP/s "
             "(of the sgemm peak; onnxtrain's of the peak beside each of its runs) onnxtrain / PyTorch eager "
             "| step-1 loss onnxtrain / PyTorch |",
             "|---|---|---|---|---|---|---|---|"] + rows
@@ -308,10 +337,10 @@ def alone_before(names, prepared, tools, args, errors):
     threads, before = max(args.threads), {}
     for name in (n for n in names if (n in CONV_BOUND or n in GEMM_BOUND) and prepared.get(n)):
         try:
-            before[(name, "train")] = kernels_alone(name, prepared[name]["train_export"], workload_models.BATCH[name],
+            before[(name, "train")] = kernels_alone(name, prepared[name]["train_export_rows"], workload_models.BATCH[name],
                                                     tools, threads, inference=False)[1]
             for batch in INFER_BATCHES[name]:
-                before[(name, batch)] = kernels_alone(name, prepared[name]["infer"], batch, tools, threads,
+                before[(name, batch)] = kernels_alone(name, prepared[name]["infer_rows"], batch, tools, threads,
                                                       inference=True)[1]
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
             errors[(name, "kernels alone, before the runs")] = str(e)[:400]
@@ -338,7 +367,7 @@ def alone_section(names, prepared, tools, args, errors):
             o = args.best_train.get(name)
             if o:
                 count, alone = faster((name, "train"), o[1], kernels_alone(
-                    name, prepared[name]["train_export"], workload_models.BATCH[name], tools, o[1], inference=False))
+                    name, prepared[name]["train_export_rows"], workload_models.BATCH[name], tools, o[1], inference=False))
                 step = 1e3 / o[0]
                 rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {count} {kind} | "
                             f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | - |")
@@ -348,7 +377,7 @@ def alone_section(names, prepared, tools, args, errors):
                 if not cells or not cells[0]:
                     continue
                 count, alone = faster((name, batch), cells[0][1], kernels_alone(
-                    name, prepared[name]["infer"], batch, tools, cells[0][1], inference=True))
+                    name, prepared[name]["infer_rows"], batch, tools, cells[0][1], inference=True))
                 ort = f"{cells[1][0]:.3f}" if cells[1] else "-"
                 rows.append(f"| {name} | inference, batch {batch} | {count} {kind} | {alone:.3f} ({cells[0][1]}) | "
                             f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | {ort} |")
@@ -373,7 +402,8 @@ def find_tools(build):
                     "bench_infer": os.path.join(folder, "bench", "onnxtrain-bench-infer"),
                     "bench_sgemm": os.path.join(folder, "bench", "onnxtrain-bench-sgemm"),
                     "bench_conv": os.path.join(folder, "bench", "onnxtrain-bench-conv"),
-                    "bench_gemm": os.path.join(folder, "bench", "onnxtrain-bench-gemm")}
+                    "bench_gemm": os.path.join(folder, "bench", "onnxtrain-bench-gemm"),
+                    "bench_rows": os.path.join(folder, "bench", "onnxtrain-bench-rows")}
     sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
 
 
@@ -417,6 +447,7 @@ def main():
                                   flush=True)
     prepared = {name: prepare(name, tools, errors, WARMUP[name] + args.steps[name] + 1) for name in names}
     args.flops = {name: workload_models.train_flops(name) for name in names}
+    args.onnxtrain_flops = {name: onnxtrain_flops(name, prepared[name]) for name in names}
     args.sgemm = sgemm_peak(tools, args.threads)
     args.alone_before = alone_before(names, prepared, tools, args, errors)
     progress("exports, make-trainable, the sgemm peak and the kernels alone done")
@@ -425,7 +456,9 @@ def main():
     lines += [f"Training (steps/s without start-up; best thread count of each side). The machine's peak: oneDNN's "
               f"sgemm (2048^3, bench/bench_sgemm.cpp) at {args.sgemm:.0f} GFLOP/s in this run (the larger of two "
               "measurements, before and after the training runs); GFLOP per step counts the matrix products and "
-              "convolutions of the forward and backward passes (bench/workload_models.py train_flops); the second "
+              "convolutions of the forward and backward passes (bench/workload_models.py train_flops; onnxtrain's "
+              "less the products it does not run: where a Gather reads a few positions, runtime/fusion.h "
+              "gather_before_rowwise_ops computes only those, bench/workloads.py onnxtrain_flops); the second "
               "fraction of onnxtrain's is the median, over its runs at its best thread count, of each run's GFLOP/s "
               "over the sgemm peak measured just before it (bench/peak_beside.py).", ""]
     lines += table
@@ -438,7 +471,7 @@ def main():
               "each Conv's forward, backward-data and backward-weights primitives, or forward_inference, in the "
               "memory formats oneDNN prefers), the GEMM-bound ones' matrix products (bench/gemm_peak.py: each "
               "product of the step's forward and backward passes, or of the forward pass, read from the ONNX "
-              "export, by dnnl_sgemm and by oneDNN's matmul primitive, the faster); at the largest thread count the "
+              "export with the Gathers onnxtrain moves moved (bench/bench_rows.cpp), by dnnl_sgemm and by oneDNN's matmul primitive, the faster); at the largest thread count the "
               "faster of two measurements, before and after the training and inference runs. The fraction is the "
               "share of onnxtrain's time that these kernels alone need.", ""]
     lines += alone_section(names, prepared, tools, args, errors)
