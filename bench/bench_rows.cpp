@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <onnx/onnx_pb.h>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -23,6 +24,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     onnx::ModelProto model = onnxtrain::io::load_model(in);
+    const std::filesystem::path folder = std::filesystem::path(in).parent_path();
+    onnxtrain::io::inline_external_data(model, folder.empty() ? "." : folder);  // OUT is one file
     const auto opsets = onnxtrain::runtime::opsets_of(model, in);
     onnx::GraphProto& graph = *model.mutable_graph();
     onnxtrain::runtime::drop_zero_dropout(graph, opsets);
