@@ -3294,6 +3294,14 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
       // Only where it saves work: at most half the positions.
       const std::optional<int64_t> size = dim_value((*data)[static_cast<size_t>(g.axis)]);
       if (!size || g.count < 1 || 2 * g.count > *size) continue;
+      // Indices out of range stay the Gather's own error.
+      try {
+        const Tensor idx = io::tensor_from_proto(*g.indices, {}, g.data).cast(DataType::Int64);
+        const int64_t* v = idx.data<int64_t>();
+        if (std::any_of(v, v + idx.numel(), [&](int64_t k) { return k < -*size || k >= *size; })) continue;
+      } catch (const Error&) {
+        continue;
+      }
       const RowRegion region = row_region(graph, m, named, types, g);
       // Only where some arithmetic moves after the Gather (a lone Transpose before a Gather is
       // gather_before_transpose's).

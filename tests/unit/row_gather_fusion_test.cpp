@@ -303,6 +303,9 @@ TEST(RowGatherFusion, LeavesAloneWhatItCannotShorten) {
   EXPECT_EQ(rewritten({}), 1);  // the baseline the cases below each change in one respect
   EXPECT_EQ(rewritten({.expose_hidden = true}), 0);                          // the whole value is a graph output
   EXPECT_EQ(rewritten({.indices = {0, 1, 2, 3, 4}, .scalar = false}), 0);  // more than half the positions
+  EXPECT_EQ(rewritten({.indices = {kS}}), 0);  // out of range: the Gather's own error, at run time
+  EXPECT_EQ(rewritten({.indices = {-kS - 1}}), 0);
+  EXPECT_EQ(rewritten({.indices = {-kS}}), 1);
   EXPECT_EQ(rewritten({}, {{"", 12}, {"ai.onnx.preview.training", 1}}), 0);  // before opset 13
 
   // A Softmax along the gathered axis mixes its positions: nothing before it moves.
