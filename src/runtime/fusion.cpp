@@ -1460,9 +1460,11 @@ std::map<std::string, onnx::TypeProto> inferred_types(const onnx::GraphProto& gr
   for (const auto* list : {&copy.input(), &copy.output(), &copy.value_info()}) {
     for (const auto& v : *list) types[v.name()] = v.type();
   }
-  for (const auto& t : graph.initializer()) {
+  for (const auto& t : graph.initializer()) {  // the initializer's own dims, not appended to a declared shape's
     auto* tensor = types[t.name()].mutable_tensor_type();
     tensor->set_elem_type(t.data_type());
+    tensor->clear_shape();
+    tensor->mutable_shape();  // a scalar's empty shape is still a shape
     for (int64_t d : t.dims()) tensor->mutable_shape()->add_dim()->set_dim_value(d);
   }
   return types;
@@ -3048,10 +3050,11 @@ std::optional<int64_t> broadcast_axis(const StatedShape& in, const StatedShape& 
 //   MatMul along A's rows (B read whole) or a batch axis (each operand along it unless it
 //   broadcasts there);
 //   Transpose (the axis it moves);
-//   Reshape (allowzero 0) keeping each position along the axis one slab of the same elements;
+//   Reshape keeping each position along the axis one slab of the same elements;
 //   ai.onnxtrain.Attention (fuse_attention's) with BSHD input and output layouts along the
-//   queries (axis 1): the queries' positions; keys and values whole, the mask along its
-//   query axis unless it broadcasts there.
+//   queries (axis 1), and ai.onnx Attention along its queries without a causal mask or a
+//   window: the queries' positions; keys and values whole, the mask along its query axis unless
+//   it broadcasts there.
 std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, int64_t axis,
                                                    const std::map<std::string, onnx::TypeProto>& types) {
   static const std::set<std::string> kUnary = {"Identity", "Cast", "Relu",  "LeakyRelu", "Tanh", "Sigmoid", "Erf",
@@ -3059,8 +3062,9 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
                                                "Elu",      "Softplus", "Gelu", "HardSigmoid", "HardSwish"};
   static const std::set<std::string> kBinary = {"Add", "Sub", "Mul", "Div", "Pow"};
   const int inputs = node.input_size();
+  const bool optional_inputs = node.op_type() == "Attention";  // empty names: omitted optional inputs
   for (const auto& in : node.input()) {
-    if (in.empty()) return std::nullopt;
+    if (in.empty() && !optional_inputs) return std::nullopt;
   }
   const auto shape = [&](int i) { return stated_shape(types, node.input(i)); };
   const std::optional<StatedShape> out = node.output_size() > 0 ? stated_shape(types, node.output(0)) : std::nullopt;
@@ -3122,7 +3126,7 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
     if (!perm || static_cast<int64_t>(perm->size()) != rank) return std::nullopt;
     return std::vector<int64_t>{(*perm)[static_cast<size_t>(axis)]};
   }
-  if (onnx_domain && node.op_type() == "Reshape" && inputs == 2 && int_attribute(node, "allowzero") == 0) {
+  if (onnx_domain && node.op_type() == "Reshape" && inputs == 2) {
     // Each position along the axis must stay one slab of the same elements: the same size along
     // it, and the same number of elements after it (the dims before it then hold as many).
     const auto x = shape(0);
@@ -3159,6 +3163,29 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
       const std::optional<int64_t> b = broadcast_axis(*mask, scores, 2);
       if (!b) return std::nullopt;
       axes.push_back(*b);
+    }
+    return axes;
+  }
+  if (onnx_domain && node.op_type() == "Attention" && inputs >= 3 && (rank == 3 || rank == 4)) {
+    // ai.onnx Attention-23/24 (4-D [batch, heads, queries, head size] or 3-D [batch, queries,
+    // heads * head size]) along the queries: each query's row of Y reads Q's row and every key;
+    // a causal mask or a sliding window depends on the query's position, so not those.
+    static const std::set<std::string> kPositionFree = {"scale", "softcap", "qk_matmul_output_mode", "q_num_heads",
+                                                        "kv_num_heads", "softmax_precision", "is_causal"};
+    for (const auto& a : node.attribute()) {
+      if (!kPositionFree.contains(a.name()) || (a.name() == "is_causal" && a.i() != 0)) return std::nullopt;
+    }
+    const int64_t queries = rank - 2;
+    if (axis != queries) return std::nullopt;
+    std::vector<int64_t> axes(static_cast<size_t>(inputs), -1);  // K, V, past keys and values, nonpad_kv_seqlen whole
+    axes[0] = queries;
+    if (inputs > 3 && !node.input(3).empty()) {  // attn_mask, broadcast to [batch, heads, queries, keys]
+      const auto mask = shape(3);
+      if (!mask || mask->size() > 4) return std::nullopt;
+      const StatedShape scores = {"", "", (*out)[static_cast<size_t>(queries)], ""};
+      const std::optional<int64_t> b = broadcast_axis(*mask, scores, 2);
+      if (!b) return std::nullopt;
+      axes[3] = *b;
     }
     return axes;
   }
@@ -3351,12 +3378,13 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
           copy.set_input(k, it->second);
         }
         if (is_onnx_op(node, "Reshape")) {
-          // Where the dims up to the axis stay, the shape becomes 0 (copy the input's dim) for
-          // each of them, then its entries after the axis: shape inference then carries the
-          // input's dims over. Else the shape with 0 along the axis alone (the rows' count).
+          // Where the dims up to the axis stay (and 0 copies an input dim: allowzero 0), the shape
+          // becomes 0 for each of them, then its entries after the axis: shape inference then
+          // carries the input's dims over. Else the shape with the rows' count along the axis
+          // (shape * [1, .., 0, .., 1] + [0, .., count, .., 0]).
           const int64_t a = axes[0];
           const StatedShape x_shape = *stated_shape(types, node.input(0)), y_shape = *stated_shape(types, node.output(0));
-          bool leading_same = true;
+          bool leading_same = int_attribute(node, "allowzero") == 0;
           for (int64_t d = 0; d < a; ++d) leading_same = leading_same && same_dim(x_shape[static_cast<size_t>(d)], y_shape[static_cast<size_t>(d)]);
           const std::string shape = names.fresh(node.input(1) + ".rows");
           if (leading_same) {
@@ -3370,11 +3398,15 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
             *concat.add_attribute() = autodiff::attr_int("axis", 0);
             out.push_back(std::move(concat));
           } else {
-            std::vector<int64_t> keep(y_shape.size(), 1);
+            std::vector<int64_t> keep(y_shape.size(), 1), count(y_shape.size(), 0);
             keep[static_cast<size_t>(a)] = 0;
-            const std::string mask = names.fresh(node.input(1) + ".mask");
+            count[static_cast<size_t>(a)] = g.count;
+            const std::string mask = names.fresh(node.input(1) + ".mask"), masked = names.fresh(node.input(1) + ".masked"),
+                              counts = names.fresh(node.input(1) + ".count");
             out.push_back(constant_node(mask, int64_tensor(keep)));
-            out.push_back(node_of("Mul", {node.input(1), mask}, shape));
+            out.push_back(constant_node(counts, int64_tensor(count)));
+            out.push_back(node_of("Mul", {node.input(1), mask}, masked));
+            out.push_back(node_of("Add", {masked, counts}, shape));
           }
           copy.set_input(1, shape);
         }

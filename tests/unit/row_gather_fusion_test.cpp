@@ -1,7 +1,8 @@
 // runtime/fusion.h gather_before_rowwise_ops: a Gather of a few positions along the sequence axis
 // (a sequence classifier's pooler reading token 0) makes the ops before it compute only those
 // positions, through the last encoder layer as exporters write it (query projection, head split
-// and merge Reshapes with shapes from Shape nodes, the attention's MatMul-Softmax-MatMul, output
+// and merge Reshapes with shapes from Shape nodes, the attention's MatMul-Softmax-MatMul or
+// ai.onnx Attention, output
 // projection, residual Adds, LayerNormalizations, feed-forward) up to the values needed whole
 // (the keys and values read every position). Outputs and gradients equal the unrewritten graph's
 // (within float32 rounding: fewer rows may take other oneDNN kernels); fuse_attention still fuses
@@ -30,6 +31,8 @@ struct EncoderOptions {
   bool expose_hidden = false;          // the Gather's data is also a graph output
   bool read_all_rows = false;          // a mean over every position of the feed-forward activation joins the loss
   bool training = true;                // a Gradient node for every weight and x
+  bool onnx_attention = false;         // ai.onnx Attention-23 (4-D) instead of MatMul-Softmax-MatMul
+  bool allowzero = false;              // the Reshapes with allowzero = 1 (the dynamo exporter's)
 };
 
 const std::vector<std::string> kWeights = {"wq", "bq", "wk", "wv", "wo", "ln_s", "ln_b", "w1", "b1", "w2", "wc"};
@@ -47,6 +50,7 @@ onnx::NodeProto* node(onnx::GraphProto& g, const std::string& op, const std::vec
 // position's activation with read_all_rows).
 onnx::ModelProto encoder_model(const EncoderOptions& o) {
   onnx::ModelProto m = testing::empty_model("encoder");
+  if (o.onnx_attention) m.mutable_opset_import(0)->set_version(23);
   auto* training = m.add_opset_import();
   training->set_domain("ai.onnx.preview.training");
   training->set_version(1);
@@ -82,18 +86,25 @@ onnx::ModelProto encoder_model(const EncoderOptions& o) {
   } else {
     testing::add_constant_node(g, "split", testing::i64({0, 0, kH, kD / kH}));
   }
-  node(g, "Reshape", {"qb", "split"}, "q4");
-  node(g, "Reshape", {"k", "split"}, "k4");
-  node(g, "Reshape", {"v", "split"}, "v4");
+  for (const auto& [in, out] : {std::pair{"qb", "q4"}, {"k", "k4"}, {"v", "v4"}}) {
+    node(g, "Reshape", {in, "split"}, out)->add_attribute()->CopyFrom(attr("allowzero", int64_t{o.allowzero}));
+  }
   node(g, "Transpose", {"q4"}, "qt")->add_attribute()->CopyFrom(attr("perm", std::vector<int64_t>{0, 2, 1, 3}));
-  node(g, "Transpose", {"k4"}, "kt")->add_attribute()->CopyFrom(attr("perm", std::vector<int64_t>{0, 2, 3, 1}));
   node(g, "Transpose", {"v4"}, "vt")->add_attribute()->CopyFrom(attr("perm", std::vector<int64_t>{0, 2, 1, 3}));
-  node(g, "MatMul", {"qt", "kt"}, "scores");
-  testing::add_constant_node(g, "scale", Tensor::from_vector<float>(Shape{}, {0.5f}));
-  node(g, "Mul", {"scores", "scale"}, "scaled");
-  if (o.mask) node(g, "Add", {"scaled", "mask"}, "masked");
-  node(g, "Softmax", {o.mask ? "masked" : "scaled"}, "p")->add_attribute()->CopyFrom(attr("axis", int64_t{-1}));
-  node(g, "MatMul", {"p", "vt"}, "o");
+  if (o.onnx_attention) {
+    node(g, "Transpose", {"k4"}, "kt")->add_attribute()->CopyFrom(attr("perm", std::vector<int64_t>{0, 2, 1, 3}));
+    std::vector<std::string> in = {"qt", "kt", "vt"};
+    if (o.mask) in.push_back("mask");
+    node(g, "Attention", in, "o")->add_attribute()->CopyFrom(attr("scale", 0.5f));
+  } else {
+    node(g, "Transpose", {"k4"}, "kt")->add_attribute()->CopyFrom(attr("perm", std::vector<int64_t>{0, 2, 3, 1}));
+    node(g, "MatMul", {"qt", "kt"}, "scores");
+    testing::add_constant_node(g, "scale", Tensor::from_vector<float>(Shape{}, {0.5f}));
+    node(g, "Mul", {"scores", "scale"}, "scaled");
+    if (o.mask) node(g, "Add", {"scaled", "mask"}, "masked");
+    node(g, "Softmax", {o.mask ? "masked" : "scaled"}, "p")->add_attribute()->CopyFrom(attr("axis", int64_t{-1}));
+    node(g, "MatMul", {"p", "vt"}, "o");
+  }
   node(g, "Transpose", {"o"}, "ot")->add_attribute()->CopyFrom(attr("perm", std::vector<int64_t>{0, 2, 1, 3}));
   if (o.computed_shapes) {  // Concat(Shape(ot)[0:2], [D]): a Shape node reading a value the rewrite makes rows of
     node(g, "Shape", {"ot"}, "sot");
@@ -113,7 +124,7 @@ onnx::ModelProto encoder_model(const EncoderOptions& o) {
   } else {
     testing::add_constant_node(g, "merge", testing::i64({0, 0, kD}));
   }
-  node(g, "Reshape", {"ot", "merge"}, "o3");
+  node(g, "Reshape", {"ot", "merge"}, "o3")->add_attribute()->CopyFrom(attr("allowzero", int64_t{o.allowzero}));
   node(g, "MatMul", {"o3", "wo"}, "a");
   node(g, "Add", {"a", "x"}, "r");
   node(g, "LayerNormalization", {"r", "ln_s", "ln_b"}, "h");
@@ -264,8 +275,16 @@ TEST(RowGatherFusion, OutputsAndGradientsEqualTheUnrewrittenGraphs) {
     ASSERT_EQ(runtime::gather_before_rowwise_ops(g, kOpsets), 1);
     const onnx::NodeProto* merge = reader_of(g, "merge", 0);
     ASSERT_NE(merge, nullptr);
-    EXPECT_EQ(merge->op_type(), "Mul");  // the shape times [1, 0, 1]: 0 copies the rows' count
+    EXPECT_EQ(merge->op_type(), "Mul");  // the shape times [1, 0, 1], plus the rows' count along the axis
     expect_same_outputs({.opaque_merge = true});
+  }
+  {
+    SCOPED_TRACE("Reshapes with allowzero = 1: the rows' count itself in the shape");
+    onnx::GraphProto g = encoder_model({.allowzero = true}).graph();
+    ASSERT_EQ(runtime::gather_before_rowwise_ops(g, kOpsets), 1);
+    EXPECT_EQ(producer_op(g, reader_of(g, "wq", 1)->input(0)), "Gather");
+    EXPECT_EQ(reader_of(g, "merge", 0)->op_type(), "Mul");
+    expect_same_outputs({.allowzero = true});
   }
   {
     SCOPED_TRACE("an attention fused before: the rows move through ai.onnxtrain.Attention's queries");
@@ -292,6 +311,19 @@ TEST(RowGatherFusion, OutputsAndGradientsEqualTheUnrewrittenGraphs) {
       SCOPED_TRACE(name);
       testing::expect_close(got.at(name), value, 1e-5, 1e-6);
     }
+  }
+  {
+    SCOPED_TRACE("ai.onnx Attention-23: its queries' rows");
+    onnx::GraphProto g = encoder_model({.mask = true, .onnx_attention = true}).graph();
+    ASSERT_EQ(runtime::gather_before_rowwise_ops(g, {{"", 23}, {"ai.onnx.preview.training", 1}}), 1);
+    for (const auto& n : g.node()) {
+      if (n.op_type() == "Attention") {
+        EXPECT_EQ(n.input(1), "kt");  // the keys whole, the queries' rows
+        EXPECT_NE(n.input(0), "qt");
+      }
+    }
+    EXPECT_EQ(producer_op(g, "o"), "");
+    expect_same_outputs({.mask = true, .onnx_attention = true});
   }
   {
     SCOPED_TRACE("inference");
