@@ -326,9 +326,9 @@ int gather_before_transpose(onnx::GraphProto& graph);
 // each position along that axis from the same position of their inputs, those ops compute only the
 // gathered positions: a Gather of the same indices moves to each input that is needed whole
 // elsewhere, and the Gather itself then picks from the rows. The ops it passes (rowwise_inputs in
-// fusion.cpp): element-wise ops with broadcasting, LayerNormalization, Softmax over another axis,
-// MatMul along A's rows or a batch axis, Transpose, Reshape where each position stays one slab of
-// elements (by shape inference's dims), and attention along its queries (the MatMul-Softmax-MatMul
+// gather_rows.cpp): element-wise ops with broadcasting, LayerNormalization, Softmax over another
+// axis, MatMul along A's rows or a batch axis, Transpose, Reshape where each position stays one
+// slab of elements (by shape inference's dims), and attention along its queries (the MatMul-Softmax-MatMul
 // exporters write, which fuse_attention then fuses with fewer queries than keys, ai.onnx Attention
 // without a causal mask or a window, and fuse_attention's own), whose keys and values stay whole.
 // A sequence classifier's pooler reads token 0 of the last encoder layer
