@@ -38,12 +38,26 @@ std::optional<StatedShape> stated_shape(const std::map<std::string, onnx::TypePr
   if (t == types.end() || !t->second.has_tensor_type() || !t->second.tensor_type().has_shape()) return std::nullopt;
   StatedShape shape;
   for (const auto& d : t->second.tensor_type().shape().dim()) {
-    shape.push_back(d.has_dim_value() ? "#" + std::to_string(d.dim_value()) : d.dim_param().empty() ? "" : "$" + d.dim_param());
+    if (d.has_dim_value()) {
+      shape.push_back("#" + std::to_string(d.dim_value()));
+    } else {
+      shape.push_back(d.dim_param().empty() ? "" : "$" + d.dim_param());
+    }
   }
   return shape;
 }
 
 bool same_dim(const std::string& a, const std::string& b) { return !a.empty() && a == b; }
+
+const std::string& dim_at(const StatedShape& shape, int64_t d) { return shape[static_cast<size_t>(d)]; }
+
+// Dims 0 to axis - 1 of x and y are the same (values, or one dim name of one shape inference).
+bool same_leading_dims(const StatedShape& x, const StatedShape& y, int64_t axis) {
+  for (int64_t d = 0; d < axis; ++d) {
+    if (!same_dim(dim_at(x, d), dim_at(y, d))) return false;
+  }
+  return true;
+}
 
 std::optional<int64_t> dim_value(const std::string& d) {
   if (d.size() < 2 || d[0] != '#') return std::nullopt;
@@ -56,9 +70,9 @@ std::optional<int64_t> dim_value(const std::string& d) {
 std::optional<int64_t> broadcast_axis(const StatedShape& in, const StatedShape& out, int64_t axis) {
   const int64_t b = axis - static_cast<int64_t>(out.size() - in.size());
   if (b < 0) return -1;
-  const std::string& d = in[static_cast<size_t>(b)];
+  const std::string& d = dim_at(in, b);
   if (d == "#1") return -1;
-  if (same_dim(d, out[static_cast<size_t>(axis)])) return b;
+  if (same_dim(d, dim_at(out, axis))) return b;
   return std::nullopt;
 }
 
@@ -153,11 +167,10 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
     // Each position along the axis must stay one slab of the same elements: the same size along
     // it, and the same number of elements after it (the dims before it then hold as many).
     const auto x = shape(0);
-    if (!x || static_cast<int64_t>(x->size()) <= axis || !same_dim((*x)[static_cast<size_t>(axis)], (*out)[static_cast<size_t>(axis)])) {
+    if (!x || static_cast<int64_t>(x->size()) <= axis || !same_dim(dim_at(*x, axis), dim_at(*out, axis))) {
       return std::nullopt;
     }
-    bool leading_same = true;
-    for (int64_t d = 0; d < axis; ++d) leading_same = leading_same && same_dim((*x)[static_cast<size_t>(d)], (*out)[static_cast<size_t>(d)]);
+    const bool leading_same = same_leading_dims(*x, *out, axis);
     const auto tail_size = [axis](const StatedShape& s) -> std::optional<int64_t> {
       int64_t n = 1;
       for (size_t d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) {
@@ -175,9 +188,8 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
       node.output_size() == 1 && rank == 4) {
     const onnx::AttributeProto* in_layout = find_attribute(node, "input_layout");
     const onnx::AttributeProto* out_layout = find_attribute(node, "output_layout");
-    if (!in_layout || in_layout->s() != "BSHD" || !out_layout || out_layout->s() != "BSHD" || int_attribute(node, "is_causal") != 0) {
-      return std::nullopt;
-    }
+    const bool bshd = in_layout && in_layout->s() == "BSHD" && out_layout && out_layout->s() == "BSHD";
+    if (!bshd || int_attribute(node, "is_causal") != 0) return std::nullopt;
     std::vector<int64_t> axes = {1, -1, -1};
     if (inputs == 4) {  // the mask, added to the scores [batch, heads, queries, keys] by broadcasting
       const auto mask = shape(3);
@@ -276,12 +288,13 @@ RowRegion row_region(const onnx::GraphProto& graph, const Matcher& m, const std:
     bool extra_outputs_unused = true;  // LayerNormalization's Mean and InvStdDev
     for (int o = 1; o < node.output_size(); ++o) {
       const std::string& out = node.output(o);
-      extra_outputs_unused = extra_outputs_unused && (out.empty() || (m.readers(out).empty() && !m.pinned(out) && !named.contains(out)));
+      const bool unused = out.empty() || (m.readers(out).empty() && !m.pinned(out) && !named.contains(out));
+      extra_outputs_unused = extra_outputs_unused && unused;
     }
     if (!extra_outputs_unused) continue;
     const int64_t axis = w->second;
     const std::optional<StatedShape> y_shape = stated_shape(types, y);
-    const bool static_axis = y_shape && axis < static_cast<int64_t>(y_shape->size()) && dim_value((*y_shape)[static_cast<size_t>(axis)]);
+    const bool static_axis = y_shape && axis < static_cast<int64_t>(y_shape->size()) && dim_value(dim_at(*y_shape, axis));
     std::vector<int> shapes;
     bool all_readers = true;
     for (int r : m.readers(y)) {
@@ -407,8 +420,7 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
           // (shape * [1, .., 0, .., 1] + [0, .., count, .., 0]).
           const int64_t a = axes[0];
           const StatedShape x_shape = *stated_shape(types, node.input(0)), y_shape = *stated_shape(types, node.output(0));
-          bool leading_same = int_attribute(node, "allowzero") == 0;
-          for (int64_t d = 0; d < a; ++d) leading_same = leading_same && same_dim(x_shape[static_cast<size_t>(d)], y_shape[static_cast<size_t>(d)]);
+          const bool leading_same = int_attribute(node, "allowzero") == 0 && same_leading_dims(x_shape, y_shape, a);
           const std::string shape = names.fresh(node.input(1) + ".rows");
           if (leading_same) {
             const std::string zeros = names.fresh(node.input(1) + ".kept"), starts = names.fresh(node.input(1) + ".starts"),
