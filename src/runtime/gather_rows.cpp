@@ -297,8 +297,19 @@ RowRegion row_region(const onnx::GraphProto& graph, const Matcher& m, const std:
     const bool static_axis = y_shape && axis < static_cast<int64_t>(y_shape->size()) && dim_value(dim_at(*y_shape, axis));
     std::vector<int> shapes;
     bool all_readers = true;
+    // Every reader takes the rows: the Gather, a node of the region reading y only along this
+    // axis (not as a whole operand too, as attention's keys when they are its queries), or a Shape.
+    const auto reads_rows = [&](int r) {
+      const auto it = region.nodes.find(r);
+      if (it == region.nodes.end()) return false;
+      const onnx::NodeProto& reader = graph.node(r);
+      for (int k = 0; k < reader.input_size(); ++k) {
+        if (reader.input(k) == y && it->second[static_cast<size_t>(k)] != axis) return false;
+      }
+      return true;
+    };
     for (int r : m.readers(y)) {
-      if (r == g.node || region.nodes.contains(r)) continue;
+      if (r == g.node || reads_rows(r)) continue;
       if (is_onnx_op(graph.node(r), "Shape") && static_axis) {
         shapes.push_back(r);
         continue;

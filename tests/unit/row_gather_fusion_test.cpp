@@ -340,6 +340,34 @@ TEST(RowGatherFusion, LeavesAloneWhatItCannotShorten) {
   EXPECT_EQ(rewritten({.indices = {-kS}}), 1);
   EXPECT_EQ(rewritten({}, {{"", 12}, {"ai.onnx.preview.training", 1}}), 0);  // before opset 13
 
+  // Self-attention on one value (queries, keys and values the same): its producer stays whole
+  // for the keys and values, and only a Gather of it feeds the queries.
+  {
+    onnx::ModelProto sm = testing::empty_model("self");
+    sm.mutable_opset_import(0)->set_version(23);
+    onnx::GraphProto& sg = *sm.mutable_graph();
+    testing::typed_value(sg.add_input(), "x", onnx::TensorProto::FLOAT, {2, kH, kS, kD});
+    node(sg, "Tanh", {"x"}, "t");
+    node(sg, "Attention", {"t", "t", "t"}, "y");
+    node(sg, "Relu", {"y"}, "r");
+    testing::add_constant_node(sg, "index", Tensor::from_vector<int64_t>(Shape{}, {3}));
+    node(sg, "Gather", {"r", "index"}, "row")->add_attribute()->CopyFrom(attr("axis", int64_t{2}));
+    sg.add_output()->set_name("row");
+    const onnx::ModelProto before = sm;
+    const std::unordered_map<std::string, int> opsets{{"", 23}};
+    ASSERT_EQ(runtime::gather_before_rowwise_ops(sg, opsets), 1);
+    EXPECT_EQ(producer_op(sg, "t"), "Tanh");  // whole: the keys and values read it
+    for (const auto& n : sg.node()) {
+      if (n.op_type() == "Attention") {
+        EXPECT_EQ(producer_op(sg, n.input(0)), "Gather");
+        EXPECT_EQ(n.input(1), "t");
+      }
+    }
+    runtime::Session rows(sm), whole(before, {.fuse = false});
+    const Tensor x = testing::random_f64(Shape{2, kH, kS, kD}, 5).cast(DataType::Float32);
+    testing::expect_close(rows.run({{"x", x}}).at("row"), whole.run({{"x", x}}).at("row"), 1e-5, 1e-6);
+  }
+
   // A Softmax along the gathered axis mixes its positions: nothing before it moves.
   onnx::ModelProto m = testing::empty_model("softmax");
   onnx::GraphProto& g = *m.mutable_graph();
