@@ -257,15 +257,60 @@ bool is_float_type(int elem_type) {
          elem_type == onnx::TensorProto::FLOAT16 || elem_type == onnx::TensorProto::BFLOAT16;
 }
 
-// One Gather of gather_before_rowwise_ops: the node, its data, axis and index count.
+// One Gather (or Slice) of gather_before_rowwise_ops: the node, its data, axis and indices.
 struct RowGather {
   int node = -1;
   std::string data;
   int64_t axis = 0;
   int64_t count = 0;  // indices (1 for a scalar)
   bool scalar = false;
-  const onnx::TensorProto* indices = nullptr;
+  onnx::TensorProto indices;
+  // A Slice of one axis with step 1: its starts and ends, made indices once the axis's size is known.
+  bool slice = false;
+  int64_t start = 0, end = 0;
 };
+
+// The values of `name` when it is a constant (constant_proto) of int64 or int32.
+std::optional<std::vector<int64_t>> int_values(const onnx::GraphProto& graph, const Matcher& m, const std::string& name) {
+  const onnx::TensorProto* proto = constant_proto(graph, m, name);
+  if (!proto || proto->data_location() == onnx::TensorProto::EXTERNAL ||
+      (proto->data_type() != onnx::TensorProto::INT64 && proto->data_type() != onnx::TensorProto::INT32)) {
+    return std::nullopt;
+  }
+  try {
+    const Tensor t = io::tensor_from_proto(*proto, {}, name).cast(DataType::Int64);
+    return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+  } catch (const Error&) {  // a malformed tensor: left to the run
+    return std::nullopt;
+  }
+}
+
+// A Slice of data along one axis with step 1 and constant starts and ends (x[:, :1], the form
+// tf2onnx writes for x[:, 0]), as a RowGather whose indices wait for the axis's size.
+std::optional<RowGather> slice_of_one_axis(const onnx::GraphProto& graph, const Matcher& m, int i) {
+  const onnx::NodeProto& node = graph.node(i);
+  if (!is_onnx_op(node, "Slice") || node.input_size() < 3 || node.output_size() != 1) return std::nullopt;
+  const auto starts = int_values(graph, m, node.input(1)), ends = int_values(graph, m, node.input(2));
+  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  std::vector<int64_t> axes = {0};
+  if (node.input_size() > 3 && !node.input(3).empty()) {
+    const auto given = int_values(graph, m, node.input(3));
+    if (!given || given->size() != 1) return std::nullopt;
+    axes = *given;
+  }
+  if (node.input_size() > 4 && !node.input(4).empty()) {
+    const auto steps = int_values(graph, m, node.input(4));
+    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
+  }
+  RowGather g;
+  g.node = i;
+  g.data = node.input(0);
+  g.axis = axes[0];
+  g.slice = true;
+  g.start = (*starts)[0];
+  g.end = (*ends)[0];
+  return g;
+}
 
 // The nodes that can compute only the rows `g` reads (rowwise_inputs), each with the axis of
 // each input, and the values they write with the axis of each; empty where none can.
@@ -344,17 +389,27 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
     std::vector<RowGather> candidates;
     for (int i = 0; i < graph.node_size(); ++i) {
       const onnx::NodeProto& node = graph.node(i);
-      if (!is_onnx_op(node, "Gather") || node.input_size() != 2 || node.output_size() != 1) continue;
+      if (node.input_size() == 0) continue;
       const onnx::NodeProto* data = m.producer(node.input(0));
       if (!data || is_onnx_op(*data, "Shape")) continue;  // a shape's dims: nothing to save
+      if (std::optional<RowGather> g = slice_of_one_axis(graph, m, i)) {
+        candidates.push_back(std::move(*g));
+        continue;
+      }
+      if (!is_onnx_op(node, "Gather") || node.input_size() != 2 || node.output_size() != 1) continue;
       const onnx::TensorProto* indices = constant_proto(graph, m, node.input(1));
       if (!indices || indices->dims_size() > 1 || indices->data_location() == onnx::TensorProto::EXTERNAL ||
           (indices->data_type() != onnx::TensorProto::INT64 && indices->data_type() != onnx::TensorProto::INT32)) {
         continue;
       }
-      RowGather g{i, node.input(0), int_attribute(node, "axis"), indices->dims_size() == 0 ? 1 : indices->dims(0),
-                  indices->dims_size() == 0, indices};
-      candidates.push_back(g);
+      RowGather g;
+      g.node = i;
+      g.data = node.input(0);
+      g.axis = int_attribute(node, "axis");
+      g.count = indices->dims_size() == 0 ? 1 : indices->dims(0);
+      g.scalar = indices->dims_size() == 0;
+      g.indices = *indices;
+      candidates.push_back(std::move(g));
     }
     if (candidates.empty()) break;
     const std::map<std::string, onnx::TypeProto> types = inferred_types(graph, opsets);
@@ -365,12 +420,21 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
       const auto rank = static_cast<int64_t>(data->size());
       if (g.axis < -rank || g.axis >= rank) continue;  // the kernel names the error
       if (g.axis < 0) g.axis += rank;
+      const std::optional<int64_t> size = dim_value(dim_at(*data, g.axis));
+      if (!size) continue;
+      if (g.slice) {  // Slice's clamping (ONNX Slice-13, step 1): the positions [start, end)
+        const auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + *size : v, int64_t{0}, *size); };
+        const int64_t start = clamp(g.start), end = std::max(clamp(g.end), start);
+        std::vector<int64_t> positions;
+        for (int64_t k = start; k < end; ++k) positions.push_back(k);
+        g.indices = int64_tensor(positions);
+        g.count = end - start;
+      }
       // Only where it saves work: at most half the positions.
-      const std::optional<int64_t> size = dim_value((*data)[static_cast<size_t>(g.axis)]);
-      if (!size || g.count < 1 || 2 * g.count > *size) continue;
+      if (g.count < 1 || 2 * g.count > *size) continue;
       // Indices out of range stay the Gather's own error.
       try {
-        const Tensor idx = io::tensor_from_proto(*g.indices, {}, g.data).cast(DataType::Int64);
+        const Tensor idx = io::tensor_from_proto(g.indices, {}, g.data).cast(DataType::Int64);
         const int64_t* v = idx.data<int64_t>();
         if (std::any_of(v, v + idx.numel(), [&](int64_t k) { return k < -*size || k >= *size; })) continue;
       } catch (const Error&) {
@@ -393,7 +457,7 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
       std::set<int> dropped;
       std::unordered_map<std::string, std::string> rows;  // region value -> the value of its rows
       for (const auto& [value, axis] : region.values) rows[value] = names.fresh(value + ".rows");
-      onnx::TensorProto index_list = *g.indices;
+      onnx::TensorProto index_list = g.indices;
       index_list.clear_dims();
       index_list.add_dims(g.count);
       const std::string indices = names.fresh(g.data + ".row_indices");
@@ -489,11 +553,11 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
         out.push_back(node_of("Mul", {of_rows, mask}, masked));
         out.push_back(node_of("Add", {masked, size}, node.output(0)));
       }
-      {  // the Gather: position 0 of a scalar's rows, or all the rows
+      {  // the Gather: position 0 of a scalar's rows, or all the rows (the Slice's too)
         const onnx::NodeProto& node = graph.node(g.node);
         std::vector<onnx::NodeProto>& out = replace[g.node];
         if (g.scalar) {
-          onnx::TensorProto zero = *g.indices;
+          onnx::TensorProto zero = g.indices;
           zero.clear_int64_data();
           zero.clear_int32_data();
           zero.clear_raw_data();

@@ -33,6 +33,7 @@ struct EncoderOptions {
   bool training = true;                // a Gradient node for every weight and x
   bool onnx_attention = false;         // ai.onnx Attention-23 (4-D) instead of MatMul-Softmax-MatMul
   bool allowzero = false;              // the Reshapes with allowzero = 1 (the dynamo exporter's)
+  int64_t slice_step = 0;              // the pooler as Slice(hidden, [index], [index + 1], [1], [step]) (tf2onnx)
 };
 
 const std::vector<std::string> kWeights = {"wq", "bq", "wk", "wv", "wo", "ln_s", "ln_b", "w1", "b1", "w2", "wc"};
@@ -139,7 +140,15 @@ onnx::ModelProto encoder_model(const EncoderOptions& o) {
   } else {
     testing::add_constant_node(g, "index", testing::i64(o.indices));
   }
-  node(g, "Gather", {"hidden", "index"}, "cls")->add_attribute()->CopyFrom(attr("axis", int64_t{1}));
+  if (o.slice_step != 0) {
+    testing::add_constant_node(g, "slice_starts", testing::i64({o.indices[0]}));
+    testing::add_constant_node(g, "slice_ends", testing::i64({o.indices[0] + o.slice_step}));
+    testing::add_constant_node(g, "slice_axes", testing::i64({-2}));
+    testing::add_constant_node(g, "slice_steps", testing::i64({o.slice_step}));
+    node(g, "Slice", {"hidden", "slice_starts", "slice_ends", "slice_axes", "slice_steps"}, "cls");
+  } else {
+    node(g, "Gather", {"hidden", "index"}, "cls")->add_attribute()->CopyFrom(attr("axis", int64_t{1}));
+  }
   node(g, "MatMul", {"cls", "wc"}, "logits");
   node(g, "Mul", {"logits", "logits"}, "squares");
   node(g, "ReduceSum", {"squares"}, o.read_all_rows ? "loss0" : "loss")->add_attribute()->CopyFrom(attr("keepdims", int64_t{0}));
@@ -326,6 +335,11 @@ TEST(RowGatherFusion, OutputsAndGradientsEqualTheUnrewrittenGraphs) {
     expect_same_outputs({.mask = true, .onnx_attention = true});
   }
   {
+    SCOPED_TRACE("the pooler as a Slice of one position (x[:, 3:4], axes -2)");
+    EXPECT_EQ(rewritten({.indices = {3}, .slice_step = 1}), 1);
+    expect_same_outputs({.indices = {3}, .mask = true, .slice_step = 1});
+  }
+  {
     SCOPED_TRACE("inference");
     expect_same_outputs({.mask = true, .training = false});
   }
@@ -338,6 +352,7 @@ TEST(RowGatherFusion, LeavesAloneWhatItCannotShorten) {
   EXPECT_EQ(rewritten({.indices = {kS}}), 0);  // out of range: the Gather's own error, at run time
   EXPECT_EQ(rewritten({.indices = {-kS - 1}}), 0);
   EXPECT_EQ(rewritten({.indices = {-kS}}), 1);
+  EXPECT_EQ(rewritten({.indices = {0}, .slice_step = 2}), 0);  // a Slice with a step
   EXPECT_EQ(rewritten({}, {{"", 12}, {"ai.onnx.preview.training", 1}}), 0);  // before opset 13
 
   // Self-attention on one value (queries, keys and values the same): its producer stays whole
