@@ -322,10 +322,10 @@ int drop_zero_dropout(onnx::GraphProto& graph, const std::unordered_map<std::str
 int gather_before_transpose(onnx::GraphProto& graph);
 
 // Where a Gather with constant indices (a scalar or 1-D, int64 or int32, in range, at most half
-// the positions of a static axis), or a Slice of one axis with step 1 and constant bounds (the
-// form tf2onnx writes for x[:, 0]), of a floating-point tensor reads the output of ops that compute
-// each position along that axis from the same position of their inputs, those ops compute only the
-// gathered positions: a Gather of the same indices moves to each input that is needed whole
+// the positions of a static axis), or a Slice of one axis with step 1 and constant bounds (x[:, 0]
+// written as Slice then Squeeze), of a floating-point tensor reads the output of ops that compute
+// each position along that axis from the same position of their inputs, those ops compute only
+// the gathered positions: a Gather of the same indices moves to each input that is needed whole
 // elsewhere, and the Gather itself then picks from the rows. The ops it passes (rowwise_inputs in
 // gather_rows.cpp): element-wise ops with broadcasting, LayerNormalization, Softmax over another
 // axis, MatMul along A's rows or a batch axis, Transpose, Reshape where each position stays one

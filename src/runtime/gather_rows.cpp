@@ -285,8 +285,8 @@ std::optional<std::vector<int64_t>> int_values(const onnx::GraphProto& graph, co
   }
 }
 
-// A Slice of data along one axis with step 1 and constant starts and ends (x[:, :1], the form
-// tf2onnx writes for x[:, 0]), as a RowGather whose indices wait for the axis's size.
+// A Slice of data along one axis with step 1 and constant starts and ends (x[:, :1], or x[:, 0]
+// written as Slice then Squeeze), as a RowGather whose indices wait for the axis's size.
 std::optional<RowGather> slice_of_one_axis(const onnx::GraphProto& graph, const Matcher& m, int i) {
   const onnx::NodeProto& node = graph.node(i);
   if (!is_onnx_op(node, "Slice") || node.input_size() < 3 || node.output_size() != 1) return std::nullopt;

@@ -33,7 +33,7 @@ struct EncoderOptions {
   bool training = true;                // a Gradient node for every weight and x
   bool onnx_attention = false;         // ai.onnx Attention-23 (4-D) instead of MatMul-Softmax-MatMul
   bool allowzero = false;              // the Reshapes with allowzero = 1 (the dynamo exporter's)
-  int64_t slice_step = 0;              // the pooler as Slice(hidden, [index], [index + 1], [1], [step]) (tf2onnx)
+  int64_t slice_step = 0;              // the pooler as Slice(hidden, [index], [index + step], [-2], [step])
 };
 
 const std::vector<std::string> kWeights = {"wq", "bq", "wk", "wv", "wo", "ln_s", "ln_b", "w1", "b1", "w2", "wc"};
