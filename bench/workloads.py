@@ -141,8 +141,8 @@ def prepare(name, tools, errors, batches):
     for key in ("train_export", "infer"):
         rows = paths[key][:-len(".onnx")] + "_rows.onnx"
         try:
-            measured([tools["bench_rows"], paths[key], rows], 300)
-            paths[key + "_rows"] = rows
+            out, _, _ = measured([tools["bench_rows"], paths[key], rows], 300)
+            paths[key + "_rows"] = rows if last_json(out)["moved"] else paths[key]
         except Failed as e:
             errors[(name, f"{key} with the Gathers moved")] = str(e)
             paths[key + "_rows"] = paths[key]
@@ -155,10 +155,9 @@ def product_flops(model, batch):
                for p in gemm_peak.product_shapes(model, batch, inference=False))
 
 
-def onnxtrain_flops(name, paths):
-    """train_flops less the products onnxtrain does not run (gather_before_rowwise_ops; the
+def onnxtrain_flops(name, paths, flops):
+    """flops (train_flops) less the products onnxtrain does not run (gather_before_rowwise_ops; the
     difference between the export's products and those of the export with the Gathers moved)."""
-    flops = workload_models.train_flops(name)
     if not paths or paths["train_export_rows"] == paths["train_export"]:
         return flops
     batch = workload_models.BATCH[name]
@@ -447,7 +446,7 @@ def main():
                                   flush=True)
     prepared = {name: prepare(name, tools, errors, WARMUP[name] + args.steps[name] + 1) for name in names}
     args.flops = {name: workload_models.train_flops(name) for name in names}
-    args.onnxtrain_flops = {name: onnxtrain_flops(name, prepared[name]) for name in names}
+    args.onnxtrain_flops = {name: onnxtrain_flops(name, prepared[name], args.flops[name]) for name in names}
     args.sgemm = sgemm_peak(tools, args.threads)
     args.alone_before = alone_before(names, prepared, tools, args, errors)
     progress("exports, make-trainable, the sgemm peak and the kernels alone done")

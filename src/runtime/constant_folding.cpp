@@ -11,8 +11,11 @@
 #include "ir/graph.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/io.h"
+#include "runtime/graph_match.h"
 
 namespace onnxtrain::runtime {
+
+using graph_match::constant_node;
 
 namespace {
 
@@ -67,18 +70,6 @@ std::optional<std::vector<Tensor>> evaluate(const onnx::NodeProto& node, const s
   } catch (const Error&) {
     return std::nullopt;  // planning the real graph reports it, naming the model and node
   }
-}
-
-onnx::NodeProto constant_node(const std::string& name, const Tensor& value) {
-  onnx::NodeProto node;
-  node.set_op_type("Constant");
-  node.set_name(name);
-  node.add_output(name);
-  auto* attr = node.add_attribute();
-  attr->set_name("value");
-  attr->set_type(onnx::AttributeProto::TENSOR);
-  io::tensor_to_proto(value, name, *attr->mutable_t());
-  return node;
 }
 
 }  // namespace

@@ -1653,13 +1653,9 @@ std::optional<std::vector<int64_t>> small_int_constant(const onnx::GraphProto& g
                                                        const std::string& name) {
   const onnx::TensorProto* proto = constant_proto(graph, m, name);
   if (!proto || proto->data_type() != onnx::TensorProto::INT64) return std::nullopt;
-  try {
-    const Tensor t = io::tensor_from_proto(*proto, {}, name);
-    if (t.numel() > 8) return std::nullopt;
-    return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
-  } catch (const Error&) {  // external data or a malformed tensor: left to the run
-    return std::nullopt;
-  }
+  const std::optional<Tensor> t = int64_constant(graph, m, name);
+  if (!t || t->numel() > 8) return std::nullopt;
+  return std::vector<int64_t>(t->data<int64_t>(), t->data<int64_t>() + t->numel());
 }
 
 // Whether Reshape node `reshape`, reading the fused attention's output y (as MatMul wrote it:

@@ -227,23 +227,6 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
   return std::nullopt;
 }
 
-// A Constant node writing `value` as `name`.
-onnx::NodeProto constant_node(const std::string& name, const onnx::TensorProto& value) {
-  onnx::NodeProto node;
-  node.set_op_type("Constant");
-  node.add_output(name);
-  *node.add_attribute() = autodiff::attr_tensor("value", value);
-  return node;
-}
-
-onnx::TensorProto int64_tensor(const std::vector<int64_t>& values, bool scalar = false) {
-  onnx::TensorProto t;
-  t.set_data_type(onnx::TensorProto::INT64);
-  if (!scalar) t.add_dims(static_cast<int64_t>(values.size()));
-  for (int64_t v : values) t.add_int64_data(v);
-  return t;
-}
-
 onnx::NodeProto node_of(const std::string& op_type, const std::vector<std::string>& inputs, const std::string& output) {
   onnx::NodeProto node;
   node.set_op_type(op_type);
@@ -252,37 +235,25 @@ onnx::NodeProto node_of(const std::string& op_type, const std::vector<std::strin
   return node;
 }
 
-bool is_float_type(int elem_type) {
-  return elem_type == onnx::TensorProto::FLOAT || elem_type == onnx::TensorProto::DOUBLE ||
-         elem_type == onnx::TensorProto::FLOAT16 || elem_type == onnx::TensorProto::BFLOAT16;
-}
-
 // One Gather (or Slice) of gather_before_rowwise_ops: the node, its data, axis and indices.
 struct RowGather {
   int node = -1;
   std::string data;
   int64_t axis = 0;
-  int64_t count = 0;  // indices (1 for a scalar)
-  bool scalar = false;
-  onnx::TensorProto indices;
+  bool scalar = false;           // a Gather by a scalar index (its output drops the axis)
+  std::vector<int64_t> indices;  // the positions read, in order
   // A Slice of one axis with step 1: its starts and ends, made indices once the axis's size is known.
   bool slice = false;
   int64_t start = 0, end = 0;
+  int64_t count() const { return static_cast<int64_t>(indices.size()); }
 };
 
-// The values of `name` when it is a constant (constant_proto) of int64 or int32.
-std::optional<std::vector<int64_t>> int_values(const onnx::GraphProto& graph, const Matcher& m, const std::string& name) {
-  const onnx::TensorProto* proto = constant_proto(graph, m, name);
-  if (!proto || proto->data_location() == onnx::TensorProto::EXTERNAL ||
-      (proto->data_type() != onnx::TensorProto::INT64 && proto->data_type() != onnx::TensorProto::INT32)) {
-    return std::nullopt;
-  }
-  try {
-    const Tensor t = io::tensor_from_proto(*proto, {}, name).cast(DataType::Int64);
-    return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
-  } catch (const Error&) {  // a malformed tensor: left to the run
-    return std::nullopt;
-  }
+// The values of an int64 Tensor.
+std::vector<int64_t> values_of(const Tensor& t) { return {t.data<int64_t>(), t.data<int64_t>() + t.numel()}; }
+
+// A 1-D int64 Tensor of `values`.
+Tensor int64_list(const std::vector<int64_t>& values) {
+  return Tensor::from_vector<int64_t>(Shape{static_cast<int64_t>(values.size())}, values);
 }
 
 // A Slice of data along one axis with step 1 and constant starts and ends (x[:, :1], or x[:, 0]
@@ -290,25 +261,24 @@ std::optional<std::vector<int64_t>> int_values(const onnx::GraphProto& graph, co
 std::optional<RowGather> slice_of_one_axis(const onnx::GraphProto& graph, const Matcher& m, int i) {
   const onnx::NodeProto& node = graph.node(i);
   if (!is_onnx_op(node, "Slice") || node.input_size() < 3 || node.output_size() != 1) return std::nullopt;
-  const auto starts = int_values(graph, m, node.input(1)), ends = int_values(graph, m, node.input(2));
-  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
-  std::vector<int64_t> axes = {0};
-  if (node.input_size() > 3 && !node.input(3).empty()) {
-    const auto given = int_values(graph, m, node.input(3));
-    if (!given || given->size() != 1) return std::nullopt;
-    axes = *given;
-  }
-  if (node.input_size() > 4 && !node.input(4).empty()) {
-    const auto steps = int_values(graph, m, node.input(4));
-    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
-  }
+  // Input k as its one value, `fallback` where the input is omitted; nullopt where it is not one
+  // constant value.
+  const auto one_value = [&](int k, std::optional<int64_t> fallback) -> std::optional<int64_t> {
+    if (node.input_size() <= k || node.input(k).empty()) return fallback;
+    const std::optional<Tensor> t = int64_constant(graph, m, node.input(k));
+    if (!t || t->numel() != 1) return std::nullopt;
+    return t->data<int64_t>()[0];
+  };
+  const auto start = one_value(1, std::nullopt), end = one_value(2, std::nullopt), axis = one_value(3, 0),
+             step = one_value(4, 1);
+  if (!start || !end || !axis || step != 1) return std::nullopt;
   RowGather g;
   g.node = i;
   g.data = node.input(0);
-  g.axis = axes[0];
+  g.axis = *axis;
   g.slice = true;
-  g.start = (*starts)[0];
-  g.end = (*ends)[0];
+  g.start = *start;
+  g.end = *end;
   return g;
 }
 
@@ -397,18 +367,14 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
         continue;
       }
       if (!is_onnx_op(node, "Gather") || node.input_size() != 2 || node.output_size() != 1) continue;
-      const onnx::TensorProto* indices = constant_proto(graph, m, node.input(1));
-      if (!indices || indices->dims_size() > 1 || indices->data_location() == onnx::TensorProto::EXTERNAL ||
-          (indices->data_type() != onnx::TensorProto::INT64 && indices->data_type() != onnx::TensorProto::INT32)) {
-        continue;
-      }
+      const std::optional<Tensor> indices = int64_constant(graph, m, node.input(1));
+      if (!indices || indices->rank() > 1) continue;
       RowGather g;
       g.node = i;
       g.data = node.input(0);
       g.axis = int_attribute(node, "axis");
-      g.count = indices->dims_size() == 0 ? 1 : indices->dims(0);
-      g.scalar = indices->dims_size() == 0;
-      g.indices = *indices;
+      g.scalar = indices->rank() == 0;
+      g.indices = values_of(*indices);
       candidates.push_back(std::move(g));
     }
     if (candidates.empty()) break;
@@ -416,7 +382,8 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
     for (RowGather& g : candidates) {
       const std::optional<StatedShape> data = stated_shape(types, g.data);
       const auto type = types.find(g.data);
-      if (!data || !is_float_type(type->second.tensor_type().elem_type())) continue;  // arithmetic worth moving
+      // Only floating-point data: arithmetic worth moving.
+      if (!data || !is_floating(static_cast<DataType>(type->second.tensor_type().elem_type()))) continue;
       const auto rank = static_cast<int64_t>(data->size());
       if (g.axis < -rank || g.axis >= rank) continue;  // the kernel names the error
       if (g.axis < 0) g.axis += rank;
@@ -425,21 +392,12 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
       if (g.slice) {  // Slice's clamping (ONNX Slice-13, step 1): the positions [start, end)
         const auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + *size : v, int64_t{0}, *size); };
         const int64_t start = clamp(g.start), end = std::max(clamp(g.end), start);
-        std::vector<int64_t> positions;
-        for (int64_t k = start; k < end; ++k) positions.push_back(k);
-        g.indices = int64_tensor(positions);
-        g.count = end - start;
+        for (int64_t k = start; k < end; ++k) g.indices.push_back(k);
       }
       // Only where it saves work: at most half the positions.
-      if (g.count < 1 || 2 * g.count > *size) continue;
+      if (g.count() < 1 || 2 * g.count() > *size) continue;
       // Indices out of range stay the Gather's own error.
-      try {
-        const Tensor idx = io::tensor_from_proto(g.indices, {}, g.data).cast(DataType::Int64);
-        const int64_t* v = idx.data<int64_t>();
-        if (std::any_of(v, v + idx.numel(), [&](int64_t k) { return k < -*size || k >= *size; })) continue;
-      } catch (const Error&) {
-        continue;
-      }
+      if (std::any_of(g.indices.begin(), g.indices.end(), [&](int64_t k) { return k < -*size || k >= *size; })) continue;
       const RowRegion region = row_region(graph, m, named, types, g);
       // Only where some arithmetic moves after the Gather (a lone Transpose before a Gather is
       // gather_before_transpose's).
@@ -457,9 +415,6 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
       std::set<int> dropped;
       std::unordered_map<std::string, std::string> rows;  // region value -> the value of its rows
       for (const auto& [value, axis] : region.values) rows[value] = names.fresh(value + ".rows");
-      onnx::TensorProto index_list = g.indices;
-      index_list.clear_dims();
-      index_list.add_dims(g.count);
       const std::string indices = names.fresh(g.data + ".row_indices");
       bool indices_made = false;
       std::map<std::pair<std::string, int64_t>, std::string> gathered;
@@ -478,7 +433,7 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
           auto [it, inserted] = gathered.try_emplace({in, a}, "");
           if (inserted) {
             if (!indices_made) {
-              out.push_back(constant_node(indices, index_list));
+              out.push_back(constant_node(indices, int64_list(g.indices)));
               indices_made = true;
             }
             it->second = names.fresh(in + ".rows");
@@ -500,9 +455,9 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
           if (leading_same) {
             const std::string zeros = names.fresh(node.input(1) + ".kept"), starts = names.fresh(node.input(1) + ".starts"),
                               ends = names.fresh(node.input(1) + ".ends"), tail = names.fresh(node.input(1) + ".tail");
-            out.push_back(constant_node(zeros, int64_tensor(std::vector<int64_t>(static_cast<size_t>(a + 1), 0))));
-            out.push_back(constant_node(starts, int64_tensor({a + 1})));
-            out.push_back(constant_node(ends, int64_tensor({std::numeric_limits<int64_t>::max()})));
+            out.push_back(constant_node(zeros, int64_list(std::vector<int64_t>(static_cast<size_t>(a + 1), 0))));
+            out.push_back(constant_node(starts, int64_list({a + 1})));
+            out.push_back(constant_node(ends, int64_list({std::numeric_limits<int64_t>::max()})));
             out.push_back(node_of("Slice", {node.input(1), starts, ends}, tail));
             onnx::NodeProto concat = node_of("Concat", {zeros, tail}, shape);
             *concat.add_attribute() = autodiff::attr_int("axis", 0);
@@ -510,11 +465,11 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
           } else {
             std::vector<int64_t> keep(y_shape.size(), 1), count(y_shape.size(), 0);
             keep[static_cast<size_t>(a)] = 0;
-            count[static_cast<size_t>(a)] = g.count;
+            count[static_cast<size_t>(a)] = g.count();
             const std::string mask = names.fresh(node.input(1) + ".mask"), masked = names.fresh(node.input(1) + ".masked"),
                               counts = names.fresh(node.input(1) + ".count");
-            out.push_back(constant_node(mask, int64_tensor(keep)));
-            out.push_back(constant_node(counts, int64_tensor(count)));
+            out.push_back(constant_node(mask, int64_list(keep)));
+            out.push_back(constant_node(counts, int64_list(count)));
             out.push_back(node_of("Mul", {node.input(1), mask}, masked));
             out.push_back(node_of("Add", {masked, counts}, shape));
           }
@@ -548,8 +503,8 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
         ones[static_cast<size_t>(a - start)] = 0;
         sizes[static_cast<size_t>(a - start)] = *dim_value(full[static_cast<size_t>(a)]);
         out.push_back(std::move(shape));
-        out.push_back(constant_node(mask, int64_tensor(ones)));
-        out.push_back(constant_node(size, int64_tensor(sizes)));
+        out.push_back(constant_node(mask, int64_list(ones)));
+        out.push_back(constant_node(size, int64_list(sizes)));
         out.push_back(node_of("Mul", {of_rows, mask}, masked));
         out.push_back(node_of("Add", {masked, size}, node.output(0)));
       }
@@ -557,17 +512,8 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
         const onnx::NodeProto& node = graph.node(g.node);
         std::vector<onnx::NodeProto>& out = replace[g.node];
         if (g.scalar) {
-          onnx::TensorProto zero = g.indices;
-          zero.clear_int64_data();
-          zero.clear_int32_data();
-          zero.clear_raw_data();
-          if (zero.data_type() == onnx::TensorProto::INT64) {
-            zero.add_int64_data(0);
-          } else {
-            zero.add_int32_data(0);
-          }
           const std::string first = names.fresh(node.input(1) + ".first");
-          out.push_back(constant_node(first, zero));
+          out.push_back(constant_node(first, Tensor::from_vector<int64_t>(Shape{}, {0})));
           onnx::NodeProto gather = node;
           gather.set_input(0, rows.at(g.data));
           gather.set_input(1, first);
@@ -593,7 +539,7 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
         info->set_name(rows.at(value));
         *info->mutable_type() = t->second;
         auto* dims = info->mutable_type()->mutable_tensor_type()->mutable_shape();
-        if (axis < dims->dim_size()) dims->mutable_dim(static_cast<int>(axis))->set_dim_value(g.count);
+        if (axis < dims->dim_size()) dims->mutable_dim(static_cast<int>(axis))->set_dim_value(g.count());
       }
       auto* infos = graph.mutable_value_info();
       for (int k = infos->size() - 1; k >= 0; --k) {

@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "onnxtrain/error.h"
+#include "onnxtrain/io.h"
+#include "onnxtrain/tensor.h"
 
 namespace onnxtrain::runtime::graph_match {
 
@@ -249,6 +252,33 @@ inline const onnx::AttributeProto* find_attribute(const onnx::NodeProto& node, c
     if (attr.name() == name) return &attr;
   }
   return nullptr;
+}
+
+// A Constant node writing `value` as `name` (the node is named `name` too).
+inline onnx::NodeProto constant_node(const std::string& name, const Tensor& value) {
+  onnx::NodeProto node;
+  node.set_op_type("Constant");
+  node.set_name(name);
+  node.add_output(name);
+  auto* attr = node.add_attribute();
+  attr->set_name("value");
+  attr->set_type(onnx::AttributeProto::TENSOR);
+  io::tensor_to_proto(value, name, *attr->mutable_t());
+  return node;
+}
+
+// The value of `name`, as int64, when it is an int64 or int32 constant (constant_proto) stored in
+// the model file itself; nullopt otherwise (external data or a malformed tensor: left to the run).
+inline std::optional<Tensor> int64_constant(const onnx::GraphProto& graph, const Matcher& m, const std::string& name) {
+  const onnx::TensorProto* proto = constant_proto(graph, m, name);
+  if (!proto || (proto->data_type() != onnx::TensorProto::INT64 && proto->data_type() != onnx::TensorProto::INT32)) {
+    return std::nullopt;
+  }
+  try {
+    return io::tensor_from_proto(*proto, {}, name).cast(DataType::Int64);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace onnxtrain::runtime::graph_match
