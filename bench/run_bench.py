@@ -16,7 +16,8 @@ the peak resident memory (VmHWM) of each process, onnxtrain's achieved GFLOP/s a
 fraction of the oneDNN sgemm peak measured in the same run (and the median fraction of the peak
 measured just before each of its runs: bench/peak_beside.py), and the share of onnxtrain's step
 that oneDNN's own kernels at the model's shapes need when timed alone (bench/gemm_peak.py,
-bench/conv_peak.py).
+bench/conv_peak.py), and the step's ceiling: those kernels plus Adam's pass over the parameters
+alone (bench/ceiling.py).
 Inference: forward passes at batch 1 and 128, onnxtrain (bench/bench_infer.cpp) against
 ONNX Runtime 1.30 (the onnxruntime wheel of the .venv, driven by bench/ort_infer.py).
 
@@ -36,6 +37,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BUILD = os.path.join(ROOT, "build", "release")
 ONNXTRAIN = os.path.join(BUILD, "src", "onnxtrain")
 SGEMM = os.path.join(BUILD, "bench", "onnxtrain-bench-sgemm")
+STREAM = os.path.join(BUILD, "bench", "onnxtrain-bench-stream")
 WORK = os.path.join(ROOT, "build", "bench")
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
@@ -45,6 +47,7 @@ WARMUP = 10  # untimed steps on each side before the timed ones
 # in each of its 12 configurations: ~100 s of this script's ~390 there).
 INFER_ITERS = {("cnn", 128): 40}
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import ceiling  # noqa: E402
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
 import peak_beside  # noqa: E402
@@ -87,14 +90,16 @@ def flops_per_step(model):
 def kernels_alone_ms(model, threads):
     """oneDNN's own kernels at the model's shapes, timed alone (warm, no reorders, no other op): its
     convolutions (bench/conv_peak.py) and matrix products (bench/gemm_peak.py), forward and backward,
-    of one training step at batch BATCH."""
+    of one training step at batch BATCH; and the optimizer's pass over the model's parameters alone
+    (bench/ceiling.py). Returns (kernels ms, pass ms)."""
+    pass_ms = ceiling.optimizer_pass_ms(STREAM, os.path.join(WORK, f"{model}_train.onnx"), threads)[0]
     path = os.path.join(WORK, f"{model}.onnx")
     ms = gemm_peak.measure(os.path.join(BUILD, "bench", "onnxtrain-bench-gemm"),
                            gemm_peak.product_shapes(path, BATCH), threads)["total_ms"]
     convolutions = conv_peak.conv_shapes(path, BATCH)
     if convolutions:
         ms += conv_peak.measure(os.path.join(BUILD, "bench", "onnxtrain-bench-conv"), convolutions, threads)["total_ms"]
-    return ms
+    return ms, pass_ms
 
 
 def onnxtrain_train(model, threads, steps):
@@ -168,7 +173,12 @@ def main():
              "runs, at onnxtrain's best thread count (the faster of two measurements, before and after the "
              "model's training runs), and its share of onnxtrain's step; the fraction of the peak "
              "beside each run is the median, over onnxtrain's runs at its best thread count, of each run's GFLOP/s "
-             "over the sgemm peak measured just before it, bench/peak_beside.py):", ""]
+             "over the sgemm peak measured just before it, bench/peak_beside.py; the ceiling is those kernels alone "
+             "plus Adam's pass over the parameters alone (bench/ceiling.py: the fastest a pass reading the gradient "
+             "and updating the weights and both moments runs, warm, at the same thread count, the faster of two "
+             "measurements likewise), the fastest a step doing only those could be, with its GFLOP/s as a fraction of "
+             "the run's sgemm peak and the kernels' share of it: a fraction below 75 % puts that target out of "
+             "reach in the run):", ""]
 
     def emit(line):
         print(line, flush=True)
@@ -176,8 +186,9 @@ def main():
     emit("| model | onnxtrain steps/s (threads) | PyTorch steps/s (threads) | ratio | peak RSS onnxtrain / PyTorch "
          "(onnxtrain's step arena) | "
          "onnxtrain GFLOP/s (of the run's peak; of the peak beside each run) | "
-         "oneDNN's kernels alone, ms (of the step) |")
-    emit("|---|---|---|---|---|---|---|")
+         "oneDNN's kernels alone, ms (of the step) | the optimizer's pass alone, ms | "
+         "ceiling, ms (of the run's peak; the kernels' share) |")
+    emit("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         results = {("onnxtrain", t): [] for t in (1, 2)} | {("pytorch", t): [] for t in (1, 2)}
         beside = {t: [] for t in (1, 2)}  # onnxtrain's (steps/s, sgemm GFLOP/s just before the run)
@@ -204,13 +215,16 @@ def main():
         for impl in ("onnxtrain", "pytorch"):
             best[impl] = max(((statistics.median(results[(impl, t)]), t) for t in (1, 2)))
         gflops = best["onnxtrain"][0] * flops_per_step(model) / 1e9
-        alone = min(alone_before[best["onnxtrain"][1]], kernels_alone_ms(model, best["onnxtrain"][1]))
+        after = kernels_alone_ms(model, best["onnxtrain"][1])
+        alone = min(alone_before[best["onnxtrain"][1]][0], after[0])
+        pass_ms = min(alone_before[best["onnxtrain"][1]][1], after[1])
         matched = peak_beside.median_fraction(beside[best["onnxtrain"][1]], flops_per_step(model) / 1e9)
         emit(f"| {model} | {best['onnxtrain'][0]:.1f} ({best['onnxtrain'][1]}) | {best['pytorch'][0]:.1f} "
               f"({best['pytorch'][1]}) | {best['onnxtrain'][0] / best['pytorch'][0]:.2f} | "
               f"{peaks['onnxtrain']:.0f} / {peaks['pytorch']:.0f} MiB ({arena:.1f}) | "
               f"{gflops:.0f} ({gflops / sgemm:.0%}; {'-' if matched is None else f'{matched:.0%}'}) | "
-              f"{alone:.3f} ({alone * best['onnxtrain'][0] / 1e3:.0%}) |")
+              f"{alone:.3f} ({alone * best['onnxtrain'][0] / 1e3:.0%}) | {pass_ms:.3f} | "
+              f"{ceiling.cell(alone, pass_ms, flops_per_step(model) / 1e9, sgemm, 3)} |")
 
     lines += ["", "Inference (the best of the runs at 1 and 2 threads, each side):", ""]
     emit("| model | batch | onnxtrain ms | ONNX Runtime ms | ratio (ORT / onnxtrain) |")

@@ -33,7 +33,8 @@ For each workload, in one run:
 - each workload against oneDNN's own kernels at its shapes, timed alone, for the training step and
   inference: the convolution-bound one (ResNet-18) against its convolutions (bench/conv_peak.py,
   bench/bench_conv.cpp), the GEMM-bound ones (BERT, the LSTM) against their matrix products
-  (bench/gemm_peak.py, bench/bench_gemm.cpp).
+  (bench/gemm_peak.py, bench/bench_gemm.cpp), and each training step's ceiling: those kernels plus
+  its optimizer's pass alone (bench/ceiling.py, bench/bench_stream.cpp).
 A step that fails is reported in the tables with its error message, and the run goes on.
 
 Usage: .venv/bin/python bench/workloads.py [--workloads resnet18,bert,lstm] [--threads 1,2]
@@ -58,6 +59,7 @@ WORK = os.path.join(ROOT, "build", "bench-workloads")
 SECTION = "workloads"
 SECTION_TITLE = "## Workloads: ResNet-18, BERT encoder, LSTM"
 sys.path.insert(0, BENCH)
+import ceiling  # noqa: E402
 import conv_peak  # noqa: E402
 import gemm_peak  # noqa: E402
 import peak_beside  # noqa: E402
@@ -338,6 +340,9 @@ def alone_before(names, prepared, tools, args, errors):
         try:
             before[(name, "train")] = kernels_alone(name, prepared[name]["train_export_rows"], workload_models.BATCH[name],
                                                     tools, threads, inference=False)[1]
+            if prepared[name]["trainable"]:
+                before[(name, "optimizer")] = ceiling.optimizer_pass_ms(tools["bench_stream"],
+                                                                        prepared[name]["trainable"], threads)[0]
             for batch in INFER_BATCHES[name]:
                 before[(name, batch)] = kernels_alone(name, prepared[name]["infer_rows"], batch, tools, threads,
                                                       inference=True)[1]
@@ -368,8 +373,11 @@ def alone_section(names, prepared, tools, args, errors):
                 count, alone = faster((name, "train"), o[1], kernels_alone(
                     name, prepared[name]["train_export_rows"], workload_models.BATCH[name], tools, o[1], inference=False))
                 step = 1e3 / o[0]
+                _, pass_ms = faster((name, "optimizer"), o[1], (0, ceiling.optimizer_pass_ms(
+                    tools["bench_stream"], prepared[name]["trainable"], o[1])[0]))
+                bound = ceiling.cell(alone, pass_ms, args.onnxtrain_flops[name] / 1e9, args.sgemm)
                 rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {count} {kind} | "
-                            f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | - |")
+                            f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | {pass_ms:.2f} | {bound} | - |")
                 print(rows[-1], file=sys.stderr, flush=True)
             for batch in INFER_BATCHES[name]:
                 cells = args.best_infer.get((name, batch))
@@ -379,12 +387,13 @@ def alone_section(names, prepared, tools, args, errors):
                     name, prepared[name]["infer_rows"], batch, tools, cells[0][1], inference=True))
                 ort = f"{cells[1][0]:.3f}" if cells[1] else "-"
                 rows.append(f"| {name} | inference, batch {batch} | {count} {kind} | {alone:.3f} ({cells[0][1]}) | "
-                            f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | {ort} |")
+                            f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | - | - | {ort} |")
                 print(rows[-1], file=sys.stderr, flush=True)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
             errors[(name, f"{kind} alone")] = str(e)[:400]
     return ["| workload | what | kernels | oneDNN's kernels alone, ms (threads) | onnxtrain ms | "
-            "fraction (alone / onnxtrain) | ONNX Runtime ms |", "|---|---|---|---|---|---|---|"] + rows
+            "fraction (alone / onnxtrain) | the optimizer's pass alone, ms | ceiling, ms (of the sgemm peak; the "
+            "kernels' share) | ONNX Runtime ms |", "|---|---|---|---|---|---|---|---|---|"] + rows
 
 
 def sgemm_peak(tools, threads):
@@ -402,7 +411,8 @@ def find_tools(build):
                     "bench_sgemm": os.path.join(folder, "bench", "onnxtrain-bench-sgemm"),
                     "bench_conv": os.path.join(folder, "bench", "onnxtrain-bench-conv"),
                     "bench_gemm": os.path.join(folder, "bench", "onnxtrain-bench-gemm"),
-                    "bench_rows": os.path.join(folder, "bench", "onnxtrain-bench-rows")}
+                    "bench_rows": os.path.join(folder, "bench", "onnxtrain-bench-rows"),
+                    "bench_stream": os.path.join(folder, "bench", "onnxtrain-bench-stream")}
     sys.exit(f"no onnxtrain executable under {' or '.join(candidates)}: run scripts/build release (or pass --build)")
 
 
@@ -472,7 +482,12 @@ def main():
               "product of the step's forward and backward passes, or of the forward pass, read from the ONNX "
               "export with the Gathers onnxtrain moves moved (bench/bench_rows.cpp), by dnnl_sgemm and by oneDNN's matmul primitive, the faster); at the largest thread count the "
               "faster of two measurements, before and after the training and inference runs. The fraction is the "
-              "share of onnxtrain's time that these kernels alone need.", ""]
+              "share of onnxtrain's time that these kernels alone need. The ceiling of a training step is those "
+              "kernels alone plus its optimizer's pass over the parameters alone (bench/ceiling.py: the fastest a "
+              "pass reading the gradient and updating the weights and the optimizer's state runs, warm, at the same "
+              "thread count, the faster of two measurements likewise), the fastest a step doing only those could "
+              "be, with its GFLOP/s as a fraction of the run's sgemm peak and the kernels' share of it: a fraction "
+              "below 75 % puts that target out of reach in the run.", ""]
     lines += alone_section(names, prepared, tools, args, errors)
     lines += ["", "Errors (exact messages):", ""]
     lines += [f"- {name}, {stage}: `{message}`" for (name, stage), message in errors.items()] or ["- none"]
