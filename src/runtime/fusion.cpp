@@ -1354,6 +1354,7 @@ int gather_before_transpose(onnx::GraphProto& graph) {
 }
 
 void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
+  concat_of_slices_to_gather(graph, opsets);
   fuse_gelu(graph, opsets);
   drop_zero_dropout(graph, opsets);
   gather_before_rowwise_ops(graph, opsets);

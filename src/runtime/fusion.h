@@ -344,10 +344,20 @@ int gather_before_transpose(onnx::GraphProto& graph);
 // (fewer rows may take another oneDNN kernel). Returns the number of Gathers moved.
 int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
+// Replaces each Concat whose inputs are Slices of one tensor along the Concat's axis (constant
+// bounds, step 1, each Slice read by the Concat alone, no graph output, subgraph value or
+// attribute-named value among them) that together take every position of that static axis once,
+// in any order, with Gather(tensor, the positions in the Concat's order, axis). PyTorch exports
+// every nn.LSTM and nn.GRU so: its gate order (i, f, g, o) becomes ONNX's (i, o, f, c) by three
+// Slices and a Concat of each weight and bias, run at every training step on trainable weights,
+// whose backward pass is then three zero-filled SliceGrads and their Sum; a Gather's is one
+// GatherGrad. Values equal. Opsets 13 and later. Returns the number of Concats replaced.
+int concat_of_slices_to_gather(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
+
 // The rewrites that must see the forward ops before the Gradient expansion (so that the backward
-// pass is built from the fused ops): fuse_gelu, drop_zero_dropout, gather_before_rowwise_ops
-// (whose shape checks need the standard ops' types, one shape inference for them all), then
-// fuse_attention. Sessions call this on every graph they plan, before expand_gradients where there
+// pass is built from the fused ops): concat_of_slices_to_gather, fuse_gelu, drop_zero_dropout,
+// gather_before_rowwise_ops (whose shape checks need the standard ops' types, one shape inference
+// for them all), then fuse_attention. Sessions call this on every graph they plan, before expand_gradients where there
 // is one.
 void fuse_before_expansion(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 

@@ -259,26 +259,15 @@ Tensor int64_list(const std::vector<int64_t>& values) {
 // A Slice of data along one axis with step 1 and constant starts and ends (x[:, :1], or x[:, 0]
 // written as Slice then Squeeze), as a RowGather whose indices wait for the axis's size.
 std::optional<RowGather> slice_of_one_axis(const onnx::GraphProto& graph, const Matcher& m, int i) {
-  const onnx::NodeProto& node = graph.node(i);
-  if (!is_onnx_op(node, "Slice") || node.input_size() < 3 || node.output_size() != 1) return std::nullopt;
-  // Input k as its one value, `fallback` where the input is omitted; nullopt where it is not one
-  // constant value.
-  const auto one_value = [&](int k, std::optional<int64_t> fallback) -> std::optional<int64_t> {
-    if (node.input_size() <= k || node.input(k).empty()) return fallback;
-    const std::optional<Tensor> t = int64_constant(graph, m, node.input(k));
-    if (!t || t->numel() != 1) return std::nullopt;
-    return t->data<int64_t>()[0];
-  };
-  const auto start = one_value(1, std::nullopt), end = one_value(2, std::nullopt), axis = one_value(3, 0),
-             step = one_value(4, 1);
-  if (!start || !end || !axis || step != 1) return std::nullopt;
+  const std::optional<OneAxisSlice> slice = one_axis_slice(graph, m, graph.node(i));
+  if (!slice) return std::nullopt;
   RowGather g;
   g.node = i;
-  g.data = node.input(0);
-  g.axis = *axis;
+  g.data = slice->data;
+  g.axis = slice->axis;
   g.slice = true;
-  g.start = *start;
-  g.end = *end;
+  g.start = slice->start;
+  g.end = slice->end;
   return g;
 }
 

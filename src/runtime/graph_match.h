@@ -281,4 +281,28 @@ inline std::optional<Tensor> int64_constant(const onnx::GraphProto& graph, const
   }
 }
 
+// A Slice (opset 10 and later: bounds as inputs) of one axis with step 1 whose start, end, axis
+// and step are constant single values: data[..., start:end, ...] along `axis`, the bounds as
+// written (negative, or past the end: Slice's clamping is the caller's, once it knows the size).
+struct OneAxisSlice {
+  std::string data;
+  int64_t axis = 0, start = 0, end = 0;
+};
+inline std::optional<OneAxisSlice> one_axis_slice(const onnx::GraphProto& graph, const Matcher& m,
+                                                  const onnx::NodeProto& node) {
+  if (!is_onnx_op(node, "Slice") || node.input_size() < 3 || node.output_size() != 1) return std::nullopt;
+  // Input k as its one value, `fallback` where the input is omitted; nullopt where it is not one
+  // constant value.
+  const auto one_value = [&](int k, std::optional<int64_t> fallback) -> std::optional<int64_t> {
+    if (node.input_size() <= k || node.input(k).empty()) return fallback;
+    const std::optional<Tensor> t = int64_constant(graph, m, node.input(k));
+    if (!t || t->numel() != 1) return std::nullopt;
+    return t->data<int64_t>()[0];
+  };
+  const auto start = one_value(1, std::nullopt), end = one_value(2, std::nullopt), axis = one_value(3, 0),
+             step = one_value(4, 1);
+  if (!start || !end || !axis || step != 1) return std::nullopt;
+  return OneAxisSlice{node.input(0), *axis, *start, *end};
+}
+
 }  // namespace onnxtrain::runtime::graph_match
