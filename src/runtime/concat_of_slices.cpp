@@ -49,7 +49,7 @@ struct Candidate {
 
 int concat_of_slices_to_gather(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets) {
   const auto opset = opsets.find("");
-  if (opset == opsets.end() || opset->second < 13) return 0;  // Slice's inputs and Gather's negative indices
+  if (opset == opsets.end() || opset->second < 10) return 0;  // Slice's bounds as inputs from opset 10
   std::vector<Candidate> candidates;
   {
     Matcher m(graph);
