@@ -27,12 +27,16 @@ int main(int argc, char** argv) {
   CLI::App app{"Times a pass that reads R float32 arrays and updates U more, the traffic of an optimizer"};
   int64_t floats = 0;
   int reads = 1, updates = 3, threads = 0, repeats = 20;
-  app.add_option("--floats", floats, "elements per array (the model's trained parameters)")->required()->check(CLI::PositiveNumber);
+  app.add_option("--floats", floats, "elements per array (the model's trained parameters)")->required();
   app.add_option("--reads", reads, "arrays read only (an optimizer's gradient)")->check(CLI::Range(0, 4));
   app.add_option("--updates", updates, "arrays read and written (weights, optimizer state)")->check(CLI::Range(1, 4));
   app.add_option("--threads", threads, "OpenMP threads (default: OpenMP's)");
-  app.add_option("--repeats", repeats, "timed passes, the fastest counting")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "timed passes, the fastest counting");
   CLI11_PARSE(app, argc, argv);
+  if (floats <= 0 || repeats <= 0) {
+    std::cerr << "error: --floats and --repeats must be positive (got " << floats << " and " << repeats << ")\n";
+    return 1;
+  }
   if (threads > 0) omp_set_num_threads(threads);
 
   const auto n = static_cast<size_t>(floats);

@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 import onnx
+from google.protobuf.message import DecodeError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 # (arrays read, arrays read and written) by one update of each parameter: the gradient is read;
@@ -79,8 +80,11 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     args = parser.parse_args()
-    ms, count, optimizer = optimizer_pass_ms(os.path.join(args.build, "bench", "onnxtrain-bench-stream"), args.model,
-                                             args.threads)
+    try:
+        ms, count, optimizer = optimizer_pass_ms(os.path.join(args.build, "bench", "onnxtrain-bench-stream"),
+                                                 args.model, args.threads)
+    except (OSError, ValueError, RuntimeError, subprocess.TimeoutExpired, DecodeError) as e:
+        sys.exit(f"error: {e}" if args.model in str(e) else f"error: {args.model}: {e}")
     print(json.dumps({"parameters": count, "optimizer": optimizer, "pass_ms": ms}))
     return 0
 

@@ -361,20 +361,20 @@ def alone_section(names, prepared, tools, args, errors):
     the faster of this measurement and alone_before's."""
     before_threads, before = args.alone_before
 
-    def faster(key, threads, measured):
-        count, ms = measured
-        return count, (min(ms, before.get(key, ms)) if threads == before_threads else ms)
+    def faster(key, threads, ms):
+        return min(ms, before.get(key, ms)) if threads == before_threads else ms
     rows = []
     for name in (n for n in names if (n in CONV_BOUND or n in GEMM_BOUND) and prepared.get(n)):
         kind = "convolutions" if name in CONV_BOUND else "matrix products"
         try:
             o = args.best_train.get(name)
             if o:
-                count, alone = faster((name, "train"), o[1], kernels_alone(
-                    name, prepared[name]["train_export_rows"], workload_models.BATCH[name], tools, o[1], inference=False))
+                count, alone = kernels_alone(name, prepared[name]["train_export_rows"], workload_models.BATCH[name], tools,
+                                             o[1], inference=False)
+                alone = faster((name, "train"), o[1], alone)
                 step = 1e3 / o[0]
-                _, pass_ms = faster((name, "optimizer"), o[1], (0, ceiling.optimizer_pass_ms(
-                    tools["bench_stream"], prepared[name]["trainable"], o[1])[0]))
+                pass_ms = faster((name, "optimizer"), o[1], ceiling.optimizer_pass_ms(
+                    tools["bench_stream"], prepared[name]["trainable"], o[1])[0])
                 bound = ceiling.cell(alone, pass_ms, args.onnxtrain_flops[name] / 1e9, args.sgemm)
                 rows.append(f"| {name} | training step, batch {workload_models.BATCH[name]} | {count} {kind} | "
                             f"{alone:.2f} ({o[1]}) | {step:.2f} | {alone / step:.0%} | {pass_ms:.2f} | {bound} | - |")
@@ -383,8 +383,8 @@ def alone_section(names, prepared, tools, args, errors):
                 cells = args.best_infer.get((name, batch))
                 if not cells or not cells[0]:
                     continue
-                count, alone = faster((name, batch), cells[0][1], kernels_alone(
-                    name, prepared[name]["infer_rows"], batch, tools, cells[0][1], inference=True))
+                count, alone = kernels_alone(name, prepared[name]["infer_rows"], batch, tools, cells[0][1], inference=True)
+                alone = faster((name, batch), cells[0][1], alone)
                 ort = f"{cells[1][0]:.3f}" if cells[1] else "-"
                 rows.append(f"| {name} | inference, batch {batch} | {count} {kind} | {alone:.3f} ({cells[0][1]}) | "
                             f"{cells[0][0]:.3f} | {alone / cells[0][0]:.0%} | - | - | {ort} |")

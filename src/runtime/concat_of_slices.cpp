@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "autodiff/builder.h"
 #include "onnxtrain/tensor.h"
 #include "runtime/fusion.h"
 #include "runtime/graph_match.h"
@@ -23,25 +24,10 @@ using namespace graph_match;  // NOLINT(google-build-using-namespace): the rewri
 
 namespace {
 
-// The size of dim `axis` (negative: from the end) of `name` as shape inference states it, and the
-// axis made non-negative; nullopt when either is unknown.
-std::optional<std::pair<int64_t, int64_t>> static_dim(const std::map<std::string, onnx::TypeProto>& types,
-                                                       const std::string& name, int64_t axis) {
-  const auto t = types.find(name);
-  if (t == types.end() || !t->second.has_tensor_type() || !t->second.tensor_type().has_shape()) return std::nullopt;
-  const auto& dims = t->second.tensor_type().shape().dim();
-  const auto rank = static_cast<int64_t>(dims.size());
-  if (axis < -rank || axis >= rank) return std::nullopt;
-  if (axis < 0) axis += rank;
-  const auto& d = dims[static_cast<int>(axis)];
-  if (!d.has_dim_value()) return std::nullopt;
-  return std::make_pair(d.dim_value(), axis);
-}
-
 struct Candidate {
   int concat = 0;
-  std::vector<int> slices;                   // the Slice nodes, in the Concat's input order
-  std::vector<OneAxisSlice> bounds;          // theirs
+  std::vector<int> slices;           // the Slice nodes, in the Concat's input order
+  std::vector<OneAxisSlice> bounds;  // theirs
   int64_t concat_axis = 0;
 };
 
@@ -96,8 +82,7 @@ int concat_of_slices_to_gather(onnx::GraphProto& graph, const std::unordered_map
         permutation = false;
         break;
       }
-      const auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + size : v, int64_t{0}, size); };
-      const int64_t start = clamp(s.start), end = std::max(clamp(s.end), start);
+      const auto [start, end] = s.range(size);
       for (int64_t k = start; k < end && permutation; ++k) {
         permutation = !taken[static_cast<size_t>(k)];
         taken[static_cast<size_t>(k)] = true;
@@ -108,16 +93,9 @@ int concat_of_slices_to_gather(onnx::GraphProto& graph, const std::unordered_map
     if (!permutation || static_cast<int64_t>(indices.size()) != size) continue;
     const onnx::NodeProto& concat = graph.node(c.concat);
     const std::string order = names.fresh(concat.output(0) + ".order");
-    onnx::NodeProto gather;
-    gather.set_op_type("Gather");
+    onnx::NodeProto gather = node_of("Gather", {data, order}, concat.output(0));
     gather.set_name(concat.name().empty() ? concat.output(0) + ".gather" : concat.name());
-    gather.add_input(data);
-    gather.add_input(order);
-    gather.add_output(concat.output(0));
-    auto* a = gather.add_attribute();
-    a->set_name("axis");
-    a->set_type(onnx::AttributeProto::INT);
-    a->set_i(axis);
+    *gather.add_attribute() = autodiff::attr_int("axis", axis);
     replace[c.concat] = {constant_node(order, Tensor::from_vector<int64_t>(Shape{size}, indices)), std::move(gather)};
     dropped.insert(c.slices.begin(), c.slices.end());
     ++rewritten;

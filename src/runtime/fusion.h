@@ -351,7 +351,9 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
 // every nn.LSTM and nn.GRU so: its gate order (i, f, g, o) becomes ONNX's (i, o, f, c) by three
 // Slices and a Concat of each weight and bias, run at every training step on trainable weights,
 // whose backward pass is then three zero-filled SliceGrads and their Sum; a Gather's is one
-// GatherGrad. Values equal. Opsets 10 and later. Returns the number of Concats replaced.
+// GatherGrad. Values equal, any element type. Opsets 10 and later. Throws nothing: bounds that are
+// not constants, an axis out of range or a shape inference cannot state leave the Concat as it is
+// (its kernels then name any error at run time). Returns the number of Concats replaced.
 int concat_of_slices_to_gather(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets);
 
 // The rewrites that must see the forward ops before the Gradient expansion (so that the backward

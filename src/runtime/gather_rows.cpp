@@ -227,14 +227,6 @@ std::optional<std::vector<int64_t>> rowwise_inputs(const onnx::NodeProto& node, 
   return std::nullopt;
 }
 
-onnx::NodeProto node_of(const std::string& op_type, const std::vector<std::string>& inputs, const std::string& output) {
-  onnx::NodeProto node;
-  node.set_op_type(op_type);
-  for (const auto& in : inputs) node.add_input(in);
-  node.add_output(output);
-  return node;
-}
-
 // One Gather (or Slice) of gather_before_rowwise_ops: the node, its data, axis and indices.
 struct RowGather {
   int node = -1;
@@ -242,9 +234,8 @@ struct RowGather {
   int64_t axis = 0;
   bool scalar = false;           // a Gather by a scalar index (its output drops the axis)
   std::vector<int64_t> indices;  // the positions read, in order
-  // A Slice of one axis with step 1: its starts and ends, made indices once the axis's size is known.
-  bool slice = false;
-  int64_t start = 0, end = 0;
+  // A Slice of one axis with step 1: its bounds, made indices once the axis's size is known.
+  std::optional<OneAxisSlice> slice;
   int64_t count() const { return static_cast<int64_t>(indices.size()); }
 };
 
@@ -265,9 +256,7 @@ std::optional<RowGather> slice_of_one_axis(const onnx::GraphProto& graph, const 
   g.node = i;
   g.data = slice->data;
   g.axis = slice->axis;
-  g.slice = true;
-  g.start = slice->start;
-  g.end = slice->end;
+  g.slice = slice;
   return g;
 }
 
@@ -373,14 +362,12 @@ int gather_before_rowwise_ops(onnx::GraphProto& graph, const std::unordered_map<
       const auto type = types.find(g.data);
       // Only floating-point data: arithmetic worth moving.
       if (!data || !is_floating(static_cast<DataType>(type->second.tensor_type().elem_type()))) continue;
-      const auto rank = static_cast<int64_t>(data->size());
-      if (g.axis < -rank || g.axis >= rank) continue;  // the kernel names the error
-      if (g.axis < 0) g.axis += rank;
-      const std::optional<int64_t> size = dim_value(dim_at(*data, g.axis));
-      if (!size) continue;
-      if (g.slice) {  // Slice's clamping (ONNX Slice-13, step 1): the positions [start, end)
-        const auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + *size : v, int64_t{0}, *size); };
-        const int64_t start = clamp(g.start), end = std::max(clamp(g.end), start);
+      const auto dim = static_dim(types, g.data, g.axis);
+      if (!dim) continue;
+      g.axis = dim->second;
+      const std::optional<int64_t> size = dim->first;
+      if (g.slice) {
+        const auto [start, end] = g.slice->range(*size);
         for (int64_t k = start; k < end; ++k) g.indices.push_back(k);
       }
       // Only where it saves work: at most half the positions.

@@ -6,6 +6,8 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -287,7 +289,39 @@ inline std::optional<Tensor> int64_constant(const onnx::GraphProto& graph, const
 struct OneAxisSlice {
   std::string data;
   int64_t axis = 0, start = 0, end = 0;
+  // The positions [first, second) it takes of an axis of `size` (ONNX Slice-13's clamping, step 1).
+  std::pair<int64_t, int64_t> range(int64_t size) const {
+    const auto clamp = [size](int64_t v) { return std::clamp(v < 0 ? v + size : v, int64_t{0}, size); };
+    const int64_t first = clamp(start);
+    return {first, std::max(clamp(end), first)};
+  }
 };
+// The size of dim `axis` (negative: from the end) of `name` as shape inference states it in
+// `types`, and the axis made non-negative; nullopt when either is unknown or the axis is out of
+// range (the kernel then names the error at run time).
+inline std::optional<std::pair<int64_t, int64_t>> static_dim(const std::map<std::string, onnx::TypeProto>& types,
+                                                              const std::string& name, int64_t axis) {
+  const auto t = types.find(name);
+  if (t == types.end() || !t->second.has_tensor_type() || !t->second.tensor_type().has_shape()) return std::nullopt;
+  const auto& dims = t->second.tensor_type().shape().dim();
+  const auto rank = static_cast<int64_t>(dims.size());
+  if (axis < -rank || axis >= rank) return std::nullopt;
+  if (axis < 0) axis += rank;
+  const auto& d = dims[static_cast<int>(axis)];
+  if (!d.has_dim_value()) return std::nullopt;
+  return std::make_pair(d.dim_value(), axis);
+}
+
+// A node of `op_type` (ai.onnx) with these inputs and one output.
+inline onnx::NodeProto node_of(const std::string& op_type, const std::vector<std::string>& inputs,
+                               const std::string& output) {
+  onnx::NodeProto node;
+  node.set_op_type(op_type);
+  for (const auto& in : inputs) node.add_input(in);
+  node.add_output(output);
+  return node;
+}
+
 inline std::optional<OneAxisSlice> one_axis_slice(const onnx::GraphProto& graph, const Matcher& m,
                                                   const onnx::NodeProto& node) {
   if (!is_onnx_op(node, "Slice") || node.input_size() < 3 || node.output_size() != 1) return std::nullopt;
