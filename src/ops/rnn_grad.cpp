@@ -35,8 +35,15 @@
 // GRU's h gate without linear_before_reset (r . H_prev). Where dG_rec = dG (RNN, LSTM) and both
 // are asked for, dW and dR are one product, [dW, dR] = dG^T [X, H_prev], which reads dG once
 // (bench/workloads.py's LSTM, [4H, I + H] over 4096 rows alone: 13.4-13.8 ms against 15.2-15.9 for
-// the two at I = H = 256); the threads of default_lstm_batch_split sum dG's columns for dWb while
-// each row is in cache, instead of a pass over all of dG after the steps. With both, the LSTM's
+// the two at I = H = 256). It runs transposed, [dW, dR]^T = [X, H_prev]^T dG through sgemm, and
+// each part is transposed into its output in tiles: with AVX-512 the product as written went to
+// oneDNN's matmul primitive (transposed_a_prefers_matmul), which took 6.81 and 10.87 ms alone at
+// the LSTM's I + H = 288 and 512 (G*H = 1024, 4096 rows) against sgemm's 6.54 and 10.50 for the
+// transpose (onnxtrain-bench-gemm, two threads, fastest of 10); in the step LSTMGrad 38.7-38.9 ms
+// against 40.2-40.3 (ONNXTRAIN_PROFILE, 33 minus 3 steps, three alternating pairs; not measured
+// on a CPU without AVX-512, where both forms ran through sgemm). The threads of
+// default_lstm_batch_split sum dG's columns for dWb while each row is in cache, instead of a
+// pass over all of dG after the steps. With the joint product and those sums, the LSTM's
 // LSTMGrad took 54.6-55.8 ms a training step against 57.2-60.5 (ONNXTRAIN_PROFILE, 30 steps, three
 // alternating pairs).
 #include <omp.h>
@@ -156,7 +163,7 @@ struct BackwardBuffers {
   std::vector<V> trace;  // the recomputed trace of one direction, without a trace input
   std::vector<V> dg_all, h_in, dg_rec_h, rh, dg, slope, dh, dc, drh, dp;
   std::vector<V> bias_sums;  // default_lstm_batch_split: [threads, G*H], each thread's sums of dG's columns
-  std::vector<V> dw_dr;      // [G*H, I + H]: dW and dR side by side, from the one product over [X, H_prev]
+  std::vector<V> dw_dr;      // [I + H, G*H]: dW^T above dR^T, from the one product over [X, H_prev]
 };
 
 template <class V>
@@ -545,17 +552,11 @@ class Backward {
     const bool gru = a_.cell == Cell::Gru;
     const V* dg = dg_all_.data();
     if (V* dx = out_.of[kDX]) gemm<V>(false, false, rows, I, GH, dg, GH, weights(in_.w, d), I, dx, I, d > 0);
-    if (joint_weight_product_) {  // [dW, dR] = dG^T [X, H_prev], then each to its output
+    if (joint_weight_product_) {  // [dW, dR]^T = [X, H_prev]^T dG, then each transposed to its output
       std::vector<V>& both = buffers_.dw_dr;
       both.resize(static_cast<size_t>(GH * in_width_));
-      gemm<V>(true, false, GH, in_width_, rows, dg, GH, h_in_.data(), in_width_, both.data(), in_width_, false);
-      V* dw = out_.of[kDW] + d * GH * I;
-      V* dr = out_.of[kDR] + d * GH * H;
-      for (int64_t g = 0; g < GH; ++g) {
-        const V* row = both.data() + g * in_width_;
-        std::copy(row, row + I, dw + g * I);
-        std::copy(row + I, row + in_width_, dr + g * H);
-      }
+      gemm<V>(true, false, in_width_, GH, rows, h_in_.data(), in_width_, dg, GH, both.data(), GH, false);
+      transpose_weight_gradients(both.data(), out_.of[kDW] + d * GH * I, out_.of[kDR] + d * GH * H);
     } else if (V* dw = out_.of[kDW]) {
       gemm<V>(true, false, GH, I, rows, dg, GH, in_.x.data<V>(), I, dw + d * GH * I, I, false);
     }
@@ -592,6 +593,25 @@ class Backward {
       }
     }
     if (V* dp = out_.of[kDP]) column_sums(dp_.data(), N, 3 * H, 3 * H, dp + d * 3 * H);
+  }
+
+  // dW [G*H, I] and dR [G*H, H] from their transposes side by side, both_t [I + H, G*H] (rows of
+  // X's columns, then H_prev's), in tiles of kTile x kTile that both sides keep in cache.
+  void transpose_weight_gradients(const V* both_t, V* dw, V* dr) const {
+    const int64_t I = s_.input, H = s_.hidden, GH = s_.gates * H;
+    constexpr int64_t kTile = 32;
+    const int64_t gate_tiles = (GH + kTile - 1) / kTile, column_tiles = (in_width_ + kTile - 1) / kTile;
+    parallel_for(gate_tiles * column_tiles, std::max<int64_t>(1, kParallelGrain / (kTile * kTile)), [&](int64_t begin, int64_t end) {
+      for (int64_t tile = begin; tile < end; ++tile) {
+        const int64_t g0 = tile / column_tiles * kTile, k0 = tile % column_tiles * kTile;
+        const int64_t g1 = std::min(GH, g0 + kTile), k1 = std::min(in_width_, k0 + kTile);
+        const int64_t split = std::clamp(I, k0, k1);  // columns [k0, split) are X's, [split, k1) H_prev's
+        for (int64_t g = g0; g < g1; ++g) {
+          for (int64_t k = k0; k < split; ++k) dw[g * I + k] = both_t[k * GH + g];
+          for (int64_t k = split; k < k1; ++k) dr[g * H + (k - I)] = both_t[k * GH + g];
+        }
+      }
+    });
   }
 
   const RnnAttrs& a_;
