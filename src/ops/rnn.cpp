@@ -566,20 +566,22 @@ class Recurrence {
   Recurrence(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens, const RnnTensors& in,
              Trace<V>* trace, RecurrenceBuffers<V>& buffers)
       : a_(a), s_(s), lens_(lens), in_(in), trace_(trace), xw_(buffers.xw), rec_(buffers.rec), h_(buffers.h),
-        c_(buffers.c), bias_(buffers.bias), scratch_(buffers.scratch) {
+        c_(buffers.c), bias_(buffers.bias), scratch_(buffers.scratch), wr_(buffers.wr) {
     max_len_ = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
   }
 
   // Runs direction d and writes Y, Y_h, Y_c where not null (in the layout of the attributes).
   void run(int64_t d, V* y, V* y_h, V* y_c) {
     const int64_t N = s_.batch, H = s_.hidden, GH = s_.gates * H;
-    xw_.resize(static_cast<size_t>(s_.seq * N * GH));
+    default_cell_ = is_default_lstm(a_, in_.p.defined(), d);
+    const int split_threads = rowwise() ? 1 : batch_split_threads();
+    inputs_in_steps_ = split_threads > 1 && default_cell_ && s_.input * kInputsInStepsRatio <= H;
+    xw_.resize(static_cast<size_t>(inputs_in_steps_ ? 0 : s_.seq * N * GH));
     rec_.resize(static_cast<size_t>(N * GH));
     h_.resize(static_cast<size_t>(N * H));
     c_.resize(static_cast<size_t>(a_.cell == Cell::Lstm ? N * H : 0));
     scratch_.assign(static_cast<size_t>(N * H), V(0));
     if (trace_) trace_->steps = max_len_;
-    default_cell_ = is_default_lstm(a_, in_.p.defined(), d);
     bias_in_cell_ = std::is_same_v<V, float> && default_cell_ && !rowwise() && in_.b.defined();
     const bool reverse = a_.reverse(d);
     project_inputs(d);
@@ -587,8 +589,8 @@ class Recurrence {
     if (a_.cell == Cell::Lstm) load_state(s_, in_.initial_c, d, c_.data());
     if (rowwise()) {
       lstm_rowwise(d, reverse, y);
-    } else if (const int threads = batch_split_threads(); threads > 1) {
-      lstm_batch_split(d, reverse, y, threads);
+    } else if (split_threads > 1) {
+      lstm_batch_split(d, reverse, y, split_threads);
     } else {
       for (int64_t step = 0; step < max_len_; ++step) {
         if (trace_) record_states(step);
@@ -634,8 +636,10 @@ class Recurrence {
   // and the sums are the same, (x W^T + bias) + h R^T in that order.
   void project_inputs(int64_t d) {
     const int64_t rows = s_.seq * s_.batch, GH = s_.gates * s_.hidden, H = s_.hidden;
-    gemm<V>(false, true, rows, GH, s_.input, in_.x.data<V>(), s_.input, weights(in_.w, d), s_.input, xw_.data(), GH,
-            false);
+    if (!inputs_in_steps_) {
+      gemm<V>(false, true, rows, GH, s_.input, in_.x.data<V>(), s_.input, weights(in_.w, d), s_.input, xw_.data(), GH,
+              false);
+    }
     if (!in_.b.defined()) return;
     const V* wb = weights(in_.b, d);
     const V* rb = wb + GH;
@@ -850,6 +854,9 @@ class Recurrence {
     return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), s_.batch / kSplitRows));
   }
   static constexpr int64_t kSplitRows = 8;
+  // lstm_batch_split takes X[t] W^T into each step's product (inputs_in_steps_) where
+  // input_size * kInputsInStepsRatio <= hidden_size.
+  static constexpr int64_t kInputsInStepsRatio = 4;
 
   // The whole sequence of an LSTM direction in one parallel region, the batch split between the
   // threads: batch entries are independent through time, so each thread runs the recurrence of
@@ -863,16 +870,38 @@ class Recurrence {
   // general path's up to float32 rounding in the products (their sums over a thread's rows may be
   // blocked otherwise than over the whole batch); the gate arithmetic per row is lstm_cell, as
   // there.
+  // Under inputs_in_steps_ (a default LSTM whose input size is at most a quarter of its hidden
+  // size, kInputsInStepsRatio) there is no X W^T for all steps beforehand: each step's product is
+  // [X[t], H] [W, R]^T over rows of I + H (X's row copied beside H's), so its output holds both
+  // terms and the cell adds only the bias. The product grows by I / H, but the pass writing xw_
+  // ([S * N, 4H]) and the cells' reads of it go: bench/workloads.py's LSTM, whose first layer
+  // has I = 32 and H = 256, 4096 rows: that layer's steps' products 5.8 ms a thread against 5.15,
+  // its forward pass 8.5-8.6 ms against 8.1 plus 0.87 for X W^T (ONNXTRAIN_PROFILE runs of 30
+  // steps, timed inside the kernel). The sums are X W^T + H R^T in one product, then + bias
+  // (instead of (X W^T + bias) + H R^T): the same up to float32 rounding.
   void lstm_batch_split(int64_t d, bool reverse, V* y, int threads) {
-    const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H;
+    const int64_t N = s_.batch, H = s_.hidden, GH = 4 * H, I = s_.input;
+    // The step's product: H R^T, or [X[t], H] [W, R]^T under inputs_in_steps_ (K = I + H).
+    const int64_t K = inputs_in_steps_ ? I + H : H;
     const V* R = weights(in_.r, d);
+    if (inputs_in_steps_) {  // [W, R]: each gate row of W, then R's
+      const V* W = weights(in_.w, d);
+      wr_.resize(static_cast<size_t>(GH * K));
+      for (int64_t g = 0; g < GH; ++g) {
+        std::copy(W + g * I, W + (g + 1) * I, wr_.data() + g * K);
+        std::copy(R + g * H, R + (g + 1) * H, wr_.data() + g * K + I);
+      }
+      R = wr_.data();
+    }
 #pragma omp parallel num_threads(threads)
     {
       const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t b0 = N * id / count, b1 = N * (id + 1) / count;
       PackedRecurrentProduct packed;
-      bool use_packed = false;  // H R^T of all the thread's rows through `packed`
-      if constexpr (std::is_same_v<V, float>) use_packed = packed.pack(R, b1 - b0, H, GH);
+      bool use_packed = false;  // the thread's rows through `packed`
+      if constexpr (std::is_same_v<V, float>) use_packed = packed.pack(R, b1 - b0, K, GH);
+      // Under inputs_in_steps_: the product's rows [X[t], H] of the thread's entries.
+      std::vector<V> xh(inputs_in_steps_ ? static_cast<size_t>((b1 - b0) * K) : 0);
       for (int64_t step = 0; step < max_len_; ++step) {
         if (trace_) record_states(step, b0, b1);
         // Entries are sorted by nothing: find the span of this thread's rows still running.
@@ -884,12 +913,22 @@ class Recurrence {
           }
         }
         if (first >= last) continue;
+        const V* rows = h_.data() + b0 * H;  // the product's row of entry b0
+        if (inputs_in_steps_) {
+          for (int64_t b = first; b < last; ++b) {
+            const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
+            V* row = xh.data() + (b - b0) * K;
+            if (t >= 0) std::copy_n(in_.x.data<V>() + s_.x_row(t, b) * I, I, row);
+            std::copy_n(h_.data() + b * H, H, row + I);
+          }
+          rows = xh.data();
+        }
         bool done = false;
         if constexpr (std::is_same_v<V, float>) {
-          done = use_packed && first == b0 && last == b1 && packed.run(h_.data() + b0 * H, rec_.data() + b0 * GH);
+          done = use_packed && first == b0 && last == b1 && packed.run(rows, rec_.data() + b0 * GH);
         }
         if (!done) {
-          gemm<V>(false, true, last - first, GH, H, h_.data() + first * H, H, R, H, rec_.data() + first * GH, GH,
+          gemm<V>(false, true, last - first, GH, K, rows + (first - b0) * K, K, R, K, rec_.data() + first * GH, GH,
                   false);
         }
         for (int64_t b = first; b < last; ++b) {
@@ -907,11 +946,17 @@ class Recurrence {
   void default_lstm_cell(int64_t step, int64_t b, int64_t t, V* y, int64_t d) {
     const int64_t H = s_.hidden, GH = 4 * H;
     V* __restrict g = rec_.data() + b * GH;
-    const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
-    if (bias_in_cell_) {
+    if (inputs_in_steps_) {  // g holds X[t] W^T + H R^T
+      if (bias_in_cell_) {
+        const V* __restrict bias = bias_.data();
+        for (int64_t j = 0; j < GH; ++j) g[j] += bias[j];
+      }
+    } else if (bias_in_cell_) {
+      const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
       const V* __restrict bias = bias_.data();
       for (int64_t j = 0; j < GH; ++j) g[j] += x[j] + bias[j];
     } else {
+      const V* __restrict x = xw_.data() + s_.x_row(t, b) * GH;
       for (int64_t j = 0; j < GH; ++j) g[j] += x[j];
     }
     V* __restrict gates = trace_ ? trace_->gates + (step * s_.batch + b) * GH : g;
@@ -984,12 +1029,14 @@ class Recurrence {
   int64_t max_len_ = 0;
   bool default_cell_ = false;  // this direction is a default LSTM: float32 runs default_lstm_cell
   bool bias_in_cell_ = false;  // default_lstm_cell adds bias_ to xw_'s rows (project_inputs)
+  bool inputs_in_steps_ = false;  // X[t] W^T in each step's product, no xw_ (lstm_batch_split)
   std::vector<V>& xw_;       // [S * N, G*H]: X W^T + bias (X W^T under bias_in_cell_)
   std::vector<V>& rec_;      // [N, G*H]: H R^T, then the gates of the step in place
   std::vector<V>& h_;        // [N, H]: the state of the current direction
   std::vector<V>& c_;        // LSTM: [N, H]
   std::vector<V>& bias_;     // [G*H]
   std::vector<V>& scratch_;  // [N, H]: GRU's r . H, LSTM's h(C)
+  std::vector<V>& wr_;       // under inputs_in_steps_: [G*H, I + H], W's and R's rows side by side
 };
 
 }  // namespace

@@ -264,7 +264,7 @@ TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s);
 // reuses their pages instead of faulting fresh ones in.
 template <class V>
 struct RecurrenceBuffers {
-  std::vector<V> xw, rec, h, c, bias, scratch;
+  std::vector<V> xw, rec, h, c, bias, scratch, wr;
 };
 
 // A kernel's buffers of both compute types (B<float> and B<double>), the one a run uses by V.
