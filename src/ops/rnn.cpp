@@ -250,9 +250,17 @@ bool keeps_pre_activations(const RnnAttrs& a) {
   return false;
 }
 
-TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s) {
+bool trace_keeps_inputs(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens) {
+  if (a.cell == Cell::Gru || s.directions != 1 || a.reverse(0) || s.batch_first) return false;
+  return std::all_of(lens.begin(), lens.end(), [&](int64_t len) { return len == s.seq; });
+}
+
+TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens) {
   const int64_t NH = s.batch * s.hidden, gate_values = s.seq * NH * s.gates;
   TraceLayout l;
+  const bool inputs = trace_keeps_inputs(a, s, lens);
+  l.h_width = inputs ? s.input + s.hidden : s.hidden;
+  l.h_column = inputs ? s.input : 0;
   int64_t next = 0;
   auto take = [&](int64_t n) {
     const int64_t offset = next;
@@ -261,7 +269,7 @@ TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s) {
   };
   if (keeps_pre_activations(a)) l.pre = take(gate_values);
   l.gates = take(gate_values);
-  l.h = take((s.seq + 1) * NH);
+  l.h = take((s.seq + 1) * s.batch * l.h_width);
   if (a.cell == Cell::Lstm) {
     l.c = take((s.seq + 1) * NH);
     l.hc = take(s.seq * NH);
@@ -610,10 +618,27 @@ class Recurrence {
   const V* weights(const Tensor& t, int64_t d) const { return RnnTensors::of_direction<V>(t, d, s_.directions); }
 
   void record_states(int64_t step) { record_states(step, 0, s_.batch); }
-  // The states of batch entries [b0, b1) before `step` (rows of the trace's h and c).
+  // The states of batch entries [b0, b1) before `step` (rows of the trace's h and c), and under
+  // trace_keeps_inputs X's row of time `step` before each h (every entry runs every step there).
+  // Measured with the backward pass reading them (rnn_grad.cpp weight_gradients) instead of
+  // copying [X, H_prev] into its own buffer, bench/workloads.py's LSTM: LSTMGrad 37.5-37.8 ms a
+  // step against 38.3-38.4, LSTMTraining 22.0-22.6 against 21.8-22.4 (the X rows copied here;
+  // the first layer's step products read these rows instead of a copy of their own), the step's
+  // kernels 61.4-62.2 against 62.0-62.7 (ONNXTRAIN_PROFILE, 33 minus 3 steps, three alternating
+  // pairs); LSTMGrad keeps no [X, H_prev] buffer (4.7 and 8.4 MB at the two layers), the traces
+  // grow by X's rows (0.5 and 4.2 MB).
   void record_states(int64_t step, int64_t b0, int64_t b1) {
     const int64_t H = s_.hidden, NH = s_.batch * H;
-    std::copy(h_.begin() + b0 * H, h_.begin() + b1 * H, trace_->h + step * NH + b0 * H);
+    if (trace_->h_column == 0) {
+      std::copy(h_.begin() + b0 * H, h_.begin() + b1 * H, trace_->h + step * NH + b0 * H);
+    } else {  // trace_keeps_inputs: rows [X[step], H], every entry at time step
+      const int64_t I = s_.input;
+      for (int64_t b = b0; b < b1; ++b) {
+        V* row = trace_->h_row(step, b, s_.batch);
+        if (step < s_.seq) std::copy_n(in_.x.data<V>() + s_.x_row(step, b) * I, I, row - I);
+        std::copy_n(h_.data() + b * H, H, row);
+      }
+    }
     if (a_.cell == Cell::Lstm) std::copy(c_.begin() + b0 * H, c_.begin() + b1 * H, trace_->c + step * NH + b0 * H);
   }
   // Keeps n values of batch entry b at `step` in `to` ([steps, batch, width]) from `column` on.
@@ -901,7 +926,7 @@ class Recurrence {
       bool use_packed = false;  // the thread's rows through `packed`
       if constexpr (std::is_same_v<V, float>) use_packed = packed.pack(R, b1 - b0, K, GH);
       // Under inputs_in_steps_: the product's rows [X[t], H] of the thread's entries.
-      std::vector<V> xh(inputs_in_steps_ ? static_cast<size_t>((b1 - b0) * K) : 0);
+      std::vector<V> xh(inputs_in_steps_ && !(trace_ && trace_->h_column == I) ? static_cast<size_t>((b1 - b0) * K) : 0);
       for (int64_t step = 0; step < max_len_; ++step) {
         if (trace_) record_states(step, b0, b1);
         // Entries are sorted by nothing: find the span of this thread's rows still running.
@@ -914,7 +939,9 @@ class Recurrence {
         }
         if (first >= last) continue;
         const V* rows = h_.data() + b0 * H;  // the product's row of entry b0
-        if (inputs_in_steps_) {
+        if (inputs_in_steps_ && trace_ && trace_->h_column == I) {
+          rows = trace_->h_row(step, b0, N) - I;  // record_states wrote [X[t], H] there
+        } else if (inputs_in_steps_) {
           for (int64_t b = first; b < last; ++b) {
             const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
             V* row = xh.data() + (b - b0) * K;
@@ -1082,7 +1109,7 @@ class RnnKernel final : public Kernel {
         ptr[i] = out[i].template data<V>();
       }
       if (ptr[kY]) std::fill(ptr[kY], ptr[kY] + out[kY].numel(), V(0));
-      const TraceLayout layout = trace_layout(a_, s);
+      const TraceLayout layout = trace_layout(a_, s, lens);
       V* trace = training_ && ctx.has_output(num_outputs)
                      ? ctx.allocate_output(num_outputs, dtype_of<V>, Shape{s.directions, layout.elements}).template data<V>()
                      : nullptr;

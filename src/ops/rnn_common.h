@@ -230,10 +230,17 @@ struct Trace {
                         //   kept only when a slope needs it (keeps_pre_activations), else null
   V* gates = nullptr;   // [steps, batch, gates * hidden]: each gate's value (LSTM's f = 1 - i
                         //   under input_forget, whose pre-activation is not kept)
-  V* h = nullptr;       // [steps + 1, batch, hidden]: the hidden state before step s (then the last)
+  V* h = nullptr;       // [steps + 1, batch, h_width]: the hidden state before step s (then the
+                        //   last) at columns [h_column, h_column + hidden) of each row; under
+                        //   trace_keeps_inputs the row of X at step s (time s) in columns [0, input)
   V* c = nullptr;       // LSTM: [steps + 1, batch, hidden]: the cell state likewise
   V* hc = nullptr;      // LSTM: [steps, batch, hidden]: h(C) of the cell state after step s
   V* hr = nullptr;      // GRU with linear_before_reset: [steps, batch, hidden]: H Rh^T + Rbh
+  int64_t h_width = 0;  // h's row length: hidden, or input + hidden under trace_keeps_inputs
+  int64_t h_column = 0; // where the state starts in h's row: 0, or input under trace_keeps_inputs
+
+  // The hidden state before step s of batch entry b (of `batch`), hidden values.
+  V* h_row(int64_t s, int64_t b, int64_t batch) const { return h + (s * batch + b) * h_width + h_column; }
 };
 
 // Whether the slope of an activation is computed from its input (else from its output).
@@ -246,19 +253,27 @@ bool keeps_pre_activations(const RnnAttrs& a);
 // (`has_peepholes`: input P is present). Its trace keeps no pre-activations.
 bool is_default_lstm(const RnnAttrs& a, bool has_peepholes, int64_t d);
 
+// Whether the trace keeps each step's row of X beside the hidden state before the step (Trace::h
+// rows [X[s], H[s-1]]): RNN and LSTM (whose weight gradients are one product over [X, H_prev]
+// rows, rnn_grad.cpp) of one forward direction in layout 0 whose sequences all have X's length
+// (`lens`), so that the trace's rows (s, b) are X's rows in X's order and the backward pass
+// reads [X, H_prev] there instead of copying both into a buffer of its own.
+bool trace_keeps_inputs(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens);
+
 // Offsets of a Trace's parts in one direction's flat buffer of `elements` values, sized for
 // s.seq steps (the longest sequence a run can have); -1 for a part the cell does not keep.
 struct TraceLayout {
   int64_t pre = -1, gates = 0, h = 0, c = -1, hc = -1, hr = -1;
+  int64_t h_width = 0, h_column = 0;  // Trace's
   int64_t elements = 0;
 
   template <class V>
   Trace<V> view(V* base, int64_t steps) const {
     auto at = [&](int64_t offset) { return offset < 0 ? nullptr : base + offset; };
-    return {steps, at(pre), at(gates), at(h), at(c), at(hc), at(hr)};
+    return {steps, at(pre), at(gates), at(h), at(c), at(hc), at(hr), h_width, h_column};
   }
 };
-TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s);
+TraceLayout trace_layout(const RnnAttrs& a, const RnnShape& s, const std::vector<int64_t>& lens);
 
 // Buffers of the forward recurrence that outlive a run, so that a kernel running every step
 // reuses their pages instead of faulting fresh ones in.

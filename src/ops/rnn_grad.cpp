@@ -182,8 +182,10 @@ class Backward {
     // every cell but GRU, whose h gate has its own recurrent gradient and input.
     joint_weight_product_ = a_.cell != Cell::Gru && out_.of[kDW] && out_.of[kDR];
     in_width_ = joint_weight_product_ ? s_.input + H : H;
+    const TraceLayout layout = trace_layout(a_, s_, lens_);
     dg_all_.resize(static_cast<size_t>(rows * GH));
-    h_in_.resize(static_cast<size_t>(rows * in_width_));
+    // Under trace_keeps_inputs the trace's h rows are [X, H_prev] in X's order: nothing to copy.
+    h_in_.resize(static_cast<size_t>(layout.h_column > 0 ? 0 : rows * in_width_));
     if (a_.cell == Cell::Gru) {
       dg_rec_h_.resize(static_cast<size_t>(rows * H));
       if (!a_.linear_before_reset) rh_.resize(static_cast<size_t>(rows * H));
@@ -194,7 +196,6 @@ class Backward {
     dc_.resize(static_cast<size_t>(N * H));
     drh_.resize(static_cast<size_t>(N * H));
     dp_.resize(static_cast<size_t>(N * 3 * H));
-    const TraceLayout layout = trace_layout(a_, s_);
     const int64_t longest = lens_.empty() ? 0 : *std::max_element(lens_.begin(), lens_.end());
     if (!shared_trace_) buffers_.trace.resize(static_cast<size_t>(layout.elements));
     for (int64_t d = 0; d < s_.directions; ++d) {
@@ -238,7 +239,7 @@ class Backward {
       for (int64_t t = lens_[static_cast<size_t>(b)]; t < s_.seq; ++t) {
         const int64_t row = s_.x_row(t, b);
         std::fill(dg_all_.begin() + row * GH, dg_all_.begin() + (row + 1) * GH, V(0));
-        std::fill(h_in_.begin() + row * in_width_, h_in_.begin() + (row + 1) * in_width_, V(0));
+        if (!h_in_.empty()) std::fill(h_in_.begin() + row * in_width_, h_in_.begin() + (row + 1) * in_width_, V(0));
         for (std::vector<V>* m : {&dg_rec_h_, &rh_}) {
           if (!m->empty()) std::fill(m->begin() + row * H, m->begin() + (row + 1) * H, V(0));
         }
@@ -295,10 +296,11 @@ class Backward {
     keep_input_row(step, b, t);
   }
   // The recurrent input alone (the gate gradients written into dg_all_ already), after the row
-  // of X under joint_weight_product_.
+  // of X under joint_weight_product_; nothing where the trace's rows hold both (trace_keeps_inputs).
   void keep_input_row(int64_t step, int64_t b, int64_t t) {
+    if (trace_.h_column > 0) return;
     const int64_t H = s_.hidden, I = s_.input, row = s_.x_row(t, b);
-    const V* h_prev = at(trace_.h, step, b, s_.batch, H);
+    const V* h_prev = trace_.h_row(step, b, s_.batch);
     V* to = h_in_.data() + row * in_width_;
     if (joint_weight_product_) {
       const V* x = in_.x.data<V>() + row * I;
@@ -334,7 +336,7 @@ class Backward {
       slopes(a_.act(d, 1), a_.clip, pre ? pre + 2 * H : nullptr, y + 2 * H, slope + 2 * H, H);
       const V* z = y;
       const V* hh = y + 2 * H;
-      const V* h_prev = at(trace_.h, step, b, N, H);
+      const V* h_prev = trace_.h_row(step, b, N);
       V* __restrict dg = dg_.data() + b * GH;
       for (int64_t j = 0; j < H; ++j) {
         dg[j] = dh[j] * (h_prev[j] - hh[j]) * slope[j];                // daz
@@ -349,7 +351,7 @@ class Backward {
     for_active(lens_, step, reverse, 8 * H, [&](int64_t b, int64_t t) {
       const V* r = at(trace_.gates, step, b, N, GH) + H;
       const V* slope_r = gate_slopes(b) + H;
-      const V* h_prev = at(trace_.h, step, b, N, H);
+      const V* h_prev = trace_.h_row(step, b, N);
       V* __restrict dg = dg_.data() + b * GH;
       V* __restrict dah = dg + 2 * H;
       const int64_t row = s_.x_row(t, b);
@@ -543,6 +545,7 @@ class Backward {
     const int64_t row = s_.x_row(t, b), GH = s_.gates * s_.hidden;
     const char* g = reinterpret_cast<const char*>(dg_all_.data() + row * GH);
     for (size_t k = 0; k < static_cast<size_t>(GH) * sizeof(V); k += 64) __builtin_prefetch(g + k, 0, 3);
+    if (h_in_.empty()) return;  // trace_keeps_inputs: nothing written there
     const char* h = reinterpret_cast<const char*>(h_in_.data() + row * in_width_);
     for (size_t k = 0; k < static_cast<size_t>(in_width_) * sizeof(V); k += 64) __builtin_prefetch(h + k, 0, 3);
   }
@@ -551,11 +554,19 @@ class Backward {
     const int64_t N = s_.batch, H = s_.hidden, I = s_.input, G = s_.gates, GH = G * H, rows = s_.seq * N;
     const bool gru = a_.cell == Cell::Gru;
     const V* dg = dg_all_.data();
+    // The rows [X, H_prev] (under joint_weight_product_) or H_prev, in X's row order, and their
+    // stride: h_in_'s, or the trace's own under trace_keeps_inputs.
+    const V* h_in = h_in_.data();
+    int64_t h_in_ld = in_width_;
+    if (trace_.h_column > 0) {
+      h_in = trace_.h + (joint_weight_product_ ? 0 : trace_.h_column);
+      h_in_ld = trace_.h_width;
+    }
     if (V* dx = out_.of[kDX]) gemm<V>(false, false, rows, I, GH, dg, GH, weights(in_.w, d), I, dx, I, d > 0);
     if (joint_weight_product_) {  // [dW, dR]^T = [X, H_prev]^T dG, then each transposed to its output
       std::vector<V>& both = buffers_.dw_dr;
       both.resize(static_cast<size_t>(GH * in_width_));
-      gemm<V>(true, false, in_width_, GH, rows, h_in_.data(), in_width_, dg, GH, both.data(), GH, false);
+      gemm<V>(true, false, in_width_, GH, rows, h_in, h_in_ld, dg, GH, both.data(), GH, false);
       transpose_weight_gradients(both.data(), out_.of[kDW] + d * GH * I, out_.of[kDR] + d * GH * H);
     } else if (V* dw = out_.of[kDW]) {
       gemm<V>(true, false, GH, I, rows, dg, GH, in_.x.data<V>(), I, dw + d * GH * I, I, false);
@@ -563,7 +574,7 @@ class Backward {
     if (V* dr = out_.of[kDR]; dr && !joint_weight_product_) {
       dr += d * GH * H;
       const int64_t shared = gru ? 2 * H : GH;  // gate rows whose recurrent input is H_prev
-      gemm<V>(true, false, shared, H, rows, dg, GH, h_in_.data(), H, dr, H, false);
+      gemm<V>(true, false, shared, H, rows, dg, GH, h_in, h_in_ld, dr, H, false);
       if (gru) {
         const V* input = a_.linear_before_reset ? h_in_.data() : rh_.data();
         gemm<V>(true, false, H, H, rows, dg_rec_h_.data(), H, input, H, dr + 2 * H * H, H, false);
@@ -625,7 +636,8 @@ class Backward {
   Trace<V> trace_;
   // All steps, rows in X's order (zero for times past an entry's length):
   std::vector<V>& dg_all_;    // [S * N, G*H]: gradients of the gates' pre-activations
-  std::vector<V>& h_in_;      // [S * N, in_width_]: each row's X row (joint_weight_product_), then H_prev
+  std::vector<V>& h_in_;      // [S * N, in_width_]: each row's X row (joint_weight_product_), then H_prev;
+                              // empty under trace_keeps_inputs (the trace's h rows are those rows)
   bool joint_weight_product_ = false;  // dW and dR as one product (run())
   int64_t in_width_ = 0;               // I + H under joint_weight_product_, else H
   bool bias_summed_ = false;           // direction's dB from default_lstm_batch_split's bias_sums
@@ -669,7 +681,7 @@ class RnnGradKernel final : public Kernel {
     }
     const int trace_input = layout.dy + grads_in;
     if (ctx.has_input(trace_input)) {
-      const Shape want{s.directions, trace_layout(a_, s).elements};
+      const Shape want{s.directions, trace_layout(a_, s, lens).elements};
       const Tensor& trace = ctx.input(trace_input);
       if (trace.dtype() != dtype || trace.shape() != want) {
         fail("input " + ctx.input_name(trace_input) + " is " + trace.description() + ", expected the trace of " +
