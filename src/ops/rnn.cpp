@@ -631,15 +631,16 @@ class Recurrence {
     const int64_t H = s_.hidden, NH = s_.batch * H;
     if (trace_->h_column == 0) {
       std::copy(h_.begin() + b0 * H, h_.begin() + b1 * H, trace_->h + step * NH + b0 * H);
-    } else {  // trace_keeps_inputs: rows [X[step], H], every entry at time step
-      const int64_t I = s_.input;
-      for (int64_t b = b0; b < b1; ++b) {
-        V* row = trace_->h_row(step, b, s_.batch);
-        if (step < s_.seq) std::copy_n(in_.x.data<V>() + s_.x_row(step, b) * I, I, row - I);
-        std::copy_n(h_.data() + b * H, H, row);
-      }
+    } else {  // trace_keeps_inputs: rows [X[step], H], every entry at time step (none after the last)
+      for (int64_t b = b0; b < b1; ++b) input_row(step < s_.seq ? step : -1, b, trace_->h_row(step, b, s_.batch) - s_.input);
     }
     if (a_.cell == Cell::Lstm) std::copy(c_.begin() + b0 * H, c_.begin() + b1 * H, trace_->c + step * NH + b0 * H);
+  }
+  // row [I + H] = [X row of time t (left as it is for t < 0), h_'s row] of batch entry b.
+  void input_row(int64_t t, int64_t b, V* row) const {
+    const int64_t I = s_.input, H = s_.hidden;
+    if (t >= 0) std::copy_n(in_.x.data<V>() + s_.x_row(t, b) * I, I, row);
+    std::copy_n(h_.data() + b * H, H, row + I);
   }
   // Keeps n values of batch entry b at `step` in `to` ([steps, batch, width]) from `column` on.
   void record(V* to, int64_t width, int64_t step, int64_t b, int64_t column, const V* g, int64_t n) {
@@ -927,8 +928,10 @@ class Recurrence {
       PackedRecurrentProduct packed;
       bool use_packed = false;  // the thread's rows through `packed`
       if constexpr (std::is_same_v<V, float>) use_packed = packed.pack(R, b1 - b0, K, GH);
-      // Under inputs_in_steps_: the product's rows [X[t], H] of the thread's entries.
-      std::vector<V> xh(inputs_in_steps_ && !(trace_ && trace_->h_column == I) ? static_cast<size_t>((b1 - b0) * K) : 0);
+      // Under inputs_in_steps_: the product's rows [X[t], H] of the thread's entries, which
+      // record_states writes into the trace under trace_keeps_inputs, else into xh.
+      const bool rows_in_trace = inputs_in_steps_ && trace_ && trace_->h_column == I;
+      std::vector<V> xh(inputs_in_steps_ && !rows_in_trace ? static_cast<size_t>((b1 - b0) * K) : 0);
       for (int64_t step = 0; step < max_len_; ++step) {
         if (trace_) record_states(step, b0, b1);
         // Entries are sorted by nothing: find the span of this thread's rows still running.
@@ -941,14 +944,11 @@ class Recurrence {
         }
         if (first >= last) continue;
         const V* rows = h_.data() + b0 * H;  // the product's row of entry b0
-        if (inputs_in_steps_ && trace_ && trace_->h_column == I) {
-          rows = trace_->h_row(step, b0, N) - I;  // record_states wrote [X[t], H] there
+        if (rows_in_trace) {
+          rows = trace_->h_row(step, b0, N) - I;
         } else if (inputs_in_steps_) {
           for (int64_t b = first; b < last; ++b) {
-            const int64_t t = time_of(step, lens_[static_cast<size_t>(b)], reverse);
-            V* row = xh.data() + (b - b0) * K;
-            if (t >= 0) std::copy_n(in_.x.data<V>() + s_.x_row(t, b) * I, I, row);
-            std::copy_n(h_.data() + b * H, H, row + I);
+            input_row(time_of(step, lens_[static_cast<size_t>(b)], reverse), b, xh.data() + (b - b0) * K);
           }
           rows = xh.data();
         }

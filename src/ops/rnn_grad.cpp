@@ -298,7 +298,7 @@ class Backward {
   // The recurrent input alone (the gate gradients written into dg_all_ already), after the row
   // of X under joint_weight_product_; nothing where the trace's rows hold both (trace_keeps_inputs).
   void keep_input_row(int64_t step, int64_t b, int64_t t) {
-    if (trace_.h_column > 0) return;
+    if (inputs_in_trace()) return;
     const int64_t H = s_.hidden, I = s_.input, row = s_.x_row(t, b);
     const V* h_prev = trace_.h_row(step, b, s_.batch);
     V* to = h_in_.data() + row * in_width_;
@@ -427,6 +427,9 @@ class Backward {
     });
   }
 
+  // Whether the trace's h rows are [X, H_prev] in X's order (trace_keeps_inputs): h_in_ is empty.
+  bool inputs_in_trace() const { return trace_.h_column > 0; }
+
   bool default_lstm(int64_t d) const { return is_default_lstm(a_, in_.p.defined(), d); }
 
   // lstm_step's arithmetic for entry b at time t of a default LSTM, in one loop over the hidden
@@ -545,7 +548,7 @@ class Backward {
     const int64_t row = s_.x_row(t, b), GH = s_.gates * s_.hidden;
     const char* g = reinterpret_cast<const char*>(dg_all_.data() + row * GH);
     for (size_t k = 0; k < static_cast<size_t>(GH) * sizeof(V); k += 64) __builtin_prefetch(g + k, 0, 3);
-    if (h_in_.empty()) return;  // trace_keeps_inputs: nothing written there
+    if (inputs_in_trace()) return;  // nothing written to h_in_
     const char* h = reinterpret_cast<const char*>(h_in_.data() + row * in_width_);
     for (size_t k = 0; k < static_cast<size_t>(in_width_) * sizeof(V); k += 64) __builtin_prefetch(h + k, 0, 3);
   }
@@ -558,7 +561,7 @@ class Backward {
     // stride: h_in_'s, or the trace's own under trace_keeps_inputs.
     const V* h_in = h_in_.data();
     int64_t h_in_ld = in_width_;
-    if (trace_.h_column > 0) {
+    if (inputs_in_trace()) {
       h_in = trace_.h + (joint_weight_product_ ? 0 : trace_.h_column);
       h_in_ld = trace_.h_width;
     }
