@@ -1,8 +1,10 @@
 // Times inference of a model in process: onnxtrain-bench-infer MODEL --batch B [--iters N]
-// [--threads T] [--int-high H]. Feeds random inputs whose symbolic batch dim is B (float32
+// [--threads T] [--int-high H] [--lanes L]. Feeds random inputs whose symbolic batch dim is B (float32
 // inputs uniform in [0, 1); int64 inputs, such as a language model's token ids, uniform integers
 // in [0, H), H = 2 unless given), runs a few warm-up iterations, then prints the median
-// milliseconds per run as JSON: {"ms": ..., "batch": B}. A model that does not load or run, or an
+// milliseconds per run as JSON: {"ms": ..., "batch": B}. --lanes 8 or 16 sets the vector lanes of
+// the kernels that have both variants (core/vector_math.h set_lanes; default: the widest the CPU
+// runs), to compare them in one build. A model that does not load or run, or an
 // input of another type, prints "error: ..." (naming the model and input) and exits 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/vector_math.h"
 #include "onnxtrain/dtype.h"
 #include "onnxtrain/error.h"
 #include "onnxtrain/session.h"
@@ -54,7 +57,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Times onnxtrain inference"};
   std::string model;
   int64_t batch = 1;
-  int iters = 200, threads = 0;
+  int iters = 200, threads = 0, lanes = 0;
   int64_t int_high = 2;
   app.add_option("model", model)->required();
   app.add_option("--batch", batch)->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
@@ -62,8 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads);
   app.add_option("--int-high", int_high, "int64 inputs are uniform integers in [0, int-high)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  app.add_option("--lanes", lanes, "vector lanes of the kernels with 8- and 16-lane variants (8 or 16)");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (lanes != 0) onnxtrain::vmath::set_lanes(lanes);
     onnxtrain::runtime::Session session(model, {.threads = threads});
     const onnxtrain::runtime::NamedTensors feeds = random_feeds(session, model, batch, int_high);
     for (int i = 0; i < 10; ++i) session.run(feeds);

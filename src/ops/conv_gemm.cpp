@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "core/simd.h"
+#include "core/vector_math.h"
 #include "ops/dnnl_util.h"
 #include "ops/matmul_primitive.h"
 #include "ops/relu.h"
@@ -15,6 +16,19 @@
 namespace onnxtrain::ops {
 
 namespace du = dnnl_util;
+
+#if defined(ONNXTRAIN_VMATH_AVX512)
+// conv_stream_avx512.cpp (compiled for x86-64-v4): only ever called when vmath::lanes() is 16.
+namespace conv_stream_avx512 {
+// The rows of W a group takes there.
+int64_t group_rows();
+// y[r, m] = b[m] + P[r] . W[m], Relu after when `relu`, for the `patches` (1-4) rows of P [patches, K]
+// and the rows m of W [M, K] in groups [begin, end) of group_rows() rows (the last group of M may be
+// shorter); y is [patches, M]. The sums as conv_gemm.h describes, at 16 lanes.
+void stream_groups(int patches, const float* p, int64_t K, const float* w, int64_t M, int64_t begin, int64_t end,
+                   const float* b, bool relu, float* y);
+}  // namespace conv_stream_avx512
+#endif
 
 namespace {
 
@@ -183,6 +197,16 @@ void stream_group(const float* p, int64_t K, const float* w, int64_t M, int64_t 
 
 template <int R>
 void stream_rows(const float* p, int64_t K, const float* w, int64_t M, const float* b, bool relu, float* y) {
+#if defined(ONNXTRAIN_VMATH_AVX512)
+  if (vmath::lanes() == 16) {
+    const int64_t rows = conv_stream_avx512::group_rows(), groups = (M + rows - 1) / rows;
+    const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * rows));
+    parallel_for(groups, grain, [&](int64_t begin, int64_t end) {
+      conv_stream_avx512::stream_groups(R, p, K, w, M, begin, end, b, relu, y);
+    });
+    return;
+  }
+#endif
   constexpr int64_t kGroup = 3;
   const int64_t groups = (M + kGroup - 1) / kGroup;
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * kGroup));

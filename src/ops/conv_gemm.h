@@ -65,10 +65,17 @@ bool prefer_conv_stream_channels_last(const ConvGeometry& g);
 // y [N, O..., M] = Conv(x, w) + b (b [M], or null), then Relu when `relu` (NaN kept), for
 // channels-last x [N, D..., C] and w_taps_first [M, k..., C], the rows = N * O1 * ... * On <=
 // kMaxStreamRows patches of P (as conv_gemm_forward_channels_last gathers them) against each row
-// of W in turn: W is read once, front to back, its rows split between the threads in groups of
-// three, each row dotted with every patch (8-lane partial sums over K, the lanes added pairwise,
-// then the K % 8 rest in order: the same sums at every thread count). Same conditions as
-// conv_gemm_forward.
+// of W in turn: W is read once, front to back, its rows split between the threads in groups,
+// each row dotted with every patch (L-lane partial sums over K, the lanes added pairwise, then
+// the K % L rest in order: the same sums at every thread count). L is vmath::lanes()
+// (core/vector_math.h): 8 lanes and groups of three rows (AVX2's 16 registers), or, where the
+// CPU runs AVX-512, 16 lanes and groups of six rows (conv_stream_avx512.cpp, 32 registers): on
+// the Intel Xeon VM (2 vCPUs, 2026-12-02; onnxtrain-bench-infer --lanes, ONNXTRAIN_PROFILE, two
+// alternating pairs of 5000 runs of two such convolutions in a row, weights warm) 256 -> 256 on
+// 2x2 maps 39-40 -> 36-38 us, 512 -> 512 on 1x1 maps 10.2-11.1 -> 8.1-8.7 us; inside ResNet-18
+// at batch 1, whose 45 MB of weights come from memory, the same within noise (layer 3's
+// 48-51 us at either width: there the reads bound it).
+// Same conditions as conv_gemm_forward.
 void conv_stream_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
                                        const float* b, float* y, bool relu);
 

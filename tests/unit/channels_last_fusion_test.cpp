@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/vector_math.h"
 #include "onnxtrain/io.h"
 #include "onnxtrain/session.h"
 #include "ops/conv_gemm.h"
@@ -330,28 +331,35 @@ TEST(ChannelsLastFusion, FewOutputRowsOnLargeConstantWeightsStreamTheWeightsWith
   // which up to 4 output rows over the batch read W's reached taps once (conv_gemm.h
   // prefer_conv_stream_channels_last): 1x1 maps at batches 1 to 3 (the centre tap), 2x2 maps at
   // batch 1 (4 rows), and 2x2 maps at batch 2 (8 rows: oneDNN), against float64 with every tap.
-  // W's rows go three at a time: 257 rows end in a group of two, 259 in a group of one; neither
-  // is a multiple of 8 (the sums' K % 8 rest). 1-D and 3-D maps take the same path.
-  for (const auto& [kWide, spatial] : std::vector<std::pair<int64_t, size_t>>{{257, 2}, {257, 1}, {257, 3}, {259, 2}}) {
-    const onnx::ModelProto model = residual_model(spatial, kWide, 40);
-    runtime::Session fused(model), reference(as_float64(model));
-    for (const auto& [n, size] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {3, 1}, {1, 2}, {2, 2}, {1, 1}}) {
-      if (spatial == 3 && size == 2 && n == 2) continue;  // 16 rows: nothing new
-      const Shape shape = input_shape(n, spatial, size, kWide);
-      const Tensor x64 = testing::random_f64(shape, 20 + static_cast<uint32_t>(n * 3 + size));
-      const runtime::NamedTensors want = reference.run({{"x", x64}});
-      for (int again = 0; again < 2; ++again) {  // the second run reuses the kept weights
-        const runtime::NamedTensors got = fused.run({{"x", x64.cast(DataType::Float32)}});
-        for (const auto& [name, tensor] : want) {
-          SCOPED_TRACE("output " + name + " for x " + shape.to_string());
-          double largest = 0;
-          for (double v : tensor.to_double_vector()) largest = std::max(largest, std::abs(v));
-          // float32 sums of up to 6939 products (rounding scales with the terms: expect_same_outputs).
-          expect_close(got.at(name).cast(DataType::Float64), tensor, 1e-5, std::max(1e-5, 2e-6 * largest));
+  // At 8 lanes W's rows go three at a time: 257 rows end in a group of two, 259 in a group of
+  // one; at 16 lanes (AVX-512, every lane count the CPU runs is tried) six at a time: 257 end in
+  // a group of five, 259 in a group of one. Neither is a multiple of 8 or 16 (the sums' K % lanes
+  // rest). 1-D and 3-D maps take the same path.
+  for (const int lanes : vmath::available_lanes()) {
+    SCOPED_TRACE(std::to_string(lanes) + " lanes");
+    vmath::set_lanes(lanes);
+    for (const auto& [kWide, spatial] : std::vector<std::pair<int64_t, size_t>>{{257, 2}, {257, 1}, {257, 3}, {259, 2}}) {
+      const onnx::ModelProto model = residual_model(spatial, kWide, 40);
+      runtime::Session fused(model), reference(as_float64(model));
+      for (const auto& [n, size] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {3, 1}, {1, 2}, {2, 2}, {1, 1}}) {
+        if (spatial == 3 && size == 2 && n == 2) continue;  // 16 rows: nothing new
+        const Shape shape = input_shape(n, spatial, size, kWide);
+        const Tensor x64 = testing::random_f64(shape, 20 + static_cast<uint32_t>(n * 3 + size));
+        const runtime::NamedTensors want = reference.run({{"x", x64}});
+        for (int again = 0; again < 2; ++again) {  // the second run reuses the kept weights
+          const runtime::NamedTensors got = fused.run({{"x", x64.cast(DataType::Float32)}});
+          for (const auto& [name, tensor] : want) {
+            SCOPED_TRACE("output " + name + " for x " + shape.to_string());
+            double largest = 0;
+            for (double v : tensor.to_double_vector()) largest = std::max(largest, std::abs(v));
+            // float32 sums of up to 6939 products (rounding scales with the terms: expect_same_outputs).
+            expect_close(got.at(name).cast(DataType::Float64), tensor, 1e-5, std::max(1e-5, 2e-6 * largest));
+          }
         }
       }
     }
   }
+  vmath::set_lanes(vmath::available_lanes().back());  // the default
 }
 
 TEST(ChannelsLastFusion, TheStreamedPathTakesFewRowsOfLargeWeightsOnly) {
