@@ -30,7 +30,7 @@ namespace onnxtrain::ops {
 // weights that change at every run through the functions below instead of oneDNN's primitives:
 // group 1, at most 4 output positions per image (ResNet-18's last two stages at 32x32 input),
 // on a CPU without AVX-512. Measured on an AVX2 machine (AMD EPYC, Zen 3, 2 cores, oneDNN 2.6;
-// docs/performance.md, "An AVX2 machine"): faster over the three directions at every ResNet-18
+// docs/performance-history.md, "An AVX2 machine"): faster over the three directions at every ResNet-18
 // shape with 4 or fewer output positions, slower from 16 on (4x4 maps). With AVX-512 oneDNN runs
 // its brgemm convolutions, measured at the sgemm peak at these shapes on such a machine; there
 // nothing changes.
