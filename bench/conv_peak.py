@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """oneDNN's convolutions at a model's shapes, in isolation: the yardstick of a convolution-bound
-step (docs/performance.md, "Roofline").
+step (docs/performance.md, "The ceiling of a training step").
 
 conv_shapes(model, batch) reads every Conv of an ONNX model with its input shape at that batch
 size (ONNX shape inference over the model with its first input's batch dimension fixed);

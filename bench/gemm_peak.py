@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """oneDNN's matrix products at a model's shapes, in isolation: the yardstick of a GEMM-bound step
-beside the 2048^3 sgemm peak (docs/performance.md, "Roofline"), as bench/conv_peak.py is for
+beside the 2048^3 sgemm peak (docs/performance.md, "The ceiling of a training step"), as bench/conv_peak.py is for
 convolutions.
 
 product_shapes(model, batch) lists the matrix products one training step on a batch computes,
