@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "core/simd.h"
 #include "core/vector_math.h"
 #include "ops/dnnl_util.h"
 #include "ops/matmul_primitive.h"
@@ -29,6 +28,14 @@ void stream_groups(int patches, const float* p, int64_t K, const float* w, int64
                    const float* b, bool relu, float* y);
 }  // namespace conv_stream_avx512
 #endif
+
+// The 8-lane variant of the streaming convolution rows, compiled like the rest of the project.
+namespace stream8 {
+namespace {
+constexpr int kLanes = 8, kGroup = 3;
+#include "ops/conv_stream_lanes.inl"
+}  // namespace
+}  // namespace stream8
 
 namespace {
 
@@ -159,66 +166,28 @@ void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const fl
                    "run sgemm for a convolution");
 }
 
-// y[r, m] = b[m] + P[r] . W[m] for the R rows of P [R, K] and the rows m of W [M, K], Relu
-// after when `relu`; y is [R, M]. Each thread takes a range of W's rows, kGroup at a time (the
-// last group of M may be shorter), and reads each once; the sums as conv_gemm.h describes for
-// conv_stream_forward_channels_last. A group of three rows against four patches keeps its twelve
-// sums, three rows and a patch in the sixteen AVX2 registers, and reads each 8 lanes of a patch
-// once per three rows of W: at [4, 2304] x [256, 2304] 49-50 us against 61-65 with two rows a
-// group (two threads, the weights of 16 such convolutions read in turn; one-off program).
-template <int R, int Rows>
-void stream_group(const float* p, int64_t K, const float* w, int64_t M, int64_t m0, const float* b, bool relu,
-                  float* y) {
-  using V = simd::Floats<8>;
-  constexpr int64_t kLanes = 8;
-  V acc[Rows][R] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
-    V wv[Rows];
-    for (int j = 0; j < Rows; ++j) wv[j] = simd::load<8>(w + (m0 + j) * K + k);
-    for (int r = 0; r < R; ++r) {
-      const V pv = simd::load<8>(p + r * K + k);
-      for (int j = 0; j < Rows; ++j) acc[j][r] += wv[j] * pv;
-    }
-  }
-  for (int j = 0; j < Rows; ++j) {
-    const float* wr = w + (m0 + j) * K;
-    for (int r = 0; r < R; ++r) {
-      const V& a = acc[j][r];
-      const float* pr = p + r * K;
-      const float quads[4] = {a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]};
-      float sum = (quads[0] + quads[2]) + (quads[1] + quads[3]);
-      for (int64_t kk = k; kk < K; ++kk) sum += pr[kk] * wr[kk];
-      const float v = sum + (b ? b[m0 + j] : 0.0f);
-      y[r * M + m0 + j] = relu ? ops::relu(v) : v;
-    }
-  }
-}
-
-template <int R>
-void stream_rows(const float* p, int64_t K, const float* w, int64_t M, const float* b, bool relu, float* y) {
+// y[r, m] = b[m] + P[r] . W[m] for the `patches` rows of P [patches, K] and the rows m of W [M, K],
+// Relu after when `relu`; y is [patches, M]. Each thread takes a range of W's rows, a group at a
+// time, and reads each once: at vmath::lanes() 8 groups of three rows here, at 16 groups of six in
+// conv_stream_avx512.cpp (conv_stream_lanes.inl; the sums as conv_gemm.h describes). Three rows
+// a group instead of two read each 8 lanes of a patch once per three rows of W: at
+// [4, 2304] x [256, 2304] 49-50 us against 61-65 with two rows a group (two threads, the weights
+// of 16 such convolutions read in turn; one-off program).
+void stream_rows(int patches, const float* p, int64_t K, const float* w, int64_t M, const float* b, bool relu,
+                 float* y) {
 #if defined(ONNXTRAIN_VMATH_AVX512)
-  if (vmath::lanes() == 16) {
-    const int64_t rows = conv_stream_avx512::group_rows(), groups = (M + rows - 1) / rows;
-    const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * rows));
-    parallel_for(groups, grain, [&](int64_t begin, int64_t end) {
-      conv_stream_avx512::stream_groups(R, p, K, w, M, begin, end, b, relu, y);
-    });
-    return;
-  }
+  const bool wide = vmath::lanes() == 16;
+  const int64_t rows = wide ? conv_stream_avx512::group_rows() : stream8::kGroup;
+#else
+  const int64_t rows = stream8::kGroup;
 #endif
-  constexpr int64_t kGroup = 3;
-  const int64_t groups = (M + kGroup - 1) / kGroup;
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * kGroup));
+  const int64_t groups = (M + rows - 1) / rows;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, K * rows));
   parallel_for(groups, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t group = begin; group < end; ++group) {
-      const int64_t m0 = group * kGroup;
-      switch (std::min(kGroup, M - m0)) {
-        case 3: stream_group<R, 3>(p, K, w, M, m0, b, relu, y); break;
-        case 2: stream_group<R, 2>(p, K, w, M, m0, b, relu, y); break;
-        default: stream_group<R, 1>(p, K, w, M, m0, b, relu, y); break;
-      }
-    }
+#if defined(ONNXTRAIN_VMATH_AVX512)
+    if (wide) return conv_stream_avx512::stream_groups(patches, p, K, w, M, begin, end, b, relu, y);
+#endif
+    stream8::stream_group_range(patches, p, K, w, M, begin, end, b, relu, y);
   });
 }
 
@@ -232,16 +201,13 @@ bool prefer_conv_stream_channels_last(const ConvGeometry& g) {
 void conv_stream_forward_channels_last(const ConvGeometry& g, const float* x, const float* w_taps_first,
                                        const float* b, float* y, bool relu) {
   const Lowered l(g);
+  if (l.rows < 1 || l.rows > kMaxStreamRows) {
+    throw Error("conv_stream_forward_channels_last: " + std::to_string(l.rows) + " rows, at most " +
+                std::to_string(kMaxStreamRows) + " (prefer_conv_stream_channels_last)");
+  }
   float* p = reinterpret_cast<float*>(du::thread_scratch(sizeof(float) * static_cast<size_t>(l.rows * l.K)));
   gather_patches_channels_last(g, l, x, p);
-  switch (l.rows) {
-    case 1: stream_rows<1>(p, l.K, w_taps_first, g.M, b, relu, y); break;
-    case 2: stream_rows<2>(p, l.K, w_taps_first, g.M, b, relu, y); break;
-    case 3: stream_rows<3>(p, l.K, w_taps_first, g.M, b, relu, y); break;
-    case 4: stream_rows<4>(p, l.K, w_taps_first, g.M, b, relu, y); break;
-    default: throw Error("conv_stream_forward_channels_last: " + std::to_string(l.rows) + " rows, at most " +
-                         std::to_string(kMaxStreamRows) + " (prefer_conv_stream_channels_last)");
-  }
+  stream_rows(static_cast<int>(l.rows), p, l.K, w_taps_first, g.M, b, relu, y);
 }
 
 bool prefer_conv_gemm(const ConvGeometry& g) {
