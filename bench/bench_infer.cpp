@@ -4,7 +4,8 @@
 // in [0, H), H = 2 unless given), runs a few warm-up iterations, then prints the median
 // milliseconds per run as JSON: {"ms": ..., "batch": B}. --lanes 8 or 16 sets the vector lanes of
 // the kernels that have both variants (core/vector_math.h set_lanes; default: the widest the CPU
-// runs), to compare them in one build. A model that does not load or run, or an
+// runs), to compare them in one build; a count the build and CPU do not run is refused with the
+// ones they do. A model that does not load or run, or an
 // input of another type, prints "error: ..." (naming the model and input) and exits 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -65,10 +66,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads);
   app.add_option("--int-high", int_high, "int64 inputs are uniform integers in [0, int-high)")
       ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
-  app.add_option("--lanes", lanes, "vector lanes of the kernels with 8- and 16-lane variants (8 or 16)");
+  app.add_option("--lanes", lanes, "vector lanes of the kernels with 8- and 16-lane variants (8 or 16)")
+      ->check(CLI::IsMember(onnxtrain::vmath::available_lanes()));
   CLI11_PARSE(app, argc, argv);
   try {
-    if (lanes != 0) onnxtrain::vmath::set_lanes(lanes);
+    if (lanes != 0) onnxtrain::vmath::set_lanes(lanes);  // one of available_lanes(): checked above
     onnxtrain::runtime::Session session(model, {.threads = threads});
     const onnxtrain::runtime::NamedTensors feeds = random_feeds(session, model, batch, int_high);
     for (int i = 0; i < 10; ++i) session.run(feeds);
