@@ -28,6 +28,7 @@
 #include "core/finite.h"
 #include "core/parallel.h"
 #include "ops/factories.h"
+#include "ops/store_choice.h"
 
 namespace onnxtrain::ops {
 
@@ -203,65 +204,6 @@ void update_tensor(KernelContext& ctx, int n, int i, F&& update) {
     for (int64_t e = begin; e < end; ++e) update(e, xs[e], gs[e], in, out);
   });
 }
-
-// Whether the float32 passes of Momentum and Adam write their outputs with streaming
-// (non-temporal) stores, which skip reading the cache lines they fill and leave the values in
-// memory, or with ordinary ones, which leave them in cache for the next step's reads. The values
-// are the same bits either way; which is faster depends on the machine: the Fashion-MNIST MLP's
-// ScaledAdam (669 K parameters, 8 MB written per step) took 0.22 ms per step with streaming
-// stores against 0.85-1.14 with ordinary ones on the AVX-512 VM of issue 7, and on the AVX2 VM of
-// issue 18 1.28-1.35 against 0.84-1.07 ms (three 400-step profiles each; the whole step's kernels
-// 10-17 % faster with ordinary stores, the products reading W from cache). So each kernel tries
-// both ways after kWarmup runs, kTrials each, alternating, and keeps the faster, timing the
-// period from a run's start to the next run's start: in a training loop a whole step, so that
-// what the stores leave in cache, or not, for the step's other kernels counts too (the fastest
-// period of each way: a busy machine only slows runs down). Timing the kernel alone chose
-// streaming stores for the MLP's ScaledAdam on the Zen 4 VM of 2026-11-29, while its training ran
-// at 375.7-395.9 steps/s with ordinary stores against 364.6-402.0 with the choice (five
-// alternating pairs of 300-step runs, ordinary faster in four).
-// A run writing kAlwaysStream bytes or more streams without trials: what it writes does not stay
-// in cache until the next step reads it, and the trials, a few milliseconds apart in steps of
-// hundreds, chose at random. On the Intel VM of 2026-11-30 (ONNXTRAIN_PROFILE, three runs of each
-// way): BERT's ScaledAdam (11.2 M parameters, 134 MB written) 9.1-9.2 ms streaming against
-// 9.4-13.1 ordinary and 9.6-13.3 as the trials chose; ResNet-18's Momentum (11.2 M, 89 MB)
-// 6.5-6.6 against 10.6-10.8 (its whole step 35.1-35.7 against 38.9-39.8 ms); the CNN's
-// ScaledAdam (40 MB) 2.5 against 3.7. The trials start after kWarmup runs and take kTrials of
-// each way: with 2 and 3 the MLP's ScaledAdam (8 MB) chose streaming stores in two runs of two on
-// that VM (0.44-0.45 ms a step, the step 2.0 ms) where ordinary ones take 0.34-0.36 (the step 1.8
-// ms); with 20 and 10 it chose ordinary ones in three of three (0.35-0.37 ms, the step 1.7-1.8).
-class StoreChoice {
- public:
-  static constexpr int64_t kAlwaysStream = int64_t{32} << 20;
-
-  // Called as a run starts, with the bytes it writes; returns whether it writes with streaming
-  // stores.
-  bool start(int64_t bytes_written) {
-    if (bytes_written >= kAlwaysStream) return true;
-    const auto now = std::chrono::steady_clock::now();
-    if (chosen_ >= 0) return chosen_ == 1;
-    if (runs_ > kWarmup) {  // the previous run was a trial: its period
-      double& best = best_[streaming(runs_ - 1) ? 1 : 0];
-      best = std::min(best, std::chrono::duration<double>(now - last_).count());
-    }
-    if (runs_ == kWarmup + 2 * kTrials) {
-      chosen_ = best_[1] <= best_[0] ? 1 : 0;
-      return chosen_ == 1;
-    }
-    last_ = now;
-    return streaming(runs_++);
-  }
-
- private:
-  static constexpr int kWarmup = 20;  // the first runs fault in the outputs' pages and settle
-  static constexpr int kTrials = 10;
-  // The store kind of run `run` while still timing: streaming through the warm-up, then each way
-  // in turn.
-  static bool streaming(int run) { return run < kWarmup || (run - kWarmup) % 2 == 0; }
-  int runs_ = 0;
-  int chosen_ = -1;  // 1: streaming stores, 0: ordinary ones, -1: still timing
-  std::chrono::steady_clock::time_point last_;  // the previous run's start
-  double best_[2] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
-};
 
 // Runs `pass` (which writes with streaming stores when given true) as choice says. `outputs`:
 // how many tensors of each optimized X's size the pass writes (Momentum 2, Adam 3).
