@@ -34,7 +34,8 @@ namespace onnxtrain::ops {
 // alternating pairs of 600-step runs), while the alternating trials timed both ways within 2 % of
 // each other (2.07-2.12 ms) and chose streaming stores in two runs of six; the paired trials time
 // them 6-18 % apart (streaming 2.16-2.45 ms, ordinary 2.02-2.16) and chose ordinary stores in
-// fourteen runs of fourteen. (Before the alternating trials of 20 warm-up runs and 10 of each
+// fourteen runs of fourteen, then in eleven of thirteen more (the other two: a tie under
+// ONNXTRAIN_PROFILE, and a slow minute in which streaming's best period was 3.6 % shorter). (Before the alternating trials of 20 warm-up runs and 10 of each
 // way there were 2 and 3: the MLP's ScaledAdam chose streaming stores in two runs of two on the
 // Intel VM of 2026-11-30, 0.44-0.45 ms a step where ordinary ones take 0.34-0.36.)
 //
