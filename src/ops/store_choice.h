@@ -59,12 +59,12 @@ class StoreChoice {
   // Called as a run starts, with the bytes it writes; returns whether it writes with streaming
   // stores. Reads the clock only while the trials last.
   bool start(int64_t bytes_written) {
-    if (bytes_written >= kAlwaysStream) return true;
-    if (chosen_ >= 0) return chosen_ == 1;
-    return start(bytes_written, Clock::now());
+    const bool trying = bytes_written < kAlwaysStream && chosen_ < 0;
+    return start(bytes_written, trying ? Clock::now() : Clock::time_point{});
   }
 
-  // The same with the run's start given (tests simulate a training loop's clock).
+  // The same with the run's start given (tests simulate a training loop's clock); `now` is read
+  // only while the trials last.
   bool start(int64_t bytes_written, Clock::time_point now) {
     if (bytes_written >= kAlwaysStream) return true;
     if (chosen_ >= 0) return chosen_ == 1;
